@@ -1,0 +1,138 @@
+package bpf
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/features"
+	"github.com/cilium/ebpf/link"
+)
+
+// Feature is one capability of the host, probed for real where possible.
+type Feature struct {
+	Name     string `json:"name"`
+	OK       bool   `json:"ok"`
+	Detail   string `json:"detail"`
+	Required bool   `json:"required"`
+}
+
+// ProbeFeatures checks what gpuarb's probes need and may use. Tracefs must
+// be mounted for the tracepoint checks to mean anything.
+func ProbeFeatures() []Feature {
+	var out []Feature
+	add := func(name string, required bool, err error, okDetail string) {
+		f := Feature{Name: name, Required: required, OK: err == nil, Detail: okDetail}
+		if err != nil {
+			f.Detail = err.Error()
+		}
+		out = append(out, f)
+	}
+
+	_, err := os.Stat("/sys/kernel/btf/vmlinux")
+	add("btf", true, err, "/sys/kernel/btf/vmlinux (CO-RE)")
+	add("ringbuf", true, features.HaveMapType(ebpf.RingBuf), "BPF_MAP_TYPE_RINGBUF")
+	add("tracepoints", true, tracepointExists("syscalls", "sys_enter_ioctl"), "syscalls:sys_enter_ioctl/sys_exit_ioctl")
+	add("uprobes", false, probeUprobe(), "uprobe and uretprobe on libcuda")
+	add("kprobes", false, probeKprobe(), "kprobe attach")
+	add("fentry", false, probeFentry(), "fentry program load")
+	add("drm_sched tracepoints", false, firstTracepoint("gpu_scheduler",
+		"drm_sched_job_run", "drm_run_job"), "gpu_scheduler job run/done")
+	add("dma_fence tracepoints", false, tracepointExists("dma_fence", "dma_fence_signaled"), "dma_fence:dma_fence_signaled")
+	return out
+}
+
+func tracepointExists(group, name string) error {
+	p := filepath.Join(TracefsPath, "events", group, name)
+	if _, err := os.Stat(p); err != nil {
+		return fmt.Errorf("tracepoint %s:%s absent: %w", group, name, err)
+	}
+	return nil
+}
+
+func firstTracepoint(group string, names ...string) error {
+	var errs []error
+	for _, n := range names {
+		err := tracepointExists(group, n)
+		if err == nil {
+			return nil
+		}
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func trivialProgram(typ ebpf.ProgramType, attach ebpf.AttachType, attachTo string) (*ebpf.Program, error) {
+	return ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type:       typ,
+		AttachType: attach,
+		AttachTo:   attachTo,
+		License:    "GPL",
+		Instructions: asm.Instructions{
+			asm.Mov.Imm(asm.R0, 0),
+			asm.Return(),
+		},
+	})
+}
+
+// probeUprobe attaches a uprobe to this very executable's main.main.
+func probeUprobe() error {
+	prog, err := trivialProgram(ebpf.Kprobe, ebpf.AttachNone, "")
+	if err != nil {
+		return fmt.Errorf("load kprobe-type program: %w", err)
+	}
+	defer prog.Close()
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	ex, err := link.OpenExecutable(self)
+	if err != nil {
+		return err
+	}
+	l, err := ex.Uprobe("main.main", prog, nil)
+	if err != nil {
+		return fmt.Errorf("attach uprobe: %w", err)
+	}
+	return l.Close()
+}
+
+func probeKprobe() error {
+	prog, err := trivialProgram(ebpf.Kprobe, ebpf.AttachNone, "")
+	if err != nil {
+		return fmt.Errorf("load kprobe-type program: %w", err)
+	}
+	defer prog.Close()
+	l, err := link.Kprobe("do_sys_openat2", prog, nil)
+	if err != nil {
+		return fmt.Errorf("attach kprobe: %w", err)
+	}
+	return l.Close()
+}
+
+func probeFentry() error {
+	prog, err := trivialProgram(ebpf.Tracing, ebpf.AttachTraceFEntry, "do_sys_openat2")
+	if err != nil {
+		return fmt.Errorf("load fentry program: %w", err)
+	}
+	return prog.Close()
+}
+
+// Lockdown returns the kernel lockdown mode ("none", "integrity",
+// "confidentiality"), or "" when securityfs does not tell.
+func Lockdown() string {
+	data, err := os.ReadFile("/sys/kernel/security/lockdown")
+	if err != nil {
+		return ""
+	}
+	for _, f := range strings.Fields(string(data)) {
+		if strings.HasPrefix(f, "[") {
+			return strings.Trim(f, "[]")
+		}
+	}
+	return ""
+}

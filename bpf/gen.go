@@ -1,0 +1,7 @@
+// Package bpf holds gpuarb's eBPF programs and their loader: syscall
+// tracepoints on GPU ioctls, uprobes on libcuda's submission and sync entry
+// points, openat detection of libcuda copies and process exit, feeding pinned
+// per-cgroup counters and an event ring buffer.
+package bpf
+
+//go:generate go run github.com/cilium/ebpf/cmd/bpf2go -target amd64 -type event -type cgroup_stats -type dev_key -type ctx_key -type ctx_info gpuarb gpuarb.c -- -O2 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu

@@ -1,0 +1,109 @@
+/* Shared definitions of the gpuarb BPF programs: event layout, map values and
+ * the minimal CO-RE views of the kernel structures the probes read. */
+#ifndef GPUARB_H
+#define GPUARB_H
+
+#define GPUARB_PAYLOAD 64
+#define GPUARB_PATH 128
+
+/* Device kinds stored in the device table. */
+enum dev_kind {
+	DEV_NONE = 0,
+	DEV_NVIDIA_CTL = 1,
+	DEV_NVIDIA_GPU = 2,
+	DEV_NVIDIA_UVM = 3,
+	DEV_DRM = 4,
+};
+
+/* Event types on the ring buffer. */
+enum event_type {
+	EV_IOCTL = 1,
+	EV_CUDA = 2,
+	EV_EXIT = 3,
+	EV_LIBCUDA_OPEN = 4,
+};
+
+/* libcuda entry points, numbered as in ioctlspy.CudaFunc. */
+enum cuda_func {
+	CU_LAUNCH_KERNEL = 1,
+	CU_LAUNCH_KERNEL_EX = 2,
+	CU_LAUNCH_COOPERATIVE = 3,
+	CU_GRAPH_LAUNCH = 4,
+	CU_MEMCPY_HTOD = 5,
+	CU_MEMCPY_DTOH = 6,
+	CU_MEMCPY_HTOD_ASYNC = 7,
+	CU_MEMCPY_DTOH_ASYNC = 8,
+	CU_MEMSET_D8 = 9,
+	CU_MEMSET_D8_ASYNC = 10,
+	CU_STREAM_SYNC = 11,
+	CU_CTX_SYNC = 12,
+	CU_EVENT_SYNC = 13,
+	CU_CTX_CREATE = 14,
+	CU_CTX_DESTROY = 15,
+	CU_MEM_ALLOC = 16,
+	CU_MEM_FREE = 17,
+	CU_FUNC_MAX = 18,
+};
+
+/* Device table key: minor 0xffffffff matches the whole major. */
+struct dev_key {
+	__u32 major;
+	__u32 minor;
+};
+
+#define DEV_ANY_MINOR 0xffffffff
+
+/* Per-cgroup counters, pinned as gpuarb_cgroups. */
+struct cgroup_stats {
+	__u64 gpu_ioctls;
+	__u64 submissions;
+	__u64 launches;
+	__u64 syncs;
+	__u64 sync_wait_ns;
+	__u64 bytes_alloc;
+	__u64 bytes_freed;
+	__u64 copies;
+	__u64 copy_bytes;
+	__u64 last_seen_ns;
+};
+
+/* Context table key: a GPU object of one process. */
+struct ctx_key {
+	__u32 tgid;
+	__u32 kind; /* dev_kind of the object, or 0 for a CUDA context */
+	__u64 handle;
+};
+
+/* Context table value. */
+struct ctx_info {
+	__u64 cgroup_id;
+	__u64 created_ns;
+	__u32 obj_class;
+	__u32 parent;
+};
+
+/* One record on the ring buffer. Layout is mirrored by ioctlspy.Record. */
+struct event {
+	__u64 ts_enter;
+	__u64 ts_exit;
+	__u64 cgroup_id;
+	__s64 ret;
+	__u32 type;
+	__u32 tgid;
+	__u32 tid;
+	__u32 dev_major;
+	__u32 dev_minor;
+	__u32 dev_kind;
+	__u32 cmd;
+	__u32 esc;
+	__u32 func;
+	__u16 arg_len;
+	__u16 params_len;
+	char comm[16];
+	__u64 args[8];
+	__u8 arg[GPUARB_PAYLOAD];
+	__u8 params[GPUARB_PAYLOAD];
+	char path[GPUARB_PATH];
+};
+
+#endif

@@ -1,0 +1,135 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+	"golang.org/x/sys/unix"
+
+	"github.com/gpuarb/gpuarb/bpf"
+	"github.com/gpuarb/gpuarb/cgroup"
+)
+
+func doctorCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "doctor",
+		Usage: "report what this host supports and what gpuarb will use",
+		Description: `doctor probes the kernel for real (loads and attaches trivial programs): BTF,
+ring buffers, tracepoints, uprobes, kprobes, fentry, DRM scheduler and
+dma_fence tracepoints, lockdown, the cgroup mode and freezers, bpffs and
+tracefs, GPU devices in /proc/devices and the libcuda copies found. It mounts
+bpffs and tracefs when absent. It exits non-zero, naming the reason, when
+gpuarb cannot run here.`,
+		Flags: []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print the report as JSON"}},
+		Action: runDoctor,
+	}
+}
+
+type doctorReport struct {
+	Kernel    string        `json:"kernel"`
+	Root      bool          `json:"root"`
+	Lockdown  string        `json:"lockdown"`
+	Mounted   []string      `json:"mounted_now,omitempty"`
+	BPFFS     bool          `json:"bpffs"`
+	Tracefs   bool          `json:"tracefs"`
+	Features  []bpf.Feature `json:"features"`
+	Cgroup    cgroup.Mode   `json:"cgroup"`
+	Devices   []string      `json:"gpu_devices"`
+	Libcudas  []string      `json:"libcudas"`
+	Blockers  []string      `json:"blockers,omitempty"`
+}
+
+func runDoctor(c *cli.Context) error {
+	var rep doctorReport
+	var uts unix.Utsname
+	if err := unix.Uname(&uts); err == nil {
+		rep.Kernel = unix.ByteSliceToString(uts.Release[:])
+	}
+	rep.Root = os.Geteuid() == 0
+	if !rep.Root {
+		rep.Blockers = append(rep.Blockers, "not root: loading eBPF programs needs root")
+	} else if m, err := bpf.EnsureFilesystems(); err != nil {
+		rep.Blockers = append(rep.Blockers, err.Error())
+	} else {
+		rep.Mounted = m
+	}
+	rep.Lockdown = bpf.Lockdown()
+	rep.BPFFS = bpf.FilesystemMounted(bpf.BPFFSPath, unix.BPF_FS_MAGIC)
+	rep.Tracefs = bpf.FilesystemMounted(bpf.TracefsPath, unix.TRACEFS_MAGIC)
+	if rep.Root {
+		rep.Features = bpf.ProbeFeatures()
+		for _, f := range rep.Features {
+			if f.Required && !f.OK {
+				rep.Blockers = append(rep.Blockers, fmt.Sprintf("%s: %s", f.Name, f.Detail))
+			}
+		}
+	}
+	rep.Cgroup = cgroup.DetectMode()
+	if !rep.Cgroup.Freeze && !rep.Cgroup.V1Freezer {
+		rep.Blockers = append(rep.Blockers, "no cgroup freezer (neither cgroup v2 cgroup.freeze nor the v1 freezer)")
+	}
+	devs, err := bpf.HostDevices()
+	if err != nil {
+		rep.Blockers = append(rep.Blockers, err.Error())
+	}
+	for _, d := range devs {
+		rep.Devices = append(rep.Devices, d.String())
+	}
+	rep.Libcudas = append(bpf.LinkerCacheLibcudas(), bpf.ProcessLibcudas()...)
+
+	if c.Bool("json") {
+		enc := json.NewEncoder(c.App.Writer)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(rep); err != nil {
+			return err
+		}
+	} else {
+		printDoctor(c, rep)
+	}
+	if len(rep.Blockers) > 0 {
+		return cli.Exit(fmt.Sprintf("gpuarb cannot run here: %s", strings.Join(rep.Blockers, "; ")), 2)
+	}
+	return nil
+}
+
+func printDoctor(c *cli.Context, r doctorReport) {
+	w := c.App.Writer
+	mark := func(ok bool) string {
+		if ok {
+			return "ok "
+		}
+		return "no "
+	}
+	fmt.Fprintf(w, "kernel       %s\n", r.Kernel)
+	fmt.Fprintf(w, "root         %v\n", r.Root)
+	fmt.Fprintf(w, "lockdown     %s\n", orDash(r.Lockdown))
+	fmt.Fprintf(w, "bpffs        %s%s\n", mark(r.BPFFS), bpf.BPFFSPath)
+	fmt.Fprintf(w, "tracefs      %s%s\n", mark(r.Tracefs), bpf.TracefsPath)
+	for _, m := range r.Mounted {
+		fmt.Fprintf(w, "             (mounted %s now)\n", m)
+	}
+	for _, f := range r.Features {
+		use := "optional"
+		if f.Required {
+			use = "required"
+		}
+		fmt.Fprintf(w, "%-22s %s%-8s %s\n", f.Name, mark(f.OK), use, f.Detail)
+	}
+	fmt.Fprintf(w, "cgroup       %s (v2 at %s), cgroup.freeze %s, v1 freezer %s\n",
+		r.Cgroup.Name, orDash(r.Cgroup.UnifiedMount), mark(r.Cgroup.Freeze), mark(r.Cgroup.V1Freezer))
+	fmt.Fprintf(w, "gpu devices  %s\n", orDash(strings.Join(r.Devices, " ")))
+	fmt.Fprintf(w, "libcuda      %s\n", orDash(strings.Join(r.Libcudas, " ")))
+	if len(r.Blockers) == 0 {
+		fmt.Fprintln(w, "verdict      gpuarb can run here")
+	}
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

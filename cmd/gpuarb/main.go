@@ -1,0 +1,50 @@
+// Command gpuarb is the GPU-sharing layer's CLI: it traces GPU work with
+// eBPF, reports what the host supports and shows the pinned maps.
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/urfave/cli/v2"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	if err := newApp().Run(os.Args); err != nil {
+		fmt.Fprintln(os.Stderr, "gpuarb:", err)
+		os.Exit(1)
+	}
+}
+
+func newApp() *cli.App {
+	return &cli.App{
+		Name:    "gpuarb",
+		Usage:   "share GPUs fairly between containers, VMs and processes, measured with eBPF",
+		Version: version,
+		Commands: []*cli.Command{
+			traceCommand(),
+			mapsCommand(),
+			doctorCommand(),
+			{
+				Name:  "version",
+				Usage: "print the version",
+				Action: func(c *cli.Context) error {
+					fmt.Fprintf(c.App.Writer, "gpuarb %s\n", version)
+					return nil
+				},
+			},
+		},
+		EnableBashCompletion: true,
+	}
+}
+
+// requireRoot fails with a clear reason when not running as root.
+func requireRoot(what string) error {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("%s needs root (CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN): run it with sudo", what)
+	}
+	return nil
+}

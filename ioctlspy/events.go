@@ -1,0 +1,373 @@
+package ioctlspy
+
+import (
+	"fmt"
+)
+
+// Event is one decoded GPU event.
+type Event interface {
+	// Hdr returns the fields every event has.
+	Hdr() *Header
+	// String is a one-line human rendering of the event's own fields.
+	String() string
+}
+
+// Header holds what every event carries. Times are CLOCK_MONOTONIC ns.
+type Header struct {
+	Type       string `json:"type"`
+	Start      uint64 `json:"start_ns"`
+	End        uint64 `json:"end_ns"`
+	DurationNS uint64 `json:"duration_ns"`
+	PID        uint32 `json:"pid"`
+	TID        uint32 `json:"tid"`
+	Comm       string `json:"comm"`
+	CgroupID   uint64 `json:"cgroup_id"`
+	Cgroup     string `json:"cgroup,omitempty"`
+}
+
+// Hdr implements Event.
+func (h *Header) Hdr() *Header { return h }
+
+// IoctlInfo is what every ioctl event carries besides the header.
+type IoctlInfo struct {
+	Device     string `json:"device"`
+	DeviceKind string `json:"device_kind"`
+	Cmd        uint32 `json:"cmd"`
+	Nr         uint32 `json:"nr"`
+	Ret        int64  `json:"ret"`
+}
+
+// Ioctl is a GPU ioctl without a more specific decoding.
+type Ioctl struct {
+	Header
+	IoctlInfo
+	Name string `json:"name"`
+}
+
+func (e *Ioctl) String() string {
+	return fmt.Sprintf("%s ioctl %s cmd=0x%08x ret=%d", e.Device, e.Name, e.Cmd, e.Ret)
+}
+
+// ObjectAllocated is an nvidia RM_ALLOC (NVOS21/NVOS64).
+type ObjectAllocated struct {
+	Header
+	IoctlInfo
+	Client    uint32 `json:"client"`
+	Parent    uint32 `json:"parent"`
+	Handle    uint32 `json:"handle"`
+	Class     uint32 `json:"class"`
+	ClassName string `json:"class_name"`
+	Status    uint32 `json:"status"`
+}
+
+func (e *ObjectAllocated) String() string {
+	return fmt.Sprintf("%s RM_ALLOC class=0x%04x(%s) client=0x%x parent=0x%x handle=0x%x status=0x%x ret=%d",
+		e.Device, e.Class, e.ClassName, e.Client, e.Parent, e.Handle, e.Status, e.Ret)
+}
+
+// TSGAllocated is the allocation of a channel group (KEPLER_CHANNEL_GROUP_A):
+// one GPU context's timeslice group.
+type TSGAllocated struct {
+	ObjectAllocated
+	VASpace    uint32 `json:"vaspace"`
+	EngineType uint32 `json:"engine_type"`
+}
+
+func (e *TSGAllocated) String() string {
+	return fmt.Sprintf("%s engine=%d vaspace=0x%x", e.ObjectAllocated.String(), e.EngineType, e.VASpace)
+}
+
+// ChannelAllocated is the allocation of a GPFIFO channel.
+type ChannelAllocated struct {
+	ObjectAllocated
+	GPFIFOEntries uint32 `json:"gpfifo_entries"`
+	GPFIFOOffset  uint64 `json:"gpfifo_offset"`
+	ContextShare  uint32 `json:"context_share"`
+	VASpace       uint32 `json:"vaspace"`
+}
+
+func (e *ChannelAllocated) String() string {
+	return fmt.Sprintf("%s entries=%d", e.ObjectAllocated.String(), e.GPFIFOEntries)
+}
+
+// ObjectFreed is an nvidia RM_FREE (NVOS00).
+type ObjectFreed struct {
+	Header
+	IoctlInfo
+	Client uint32 `json:"client"`
+	Parent uint32 `json:"parent"`
+	Handle uint32 `json:"handle"`
+	Status uint32 `json:"status"`
+}
+
+func (e *ObjectFreed) String() string {
+	return fmt.Sprintf("%s RM_FREE client=0x%x parent=0x%x handle=0x%x ret=%d", e.Device, e.Client, e.Parent, e.Handle, e.Ret)
+}
+
+// RMControl is an nvidia RM_CONTROL (NVOS54).
+type RMControl struct {
+	Header
+	IoctlInfo
+	Client     uint32 `json:"client"`
+	Object     uint32 `json:"object"`
+	CtrlCmd    uint32 `json:"ctrl_cmd"`
+	ParamsSize uint32 `json:"params_size"`
+	Status     uint32 `json:"status"`
+}
+
+func (e *RMControl) String() string {
+	return fmt.Sprintf("%s RM_CONTROL ctrl=0x%08x client=0x%x object=0x%x params=%dB status=0x%x ret=%d",
+		e.Device, e.CtrlCmd, e.Client, e.Object, e.ParamsSize, e.Status, e.Ret)
+}
+
+// WorkSubmitToken is GPFIFO_GET_WORK_SUBMIT_TOKEN: the token user space
+// writes to the doorbell to submit work on a channel.
+type WorkSubmitToken struct {
+	RMControl
+	Channel uint32 `json:"channel"`
+	Token   uint32 `json:"token"`
+}
+
+func (e *WorkSubmitToken) String() string {
+	return fmt.Sprintf("%s GET_WORK_SUBMIT_TOKEN channel=0x%x token=0x%x ret=%d", e.Device, e.Channel, e.Token, e.Ret)
+}
+
+// TSGControl is a control on a channel group: SET_TIMESLICE, PREEMPT, GET_INFO.
+type TSGControl struct {
+	RMControl
+	Name        string `json:"name"`
+	TimesliceUS uint64 `json:"timeslice_us,omitempty"`
+}
+
+func (e *TSGControl) String() string {
+	s := fmt.Sprintf("%s TSG %s object=0x%x ret=%d", e.Device, e.Name, e.Object, e.Ret)
+	if e.TimesliceUS != 0 {
+		s += fmt.Sprintf(" timeslice=%dus", e.TimesliceUS)
+	}
+	return s
+}
+
+// MemoryMapped is an nvidia RM_MAP_MEMORY (NVOS33).
+type MemoryMapped struct {
+	Header
+	IoctlInfo
+	Client uint32 `json:"client"`
+	Device uint32 `json:"device_handle"`
+	Memory uint32 `json:"memory"`
+	Offset uint64 `json:"offset"`
+	Length uint64 `json:"bytes"`
+}
+
+func (e *MemoryMapped) String() string {
+	return fmt.Sprintf("%s RM_MAP_MEMORY memory=0x%x offset=0x%x bytes=%d ret=%d",
+		e.IoctlInfo.Device, e.Memory, e.Offset, e.Length, e.Ret)
+}
+
+// OSEvent is ALLOC_OS_EVENT or FREE_OS_EVENT.
+type OSEvent struct {
+	Header
+	IoctlInfo
+	Client uint32 `json:"client"`
+	Device uint32 `json:"device_handle"`
+	FD     uint32 `json:"fd"`
+	Freed  bool   `json:"freed"`
+}
+
+func (e *OSEvent) String() string {
+	op := "ALLOC_OS_EVENT"
+	if e.Freed {
+		op = "FREE_OS_EVENT"
+	}
+	return fmt.Sprintf("%s %s client=0x%x fd=%d ret=%d", e.IoctlInfo.Device, op, e.Client, e.FD, e.Ret)
+}
+
+// UVMChannelRegistered is nvidia-uvm REGISTER_CHANNEL.
+type UVMChannelRegistered struct {
+	Header
+	IoctlInfo
+	GPUUUID string `json:"gpu_uuid"`
+	Client  uint32 `json:"client"`
+	Channel uint32 `json:"channel"`
+	Base    uint64 `json:"base"`
+	Length  uint64 `json:"bytes"`
+}
+
+func (e *UVMChannelRegistered) String() string {
+	return fmt.Sprintf("%s UVM_REGISTER_CHANNEL gpu=%s channel=0x%x base=0x%x bytes=%d ret=%d",
+		e.Device, e.GPUUUID, e.Channel, e.Base, e.Length, e.Ret)
+}
+
+// NouveauChannel is a nouveau CHANNEL_ALLOC or CHANNEL_FREE.
+type NouveauChannel struct {
+	Header
+	IoctlInfo
+	Channel int32 `json:"channel"`
+	Freed   bool  `json:"freed"`
+}
+
+func (e *NouveauChannel) String() string {
+	op := "CHANNEL_ALLOC"
+	if e.Freed {
+		op = "CHANNEL_FREE"
+	}
+	return fmt.Sprintf("%s NOUVEAU_%s channel=%d ret=%d", e.Device, op, e.Channel, e.Ret)
+}
+
+// Submission is work submitted through the kernel: nouveau EXEC or GEM_PUSHBUF.
+type Submission struct {
+	Header
+	IoctlInfo
+	Name    string `json:"name"`
+	Channel uint32 `json:"channel"`
+	Pushes  uint32 `json:"pushes"`
+}
+
+func (e *Submission) String() string {
+	return fmt.Sprintf("%s %s channel=%d pushes=%d ret=%d", e.Device, e.Name, e.Channel, e.Pushes, e.Ret)
+}
+
+// VMBind is nouveau VM_BIND.
+type VMBind struct {
+	Header
+	IoctlInfo
+	Ops uint32 `json:"ops"`
+}
+
+func (e *VMBind) String() string {
+	return fmt.Sprintf("%s NOUVEAU_VM_BIND ops=%d ret=%d", e.Device, e.Ops, e.Ret)
+}
+
+// Sync is a completed wait for the GPU: a libcuda stream, context or event
+// synchronize, or a nouveau/DRM wait ioctl. Start and End bound the wait.
+type Sync struct {
+	Header
+	Func   string `json:"func"`
+	Handle uint64 `json:"handle"`
+	Ret    int64  `json:"ret"`
+	Device string `json:"device,omitempty"`
+}
+
+func (e *Sync) String() string {
+	return fmt.Sprintf("%s handle=0x%x wait=%dus ret=%d", e.Func, e.Handle, e.DurationNS/1000, e.Ret)
+}
+
+// Launch is a kernel launch through libcuda (the doorbell path).
+type Launch struct {
+	Header
+	Func     string    `json:"func"`
+	Function uint64    `json:"function"`
+	Grid     [3]uint32 `json:"grid"`
+	Block    [3]uint32 `json:"block"`
+	Stream   uint64    `json:"stream"`
+}
+
+// Blocks is the number of thread blocks the launch runs.
+func (e *Launch) Blocks() uint64 {
+	return uint64(e.Grid[0]) * uint64(e.Grid[1]) * uint64(e.Grid[2])
+}
+
+func (e *Launch) String() string {
+	return fmt.Sprintf("%s f=0x%x grid=%dx%dx%d block=%dx%dx%d stream=0x%x", e.Func, e.Function,
+		e.Grid[0], e.Grid[1], e.Grid[2], e.Block[0], e.Block[1], e.Block[2], e.Stream)
+}
+
+// GraphLaunch is cuGraphLaunch.
+type GraphLaunch struct {
+	Header
+	Func   string `json:"func"`
+	Exec   uint64 `json:"graph_exec"`
+	Stream uint64 `json:"stream"`
+}
+
+func (e *GraphLaunch) String() string {
+	return fmt.Sprintf("%s exec=0x%x stream=0x%x", e.Func, e.Exec, e.Stream)
+}
+
+// Copy is a memcpy or memset through libcuda.
+type Copy struct {
+	Header
+	Func   string `json:"func"`
+	Dst    uint64 `json:"dst"`
+	Src    uint64 `json:"src"`
+	Bytes  uint64 `json:"bytes"`
+	Stream uint64 `json:"stream"`
+	Async  bool   `json:"async"`
+}
+
+func (e *Copy) String() string {
+	return fmt.Sprintf("%s dst=0x%x bytes=%d stream=0x%x", e.Func, e.Dst, e.Bytes, e.Stream)
+}
+
+// MemAlloc is cuMemAlloc; MemFree is cuMemFree with the size it had.
+type MemAlloc struct {
+	Header
+	Func  string `json:"func"`
+	DPtr  uint64 `json:"dptr"`
+	Bytes uint64 `json:"bytes"`
+	Ret   int64  `json:"ret"`
+}
+
+func (e *MemAlloc) String() string {
+	return fmt.Sprintf("%s dptr=0x%x bytes=%d ret=%d", e.Func, e.DPtr, e.Bytes, e.Ret)
+}
+
+// MemFree is cuMemFree; Bytes is 0 when the allocation was not seen.
+type MemFree struct {
+	Header
+	Func  string `json:"func"`
+	DPtr  uint64 `json:"dptr"`
+	Bytes uint64 `json:"bytes"`
+}
+
+func (e *MemFree) String() string {
+	return fmt.Sprintf("%s dptr=0x%x bytes=%d", e.Func, e.DPtr, e.Bytes)
+}
+
+// ContextCreated is cuCtxCreate; ContextDestroyed is cuCtxDestroy.
+type ContextCreated struct {
+	Header
+	Func   string `json:"func"`
+	Ctx    uint64 `json:"ctx"`
+	Flags  uint32 `json:"flags"`
+	Device int32  `json:"cuda_device"`
+	Ret    int64  `json:"ret"`
+}
+
+func (e *ContextCreated) String() string {
+	return fmt.Sprintf("%s ctx=0x%x dev=%d flags=0x%x ret=%d", e.Func, e.Ctx, e.Device, e.Flags, e.Ret)
+}
+
+// ContextDestroyed is cuCtxDestroy.
+type ContextDestroyed struct {
+	Header
+	Func string `json:"func"`
+	Ctx  uint64 `json:"ctx"`
+}
+
+func (e *ContextDestroyed) String() string { return fmt.Sprintf("%s ctx=0x%x", e.Func, e.Ctx) }
+
+// ProcessExit is the exit of a process that used a GPU.
+type ProcessExit struct{ Header }
+
+func (e *ProcessExit) String() string { return "process exit" }
+
+// LibcudaOpened is an openat of a file named libcuda.so*; Path is as the
+// process passed it.
+type LibcudaOpened struct {
+	Header
+	Path  string `json:"path"`
+	DirFD int32  `json:"dirfd"`
+}
+
+func (e *LibcudaOpened) String() string { return fmt.Sprintf("libcuda opened %s", e.Path) }
+
+// Unknown is a record of a type this version does not know.
+type Unknown struct {
+	Header
+	RecordType uint32 `json:"record_type"`
+}
+
+func (e *Unknown) String() string { return fmt.Sprintf("unknown record type %d", e.RecordType) }
+
+// deviceString renders major:minor.
+func deviceString(major, minor uint32) string { return fmt.Sprintf("%d:%d", major, minor) }
