@@ -23,23 +23,23 @@ dma_fence tracepoints, lockdown, the cgroup mode and freezers, bpffs and
 tracefs, GPU devices in /proc/devices and the libcuda copies found. It mounts
 bpffs and tracefs when absent. It exits non-zero, naming the reason, when
 gpuarb cannot run here.`,
-		Flags: []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print the report as JSON"}},
+		Flags:  []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print the report as JSON"}},
 		Action: runDoctor,
 	}
 }
 
 type doctorReport struct {
-	Kernel    string        `json:"kernel"`
-	Root      bool          `json:"root"`
-	Lockdown  string        `json:"lockdown"`
-	Mounted   []string      `json:"mounted_now,omitempty"`
-	BPFFS     bool          `json:"bpffs"`
-	Tracefs   bool          `json:"tracefs"`
-	Features  []bpf.Feature `json:"features"`
-	Cgroup    cgroup.Mode   `json:"cgroup"`
-	Devices   []string      `json:"gpu_devices"`
-	Libcudas  []string      `json:"libcudas"`
-	Blockers  []string      `json:"blockers,omitempty"`
+	Kernel   string        `json:"kernel"`
+	Root     bool          `json:"root"`
+	Lockdown string        `json:"lockdown"`
+	Mounted  []string      `json:"mounted_now,omitempty"`
+	BPFFS    bool          `json:"bpffs"`
+	Tracefs  bool          `json:"tracefs"`
+	Features []bpf.Feature `json:"features"`
+	Cgroup   cgroup.Mode   `json:"cgroup"`
+	Devices  []string      `json:"gpu_devices"`
+	Libcudas []string      `json:"libcudas"`
+	Blockers []string      `json:"blockers,omitempty"`
 }
 
 func runDoctor(c *cli.Context) error {

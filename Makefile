@@ -1,0 +1,61 @@
+# gpuarb: see README.md. `make demo` runs it on the simulated GPU, `make test` runs every test.
+GO        ?= go
+CC        ?= gcc
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+BIN       := bin
+CFLAGS    := -O2 -g -Wall -Wextra -Werror
+GOFLAGS_B := -trimpath -ldflags "-X main.version=$(VERSION)"
+GOTEST    ?= $(GO) test
+
+LIBCUDA_SRC := e2e/fakegpu/libcuda/libcuda.c e2e/fakegpu/libcuda/fakegpu_abi.h
+GO_SRC      := $(shell find . -name '*.go' -not -path './bin/*') go.mod go.sum
+
+.PHONY: all build generate check-generate test test-unit test-e2e lint demo bench clean deps
+
+all: build
+
+build: $(BIN)/gpuarb $(BIN)/fakegpud $(BIN)/libcuda.so.1 $(BIN)/gpuwork
+
+$(BIN)/gpuarb: $(GO_SRC)
+	$(GO) build $(GOFLAGS_B) -o $@ ./cmd/gpuarb
+
+$(BIN)/fakegpud: $(GO_SRC)
+	$(GO) build $(GOFLAGS_B) -o $@ ./e2e/fakegpu/cmd/fakegpud
+
+$(BIN)/libcuda.so.1: $(LIBCUDA_SRC)
+	@mkdir -p $(BIN)
+	$(CC) $(CFLAGS) -fPIC -fvisibility=hidden -shared -Wl,-soname,libcuda.so.1 -o $@ e2e/fakegpu/libcuda/libcuda.c -lpthread
+
+# The workloads load libcuda.so.1 with dlopen, found beside them through RUNPATH.
+$(BIN)/gpuwork: e2e/fakegpu/workloads/gpuwork.c
+	@mkdir -p $(BIN)
+	$(CC) $(CFLAGS) -Wl,-rpath,'$$ORIGIN' -o $@ $< -ldl -lm
+
+# Regenerates the BPF objects (needs clang, llvm-strip, libbpf headers).
+generate:
+	$(GO) generate ./bpf/...
+
+# Fails when the committed BPF objects differ from a fresh build.
+check-generate: generate
+	@git diff --exit-code --stat -- bpf/ || { echo "bpf objects are stale: run make generate and commit"; exit 1; }
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); [ -z "$$out" ] || { echo "gofmt needed: $$out"; exit 1; }
+	$(GO) vet ./...
+
+# Every test, the privileged ones included (they need root; with CI=true a
+# skipped privileged test is a failure).
+test: build lint
+	GPUARB_BIN=$(CURDIR)/$(BIN) $(GOTEST) -count=1 -timeout 40m ./...
+
+test-unit:
+	$(GOTEST) -count=1 -short ./...
+
+demo: deps build
+	./scripts/demo.sh
+
+deps:
+	./scripts/install-deps.sh
+
+clean:
+	rm -rf $(BIN)

@@ -1,0 +1,590 @@
+package fakegpu
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Config describes the simulated GPUs.
+type Config struct {
+	GPUs          int           // number of GPUs (default 1)
+	Timeslice     time.Duration // runlist timeslice (default 2ms)
+	NoPreempt     bool          // run each kernel to completion (no preemption at slice end)
+	ContextSwitch time.Duration // cost of switching channel groups (default 20µs)
+	CopyBandwidth uint64        // copy engine bytes per second (default 25e9)
+	Memory        uint64        // device memory per GPU in bytes (default 80 GiB)
+	Poll          time.Duration // doorbell poll interval while active (default 50µs)
+	IdleAfter     time.Duration // idle time before the device sleeps on the doorbell (default 5ms)
+}
+
+func (c *Config) setDefaults() {
+	if c.GPUs <= 0 {
+		c.GPUs = 1
+	}
+	if c.Timeslice <= 0 {
+		c.Timeslice = 2 * time.Millisecond
+	}
+	if c.ContextSwitch < 0 {
+		c.ContextSwitch = 0
+	} else if c.ContextSwitch == 0 {
+		c.ContextSwitch = 20 * time.Microsecond
+	}
+	if c.CopyBandwidth == 0 {
+		c.CopyBandwidth = 25e9
+	}
+	if c.Memory == 0 {
+		c.Memory = 80 << 30
+	}
+	if c.Poll <= 0 {
+		c.Poll = 50 * time.Microsecond
+	}
+	if c.IdleAfter <= 0 {
+		c.IdleAfter = 5 * time.Millisecond
+	}
+}
+
+// Defaults of the device model.
+const (
+	DefaultTimeslice     = 2 * time.Millisecond
+	DefaultContextSwitch = 20 * time.Microsecond
+)
+
+// maxCostNS bounds one entry's cost so a hostile client cannot wedge a GPU.
+const maxCostNS = int64(60 * time.Second)
+
+func monotonicNS() int64 {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return ts.Nano()
+}
+
+type arrival struct {
+	upto uint64 // entries below this index arrived at
+	at   int64
+}
+
+type chanState struct {
+	known    uint64 // GPPut seen by the device
+	next     uint64 // index of the head entry (entries below it completed)
+	headLeft int64  // remaining ns of a started head entry, -1 if not started
+	busy     bool   // the head is on an engine
+	needWake bool
+	arrivals []arrival
+}
+
+// gpuContext is one channel group (TSG): a client's CUDA context.
+type gpuContext struct {
+	id     uint64
+	gpu    *gpu
+	pid    int
+	cgroup string
+	fd     int
+	mem    []byte
+	shm    *ctxShm
+	chans  [MaxChannels]chanState
+	// pending has bit i set while channel i has entries the device has not run.
+	pending uint32
+	rr      int
+
+	busyNS, copyNS, queueNS uint64
+	kernels, copies         uint64
+	memBytes                uint64
+	allocs                  map[uint64]uint64
+	alive                   bool
+}
+
+type gpu struct {
+	index int
+	cfg   *Config
+
+	dbFD  int
+	dbMem []byte
+	db    *doorbellShm
+
+	mu       sync.Mutex
+	ctxs     []*gpuContext // the runlist
+	ended    []*gpuContext // destroyed, kept for stats until reset
+	lastRing uint32
+
+	cur      *gpuContext // compute engine owner
+	curCh    int
+	running  bool
+	sliceEnd int64
+	cp       *gpuContext // copy engine owner
+	cpCh     int
+	copying  bool
+
+	busyNS, copyBusyNS uint64
+	memUsed            uint64
+	nextAddr           uint64
+
+	stopped atomic.Bool
+	done    chan struct{}
+}
+
+func newGPU(index int, cfg *Config) (*gpu, error) {
+	fd, mem, err := sharedMemory(fmt.Sprintf("fakegpu-doorbell-%d", index), doorbellShmSize)
+	if err != nil {
+		return nil, err
+	}
+	g := &gpu{index: index, cfg: cfg, dbFD: fd, dbMem: mem, db: (*doorbellShm)(unsafe.Pointer(&mem[0])),
+		nextAddr: 0x7f0000000000 + uint64(index)<<36, done: make(chan struct{})}
+	g.db.Magic = magicDoorbell
+	g.db.Version = abiVersion
+	return g, nil
+}
+
+func sharedMemory(name string, size int) (int, []byte, error) {
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC)
+	if err != nil {
+		return -1, nil, fmt.Errorf("memfd %s: %w", name, err)
+	}
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		unix.Close(fd)
+		return -1, nil, fmt.Errorf("size memfd %s: %w", name, err)
+	}
+	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		unix.Close(fd)
+		return -1, nil, fmt.Errorf("map memfd %s: %w", name, err)
+	}
+	return fd, mem, nil
+}
+
+func futexWake(addr *uint32) {
+	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), 1 /* FUTEX_WAKE */, 1<<30, 0, 0, 0)
+}
+
+func futexWait(addr *uint32, val uint32, timeout time.Duration) {
+	ts := unix.NsecToTimespec(int64(timeout))
+	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), 0 /* FUTEX_WAIT */, uintptr(val),
+		uintptr(unsafe.Pointer(&ts)), 0, 0)
+}
+
+// addContext creates a channel group for a client process.
+func (g *gpu) addContext(id uint64, pid int, cgroup string) (*gpuContext, error) {
+	fd, mem, err := sharedMemory(fmt.Sprintf("fakegpu-ctx-%d", id), ctxShmSize)
+	if err != nil {
+		return nil, err
+	}
+	c := &gpuContext{id: id, gpu: g, pid: pid, cgroup: cgroup, fd: fd, mem: mem,
+		shm: (*ctxShm)(unsafe.Pointer(&mem[0])), allocs: map[uint64]uint64{}, alive: true}
+	c.shm.Magic = magicCtx
+	c.shm.Version = abiVersion
+	for i := range c.chans {
+		c.chans[i].headLeft = -1
+	}
+	g.mu.Lock()
+	g.ctxs = append(g.ctxs, c)
+	g.mu.Unlock()
+	return c, nil
+}
+
+// removeContext drops a context and its queued work, as a real GPU does
+// when the owning process goes away; its figures stay for stats.
+func (g *gpu) removeContext(c *gpuContext) {
+	g.mu.Lock()
+	if !c.alive {
+		g.mu.Unlock()
+		return
+	}
+	for i, x := range g.ctxs {
+		if x == c {
+			g.ctxs = append(g.ctxs[:i], g.ctxs[i+1:]...)
+			break
+		}
+	}
+	if g.cur == c {
+		g.cur, g.running = nil, false
+	}
+	if g.cp == c {
+		g.cp, g.copying = nil, false
+	}
+	g.memUsed -= c.memBytes
+	c.memBytes = 0 // a destroyed context holds no memory
+	c.allocs = nil
+	c.alive = false
+	g.ended = append(g.ended, c)
+	mem, fd := c.mem, c.fd
+	c.mem, c.shm = nil, nil
+	g.mu.Unlock()
+	unix.Munmap(mem)
+	unix.Close(fd)
+}
+
+// run is the device loop: poll the doorbell, simulate the engines in real
+// time, complete entries, sleep until the next event.
+func (g *gpu) run() {
+	defer close(g.done)
+	runtime.LockOSThread()
+	// Precise sleeps: the default 50µs timer slack would be timing error.
+	unix.Prctl(unix.PR_SET_TIMERSLACK, 1, 0, 0, 0)
+	vt := monotonicNS()
+	idleSince := vt
+	for !g.stopped.Load() {
+		now := monotonicNS()
+		g.mu.Lock()
+		g.advance(vt, now)
+		vt = now
+		g.poll(now)
+		g.advance(now, now) // start what just arrived
+		g.wake()
+		busy := g.running || g.copying
+		next := g.nextEvent(now)
+		g.mu.Unlock()
+
+		if busy {
+			idleSince = now
+			sleepUntil(min(next, now+int64(g.cfg.Poll)))
+			continue
+		}
+		if now-idleSince < int64(g.cfg.IdleAfter) {
+			sleepUntil(now + int64(g.cfg.Poll))
+			continue
+		}
+		// Idle: sleep on the doorbell; clients seeing sleeping=1 wake us.
+		atomic.StoreUint32(&g.db.Sleeping, 1)
+		ring := atomic.LoadUint32(&g.db.Ring)
+		if ring == g.lastRing && !g.stopped.Load() {
+			futexWait(&g.db.Ring, ring, 50*time.Millisecond)
+		}
+		atomic.StoreUint32(&g.db.Sleeping, 0)
+		vt = monotonicNS()
+	}
+}
+
+func sleepUntil(t int64) {
+	ts := unix.NsecToTimespec(t)
+	_ = unix.ClockNanosleep(unix.CLOCK_MONOTONIC, unix.TIMER_ABSTIME, &ts, nil)
+}
+
+// poll reads GPPut of every channel when the doorbell moved.
+func (g *gpu) poll(now int64) {
+	ring := atomic.LoadUint32(&g.db.Ring)
+	if ring == g.lastRing {
+		return
+	}
+	g.lastRing = ring
+	for _, c := range g.ctxs {
+		for i := range c.shm.Ch {
+			sh := &c.shm.Ch[i]
+			put := atomic.LoadUint64(&sh.GPPut)
+			st := &c.chans[i]
+			if put <= st.known {
+				continue
+			}
+			if put-st.next > RingEntries { // a client overran its ring: ignore the excess
+				put = st.next + RingEntries
+			}
+			st.arrivals = append(st.arrivals, arrival{upto: put, at: now})
+			st.known = put
+			c.pending |= 1 << i
+		}
+	}
+}
+
+func (c *gpuContext) head(ch int) *entry {
+	st := &c.chans[ch]
+	return &c.shm.Ch[ch].Ring[st.next%RingEntries]
+}
+
+// advance simulates both engines from t to `to`, completing entries at
+// their exact virtual completion times.
+func (g *gpu) advance(t, to int64) {
+	for {
+		g.dispatch(t)
+		if (!g.running && !g.copying) || t >= to {
+			return
+		}
+		if g.running && !g.cfg.NoPreempt && t >= g.sliceEnd && g.othersWaiting() {
+			g.cur.chans[g.curCh].busy = false // preempted: headLeft is kept
+			g.running = false
+			continue
+		}
+		step := to - t
+		var kst, cst *chanState
+		if g.running {
+			kst = &g.cur.chans[g.curCh]
+			step = min(step, kst.headLeft)
+			if !g.cfg.NoPreempt && g.othersWaiting() {
+				step = min(step, g.sliceEnd-t)
+			}
+		}
+		if g.copying {
+			cst = &g.cp.chans[g.cpCh]
+			step = min(step, cst.headLeft)
+		}
+		step = max(step, 0)
+		t += step
+		if kst != nil {
+			kst.headLeft -= step
+			g.cur.busyNS += uint64(step)
+			g.busyNS += uint64(step)
+			if kst.headLeft <= 0 {
+				g.cur.kernels++
+				g.complete(g.cur, g.curCh, t)
+				g.running = false
+			}
+		}
+		if cst != nil {
+			cst.headLeft -= step
+			g.cp.copyNS += uint64(step)
+			g.copyBusyNS += uint64(step)
+			if cst.headLeft <= 0 {
+				g.cp.copies++
+				g.complete(g.cp, g.cpCh, t)
+				g.copying = false
+			}
+		}
+	}
+}
+
+// dispatch completes markers at channel heads and starts idle engines.
+func (g *gpu) dispatch(t int64) {
+	for _, c := range g.ctxs {
+		for p := c.pending; p != 0; p &= p - 1 {
+			ch := trailingZeros(p)
+			st := &c.chans[ch]
+			for st.next < st.known && !st.busy && st.headLeft < 0 {
+				e := c.head(ch)
+				if e.Kind == entryKernel || e.Kind == entryCopy {
+					break
+				}
+				g.complete(c, ch, t) // markers and unknown kinds complete at once
+			}
+		}
+	}
+	if !g.running {
+		g.pickCompute(t)
+	}
+	if !g.copying {
+		g.pickCopy(t)
+	}
+}
+
+func trailingZeros(x uint32) int {
+	n := 0
+	for x&1 == 0 {
+		x >>= 1
+		n++
+	}
+	return n
+}
+
+// kernelChannel picks, round robin, a channel of c whose head is a kernel
+// ready to run and advances the round robin; -1 if none.
+func (c *gpuContext) kernelChannel() int {
+	ch := c.readyKernel()
+	if ch >= 0 {
+		c.rr = ch + 1
+	}
+	return ch
+}
+
+// readyKernel is kernelChannel without advancing the round robin.
+func (c *gpuContext) readyKernel() int {
+	for i := 0; i < MaxChannels; i++ {
+		ch := (c.rr + i) % MaxChannels
+		if c.pending&(1<<ch) == 0 {
+			continue
+		}
+		st := &c.chans[ch]
+		if st.busy || st.next >= st.known {
+			continue
+		}
+		if st.headLeft > 0 || c.head(ch).Kind == entryKernel {
+			return ch
+		}
+	}
+	return -1
+}
+
+func (c *gpuContext) copyChannel() int {
+	for i := 0; i < MaxChannels; i++ {
+		ch := (c.rr + i) % MaxChannels
+		if c.pending&(1<<ch) == 0 {
+			continue
+		}
+		st := &c.chans[ch]
+		if !st.busy && st.next < st.known && st.headLeft < 0 && c.head(ch).Kind == entryCopy {
+			return ch
+		}
+	}
+	return -1
+}
+
+// othersWaiting reports whether a channel group other than the running
+// one has kernels ready.
+func (g *gpu) othersWaiting() bool {
+	for _, c := range g.ctxs {
+		if c != g.cur && c.pending != 0 && c.readyKernel() >= 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// pickCompute keeps the running group within its timeslice, else rotates
+// the runlist to the next group with kernels ready.
+func (g *gpu) pickCompute(t int64) {
+	if g.cur != nil && t < g.sliceEnd {
+		if ch := g.cur.kernelChannel(); ch >= 0 {
+			g.startKernel(g.cur, ch, t, false)
+			return
+		}
+	}
+	n := len(g.ctxs)
+	start := 0
+	for i, c := range g.ctxs {
+		if c == g.cur {
+			start = i + 1
+			break
+		}
+	}
+	for i := 0; i < n; i++ {
+		c := g.ctxs[(start+i)%n]
+		if c.pending == 0 {
+			continue
+		}
+		if ch := c.kernelChannel(); ch >= 0 {
+			switched := c != g.cur
+			g.cur = c
+			g.sliceEnd = t + int64(g.cfg.Timeslice)
+			g.startKernel(c, ch, t, switched)
+			return
+		}
+	}
+}
+
+func (g *gpu) startKernel(c *gpuContext, ch int, t int64, switched bool) {
+	st := &c.chans[ch]
+	if st.headLeft < 0 {
+		st.headLeft = min(max(int64(c.head(ch).CostNS), 0), maxCostNS)
+		c.queueNS += uint64(max(t-c.arrivalOf(ch), 0))
+	}
+	if switched {
+		st.headLeft += int64(g.cfg.ContextSwitch)
+	}
+	if st.headLeft == 0 {
+		st.headLeft = 1
+	}
+	st.busy = true
+	g.running = true
+	g.curCh = ch
+}
+
+func (g *gpu) pickCopy(t int64) {
+	n := len(g.ctxs)
+	start := 0
+	for i, c := range g.ctxs {
+		if c == g.cp {
+			start = i + 1
+			break
+		}
+	}
+	for i := 0; i < n; i++ {
+		c := g.ctxs[(start+i)%n]
+		if c.pending == 0 {
+			continue
+		}
+		if ch := c.copyChannel(); ch >= 0 {
+			st := &c.chans[ch]
+			bytes := c.head(ch).Bytes
+			cost := int64(float64(bytes) * 1e9 / float64(g.cfg.CopyBandwidth))
+			st.headLeft = min(max(cost, 1), maxCostNS)
+			c.queueNS += uint64(max(t-c.arrivalOf(ch), 0))
+			st.busy = true
+			g.cp, g.cpCh, g.copying = c, ch, true
+			return
+		}
+	}
+}
+
+// arrivalOf is when the head entry of ch was first seen.
+func (c *gpuContext) arrivalOf(ch int) int64 {
+	st := &c.chans[ch]
+	for len(st.arrivals) > 0 && st.arrivals[0].upto <= st.next {
+		st.arrivals = st.arrivals[1:]
+	}
+	if len(st.arrivals) == 0 {
+		return 0
+	}
+	return st.arrivals[0].at
+}
+
+// complete retires the head entry of ch at virtual time t.
+func (g *gpu) complete(c *gpuContext, ch int, t int64) {
+	st := &c.chans[ch]
+	e := c.head(ch)
+	if ev := e.Event; ev != noEvent && ev < MaxEvents {
+		atomic.StoreUint64(&c.shm.EventTS[ev], uint64(t))
+	}
+	st.next++
+	st.headLeft = -1
+	st.busy = false
+	st.needWake = true
+	sh := &c.shm.Ch[ch]
+	atomic.StoreUint64(&sh.GPGet, st.next)
+	atomic.AddUint32(&sh.Done, 1)
+	if st.next >= st.known {
+		c.pending &^= 1 << ch
+	}
+}
+
+// wake wakes clients sleeping on channels that completed entries.
+func (g *gpu) wake() {
+	for _, c := range g.ctxs {
+		for i := range c.chans {
+			st := &c.chans[i]
+			if !st.needWake {
+				continue
+			}
+			st.needWake = false
+			sh := &c.shm.Ch[i]
+			if atomic.LoadUint32(&sh.Waiters) > 0 {
+				futexWake(&sh.Done)
+			}
+		}
+	}
+}
+
+// nextEvent is the virtual time of the next completion or slice end.
+func (g *gpu) nextEvent(now int64) int64 {
+	next := now + int64(time.Second)
+	if g.running {
+		next = min(next, now+g.cur.chans[g.curCh].headLeft)
+		// A slice already over matters only once others wait: the next
+		// poll finds them.
+		if !g.cfg.NoPreempt && g.sliceEnd > now {
+			next = min(next, g.sliceEnd)
+		}
+	}
+	if g.copying {
+		next = min(next, now+g.cp.chans[g.cpCh].headLeft)
+	}
+	return next
+}
+
+// stop ends the device loop and tells every client the device is gone.
+func (g *gpu) stop() {
+	g.stopped.Store(true)
+	atomic.StoreUint32(&g.db.Dead, 1)
+	atomic.AddUint32(&g.db.Ring, 1)
+	futexWake(&g.db.Ring)
+	<-g.done
+	g.mu.Lock()
+	for _, c := range g.ctxs {
+		atomic.StoreUint32(&c.shm.Dead, 1)
+		for i := range c.shm.Ch {
+			atomic.AddUint32(&c.shm.Ch[i].Done, 1)
+			futexWake(&c.shm.Ch[i].Done)
+		}
+	}
+	g.mu.Unlock()
+}

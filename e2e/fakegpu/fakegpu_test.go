@@ -1,0 +1,360 @@
+package fakegpu_test
+
+import (
+	"bufio"
+	"encoding/json"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gpuarb/gpuarb/e2e/fakegpu"
+	"github.com/gpuarb/gpuarb/internal/testutil"
+)
+
+// window resets the ground truth, waits d and reads it.
+func window(t *testing.T, sock string, d time.Duration) fakegpu.Stats {
+	t.Helper()
+	if _, err := fakegpu.ReadStats(sock, true); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(d)
+	st, err := fakegpu.ReadStats(sock, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// busyByCgroup sums context busy time per cgroup path on GPU 0.
+func busyByCgroup(st fakegpu.Stats) map[string]uint64 {
+	out := map[string]uint64{}
+	for _, c := range st.GPUs[0].Contexts {
+		out[c.Cgroup] += c.BusyNS
+	}
+	return out
+}
+
+func busyByPID(st fakegpu.Stats) map[int]uint64 {
+	out := map[int]uint64{}
+	for _, c := range st.GPUs[0].Contexts {
+		out[c.PID] += c.BusyNS
+	}
+	return out
+}
+
+func share(part, total uint64) float64 { return float64(part) / float64(total) }
+
+func TestEqualContextsShareEqually(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		a, b      []string
+		wantA     float64
+		tolerance float64
+	}{
+		{"two hogs", []string{"hog"}, []string{"hog"}, 0.5, 0.02},
+		{"4 streams vs 1 stream", []string{"hog", "--streams", "4"}, []string{"hog"}, 0.5, 0.02},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			gpu := testutil.StartFakeGPU(t)
+			a := testutil.Start(t, nil, gpu.Workload(t, append(tc.a, "--duration", "4")...))
+			b := testutil.Start(t, nil, gpu.Workload(t, append(tc.b, "--duration", "4")...))
+			time.Sleep(500 * time.Millisecond)
+			st := window(t, gpu.Socket, 2*time.Second)
+			byPID := busyByPID(st)
+			ta, tb := byPID[a.Cmd.Process.Pid], byPID[b.Cmd.Process.Pid]
+			got := share(ta, ta+tb)
+			t.Logf("A %.1f ms, B %.1f ms: A's share %.4f; GPU busy %.1f%% of %.2fs", float64(ta)/1e6, float64(tb)/1e6,
+				got, 100*share(st.GPUs[0].BusyNS, st.ElapsedNS), float64(st.ElapsedNS)/1e9)
+			if math.Abs(got-tc.wantA) > tc.tolerance {
+				t.Errorf("A's share %.4f, want %.2f ± %.2f", got, tc.wantA, tc.tolerance)
+			}
+			if u := share(st.GPUs[0].BusyNS, st.ElapsedNS); u < 0.97 {
+				t.Errorf("GPU busy %.3f of the window with two hogs, want ≥ 0.97", u)
+			}
+		})
+	}
+}
+
+func TestProcessesBuyTime(t *testing.T) {
+	gpu := testutil.StartFakeGPU(t)
+	cgA := testutil.NewCgroup(t, "tenant-a")
+	cgB := testutil.NewCgroup(t, "tenant-b")
+	for i := 0; i < 4; i++ {
+		testutil.Start(t, cgA, gpu.Workload(t, "hog", "--duration", "4"))
+	}
+	testutil.Start(t, cgB, gpu.Workload(t, "hog", "--duration", "4"))
+	time.Sleep(500 * time.Millisecond)
+	st := window(t, gpu.Socket, 2*time.Second)
+	by := busyByCgroup(st)
+	got := share(by[cgA.Rel], by[cgA.Rel]+by[cgB.Rel])
+	t.Logf("tenant with 4 processes: %.4f of the GPU (time-slicing is fair per context, not per tenant)", got)
+	if math.Abs(got-0.8) > 0.03 {
+		t.Errorf("4-process tenant share %.4f, want 0.80 ± 0.03", got)
+	}
+}
+
+// inferP99 runs a closed-loop infer beside a 20 ms-kernel hog and returns
+// the infer p99 latency in ms.
+func inferP99(t *testing.T, args ...string) float64 {
+	t.Helper()
+	gpu := testutil.StartFakeGPU(t, args...)
+	testutil.Start(t, nil, gpu.Workload(t, "hog", "--kernel-ms", "20", "--duration", "4"))
+	time.Sleep(300 * time.Millisecond)
+	inf := testutil.Start(t, nil, gpu.Workload(t, "infer", "--kernels", "1", "--kernel-ms", "0.25", "--duration", "2"))
+	if err := inf.Wait(t, 10*time.Second); err != nil {
+		t.Fatalf("infer: %v: %s", err, inf.Stderr)
+	}
+	var sum struct {
+		P99 float64 `json:"latency_p99_ms"`
+	}
+	if err := json.Unmarshal(lastLine(inf.Stdout.String()), &sum); err != nil {
+		t.Fatal(err)
+	}
+	return sum.P99
+}
+
+func TestRunToCompletionBlocksShortKernels(t *testing.T) {
+	pre := inferP99(t)
+	rtc := inferP99(t, "--no-preempt")
+	t.Logf("short-kernel p99 beside 20 ms kernels: preemptive %.2f ms, run-to-completion %.2f ms", pre, rtc)
+	if pre > 6 {
+		t.Errorf("preemptive GPU: p99 %.2f ms, want ≤ 6 ms (one 2 ms timeslice and the request)", pre)
+	}
+	if rtc < 15 {
+		t.Errorf("run-to-completion GPU: p99 %.2f ms, want ≥ 15 ms (waits out a 20 ms kernel)", rtc)
+	}
+}
+
+func TestBusyIsSumOfContexts(t *testing.T) {
+	gpu := testutil.StartFakeGPU(t)
+	for _, w := range [][]string{{"hog", "--kernel-ms", "3"}, {"storm", "--rate", "5000"}, {"graph"}, {"frames"}, {"infer", "--rate", "300"}} {
+		testutil.Start(t, nil, gpu.Workload(t, append(w, "--duration", "3")...))
+	}
+	time.Sleep(300 * time.Millisecond)
+	st := window(t, gpu.Socket, time.Second)
+	var sum uint64
+	for _, c := range st.GPUs[0].Contexts {
+		sum += c.BusyNS
+	}
+	if sum != st.GPUs[0].BusyNS {
+		t.Errorf("sum of context busy %d ns != GPU busy %d ns", sum, st.GPUs[0].BusyNS)
+	}
+	if st.GPUs[0].BusyNS > st.ElapsedNS+uint64(time.Millisecond) {
+		t.Errorf("GPU busy %d ns exceeds the window %d ns", st.GPUs[0].BusyNS, st.ElapsedNS)
+	}
+	if len(st.GPUs[0].Contexts) != 5 {
+		t.Errorf("%d contexts, want 5", len(st.GPUs[0].Contexts))
+	}
+}
+
+func lastLine(s string) []byte {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return []byte(lines[len(lines)-1])
+}
+
+func TestWorkloadSummaries(t *testing.T) {
+	gpu := testutil.StartFakeGPU(t)
+	for _, tc := range []struct {
+		args  []string
+		check func(t *testing.T, m map[string]any)
+	}{
+		{[]string{"hog", "--kernel-ms", "5"}, func(t *testing.T, m map[string]any) {
+			if m["kernels"].(float64) < 100 {
+				t.Errorf("hog ran %v kernels of 5 ms in 1 s", m["kernels"])
+			}
+		}},
+		{[]string{"infer", "--rate", "100"}, func(t *testing.T, m map[string]any) {
+			if r := m["requests"].(float64); math.Abs(r-100) > 5 {
+				t.Errorf("infer at 100/s served %v requests in 1 s", r)
+			}
+			if p := m["latency_p99_ms"].(float64); p <= 0.99 || p > 5 {
+				t.Errorf("infer alone: p99 %v ms for 1 ms of GPU work", p)
+			}
+		}},
+		{[]string{"frames", "--fps", "60"}, func(t *testing.T, m map[string]any) {
+			if f := m["fps"].(float64); math.Abs(f-60) > 3 {
+				t.Errorf("frames alone: %v fps, want 60", f)
+			}
+		}},
+		{[]string{"storm", "--rate", "10000"}, func(t *testing.T, m map[string]any) {
+			if r := m["launches_per_s"].(float64); math.Abs(r-10000) > 1000 {
+				t.Errorf("storm: %v launches/s, want 10000", r)
+			}
+		}},
+		{[]string{"graph"}, func(t *testing.T, m map[string]any) {
+			if m["kernels"].(float64) < 400 {
+				t.Errorf("graph ran %v kernels", m["kernels"])
+			}
+		}},
+		{[]string{"greedy", "--kernel-ms", "1"}, func(t *testing.T, m map[string]any) {
+			if m["kernels"].(float64) < 1000 {
+				t.Errorf("greedy queued %v kernels", m["kernels"])
+			}
+		}},
+		{[]string{"fork", "--children", "2"}, func(t *testing.T, m map[string]any) {
+			if m["children"].(float64) != 2 || m["failed"].(float64) != 0 {
+				t.Errorf("fork: %v", m)
+			}
+		}},
+	} {
+		t.Run(tc.args[0], func(t *testing.T) {
+			p := testutil.Start(t, nil, gpu.Workload(t, append(tc.args, "--duration", "1", "--interval", "0.5")...))
+			if err := p.Wait(t, 30*time.Second); err != nil {
+				t.Fatalf("%v: %s", err, p.Stderr)
+			}
+			lines := strings.Split(strings.TrimSpace(p.Stdout.String()), "\n")
+			var intervals int
+			for _, l := range lines {
+				var m map[string]any
+				if err := json.Unmarshal([]byte(l), &m); err != nil {
+					t.Fatalf("line %q is not JSON: %v", l, err)
+				}
+				if _, ok := m["t"]; ok {
+					intervals++
+				}
+			}
+			var sum map[string]any
+			if err := json.Unmarshal(lastLine(p.Stdout.String()), &sum); err != nil || sum["summary"] != true {
+				t.Fatalf("no summary line: %q", p.Stdout.String())
+			}
+			if tc.args[0] != "fork" && intervals == 0 {
+				t.Errorf("--interval 0.5 printed no interval line")
+			}
+			tc.check(t, sum)
+		})
+	}
+}
+
+func TestDeviceGoneIsAnError(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
+		t.Run(sig.String(), func(t *testing.T) {
+			gpu := testutil.StartFakeGPU(t)
+			hog := testutil.Start(t, nil, gpu.Workload(t, "hog", "--kernel-ms", "50", "--duration", "30"))
+			inf := testutil.Start(t, nil, gpu.Workload(t, "infer", "--duration", "30"))
+			time.Sleep(500 * time.Millisecond)
+			gpu.Proc.Cmd.Process.Signal(sig)
+			for _, p := range []*testutil.Proc{hog, inf} {
+				err := p.Wait(t, 3*time.Second)
+				if err == nil {
+					t.Errorf("%s exited 0 after the device went away", p.Cmd.Args[1])
+				}
+				if !strings.Contains(p.Stderr.String(), "CUDA_ERROR_DEVICE_UNAVAILABLE") {
+					t.Errorf("%s stderr %q, want CUDA_ERROR_DEVICE_UNAVAILABLE", p.Cmd.Args[1], p.Stderr)
+				}
+			}
+		})
+	}
+}
+
+func TestABI(t *testing.T) {
+	gpu := testutil.StartFakeGPU(t)
+	lib := testutil.Bin(t, "libcuda.so.1")
+	exe := filepath.Join(t.TempDir(), "abi_test")
+	build := exec.Command("cc", "-O2", "-Wall", "-Wextra", "-Werror", "-o", exe, "abitest/abi_test.c",
+		"-L"+filepath.Dir(lib), "-l:libcuda.so.1", "-Wl,-rpath,"+filepath.Dir(lib))
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build abi_test: %v\n%s", err, out)
+	}
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		socket string
+	}{
+		{"device", nil, gpu.Socket},
+		{"no device", []string{"nodevice"}, filepath.Join(t.TempDir(), "none.sock")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := exec.Command(exe, tc.args...)
+			cmd.Env = append(os.Environ(), "FAKEGPU_SOCKET="+tc.socket)
+			out, err := cmd.CombinedOutput()
+			t.Logf("%s", out)
+			if err != nil {
+				t.Fatalf("abi_test: %v", err)
+			}
+			if !strings.Contains(string(out), " 0 failed") {
+				t.Fatalf("abi_test did not report 0 failures")
+			}
+		})
+	}
+	st, err := fakegpu.ReadStats(gpu.Socket, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var copies uint64
+	for _, c := range st.GPUs[0].Contexts {
+		copies += c.Copies
+		if c.Alive || c.MemBytes != 0 {
+			t.Errorf("context %d after exit: alive %v, %d bytes held", c.ID, c.Alive, c.MemBytes)
+		}
+	}
+	if copies != 6 || st.GPUs[0].CopyBusyNS == 0 {
+		t.Errorf("copy engine ran %d copies (%d ns), want the test's 6", copies, st.GPUs[0].CopyBusyNS)
+	}
+}
+
+func TestStatsCLI(t *testing.T) {
+	gpu := testutil.StartFakeGPU(t, "--gpus", "2")
+	testutil.Start(t, nil, gpu.Workload(t, "hog", "--gpu", "1", "--duration", "1")).Wait(t, 10*time.Second)
+	out, err := exec.Command(testutil.Bin(t, "fakegpud"), "stats", "--json", "--socket", gpu.Socket).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		GPUs []struct {
+			Index    int    `json:"index"`
+			BusyNS   uint64 `json:"busy_ns"`
+			Contexts []struct {
+				PID     int    `json:"pid"`
+				Cgroup  string `json:"cgroup"`
+				BusyNS  uint64 `json:"busy_ns"`
+				Kernels uint64 `json:"kernels"`
+			} `json:"contexts"`
+		} `json:"gpus"`
+	}
+	if err := json.Unmarshal(out, &st); err != nil {
+		t.Fatalf("stats --json: %v: %s", err, out)
+	}
+	if len(st.GPUs) != 2 || st.GPUs[1].Index != 1 || len(st.GPUs[1].Contexts) != 1 || len(st.GPUs[0].Contexts) != 0 {
+		t.Fatalf("stats: %s", out)
+	}
+	c := st.GPUs[1].Contexts[0]
+	if c.BusyNS < 500e6 || c.BusyNS != st.GPUs[1].BusyNS || c.Kernels == 0 || c.Cgroup == "" {
+		t.Errorf("context on GPU 1: %+v", c)
+	}
+	human, err := exec.Command(testutil.Bin(t, "fakegpud"), "stats", "--socket", gpu.Socket).Output()
+	if err != nil || !bufio.NewScanner(strings.NewReader(string(human))).Scan() || !strings.Contains(string(human), "GPU 1") {
+		t.Errorf("stats table: %v %s", err, human)
+	}
+}
+
+func TestLayoutMatchesC(t *testing.T) {
+	testutil.Privileged(t) // only for the compiler in CI images; harmless elsewhere
+	src := filepath.Join(t.TempDir(), "off.c")
+	prog := `#include <stdio.h>
+#include <stddef.h>
+#include "fakegpu_abi.h"
+int main(void){printf("%zu %zu %zu %zu %zu %zu %zu %zu\n", sizeof(struct fg_entry), sizeof(struct fg_channel),
+ offsetof(struct fg_channel, ring), sizeof(struct fg_ctx_shm), offsetof(struct fg_ctx_shm, ch),
+ offsetof(struct fg_ctx_shm, event_ts), sizeof(struct fg_req), sizeof(struct fg_resp));}`
+	if err := os.WriteFile(src, []byte(prog), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	exe := filepath.Join(t.TempDir(), "off")
+	abs, _ := filepath.Abs("libcuda")
+	if out, err := exec.Command("cc", "-I", abs, "-o", exe, src).CombinedOutput(); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	out, err := exec.Command(exe).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fakegpu.LayoutForTest()
+	if got := strings.TrimSpace(string(out)); got != want {
+		t.Errorf("C layout %q, Go layout %q", got, want)
+	}
+}

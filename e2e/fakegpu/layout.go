@@ -1,0 +1,112 @@
+// Package fakegpu is the simulated kernel-bypass GPU that gpuarb's demo and
+// end-to-end tests run on when the host has no GPU. fakegpud (this package's
+// Server) owns the GPUs: per GPU a runlist of channel groups, one per
+// context with a channel per stream as NVIDIA's TSGs, time-sliced round
+// robin (preemptive, or run-to-completion per kernel), a separate copy
+// engine, and exact ground-truth accounting. Clients (the C libcuda.so.1 in
+// libcuda/) set up over a Unix socket and then submit with no system call:
+// they write ring entries in shared memory, advance GPPut and ring a
+// doorbell word that the device polls, as hardware does.
+package fakegpu
+
+import (
+	"fmt"
+	"unsafe"
+)
+
+// Shared-memory and protocol layout, mirroring libcuda/fakegpu_abi.h.
+const (
+	magicCtx      = 0x46474358
+	magicDoorbell = 0x46474442
+	abiVersion    = 1
+
+	MaxChannels = 32   // channels (streams) per context
+	RingEntries = 1024 // entries per channel ring
+	MaxEvents   = 1024 // event slots per context
+
+	entryKernel = 1
+	entryCopy   = 2
+	entryMarker = 3
+	noEvent     = 0xffffffff
+)
+
+// entry is struct fg_entry.
+type entry struct {
+	Kind   uint32
+	Event  uint32
+	CostNS uint64
+	Bytes  uint64
+	Seq    uint64
+}
+
+// channelShm is struct fg_channel.
+type channelShm struct {
+	Active  uint32
+	Done    uint32
+	GPPut   uint64
+	GPGet   uint64
+	Waiters uint32
+	_       [9]uint32
+	Ring    [RingEntries]entry
+}
+
+// ctxShm is struct fg_ctx_shm.
+type ctxShm struct {
+	Magic   uint32
+	Version uint32
+	Dead    uint32
+	_       uint32
+	EventTS [MaxEvents]uint64
+	_       [48]byte
+	Ch      [MaxChannels]channelShm
+}
+
+// doorbellShm is struct fg_doorbell.
+type doorbellShm struct {
+	Magic    uint32
+	Version  uint32
+	Ring     uint32
+	Sleeping uint32
+	Dead     uint32
+}
+
+const (
+	ctxShmSize      = int(unsafe.Sizeof(ctxShm{}))
+	doorbellShmSize = 4096
+)
+
+// Protocol operations (enum fg_op).
+const (
+	opHello      = 1
+	opCtxCreate  = 2
+	opCtxDestroy = 3
+	opMemAlloc   = 4
+	opMemFree    = 5
+	opStats      = 6
+)
+
+const (
+	reqSize  = 64
+	respSize = 32
+)
+
+// CUresult values the device returns.
+const (
+	cudaSuccess           = 0
+	cudaInvalidValue      = 1
+	cudaOutOfMemory       = 2
+	cudaInvalidDevice     = 101
+	cudaInvalidContext    = 201
+	cudaInvalidHandle     = 400
+	cudaDeviceUnavailable = 46
+)
+
+// LayoutForTest renders the Go view of the shared layout in the order the
+// C check prints it: entry, channel, ring offset, context, channel array
+// offset, event array offset, request, response.
+func LayoutForTest() string {
+	var c ctxShm
+	var ch channelShm
+	return fmt.Sprintf("%d %d %d %d %d %d %d %d", unsafe.Sizeof(entry{}), unsafe.Sizeof(ch),
+		unsafe.Offsetof(ch.Ring), unsafe.Sizeof(c), unsafe.Offsetof(c.Ch), unsafe.Offsetof(c.EventTS), reqSize, respSize)
+}

@@ -1,0 +1,408 @@
+package fakegpu
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// DefaultSocket is where fakegpud listens unless told otherwise; clients
+// take FAKEGPU_SOCKET from the environment.
+const DefaultSocket = "/run/fakegpu/fakegpu.sock"
+
+// Control nodes created beside the socket. libcuda issues its nvidia ioctls
+// on NvidiaCtlNode (char 1:7) and, in nouveau mode, DRM ioctls on DRMNode
+// (char 1:3); gpuarb is told to treat them as GPUs with
+// --device 1:7=nvidia --device 1:3=drm.
+const (
+	NvidiaCtlNode = "nvidiactl"
+	DRMNode       = "renderD128"
+	NvidiaMajor   = 1
+	NvidiaMinor   = 7
+	DRMMajor      = 1
+	DRMMinor      = 3
+)
+
+// ErrRunning is returned when another fakegpud serves the socket.
+var ErrRunning = errors.New("another fakegpud is serving this socket")
+
+// Server is fakegpud: the GPUs and the setup socket.
+type Server struct {
+	cfg    Config
+	socket string
+	gpus   []*gpu
+	ln     *net.UnixListener
+
+	nextCtx atomic.Uint64
+	mu      sync.Mutex
+	conns   map[*net.UnixConn]struct{}
+	resetAt time.Time
+	closed  bool
+	wg      sync.WaitGroup
+	nodes   []string
+}
+
+// NewServer creates the GPUs, the control nodes and the socket.
+func NewServer(cfg Config, socket string) (_ *Server, err error) {
+	cfg.setDefaults()
+	if socket == "" {
+		socket = DefaultSocket
+	}
+	s := &Server{cfg: cfg, socket: socket, conns: map[*net.UnixConn]struct{}{}, resetAt: time.Now()}
+	defer func() {
+		if err != nil {
+			s.Close()
+		}
+	}()
+	if err := os.MkdirAll(filepath.Dir(socket), 0o755); err != nil {
+		return nil, fmt.Errorf("create socket dir: %w", err)
+	}
+	if c, err := net.Dial("unix", socket); err == nil {
+		c.Close()
+		return nil, fmt.Errorf("%s: %w", socket, ErrRunning)
+	}
+	_ = os.Remove(socket) // a stale socket from a dead fakegpud
+	for i := 0; i < cfg.GPUs; i++ {
+		g, err := newGPU(i, &s.cfg)
+		if err != nil {
+			return nil, err
+		}
+		s.gpus = append(s.gpus, g)
+	}
+	for _, n := range []struct {
+		name         string
+		major, minor uint32
+	}{{NvidiaCtlNode, NvidiaMajor, NvidiaMinor}, {DRMNode, DRMMajor, DRMMinor}} {
+		p := filepath.Join(filepath.Dir(socket), n.name)
+		_ = os.Remove(p)
+		if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(n.major, n.minor))); err != nil {
+			return nil, fmt.Errorf("create control node %s: %w", p, err)
+		}
+		_ = os.Chmod(p, 0o666)
+		s.nodes = append(s.nodes, p)
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: socket, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", socket, err)
+	}
+	s.ln = ln
+	if err := os.Chmod(socket, 0o666); err != nil {
+		return nil, fmt.Errorf("chmod %s: %w", socket, err)
+	}
+	for _, g := range s.gpus {
+		go g.run()
+	}
+	return s, nil
+}
+
+// Socket is the path the server listens on.
+func (s *Server) Socket() string { return s.socket }
+
+// Serve accepts clients until Close.
+func (s *Server) Serve() error {
+	for {
+		c, err := s.ln.AcceptUnix()
+		if err != nil {
+			s.mu.Lock()
+			closed := s.closed
+			s.mu.Unlock()
+			if closed {
+				return nil
+			}
+			return fmt.Errorf("accept: %w", err)
+		}
+		s.mu.Lock()
+		s.conns[c] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go s.handle(c)
+	}
+}
+
+// Close stops the GPUs (clients see the device gone), closes connections
+// and removes the socket and the control nodes.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	for c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	var errs []error
+	if s.ln != nil {
+		errs = append(errs, s.ln.Close())
+	}
+	s.wg.Wait()
+	for _, g := range s.gpus {
+		g.stop()
+	}
+	for _, n := range s.nodes {
+		errs = append(errs, ignoreNotExist(os.Remove(n)))
+	}
+	errs = append(errs, ignoreNotExist(os.Remove(s.socket)))
+	return errors.Join(errs...)
+}
+
+func ignoreNotExist(err error) error {
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	return err
+}
+
+type request struct {
+	op, gpu          uint32
+	arg0, arg1, arg2 uint64
+}
+
+type response struct {
+	status           int32
+	val0, val1, val2 uint64
+}
+
+func (r response) bytes() []byte {
+	b := make([]byte, respSize)
+	binary.LittleEndian.PutUint32(b[0:], uint32(r.status))
+	binary.LittleEndian.PutUint64(b[8:], r.val0)
+	binary.LittleEndian.PutUint64(b[16:], r.val1)
+	binary.LittleEndian.PutUint64(b[24:], r.val2)
+	return b
+}
+
+func peerPID(c *net.UnixConn) int {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	pid := 0
+	_ = raw.Control(func(fd uintptr) {
+		if cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
+			pid = int(cred.Pid)
+		}
+	})
+	return pid
+}
+
+// cgroupOf returns the cgroup v2 path of pid, "" when unknown.
+func cgroupOf(pid int) string {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "0::"); ok {
+			return rest
+		}
+	}
+	return ""
+}
+
+func (s *Server) handle(c *net.UnixConn) {
+	defer s.wg.Done()
+	pid := peerPID(c)
+	ctxs := map[uint64]*gpuContext{}
+	defer func() {
+		for _, x := range ctxs {
+			x.gpu.removeContext(x)
+		}
+		s.mu.Lock()
+		delete(s.conns, c)
+		s.mu.Unlock()
+		c.Close()
+	}()
+	buf := make([]byte, reqSize)
+	for {
+		if _, err := io.ReadFull(c, buf); err != nil {
+			return
+		}
+		le := binary.LittleEndian
+		req := request{op: le.Uint32(buf[0:]), gpu: le.Uint32(buf[4:]),
+			arg0: le.Uint64(buf[8:]), arg1: le.Uint64(buf[16:]), arg2: le.Uint64(buf[24:])}
+		var err error
+		switch req.op {
+		case opCtxCreate:
+			err = s.createContext(c, req, pid, ctxs)
+		case opStats:
+			err = s.sendStats(c, req.arg0 == 1)
+		default:
+			_, err = c.Write(s.simple(req, ctxs).bytes())
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (s *Server) createContext(c *net.UnixConn, req request, pid int, ctxs map[uint64]*gpuContext) error {
+	if int(req.gpu) >= len(s.gpus) {
+		_, err := c.Write(response{status: cudaInvalidDevice}.bytes())
+		return err
+	}
+	g := s.gpus[req.gpu]
+	id := s.nextCtx.Add(1)
+	x, err := g.addContext(id, pid, cgroupOf(pid))
+	if err != nil {
+		_, werr := c.Write(response{status: cudaOutOfMemory}.bytes())
+		return werr
+	}
+	ctxs[id] = x
+	oob := unix.UnixRights(x.fd, g.dbFD)
+	_, _, err = c.WriteMsgUnix(response{val0: id}.bytes(), oob, nil)
+	return err
+}
+
+func (s *Server) simple(req request, ctxs map[uint64]*gpuContext) response {
+	switch req.op {
+	case opHello:
+		return response{val0: uint64(len(s.gpus)), val1: s.cfg.Memory, val2: s.cfg.CopyBandwidth}
+	case opCtxDestroy:
+		x, ok := ctxs[req.arg0]
+		if !ok {
+			return response{status: cudaInvalidContext}
+		}
+		delete(ctxs, req.arg0)
+		x.gpu.removeContext(x)
+		return response{}
+	case opMemAlloc:
+		x, ok := ctxs[req.arg0]
+		if !ok {
+			return response{status: cudaInvalidContext}
+		}
+		return x.gpu.alloc(x, req.arg1)
+	case opMemFree:
+		x, ok := ctxs[req.arg0]
+		if !ok {
+			return response{status: cudaInvalidContext}
+		}
+		return x.gpu.free(x, req.arg1)
+	}
+	return response{status: cudaInvalidValue}
+}
+
+const allocAlign = 2 << 20
+
+func (g *gpu) alloc(c *gpuContext, bytes uint64) response {
+	if bytes == 0 {
+		return response{status: cudaInvalidValue}
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !c.alive {
+		return response{status: cudaInvalidContext}
+	}
+	if bytes > g.cfg.Memory-g.memUsed {
+		return response{status: cudaOutOfMemory}
+	}
+	addr := g.nextAddr
+	g.nextAddr += (bytes + allocAlign - 1) / allocAlign * allocAlign
+	g.memUsed += bytes
+	c.memBytes += bytes
+	c.allocs[addr] = bytes
+	return response{val0: addr}
+}
+
+func (g *gpu) free(c *gpuContext, addr uint64) response {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	bytes, ok := c.allocs[addr]
+	if !ok {
+		return response{status: cudaInvalidValue}
+	}
+	delete(c.allocs, addr)
+	g.memUsed -= bytes
+	c.memBytes -= bytes
+	return response{val0: bytes}
+}
+
+// Stats is the ground truth fakegpud reports (fakegpud stats --json).
+type Stats struct {
+	GPUs      []GPUStats `json:"gpus"`
+	ElapsedNS uint64     `json:"elapsed_ns"`
+	NowNS     int64      `json:"now_ns"`
+}
+
+// GPUStats is one GPU's ground truth.
+type GPUStats struct {
+	Index      int            `json:"index"`
+	BusyNS     uint64         `json:"busy_ns"`
+	CopyBusyNS uint64         `json:"copy_busy_ns"`
+	MemUsed    uint64         `json:"mem_used"`
+	Contexts   []ContextStats `json:"contexts"`
+}
+
+// ContextStats is one context's ground truth: GPU time it actually got.
+type ContextStats struct {
+	ID       uint64 `json:"id"`
+	PID      int    `json:"pid"`
+	Cgroup   string `json:"cgroup"`
+	BusyNS   uint64 `json:"busy_ns"`
+	Kernels  uint64 `json:"kernels"`
+	CopyNS   uint64 `json:"copy_ns"`
+	Copies   uint64 `json:"copies"`
+	QueueNS  uint64 `json:"queue_ns"`
+	MemBytes uint64 `json:"mem_bytes"`
+	Alive    bool   `json:"alive"`
+}
+
+// Snapshot returns the ground truth; reset zeroes it afterwards and drops
+// destroyed contexts.
+func (s *Server) Snapshot(reset bool) Stats {
+	s.mu.Lock()
+	st := Stats{ElapsedNS: uint64(time.Since(s.resetAt)), NowNS: monotonicNS()}
+	if reset {
+		s.resetAt = time.Now()
+	}
+	s.mu.Unlock()
+	for _, g := range s.gpus {
+		g.mu.Lock()
+		gs := GPUStats{Index: g.index, BusyNS: g.busyNS, CopyBusyNS: g.copyBusyNS, MemUsed: g.memUsed, Contexts: []ContextStats{}}
+		all := append(append([]*gpuContext(nil), g.ctxs...), g.ended...)
+		for _, c := range all {
+			cg := c.cgroup
+			if c.alive {
+				if now := cgroupOf(c.pid); now != "" {
+					cg = now // processes move between cgroups
+				}
+			}
+			gs.Contexts = append(gs.Contexts, ContextStats{ID: c.id, PID: c.pid, Cgroup: cg, BusyNS: c.busyNS,
+				Kernels: c.kernels, CopyNS: c.copyNS, Copies: c.copies, QueueNS: c.queueNS, MemBytes: c.memBytes, Alive: c.alive})
+			if reset {
+				c.busyNS, c.kernels, c.copyNS, c.copies, c.queueNS = 0, 0, 0, 0, 0
+			}
+		}
+		if reset {
+			g.busyNS, g.copyBusyNS = 0, 0
+			g.ended = nil
+		}
+		g.mu.Unlock()
+		st.GPUs = append(st.GPUs, gs)
+	}
+	return st
+}
+
+func (s *Server) sendStats(c *net.UnixConn, reset bool) error {
+	data, err := json.Marshal(s.Snapshot(reset))
+	if err != nil {
+		return err
+	}
+	if _, err := c.Write(response{val0: uint64(len(data))}.bytes()); err != nil {
+		return err
+	}
+	_, err = c.Write(data)
+	return err
+}
