@@ -1,6 +1,7 @@
 package bpf
 
 import (
+	"debug/elf"
 	"errors"
 	"fmt"
 	"os"
@@ -79,7 +80,7 @@ func trivialProgram(typ ebpf.ProgramType, attach ebpf.AttachType, attachTo strin
 	})
 }
 
-// probeUprobe attaches a uprobe to this very executable's main.main.
+// probeUprobe attaches a uprobe to a function of this very executable.
 func probeUprobe() error {
 	prog, err := trivialProgram(ebpf.Kprobe, ebpf.AttachNone, "")
 	if err != nil {
@@ -90,15 +91,30 @@ func probeUprobe() error {
 	if err != nil {
 		return err
 	}
+	entry, err := entryPoint(self)
+	if err != nil {
+		return err
+	}
 	ex, err := link.OpenExecutable(self)
 	if err != nil {
 		return err
 	}
-	l, err := ex.Uprobe("main.main", prog, nil)
+	l, err := ex.Uprobe("entry", prog, &link.UprobeOptions{Address: entry})
 	if err != nil {
 		return fmt.Errorf("attach uprobe: %w", err)
 	}
 	return l.Close()
+}
+
+// entryPoint returns the ELF entry address of an executable; it exists in
+// stripped binaries too.
+func entryPoint(path string) (uint64, error) {
+	f, err := elf.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	return f.Entry, nil
 }
 
 func probeKprobe() error {

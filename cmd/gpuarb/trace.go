@@ -30,7 +30,7 @@ simulated GPU's control node. libcuda copies are found in the linker cache, in
 running processes and as processes open them; --libcuda adds one.`,
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "json", Usage: "one JSON object per line"},
-			&cli.DurationFlag{Name: "duration", Usage: "stop after this long (default: until Ctrl-C)"},
+			&cli.DurationFlag{Name: "duration", Usage: "stop after `DURATION` (30s, 5m; default: until Ctrl-C)"},
 			&cli.StringSliceFlag{Name: "device", Usage: "treat char device `MAJ:MIN=KIND` as a GPU (KIND: nvidia, nvidia-ctl, nvidia-gpu, nvidia-uvm, drm; MIN may be *)"},
 			&cli.StringSliceFlag{Name: "libcuda", Usage: "also probe the libcuda at `PATH`"},
 			&cli.BoolFlag{Name: "no-host-devices", Usage: "do not add the GPU devices of /proc/devices"},

@@ -1,0 +1,264 @@
+package bpf
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf/ringbuf"
+	"golang.org/x/sys/unix"
+
+	"github.com/gpuarb/gpuarb/internal/testutil"
+)
+
+func TestParseDevice(t *testing.T) {
+	for _, tc := range []struct {
+		in      string
+		want    Device
+		wantErr string
+	}{
+		{"1:7=nvidia", Device{Major: 1, Minor: 7, Kind: KindNvidiaCtl}, ""},
+		{"195:0=nvidia-gpu", Device{Major: 195, Minor: 0, Kind: KindNvidiaGPU}, ""},
+		{"226:*=drm", Device{Major: 226, AnyMinor: true, Kind: KindDRM}, ""},
+		{"511:3=nvidia-uvm", Device{Major: 511, Minor: 3, Kind: KindNvidiaUVM}, ""},
+		{"1:7", Device{}, "want MAJ:MIN=KIND"},
+		{"17=drm", Device{}, "want MAJ:MIN=KIND"},
+		{"x:1=drm", Device{}, "major"},
+		{"5000:1=drm", Device{}, "major"},
+		{"1:-1=drm", Device{}, "minor"},
+		{"1:2=amd", Device{}, "unknown device kind"},
+	} {
+		got, err := ParseDevice(tc.in)
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("%q: err %v, want %q", tc.in, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("%q: %+v %v, want %+v", tc.in, got, err, tc.want)
+		}
+		if back, err := ParseDevice(got.String()); err != nil || back != got {
+			t.Errorf("%q does not round-trip: %q", tc.in, got.String())
+		}
+	}
+}
+
+func FuzzParseDevice(f *testing.F) {
+	for _, s := range []string{"1:7=nvidia", "226:*=drm", "::=", "1:2=nvidia-uvm"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		d, err := ParseDevice(s)
+		if err != nil {
+			return
+		}
+		if back, err := ParseDevice(d.String()); err != nil || back != d {
+			t.Errorf("%q parsed to %+v, which does not round-trip", s, d)
+		}
+	})
+}
+
+func TestParseProcDevices(t *testing.T) {
+	in := `Character devices:
+  1 mem
+  4 tty
+195 nvidia-frontend
+226 drm
+508 nvidia-uvm
+509 nvidia-caps
+
+Block devices:
+195 notchar
+`
+	got, err := parseProcDevices(strings.NewReader(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Device{
+		{Major: 195, Minor: 255, Kind: KindNvidiaCtl},
+		{Major: 195, AnyMinor: true, Kind: KindNvidiaGPU},
+		{Major: 226, AnyMinor: true, Kind: KindDRM},
+		{Major: 508, AnyMinor: true, Kind: KindNvidiaUVM},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%+v", got)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("%d: %+v, want %+v", i, got[i], want[i])
+		}
+	}
+}
+
+func TestParseLdconfig(t *testing.T) {
+	out := []byte(`3 libs found in cache
+	libcudart.so.12 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcudart.so.12
+	libcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1
+	libcuda.so (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so
+`)
+	got := parseLdconfig(out)
+	if len(got) != 2 || got[0] != "/usr/lib/x86_64-linux-gnu/libcuda.so.1" {
+		t.Errorf("%q", got)
+	}
+}
+
+func loadForTest(t *testing.T, opts Options) *Probes {
+	t.Helper()
+	testutil.Privileged(t)
+	if _, err := EnsureFilesystems(); err != nil {
+		t.Fatal(err)
+	}
+	p, err := Load(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+// gpuIoctls issues n ioctls on a private node of the given device number.
+func gpuIoctls(t *testing.T, major, minor uint32, n int) {
+	t.Helper()
+	node := filepath.Join(t.TempDir(), "gpu")
+	if err := unix.Mknod(node, unix.S_IFCHR|0o600, int(unix.Mkdev(major, minor))); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := unix.Open(node, unix.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	for i := 0; i < n; i++ {
+		_, _ = unix.IoctlGetInt(fd, uint(3<<30|8<<16|'d'<<8|0x82)) // GEM_CPU_PREP-shaped
+	}
+}
+
+func TestBpftoolPrintsFieldNames(t *testing.T) {
+	bpftool, err := exec.LookPath("bpftool")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("bpftool not installed")
+		}
+		t.Skip("bpftool not installed")
+	}
+	dir, err := os.MkdirTemp(BPFFSPath, "gpuarb-test-")
+	if err != nil {
+		testutil.Privileged(t)
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	p := loadForTest(t, Options{PinPath: dir, Devices: []Device{{Major: 1, Minor: 11, Kind: KindDRM}}})
+	gpuIoctls(t, 1, 11, 3)
+
+	for _, tc := range []struct {
+		mapName string
+		fields  []string
+	}{
+		{"gpuarb_devices", []string{`"major"`, `"minor"`, `"kind"`}},
+		{"gpuarb_cgroups", []string{`"gpu_ioctls"`, `"syncs"`, `"sync_wait_ns"`, `"bytes_alloc"`}},
+	} {
+		out, err := exec.Command(bpftool, "map", "dump", "pinned", filepath.Join(dir, tc.mapName)).CombinedOutput()
+		if err != nil {
+			t.Fatalf("bpftool map dump %s: %v\n%s", tc.mapName, err, out)
+		}
+		for _, f := range tc.fields {
+			if !strings.Contains(string(out), f) {
+				t.Errorf("bpftool dump of %s lacks field %s:\n%s", tc.mapName, f, out)
+			}
+		}
+	}
+	out, err := exec.Command(bpftool, "-j", "map", "dump", "pinned", filepath.Join(dir, "gpuarb_cgroups")).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows []struct {
+		Formatted struct {
+			Value struct {
+				GPUIoctls uint64 `json:"gpu_ioctls"`
+				Syncs     uint64 `json:"syncs"`
+			} `json:"value"`
+		} `json:"formatted"`
+	}
+	if err := json.Unmarshal(out, &rows); err != nil {
+		t.Fatalf("bpftool -j: %v\n%s", err, out)
+	}
+	var found bool
+	for _, r := range rows {
+		if r.Formatted.Value.GPUIoctls == 3 && r.Formatted.Value.Syncs == 3 {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("no cgroup with 3 GPU ioctls and 3 syncs in %s", out)
+	}
+
+	// Close leaves the pins for bpftool and a restarted daemon; Unpin removes them.
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range PinnedMaps() {
+		if _, err := os.Stat(filepath.Join(dir, m)); err != nil {
+			t.Errorf("pin %s gone after Close: %v", m, err)
+		}
+	}
+	if err := p.Unpin(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("pin dir still there after Unpin: %v", err)
+	}
+}
+
+func TestLostEventsAreCounted(t *testing.T) {
+	const issued = 500
+	p := loadForTest(t, Options{RingSize: 4096, Devices: []Device{{Major: 1, Minor: 11, Kind: KindDRM}}})
+	gpuIoctls(t, 1, 11, issued) // nobody reads meanwhile: the 4 KiB ring overflows
+
+	rd, err := ringbuf.NewReader(p.EventsMap())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	rd.SetDeadline(time.Now().Add(200 * time.Millisecond))
+	delivered := 0
+	for {
+		if _, err := rd.Read(); err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				break
+			}
+			t.Fatal(err)
+		}
+		delivered++
+	}
+	lost, err := p.Lost()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d delivered, %d lost of %d", delivered, lost, issued)
+	if delivered == 0 || lost == 0 || delivered+int(lost) != issued {
+		t.Errorf("delivered %d + lost %d != issued %d", delivered, lost, issued)
+	}
+}
+
+func TestUnknownLibcudaIsRefused(t *testing.T) {
+	p := loadForTest(t, Options{})
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.AttachLibcuda(self); !errors.Is(err, ErrNotLibcuda) {
+		t.Errorf("attaching to a binary without cuLaunchKernel: %v, want ErrNotLibcuda", err)
+	}
+	if _, err := p.AttachLibcuda("/nonexistent/libcuda.so.1"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("missing file: %v", err)
+	}
+	if n := len(p.Libcudas()); n != 0 {
+		t.Errorf("%d libcudas attached", n)
+	}
+}

@@ -1,0 +1,293 @@
+package ioctlspy
+
+import (
+	"encoding/binary"
+	"errors"
+	"testing"
+
+	"github.com/gpuarb/gpuarb/bpf"
+)
+
+// encodeRecord lays a Record out as the probes do (the inverse of ParseRecord).
+func encodeRecord(r Record) []byte {
+	b := make([]byte, RecordSize)
+	le := binary.LittleEndian
+	le.PutUint64(b[offTsEnter:], r.TsEnter)
+	le.PutUint64(b[offTsExit:], r.TsExit)
+	le.PutUint64(b[offCgroupID:], r.CgroupID)
+	le.PutUint64(b[offRet:], uint64(r.Ret))
+	le.PutUint32(b[offType:], r.Type)
+	le.PutUint32(b[offTgid:], r.PID)
+	le.PutUint32(b[offTid:], r.TID)
+	le.PutUint32(b[offDevMajor:], r.DevMajor)
+	le.PutUint32(b[offDevMinor:], r.DevMinor)
+	le.PutUint32(b[offDevKind:], r.DevKind)
+	le.PutUint32(b[offCmd:], r.Cmd)
+	le.PutUint32(b[offEsc:], r.Esc)
+	le.PutUint32(b[offFunc:], r.Func)
+	le.PutUint16(b[offArgLen:], uint16(copy(b[offArg:offArg+payloadLen], r.Arg)))
+	le.PutUint16(b[offParamsLen:], uint16(copy(b[offParams:offParams+payloadLen], r.Params)))
+	copy(b[offComm:offComm+commLen-1], r.Comm)
+	copy(b[offPath:offPath+pathLen-1], r.Path)
+	for i, a := range r.Args {
+		le.PutUint64(b[offArgs+8*i:], a)
+	}
+	return b
+}
+
+func words(vals ...any) []byte {
+	var b []byte
+	for _, v := range vals {
+		switch x := v.(type) {
+		case uint32:
+			b = binary.LittleEndian.AppendUint32(b, x)
+		case uint64:
+			b = binary.LittleEndian.AppendUint64(b, x)
+		case int:
+			b = binary.LittleEndian.AppendUint32(b, uint32(x))
+		}
+	}
+	return b
+}
+
+func nvIoctl(esc uint32, arg, params []byte) Record {
+	return Record{Type: recIoctl, PID: 42, TID: 43, Comm: "app", CgroupID: 7, TsEnter: 100, TsExit: 350,
+		DevMajor: 195, DevMinor: 255, DevKind: uint32(bpf.KindNvidiaCtl),
+		Cmd: 3<<30 | uint32(len(arg))<<16 | 'F'<<8 | esc, Esc: esc, Arg: arg, Params: params}
+}
+
+func drmIoctl(nr uint32, arg []byte) Record {
+	return Record{Type: recIoctl, PID: 42, TID: 42, Comm: "app", CgroupID: 7, TsEnter: 100, TsExit: 5100,
+		DevMajor: 226, DevMinor: 128, DevKind: uint32(bpf.KindDRM),
+		Cmd: 3<<30 | uint32(len(arg))<<16 | 'd'<<8 | nr, Esc: nr, Arg: arg}
+}
+
+func TestDecode(t *testing.T) {
+	nvos21 := func(class uint32) []byte { return words(0xc1d00001, 0x5c000002, 0x5c000010, class, uint64(0x7000), 32, 0) }
+	nvos64 := words(0xc1d00001, 0x5c000010, 0x5c000011, 0xC56F, uint64(0x7000), uint64(0), 96, 0, 0, 0)
+	for _, tc := range []struct {
+		name  string
+		rec   Record
+		check func(t *testing.T, ev Event)
+	}{
+		{"TSG alloc", nvIoctl(EscRMAlloc, nvos21(ClassTSG), words(0, 0, 0x5c000005, 1)), func(t *testing.T, ev Event) {
+			e := ev.(*TSGAllocated)
+			if e.Class != 0xA06C || e.Client != 0xc1d00001 || e.Parent != 0x5c000002 || e.Handle != 0x5c000010 ||
+				e.EngineType != 1 || e.VASpace != 0x5c000005 || e.ClassName != "KEPLER_CHANNEL_GROUP_A" {
+				t.Errorf("%+v", e)
+			}
+		}},
+		{"channel alloc NVOS64", nvIoctl(EscRMAlloc, nvos64, words(0, 0, uint64(0xabc000), 1024, 0, 0, 0x5c000005)), func(t *testing.T, ev Event) {
+			e := ev.(*ChannelAllocated)
+			if e.Class != 0xC56F || e.Parent != 0x5c000010 || e.GPFIFOEntries != 1024 || e.GPFIFOOffset != 0xabc000 || e.VASpace != 0x5c000005 {
+				t.Errorf("%+v", e)
+			}
+		}},
+		{"other alloc", nvIoctl(EscRMAlloc, nvos21(0x80), nil), func(t *testing.T, ev Event) {
+			if e := ev.(*ObjectAllocated); e.ClassName != "NV01_DEVICE_0" {
+				t.Errorf("%+v", e)
+			}
+		}},
+		{"free", nvIoctl(EscRMFree, words(0xc1d00001, 0x5c000002, 0x5c000010, 0), nil), func(t *testing.T, ev Event) {
+			if e := ev.(*ObjectFreed); e.Handle != 0x5c000010 || e.Parent != 0x5c000002 {
+				t.Errorf("%+v", e)
+			}
+		}},
+		{"work submit token", nvIoctl(EscRMControl, words(0xc1d00001, 0x5c000011, CtrlGetWorkSubmitToken, 0, uint64(0x7100), 4, 0), words(0x1234)), func(t *testing.T, ev Event) {
+			if e := ev.(*WorkSubmitToken); e.Token != 0x1234 || e.Channel != 0x5c000011 || e.CtrlCmd != CtrlGetWorkSubmitToken {
+				t.Errorf("%+v", e)
+			}
+		}},
+		{"token without params", nvIoctl(EscRMControl, words(0xc1d00001, 0x5c000011, CtrlGetWorkSubmitToken, 0, uint64(0), 4, 0), nil), func(t *testing.T, ev Event) {
+			if e := ev.(*RMControl); e.CtrlCmd != CtrlGetWorkSubmitToken {
+				t.Errorf("%+v", e)
+			}
+		}},
+		{"set timeslice", nvIoctl(EscRMControl, words(1, 2, CtrlTSGSetTimeslice, 0, uint64(0x7100), 8, 0), words(uint64(2000))), func(t *testing.T, ev Event) {
+			if e := ev.(*TSGControl); e.Name != "SET_TIMESLICE" || e.TimesliceUS != 2000 {
+				t.Errorf("%+v", e)
+			}
+		}},
+		{"map memory", nvIoctl(EscRMMapMemory, words(1, 2, 3, 0, uint64(4096), uint64(1<<20), uint64(0), 0, 0, 5), nil), func(t *testing.T, ev Event) {
+			if e := ev.(*MemoryMapped); e.Memory != 3 || e.Offset != 4096 || e.Length != 1<<20 {
+				t.Errorf("%+v", e)
+			}
+		}},
+		{"os event", nvIoctl(EscAllocOSEvent, words(1, 2, 9, 0), nil), func(t *testing.T, ev Event) {
+			if e := ev.(*OSEvent); e.FD != 9 || e.Freed {
+				t.Errorf("%+v", e)
+			}
+		}},
+		{"truncated alloc", nvIoctl(EscRMAlloc, words(1, 2), nil), func(t *testing.T, ev Event) {
+			if e := ev.(*Ioctl); e.Name != "RM_ALLOC" {
+				t.Errorf("%+v", e)
+			}
+		}},
+		{"uvm register channel", Record{Type: recIoctl, DevKind: uint32(bpf.KindNvidiaUVM), Esc: UVMRegisterChannel, Cmd: UVMRegisterChannel,
+			Arg: append(make([]byte, 16), words(0xc1d00001, 0x5c000011, uint64(0x10000), uint64(4096), 0, 0)...)}, func(t *testing.T, ev Event) {
+			if e := ev.(*UVMChannelRegistered); e.Channel != 0x5c000011 || e.Length != 4096 || e.GPUUUID == "" {
+				t.Errorf("%+v", e)
+			}
+		}},
+		{"nouveau exec", drmIoctl(NouveauExec, words(3, 2, 0, 0, uint64(0), uint64(0), uint64(0x9000))), func(t *testing.T, ev Event) {
+			if e := ev.(*Submission); e.Channel != 3 || e.Pushes != 2 || e.Name != "NOUVEAU_EXEC" {
+				t.Errorf("%+v", e)
+			}
+		}},
+		{"nouveau pushbuf", drmIoctl(NouveauGemPushbuf, words(4, 1, uint64(0), 0, 5, uint64(0), uint64(0), 0, 0, uint64(0), uint64(0))), func(t *testing.T, ev Event) {
+			if e := ev.(*Submission); e.Channel != 4 || e.Pushes != 5 {
+				t.Errorf("%+v", e)
+			}
+		}},
+		{"nouveau cpu prep", drmIoctl(NouveauGemCPUPrep, words(11, 0)), func(t *testing.T, ev Event) {
+			if e := ev.(*Sync); e.Func != "NOUVEAU_GEM_CPU_PREP" || e.DurationNS != 5000 || e.Handle != 11 {
+				t.Errorf("%+v", e)
+			}
+		}},
+		{"nouveau channel alloc", drmIoctl(NouveauChannelAlloc, append(words(0, 0, 6), make([]byte, 76)...)), func(t *testing.T, ev Event) {
+			if e := ev.(*NouveauChannel); e.Channel != 6 || e.Freed {
+				t.Errorf("%+v", e)
+			}
+		}},
+		{"nouveau vm bind", drmIoctl(NouveauVMBind, words(7, 0, 0, 0, uint64(0), uint64(0), uint64(0))), func(t *testing.T, ev Event) {
+			if e := ev.(*VMBind); e.Ops != 7 {
+				t.Errorf("%+v", e)
+			}
+		}},
+		{"launch", Record{Type: recCuda, Func: cuLaunchKernel, Args: [8]uint64{0xf00, 10, 2, 1, 128, 1, 1, 0x5000}}, func(t *testing.T, ev Event) {
+			e := ev.(*Launch)
+			if e.Grid != [3]uint32{10, 2, 1} || e.Block != [3]uint32{128, 1, 1} || e.Stream != 0x5000 || e.Blocks() != 20 || e.Func != "cuLaunchKernel" {
+				t.Errorf("%+v", e)
+			}
+		}},
+		{"graph launch", Record{Type: recCuda, Func: cuGraphLaunch, Args: [8]uint64{0xe0, 0, 0, 0, 0, 0, 0, 0x5000}}, func(t *testing.T, ev Event) {
+			if e := ev.(*GraphLaunch); e.Exec != 0xe0 || e.Stream != 0x5000 {
+				t.Errorf("%+v", e)
+			}
+		}},
+		{"async copy", Record{Type: recCuda, Func: cuMemcpyHtoDAsync, Args: [8]uint64{0xd000, 0x7000, 4096, 0, 0, 0, 0, 0x5000}}, func(t *testing.T, ev Event) {
+			if e := ev.(*Copy); e.Bytes != 4096 || !e.Async || e.Stream != 0x5000 {
+				t.Errorf("%+v", e)
+			}
+		}},
+		{"stream sync", Record{Type: recCuda, Func: cuStreamSync, TsEnter: 1000, TsExit: 9000, Args: [8]uint64{0x5000}}, func(t *testing.T, ev Event) {
+			if e := ev.(*Sync); e.DurationNS != 8000 || e.Handle != 0x5000 {
+				t.Errorf("%+v", e)
+			}
+		}},
+		{"mem alloc", Record{Type: recCuda, Func: cuMemAlloc, Args: [8]uint64{0xd000, 0, 1 << 20}}, func(t *testing.T, ev Event) {
+			if e := ev.(*MemAlloc); e.DPtr != 0xd000 || e.Bytes != 1<<20 {
+				t.Errorf("%+v", e)
+			}
+		}},
+		{"ctx create", Record{Type: recCuda, Func: cuCtxCreate, Args: [8]uint64{0xc7, 4, 1}}, func(t *testing.T, ev Event) {
+			if e := ev.(*ContextCreated); e.Ctx != 0xc7 || e.Flags != 4 || e.Device != 1 {
+				t.Errorf("%+v", e)
+			}
+		}},
+		{"process exit", Record{Type: recExit}, func(t *testing.T, ev Event) { _ = ev.(*ProcessExit) }},
+		{"libcuda open", Record{Type: recLibcudaOpen, Path: "/usr/lib/libcuda.so.1", Args: [8]uint64{uint64(0xffffff9c)}}, func(t *testing.T, ev Event) {
+			if e := ev.(*LibcudaOpened); e.Path != "/usr/lib/libcuda.so.1" || e.DirFD != -100 {
+				t.Errorf("%+v", e)
+			}
+		}},
+		{"unknown type", Record{Type: 99}, func(t *testing.T, ev Event) { _ = ev.(*Unknown) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ev, err := Decode(encodeRecord(tc.rec))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ev.Hdr().Type == "" || ev.Hdr().Type != TypeOf(ev) {
+				t.Errorf("type %q", ev.Hdr().Type)
+			}
+			_ = ev.String()
+			tc.check(t, ev)
+		})
+	}
+}
+
+func TestDecodeErrors(t *testing.T) {
+	if _, err := Decode(make([]byte, RecordSize-1)); !errors.Is(err, ErrShortRecord) {
+		t.Errorf("short record: %v", err)
+	}
+	if _, err := Decode(encodeRecord(Record{Type: recCuda, Func: 999})); err == nil {
+		t.Error("unknown cuda function decoded")
+	}
+	// Payload lengths beyond the buffers are clamped.
+	b := encodeRecord(nvIoctl(EscRMAlloc, nil, nil))
+	binary.LittleEndian.PutUint16(b[offArgLen:], 0xffff)
+	r, err := ParseRecord(b)
+	if err != nil || len(r.Arg) != payloadLen {
+		t.Errorf("clamped arg: %d bytes, %v", len(r.Arg), err)
+	}
+}
+
+func TestRecordLayoutMatchesBPF(t *testing.T) {
+	if got := bpf.EventSize(); got != RecordSize {
+		t.Fatalf("bpf event is %d bytes, ioctlspy reads %d", got, RecordSize)
+	}
+	for name, off := range map[string]int{"args": offArgs, "arg": offArg, "params": offParams, "path": offPath, "comm": offComm, "arg_len": offArgLen} {
+		if got := bpf.EventOffset(name); got != off {
+			t.Errorf("field %s at %d in bpf, %d in ioctlspy", name, got, off)
+		}
+	}
+}
+
+func TestTable(t *testing.T) {
+	tbl := NewTable()
+	apply := func(r Record) {
+		ev, err := DecodeRecord(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tbl.Apply(ev)
+	}
+	apply(nvIoctl(EscRMAlloc, words(1, 2, 10, ClassTSG, uint64(0), 0, 0), words(0, 0, 0, 1)))
+	apply(nvIoctl(EscRMAlloc, words(1, 10, 11, 0xC86F, uint64(0), 0, 0), nil))
+	apply(nvIoctl(EscRMControl, words(1, 11, CtrlGetWorkSubmitToken, 0, uint64(1), 4, 0), words(77)))
+	apply(Record{Type: recCuda, PID: 42, Func: cuCtxCreate, Args: [8]uint64{0xc7, 0, 0}})
+	apply(Record{Type: recCuda, PID: 42, Func: cuLaunchKernel, Args: [8]uint64{1, 1, 1, 1, 1, 1, 1}})
+	ps := tbl.Processes()
+	if len(ps) != 1 {
+		t.Fatalf("%d processes", len(ps))
+	}
+	p := ps[0]
+	if len(p.TSGs) != 1 || p.Channels[ObjectKey{1, 11}].Token != 77 || p.Contexts[0xc7] != 0 || p.Launches != 1 {
+		t.Errorf("%+v", p)
+	}
+	apply(nvIoctl(EscRMFree, words(1, 1, 1, 0), nil)) // freeing the client frees all under it
+	if p := tbl.Processes()[0]; len(p.TSGs) != 0 || len(p.Channels) != 0 {
+		t.Errorf("after client free: %+v", p)
+	}
+	apply(Record{Type: recExit, PID: 42})
+	if n := len(tbl.Processes()); n != 0 {
+		t.Errorf("%d processes after exit", n)
+	}
+}
+
+func FuzzDecode(f *testing.F) {
+	seeds := []Record{
+		nvIoctl(EscRMAlloc, words(1, 2, 3, ClassTSG, uint64(0), 0, 0), words(0, 0, 0, 1)),
+		nvIoctl(EscRMAlloc, words(1, 2, 3, 0xC56F, uint64(0), uint64(0), 0, 0, 0, 0), words(0, 0, uint64(0), 1024)),
+		nvIoctl(EscRMControl, words(1, 2, CtrlGetWorkSubmitToken, 0, uint64(1), 4, 0), words(5)),
+		nvIoctl(EscRMMapMemory, words(1, 2, 3, 0, uint64(1), uint64(2)), nil),
+		drmIoctl(NouveauExec, words(3, 2, 0, 0)),
+		drmIoctl(NouveauGemPushbuf, words(4, 1, uint64(0), 0, 5)),
+		{Type: recIoctl, DevKind: uint32(bpf.KindNvidiaUVM), Esc: UVMRegisterChannel, Arg: make([]byte, 48)},
+		{Type: recCuda, Func: cuLaunchKernel, Args: [8]uint64{1, 2, 3, 4, 5, 6, 7, 8}},
+		{Type: recCuda, Func: cuMemFree, Args: [8]uint64{1, 0, 3}},
+		{Type: recLibcudaOpen, Path: "libcuda.so.1"},
+	}
+	for _, s := range seeds {
+		f.Add(encodeRecord(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		ev, err := Decode(b)
+		if err != nil {
+			return
+		}
+		_ = ev.String()
+		NewTable().Apply(ev)
+	})
+}

@@ -1,0 +1,491 @@
+package ioctlspy_test
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gpuarb/gpuarb/bpf"
+	"github.com/gpuarb/gpuarb/ioctlspy"
+	"github.com/gpuarb/gpuarb/internal/testutil"
+)
+
+const helperEnv = "GPUARB_IOCTL_HELPER"
+
+func TestMain(m *testing.M) {
+	if h := os.Getenv(helperEnv); h != "" {
+		if err := runHelper(h); err != nil {
+			fmt.Fprintln(os.Stderr, "helper:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// arena is memory outside the Go heap whose addresses can go into ioctl
+// structures.
+type arena struct {
+	mem []byte
+	off int
+}
+
+func newArena() *arena {
+	mem, err := unix.Mmap(-1, 0, 1<<16, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		panic(err)
+	}
+	return &arena{mem: mem}
+}
+
+// put copies b into the arena and returns its address.
+func (a *arena) put(b []byte) uint64 {
+	a.off = (a.off + 15) &^ 15
+	copy(a.mem[a.off:], b)
+	addr := uint64(uintptr(unsafe.Pointer(&a.mem[a.off])))
+	a.off += len(b)
+	return addr
+}
+
+func le(vals ...any) []byte {
+	var b []byte
+	for _, v := range vals {
+		switch x := v.(type) {
+		case int:
+			b = binary.LittleEndian.AppendUint32(b, uint32(x))
+		case uint64:
+			b = binary.LittleEndian.AppendUint64(b, x)
+		}
+	}
+	return b
+}
+
+func ioc(dir, typ, nr, size uint32) uint32 { return dir<<30 | size<<16 | typ<<8 | nr }
+
+func ioctl(fd int, cmd uint32, arg uint64) {
+	unix.Syscall(unix.SYS_IOCTL, uintptr(fd), uintptr(cmd), uintptr(arg))
+}
+
+func openNode(env string) (int, error) {
+	return unix.Open(os.Getenv(env), unix.O_RDWR, 0)
+}
+
+// runHelper issues GPU ioctls with the real encodings, then exits.
+func runHelper(kind string) error {
+	a := newArena()
+	switch kind {
+	case "nvidia":
+		nv, err := openNode("NV_NODE")
+		if err != nil {
+			return err
+		}
+		uvm, err := openNode("UVM_NODE")
+		if err != nil {
+			return err
+		}
+		other, err := openNode("OTHER_NODE")
+		if err != nil {
+			return err
+		}
+		tsgParams := a.put(le(0, 0, 0x5c000005, 1, 0))
+		nvos21 := le(0xc1d00001, 0x5c000002, 0x5c000010, 0xA06C, tsgParams, 20, 0)
+		ioctl(nv, ioc(3, 'F', 0x2B, 32), a.put(nvos21))
+		chParams := a.put(le(0, 0, uint64(0xabc000), 512, 0, 0, 0x5c000005))
+		nvos64 := a.put(le(0xc1d00001, 0x5c000010, 0x5c000011, 0xC56F, chParams, uint64(0), 28, 0, 0, 0))
+		ioctl(nv, ioc(3, 'F', 211, 16), a.put(le(0x2B, 48, nvos64))) // IOCTL_XFER_CMD -> RM_ALLOC
+		token := a.put(le(0x1234))
+		ioctl(nv, ioc(3, 'F', 0x2A, 32), a.put(le(0xc1d00001, 0x5c000011, 0xC36F0108, 0, token, 4, 0)))
+		ioctl(nv, ioc(3, 'F', 0x4E, 56), a.put(le(0xc1d00001, 0x5c000001, 0x5c000020, 0, uint64(4096), uint64(1<<20), uint64(0), 0, 0, -1, 0)))
+		ioctl(nv, ioc(3, 'F', 206, 16), a.put(le(0xc1d00001, 0x5c000001, 9, 0)))
+		ioctl(nv, ioc(3, 'F', 0x29, 16), a.put(le(0xc1d00001, 0x5c000010, 0x5c000011, 0)))
+		uuid := []byte("GPU-0123456789ab")
+		ioctl(uvm, 27, a.put(append(uuid, le(0xc1d00001, 0x5c000011, uint64(0x10000), uint64(4096), 0, 0)...)))
+		ioctl(other, ioc(3, 'F', 0x2B, 32), a.put(nvos21)) // not a GPU: no event
+	case "nouveau":
+		drm, err := openNode("DRM_NODE")
+		if err != nil {
+			return err
+		}
+		other, err := openNode("OTHER_NODE")
+		if err != nil {
+			return err
+		}
+		ioctl(drm, ioc(3, 'd', 0x42, 88), a.put(append(le(0, 0, 6), make([]byte, 76)...)))
+		exec := le(6, 3, 0, 0, uint64(0), uint64(0), uint64(0))
+		ioctl(drm, ioc(3, 'd', 0x52, 40), a.put(exec))
+		ioctl(drm, ioc(3, 'd', 0x81, 64), a.put(le(6, 1, uint64(0), 0, 2, uint64(0), uint64(0), 0, 0, uint64(0), uint64(0))))
+		ioctl(drm, ioc(1, 'd', 0x82, 8), a.put(le(11, 0)))
+		ioctl(drm, ioc(3, 'd', 0x51, 40), a.put(le(2, 0, 0, 0, uint64(0), uint64(0), uint64(0))))
+		ioctl(drm, ioc(3, 'd', 0xC3, 40), a.put(le(uint64(0), uint64(0), 1, 0, 0, 0, uint64(0))))
+		ioctl(drm, ioc(1, 'd', 0x43, 4), a.put(le(6)))
+		ioctl(other, ioc(3, 'd', 0x52, 40), a.put(exec)) // not in the table: no event
+	default:
+		return fmt.Errorf("unknown helper %q", kind)
+	}
+	return nil
+}
+
+// collector runs a Spy and gathers events by PID.
+type collector struct {
+	mu     sync.Mutex
+	events map[uint32][]ioctlspy.Event
+	exited map[uint32]bool
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func startSpy(t *testing.T, devices []bpf.Device, ringSize uint32) (*bpf.Probes, *collector) {
+	t.Helper()
+	testutil.Privileged(t)
+	if _, err := bpf.EnsureFilesystems(); err != nil {
+		t.Fatal(err)
+	}
+	probes, err := bpf.Load(bpf.Options{Devices: devices, RingSize: ringSize})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spy, err := ioctlspy.NewSpy(probes)
+	if err != nil {
+		probes.Close()
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &collector{events: map[uint32][]ioctlspy.Event{}, exited: map[uint32]bool{}, cancel: cancel, done: make(chan error, 1)}
+	go func() {
+		c.done <- spy.Run(ctx, func(ev ioctlspy.Event) {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			h := ev.Hdr()
+			if _, ok := ev.(*ioctlspy.ProcessExit); ok {
+				c.exited[h.PID] = true
+			}
+			c.events[h.PID] = append(c.events[h.PID], ev)
+		})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-c.done; err != nil {
+			t.Errorf("spy: %v", err)
+		}
+		spy.Close()
+		probes.Close()
+	})
+	return probes, c
+}
+
+// waitExit returns the events of pid once its exit has been seen.
+func (c *collector) waitExit(t *testing.T, pid int) []ioctlspy.Event {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		c.mu.Lock()
+		done := c.exited[uint32(pid)]
+		evs := append([]ioctlspy.Event(nil), c.events[uint32(pid)]...)
+		c.mu.Unlock()
+		if done {
+			return evs
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("no exit event for pid %d", pid)
+	return nil
+}
+
+func mknod(t *testing.T, dir, name string, major, minor uint32) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := unix.Mknod(p, unix.S_IFCHR|0o600, int(unix.Mkdev(major, minor))); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func runHelperIn(t *testing.T, cg *testutil.Cgroup, kind string, env ...string) int {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), append(env, helperEnv+"="+kind)...)
+	p := testutil.Start(t, cg, cmd)
+	if err := p.Wait(t, 10*time.Second); err != nil {
+		t.Fatalf("helper: %v: %s", err, p.Stderr)
+	}
+	return cmd.Process.Pid
+}
+
+func byType[T ioctlspy.Event](evs []ioctlspy.Event) []T {
+	var out []T
+	for _, e := range evs {
+		if x, ok := e.(T); ok {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+func TestNvidiaIoctls(t *testing.T) {
+	dir := t.TempDir()
+	probes, c := startSpy(t, []bpf.Device{
+		{Major: 1, Minor: 7, Kind: bpf.KindNvidiaCtl},
+		{Major: 1, Minor: 5, Kind: bpf.KindNvidiaUVM},
+	}, 0)
+	cg := testutil.NewCgroup(t, "nvidia")
+	pid := runHelperIn(t, cg, "nvidia",
+		"NV_NODE="+mknod(t, dir, "nvidiactl", 1, 7),
+		"UVM_NODE="+mknod(t, dir, "nvidia-uvm", 1, 5),
+		"OTHER_NODE="+mknod(t, dir, "other", 1, 8))
+	evs := c.waitExit(t, pid)
+
+	for _, e := range evs {
+		h := e.Hdr()
+		if h.CgroupID != cg.ID {
+			t.Errorf("%s: cgroup id %d, want the test cgroup's %d", h.Type, h.CgroupID, cg.ID)
+		}
+		if _, ok := e.(*ioctlspy.ProcessExit); ok {
+			continue
+		}
+		if h.DurationNS == 0 || h.Comm == "" {
+			t.Errorf("%s: duration %d comm %q", h.Type, h.DurationNS, h.Comm)
+		}
+	}
+	tsg := byType[*ioctlspy.TSGAllocated](evs)
+	if len(tsg) != 1 || tsg[0].Class != 0xA06C || tsg[0].Client != 0xc1d00001 || tsg[0].Parent != 0x5c000002 ||
+		tsg[0].Handle != 0x5c000010 || tsg[0].EngineType != 1 || tsg[0].VASpace != 0x5c000005 || tsg[0].Device != "1:7" {
+		t.Errorf("TSG allocation: %+v", tsg)
+	}
+	ch := byType[*ioctlspy.ChannelAllocated](evs)
+	if len(ch) != 1 || ch[0].Class != 0xC56F || ch[0].Parent != 0x5c000010 || ch[0].Handle != 0x5c000011 ||
+		ch[0].GPFIFOEntries != 512 || ch[0].GPFIFOOffset != 0xabc000 || ch[0].Nr != 0x2B {
+		t.Errorf("channel allocation through IOCTL_XFER_CMD: %+v", ch)
+	}
+	tok := byType[*ioctlspy.WorkSubmitToken](evs)
+	if len(tok) != 1 || tok[0].CtrlCmd != 0xC36F0108 || tok[0].Channel != 0x5c000011 || tok[0].Token != 0x1234 {
+		t.Errorf("work submit token: %+v", tok)
+	}
+	mm := byType[*ioctlspy.MemoryMapped](evs)
+	if len(mm) != 1 || mm[0].Memory != 0x5c000020 || mm[0].Offset != 4096 || mm[0].Length != 1<<20 {
+		t.Errorf("map memory: %+v", mm)
+	}
+	if ev := byType[*ioctlspy.OSEvent](evs); len(ev) != 1 || ev[0].FD != 9 {
+		t.Errorf("os event: %+v", ev)
+	}
+	if fr := byType[*ioctlspy.ObjectFreed](evs); len(fr) != 1 || fr[0].Handle != 0x5c000011 {
+		t.Errorf("free: %+v", fr)
+	}
+	uvm := byType[*ioctlspy.UVMChannelRegistered](evs)
+	if len(uvm) != 1 || uvm[0].Channel != 0x5c000011 || uvm[0].Base != 0x10000 || uvm[0].Length != 4096 || uvm[0].Device != "1:5" {
+		t.Errorf("uvm register channel: %+v", uvm)
+	}
+	if n := len(evs); n != 8 { // 7 GPU ioctls and the exit; the ioctl on 1:8 is not a GPU's
+		t.Errorf("%d events, want 8: %v", n, evs)
+	}
+	stats, err := probes.Cgroups()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := stats[cg.ID]; st.GpuIoctls != 7 {
+		t.Errorf("cgroup counters: %+v, want 7 GPU ioctls", st)
+	}
+}
+
+func TestNouveauIoctls(t *testing.T) {
+	dir := t.TempDir()
+	probes, c := startSpy(t, []bpf.Device{{Major: 1, Minor: 9, AnyMinor: false, Kind: bpf.KindDRM}}, 0)
+	cg := testutil.NewCgroup(t, "nouveau")
+	pid := runHelperIn(t, cg, "nouveau", "DRM_NODE="+mknod(t, dir, "renderD128", 1, 9), "OTHER_NODE="+mknod(t, dir, "other", 1, 7))
+	evs := c.waitExit(t, pid)
+
+	ch := byType[*ioctlspy.NouveauChannel](evs)
+	if len(ch) != 2 || ch[0].Channel != 6 || ch[0].Freed || ch[1].Channel != 6 || !ch[1].Freed {
+		t.Errorf("channels: %+v", ch)
+	}
+	sub := byType[*ioctlspy.Submission](evs)
+	if len(sub) != 2 || sub[0].Name != "NOUVEAU_EXEC" || sub[0].Pushes != 3 || sub[1].Name != "NOUVEAU_GEM_PUSHBUF" || sub[1].Pushes != 2 {
+		t.Errorf("submissions: %+v", sub)
+	}
+	syncs := byType[*ioctlspy.Sync](evs)
+	if len(syncs) != 2 || syncs[0].Func != "NOUVEAU_GEM_CPU_PREP" || syncs[0].Handle != 11 || syncs[1].Func != "DRM_SYNCOBJ_WAIT" {
+		t.Errorf("waits: %+v", syncs)
+	}
+	if vb := byType[*ioctlspy.VMBind](evs); len(vb) != 1 || vb[0].Ops != 2 {
+		t.Errorf("vm bind: %+v", vb)
+	}
+	for _, e := range evs {
+		if e.Hdr().CgroupID != cg.ID {
+			t.Errorf("%s in cgroup %d, want %d", e.Hdr().Type, e.Hdr().CgroupID, cg.ID)
+		}
+	}
+	if len(evs) != 8 { // 7 on the drm node, the exit; the EXEC on 1:7 is not in the table
+		t.Errorf("%d events, want 8", len(evs))
+	}
+	stats, err := probes.Cgroups()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := stats[cg.ID]; st.GpuIoctls != 7 || st.Submissions != 2 || st.Syncs != 2 {
+		t.Errorf("cgroup counters: %+v", st)
+	}
+}
+
+func buildABITest(t *testing.T, lib string) string {
+	t.Helper()
+	exe := filepath.Join(t.TempDir(), "abi_test")
+	src := filepath.Join(testutil.RepoRoot(t), "e2e/fakegpu/abitest/abi_test.c")
+	out, err := exec.Command("cc", "-O2", "-o", exe, src, "-L"+filepath.Dir(lib), "-l:libcuda.so.1",
+		"-Wl,-rpath,"+filepath.Dir(lib)).CombinedOutput()
+	if err != nil {
+		t.Fatalf("build abi_test: %v\n%s", err, out)
+	}
+	return exe
+}
+
+func TestLibcudaUprobes(t *testing.T) {
+	gpu := testutil.StartFakeGPU(t)
+	lib := testutil.Bin(t, "libcuda.so.1")
+	probes, c := startSpy(t, []bpf.Device{{Major: 1, Minor: 7, Kind: bpf.KindNvidiaCtl}}, 0)
+	if attached, err := probes.AttachLibcuda(lib); err != nil || !attached {
+		t.Fatalf("attach %s: %v %v", lib, attached, err)
+	}
+	if attached, err := probes.AttachLibcuda(lib); err != nil || attached {
+		t.Fatalf("second attach of the same inode: attached=%v err=%v", attached, err)
+	}
+	exe := buildABITest(t, lib)
+	cg := testutil.NewCgroup(t, "cuda")
+	cmd := exec.Command(exe)
+	cmd.Env = gpu.Env()
+	p := testutil.Start(t, cg, cmd)
+	if err := p.Wait(t, 30*time.Second); err != nil {
+		t.Fatalf("abi_test: %v\n%s", err, p.Stdout)
+	}
+	evs := c.waitExit(t, cmd.Process.Pid)
+	for _, e := range evs {
+		if e.Hdr().CgroupID != cg.ID {
+			t.Fatalf("%s in cgroup %d, want %d", e.Hdr().Type, e.Hdr().CgroupID, cg.ID)
+		}
+	}
+
+	launches := byType[*ioctlspy.Launch](evs)
+	var plain, ex, graphCaptured int
+	for _, l := range launches {
+		switch {
+		case l.Func == "cuLaunchKernel" && l.Grid == [3]uint32{10, 1, 1} && l.Block == [3]uint32{128, 1, 1} && l.Stream == 0:
+			plain++
+		case l.Func == "cuLaunchKernelEx" && l.Grid == [3]uint32{5, 2, 1} && l.Block == [3]uint32{64, 1, 1} && l.Stream != 0:
+			ex++
+		case l.Grid == [3]uint32{100, 1, 1} && l.Block == [3]uint32{32, 1, 1} && l.Stream != 0:
+			graphCaptured++
+		}
+	}
+	if plain != 1 || ex != 1 || graphCaptured != 4 {
+		t.Errorf("launches: plain %d ex %d captured %d of %d: %+v", plain, ex, graphCaptured, len(launches), launches)
+	}
+	if g := byType[*ioctlspy.GraphLaunch](evs); len(g) < 1 || g[0].Exec == 0 || g[0].Stream == 0 {
+		t.Errorf("graph launches: %+v", g)
+	}
+	copies := byType[*ioctlspy.Copy](evs)
+	want := map[string]uint64{"cuMemcpyHtoD_v2": 4096, "cuMemcpyDtoH_v2": 4096, "cuMemcpyHtoDAsync_v2": 4096,
+		"cuMemcpyDtoHAsync_v2": 4096, "cuMemsetD8_v2": 1 << 20, "cuMemsetD8Async": 4096}
+	for _, cp := range copies {
+		if b, ok := want[cp.Func]; ok && cp.Bytes == b && cp.Async == strings.Contains(cp.Func, "Async") {
+			delete(want, cp.Func)
+		}
+	}
+	if len(want) != 0 {
+		t.Errorf("copies not seen: %v (got %+v)", want, copies)
+	}
+	allocs := byType[*ioctlspy.MemAlloc](evs)
+	frees := byType[*ioctlspy.MemFree](evs)
+	var alloc1M, alloc4K uint64
+	for _, a := range allocs {
+		if a.Ret == 0 && a.Bytes == 1<<20 {
+			alloc1M = a.DPtr
+		}
+		if a.Ret == 0 && a.Bytes == 4096 {
+			alloc4K = a.DPtr
+		}
+	}
+	if alloc1M == 0 || alloc4K == 0 {
+		t.Errorf("allocations: %+v", allocs)
+	}
+	if len(frees) < 1 || frees[0].DPtr != alloc4K || frees[0].Bytes != 4096 {
+		t.Errorf("free of the 4 KiB allocation with its size: %+v", frees)
+	}
+	var longSync bool
+	for _, s := range byType[*ioctlspy.Sync](evs) {
+		if s.Func == "cuEventSynchronize" && s.Ret == 0 && s.DurationNS > 5e6 {
+			longSync = true
+		}
+	}
+	if !longSync {
+		t.Errorf("no cuEventSynchronize waiting out the 10 ms kernel: %+v", byType[*ioctlspy.Sync](evs))
+	}
+	created := byType[*ioctlspy.ContextCreated](evs)
+	destroyed := byType[*ioctlspy.ContextDestroyed](evs)
+	if len(created) < 2 || created[0].Ctx == 0 || len(destroyed) < 2 {
+		t.Errorf("contexts: created %+v destroyed %+v", created, destroyed)
+	}
+	// The simulator's setup traffic is the real nvidia encoding.
+	tsgs := byType[*ioctlspy.TSGAllocated](evs)
+	chans := byType[*ioctlspy.ChannelAllocated](evs)
+	toks := byType[*ioctlspy.WorkSubmitToken](evs)
+	if len(tsgs) != 2 || len(chans) < 4 || len(toks) != len(chans) {
+		t.Errorf("nvidia setup traffic: %d TSGs, %d channels, %d tokens", len(tsgs), len(chans), len(toks))
+	}
+	for _, ch := range chans {
+		if ch.Class != 0xC86F || ch.GPFIFOEntries != 1024 || ch.Nr != 0x2B {
+			t.Errorf("channel %+v", ch)
+		}
+	}
+	stats, err := probes.Cgroups()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Counters count calls at entry, failed ones too, as the events do.
+	st := stats[cg.ID]
+	if st.Launches != uint64(len(launches)+len(byType[*ioctlspy.GraphLaunch](evs))) || st.BytesAlloc != 1<<20+4096 ||
+		st.BytesFreed != 4096 || st.Copies != uint64(len(copies)) || st.Syncs == 0 || st.SyncWaitNs < 5e6 {
+		t.Errorf("cgroup counters %+v", st)
+	}
+}
+
+func TestLibcudaCopyFoundWhenOpened(t *testing.T) {
+	gpu := testutil.StartFakeGPU(t)
+	_, c := startSpy(t, []bpf.Device{{Major: 1, Minor: 7, Kind: bpf.KindNvidiaCtl}}, 0)
+	// A container ships its own libcuda: a different inode at another path.
+	copyDir := filepath.Join(t.TempDir(), "container", "usr", "lib")
+	if err := os.MkdirAll(copyDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(testutil.Bin(t, "libcuda.so.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	copyPath := filepath.Join(copyDir, "libcuda.so.1")
+	if err := os.WriteFile(copyPath, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cg := testutil.NewCgroup(t, "container")
+	cmd := gpu.Workload(t, "hog", "--kernel-ms", "2", "--duration", "1.5")
+	cmd.Env = append(cmd.Env, "GPUWORK_LIBCUDA="+copyPath)
+	p := testutil.Start(t, cg, cmd)
+	if err := p.Wait(t, 20*time.Second); err != nil {
+		t.Fatalf("hog: %v: %s", err, p.Stderr)
+	}
+	evs := c.waitExit(t, cmd.Process.Pid)
+	opened := byType[*ioctlspy.LibcudaOpened](evs)
+	if len(opened) == 0 || opened[0].Path != copyPath {
+		t.Fatalf("openat of the copy not seen: %+v", opened)
+	}
+	// Launches start a few ms after the open; the attach races the first ones.
+	if n := len(byType[*ioctlspy.Launch](evs)); n < 100 {
+		t.Errorf("%d launches seen through the copy, want ≥ 100 of ~700", n)
+	}
+}
