@@ -22,6 +22,7 @@ type Spy struct {
 	probes *bpf.Probes
 	reader *ringbuf.Reader
 	table  *Table
+	self   uint32
 
 	// OnError receives errors that do not stop the stream (a record that
 	// does not decode, a libcuda copy that could not be probed).
@@ -37,7 +38,7 @@ func NewSpy(p *bpf.Probes) (*Spy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open ring buffer reader: %w", err)
 	}
-	return &Spy{probes: p, reader: rd, table: NewTable(), OnError: func(error) {}}, nil
+	return &Spy{probes: p, reader: rd, table: NewTable(), self: uint32(os.Getpid()), OnError: func(error) {}}, nil
 }
 
 // Table is the live per-process context table.
@@ -68,6 +69,9 @@ func (s *Spy) Run(ctx context.Context, handle func(Event)) error {
 			continue
 		}
 		s.decoded.Add(1)
+		if ev.Hdr().PID == s.self {
+			continue // gpuarb's own opens of libcuda while attaching
+		}
 		if lo, ok := ev.(*LibcudaOpened); ok {
 			s.attachOpened(lo)
 		}
