@@ -102,7 +102,7 @@ func TestParseLdconfig(t *testing.T) {
 	libcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1
 	libcuda.so (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so
 `)
-	got := parseLdconfig(out)
+	got := parseLdconfig(out, IsLibcudaName)
 	if len(got) != 2 || got[0] != "/usr/lib/x86_64-linux-gnu/libcuda.so.1" {
 		t.Errorf("%q", got)
 	}

@@ -1,7 +1,6 @@
 package bpf
 
 import (
-	"debug/elf"
 	"errors"
 	"fmt"
 	"os"
@@ -80,41 +79,27 @@ func trivialProgram(typ ebpf.ProgramType, attach ebpf.AttachType, attachTo strin
 	})
 }
 
-// probeUprobe attaches a uprobe to a function of this very executable.
+// probeUprobe attaches a uprobe to getpid in the C library the linker
+// cache names: every glibc host has it, stripped or not.
 func probeUprobe() error {
 	prog, err := trivialProgram(ebpf.Kprobe, ebpf.AttachNone, "")
 	if err != nil {
 		return fmt.Errorf("load kprobe-type program: %w", err)
 	}
 	defer prog.Close()
-	self, err := os.Executable()
+	libc, err := linkerCachePath("libc.so.6")
 	if err != nil {
 		return err
 	}
-	entry, err := entryPoint(self)
+	ex, err := link.OpenExecutable(libc)
 	if err != nil {
 		return err
 	}
-	ex, err := link.OpenExecutable(self)
-	if err != nil {
-		return err
-	}
-	l, err := ex.Uprobe("entry", prog, &link.UprobeOptions{Address: entry})
+	l, err := ex.Uprobe("getpid", prog, nil)
 	if err != nil {
 		return fmt.Errorf("attach uprobe: %w", err)
 	}
 	return l.Close()
-}
-
-// entryPoint returns the ELF entry address of an executable; it exists in
-// stripped binaries too.
-func entryPoint(path string) (uint64, error) {
-	f, err := elf.Open(path)
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	return f.Entry, nil
 }
 
 func probeKprobe() error {

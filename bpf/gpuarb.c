@@ -158,15 +158,17 @@ struct {
 	__type(value, struct lost_counter);
 } gpuarb_lost SEC(".maps");
 
+/* In-flight calls: removed at syscall exit or uretprobe, so a plain
+ * preallocated hash (no LRU list lock on every update). */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 8192);
 	__type(key, __u64);
 	__type(value, struct ioctl_stash);
 } gpuarb_pend_io SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 8192);
 	__type(key, struct cuda_key);
 	__type(value, struct cuda_stash);
@@ -185,6 +187,18 @@ struct {
 	__type(key, __u32);
 	__type(value, struct path_buf);
 } gpuarb_scratch SEC(".maps");
+
+/* Bytes pending on the ring above which a submit wakes the reader; below it
+ * the reader finds records on its next poll (see ioctlspy.Spy). Waking the
+ * reader for every record costs the submitting process microseconds. Set at
+ * load time. */
+volatile const __u64 wakeup_bytes = 65536;
+
+static __always_inline __u64 wakeup_flag(void)
+{
+	return bpf_ringbuf_query(&gpuarb_events, BPF_RB_AVAIL_DATA) >= wakeup_bytes ? BPF_RB_FORCE_WAKEUP
+										    : BPF_RB_NO_WAKEUP;
+}
 
 /* Keep the event type in the object's BTF for bpf2go. */
 const struct event *unused_event __attribute__((unused));
@@ -218,7 +232,9 @@ static __always_inline void note_process(__u32 tgid, __u64 cgid, __u64 now)
 {
 	struct proc_info p = { .cgroup_id = cgid, .first_seen_ns = now };
 
-	bpf_map_update_elem(&gpuarb_procs, &tgid, &p, BPF_NOEXIST);
+	/* A lookup is lock-free; an insert attempt takes the bucket lock. */
+	if (!bpf_map_lookup_elem(&gpuarb_procs, &tgid))
+		bpf_map_update_elem(&gpuarb_procs, &tgid, &p, BPF_NOEXIST);
 }
 
 static __always_inline struct event *event_reserve(__u32 type, __u64 pid_tgid, __u64 cgid)
@@ -257,15 +273,14 @@ static __always_inline __u16 copy_user(__u8 *dst, __u64 src, __u32 size)
 
 static __always_inline __u32 fd_rdev(unsigned int fd)
 {
-	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
-	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
-	struct file **fds;
+	/* BTF-typed task: the walk to the fd array is plain loads, not helpers. */
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct fdtable *fdt = task->files->fdt;
 	struct file *f = NULL;
 
-	if (!fdt || fd >= BPF_CORE_READ(fdt, max_fds))
+	if (fd >= fdt->max_fds)
 		return 0;
-	fds = BPF_CORE_READ(fdt, fd);
-	if (bpf_probe_read_kernel(&f, sizeof(f), &fds[fd]) < 0 || !f)
+	if (bpf_probe_read_kernel(&f, sizeof(f), &fdt->fd[fd]) < 0 || !f)
 		return 0;
 	return BPF_CORE_READ(f, f_inode, i_rdev);
 }
@@ -451,7 +466,7 @@ int gpuarb_ioctl_exit(struct sys_exit_ctx *ctx)
 		decode_drm(e, &st, s);
 		break;
 	}
-	bpf_ringbuf_submit(e, 0);
+	bpf_ringbuf_submit(e, wakeup_flag());
 	return 0;
 }
 
@@ -508,7 +523,7 @@ static __always_inline int launch_kernel(struct pt_regs *ctx, __u32 func)
 	e->args[5] = (__u32)ctx->r9; /* PT_REGS_PARM6, absent from libbpf 1.1 */
 	e->args[6] = (__u32)stack_arg(ctx, 7);
 	e->args[7] = stack_arg(ctx, 9);
-	bpf_ringbuf_submit(e, 0);
+	bpf_ringbuf_submit(e, wakeup_flag());
 	return 0;
 }
 
@@ -551,7 +566,7 @@ int gpuarb_cu_launch_ex(struct pt_regs *ctx)
 		e->args[6] = cfg.block[2];
 		e->args[7] = cfg.stream;
 	}
-	bpf_ringbuf_submit(e, 0);
+	bpf_ringbuf_submit(e, wakeup_flag());
 	return 0;
 }
 
@@ -567,7 +582,7 @@ int gpuarb_cu_graph_launch(struct pt_regs *ctx)
 		return 0;
 	e->args[0] = PT_REGS_PARM1(ctx);
 	e->args[7] = PT_REGS_PARM2(ctx);
-	bpf_ringbuf_submit(e, 0);
+	bpf_ringbuf_submit(e, wakeup_flag());
 	return 0;
 }
 
@@ -589,7 +604,7 @@ static __always_inline int copy_call(struct pt_regs *ctx, __u32 func, int async)
 	e->args[2] = bytes;
 	if (async)
 		e->args[7] = PT_REGS_PARM4(ctx);
-	bpf_ringbuf_submit(e, 0);
+	bpf_ringbuf_submit(e, wakeup_flag());
 	return 0;
 }
 
@@ -672,7 +687,7 @@ static __always_inline int sync_return(struct pt_regs *ctx, __u32 func)
 	if (!e)
 		return 0;
 	e->args[0] = st.args[0];
-	bpf_ringbuf_submit(e, 0);
+	bpf_ringbuf_submit(e, wakeup_flag());
 	return 0;
 }
 
@@ -735,7 +750,7 @@ int gpuarb_cu_ctx_create_ret(struct pt_regs *ctx)
 	e->args[2] = (__u32)st.args[2];
 	if (e->ret == 0)
 		track_object(e->tgid, 0, handle, e->cgroup_id, e->ts_exit, 0, (__u32)st.args[2]);
-	bpf_ringbuf_submit(e, 0);
+	bpf_ringbuf_submit(e, wakeup_flag());
 	return 0;
 }
 
@@ -751,7 +766,7 @@ int gpuarb_cu_ctx_destroy(struct pt_regs *ctx)
 	if (!e)
 		return 0;
 	e->args[0] = handle;
-	bpf_ringbuf_submit(e, 0);
+	bpf_ringbuf_submit(e, wakeup_flag());
 	return 0;
 }
 
@@ -784,7 +799,7 @@ int gpuarb_cu_mem_alloc_ret(struct pt_regs *ctx)
 		if (s)
 			__sync_fetch_and_add(&s->bytes_alloc, st.args[1]);
 	}
-	bpf_ringbuf_submit(e, 0);
+	bpf_ringbuf_submit(e, wakeup_flag());
 	return 0;
 }
 
@@ -808,7 +823,7 @@ int gpuarb_cu_mem_free(struct pt_regs *ctx)
 		return 0;
 	e->args[0] = k.dptr;
 	e->args[2] = bytes;
-	bpf_ringbuf_submit(e, 0);
+	bpf_ringbuf_submit(e, wakeup_flag());
 	return 0;
 }
 
@@ -832,7 +847,7 @@ int gpuarb_process_exit(void *ctx)
 	if (!e)
 		return 0;
 	e->ts_enter = e->ts_exit = bpf_ktime_get_ns();
-	bpf_ringbuf_submit(e, 0);
+	bpf_ringbuf_submit(e, wakeup_flag());
 	return 0;
 }
 
@@ -881,6 +896,6 @@ int gpuarb_openat(struct sys_enter_ctx *ctx)
 	e->ts_enter = e->ts_exit = bpf_ktime_get_ns();
 	e->args[0] = ctx->args[0]; /* dirfd */
 	bpf_probe_read_kernel_str(e->path, sizeof(e->path), buf->path);
-	bpf_ringbuf_submit(e, 0);
+	bpf_ringbuf_submit(e, wakeup_flag());
 	return 0;
 }

@@ -169,6 +169,7 @@ const (
 	gpuarbProgGpuarbOpenat            = "gpuarb_openat"
 	gpuarbProgGpuarbProcessExit       = "gpuarb_process_exit"
 	gpuarbVarUnusedEvent              = "unused_event"
+	gpuarbVarWakeupBytes              = "wakeup_bytes"
 )
 
 // loadGpuarb returns the embedded CollectionSpec for gpuarb.
@@ -262,6 +263,7 @@ type gpuarbMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type gpuarbVariableSpecs struct {
 	UnusedEvent *ebpf.VariableSpec `ebpf:"unused_event"`
+	WakeupBytes *ebpf.VariableSpec `ebpf:"wakeup_bytes"`
 }
 
 // gpuarbObjects contains all objects after they have been loaded into the kernel.
@@ -316,6 +318,7 @@ func (m *gpuarbMaps) Close() error {
 // It can be passed to loadGpuarbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type gpuarbVariables struct {
 	UnusedEvent *ebpf.Variable `ebpf:"unused_event"`
+	WakeupBytes *ebpf.Variable `ebpf:"wakeup_bytes"`
 }
 
 // gpuarbPrograms contains all programs after they have been loaded into the kernel.

@@ -20,18 +20,28 @@ func IsLibcudaName(name string) bool {
 // LinkerCacheLibcudas returns the libcuda paths the dynamic linker cache
 // names (ldconfig -p); none when ldconfig is absent.
 func LinkerCacheLibcudas() []string {
+	return parseLdconfig(ldconfigOutput(), IsLibcudaName)
+}
+
+func ldconfigOutput() []byte {
 	ldconfig, err := exec.LookPath("ldconfig")
 	if err != nil {
 		ldconfig = "/sbin/ldconfig"
 	}
-	out, err := exec.Command(ldconfig, "-p").Output()
-	if err != nil {
-		return nil
-	}
-	return parseLdconfig(out)
+	out, _ := exec.Command(ldconfig, "-p").Output()
+	return out
 }
 
-func parseLdconfig(out []byte) []string {
+// linkerCachePath returns the first path the linker cache has for a library.
+func linkerCachePath(soname string) (string, error) {
+	paths := parseLdconfig(ldconfigOutput(), func(p string) bool { return filepath.Base(p) == soname })
+	if len(paths) == 0 {
+		return "", fmt.Errorf("%s not in the linker cache", soname)
+	}
+	return paths[0], nil
+}
+
+func parseLdconfig(out []byte, match func(string) bool) []string {
 	var paths []string
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	for sc.Scan() {
@@ -40,7 +50,7 @@ func parseLdconfig(out []byte) []string {
 			continue
 		}
 		path = strings.TrimSpace(path)
-		if IsLibcudaName(path) {
+		if match(path) {
 			paths = append(paths, path)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/cilium/ebpf"
@@ -21,6 +22,14 @@ const DefaultRingSize = 4 << 20
 
 // pinnedMaps are the maps a pinned load exposes under the pin path.
 var pinnedMaps = []string{"gpuarb_devices", "gpuarb_cgroups", "gpuarb_ctxs", "gpuarb_procs", "gpuarb_events", "gpuarb_lost"}
+
+// wakeupBytes is the backlog at which a submit wakes the reader: an eighth
+// of the ring, at most 64 KiB.
+func wakeupBytes(ring uint32) uint32 { return min(ring/8, 64<<10) }
+
+// PollInterval is how often a reader must look at the ring buffer: records
+// are submitted without waking the reader until a backlog builds up.
+const PollInterval = 5 * time.Millisecond
 
 // Options configure Load.
 type Options struct {
@@ -63,6 +72,9 @@ func Load(opts Options) (_ *Probes, err error) {
 		ring = DefaultRingSize
 	}
 	spec.Maps["gpuarb_events"].MaxEntries = ring
+	if err := spec.Variables["wakeup_bytes"].Set(uint64(wakeupBytes(ring))); err != nil {
+		return nil, fmt.Errorf("set wakeup threshold: %w", err)
+	}
 
 	var collOpts ebpf.CollectionOptions
 	if opts.PinPath != "" {

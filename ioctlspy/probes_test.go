@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -129,6 +130,22 @@ func runHelper(kind string) error {
 		ioctl(drm, ioc(3, 'd', 0xC3, 40), a.put(le(uint64(0), uint64(0), 1, 0, 0, 0, uint64(0))))
 		ioctl(drm, ioc(1, 'd', 0x43, 4), a.put(le(6)))
 		ioctl(other, ioc(3, 'd', 0x52, 40), a.put(exec)) // not in the table: no event
+	case "flood": // RM_ALLOCs at FLOOD_RATE per second for FLOOD_SECONDS
+		nv, err := openNode("NV_NODE")
+		if err != nil {
+			return err
+		}
+		rate, _ := strconv.Atoi(os.Getenv("FLOOD_RATE"))
+		secs, _ := strconv.Atoi(os.Getenv("FLOOD_SECONDS"))
+		params := a.put(le(0, 0, 0x5c000005, 1, 0))
+		arg := a.put(le(0xc1d00001, 0x5c000002, 0x5c000010, 0xA06C, params, 20, 0))
+		start := time.Now()
+		for n := 0; n < rate*secs; n++ {
+			if due := start.Add(time.Duration(n) * time.Second / time.Duration(rate)); time.Until(due) > time.Millisecond {
+				time.Sleep(time.Until(due))
+			}
+			ioctl(nv, ioc(3, 'F', 0x2B, 32), arg)
+		}
 	default:
 		return fmt.Errorf("unknown helper %q", kind)
 	}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync/atomic"
+	"time"
 
 	"github.com/cilium/ebpf/ringbuf"
 
@@ -41,6 +42,9 @@ func NewSpy(p *bpf.Probes) (*Spy, error) {
 	return &Spy{probes: p, reader: rd, table: NewTable(), self: uint32(os.Getpid()), OnError: func(error) {}}, nil
 }
 
+// Probes are the probes this Spy reads.
+func (s *Spy) Probes() *bpf.Probes { return s.probes }
+
 // Table is the live per-process context table.
 func (s *Spy) Table() *Table { return s.table }
 
@@ -56,7 +60,12 @@ func (s *Spy) Run(ctx context.Context, handle func(Event)) error {
 	defer stop()
 	var rec ringbuf.Record
 	for {
+		// Records arrive without wake-ups until a backlog builds: poll.
+		s.reader.SetDeadline(time.Now().Add(bpf.PollInterval))
 		if err := s.reader.ReadInto(&rec); err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				continue
+			}
 			if errors.Is(err, ringbuf.ErrClosed) {
 				return nil
 			}

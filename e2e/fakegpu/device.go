@@ -19,8 +19,7 @@ type Config struct {
 	ContextSwitch time.Duration // cost of switching channel groups (default 20µs)
 	CopyBandwidth uint64        // copy engine bytes per second (default 25e9)
 	Memory        uint64        // device memory per GPU in bytes (default 80 GiB)
-	Poll          time.Duration // doorbell poll interval while active (default 50µs)
-	IdleAfter     time.Duration // idle time before the device sleeps on the doorbell (default 5ms)
+	Poll          time.Duration // longest sleep while an engine runs (default 1ms)
 }
 
 func (c *Config) setDefaults() {
@@ -42,10 +41,7 @@ func (c *Config) setDefaults() {
 		c.Memory = 80 << 30
 	}
 	if c.Poll <= 0 {
-		c.Poll = 50 * time.Microsecond
-	}
-	if c.IdleAfter <= 0 {
-		c.IdleAfter = 5 * time.Millisecond
+		c.Poll = time.Millisecond
 	}
 }
 
@@ -54,6 +50,12 @@ const (
 	DefaultTimeslice     = 2 * time.Millisecond
 	DefaultContextSwitch = 20 * time.Microsecond
 )
+
+// idleWait is how long an idle device sleeps when nothing wakes it. Short
+// on purpose: in a VM a fully halted vCPU can take milliseconds to wake
+// (measured: infer p99 outliers of 10 ms with 100 ms, ≤5 ms with 2 ms), and
+// 500 idle wake-ups a second cost well under 1% of a core.
+const idleWait = 2 * time.Millisecond
 
 // maxCostNS bounds one entry's cost so a hostile client cannot wedge a GPU.
 const maxCostNS = int64(60 * time.Second)
@@ -161,10 +163,12 @@ func futexWake(addr *uint32) {
 	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), 1 /* FUTEX_WAKE */, 1<<30, 0, 0, 0)
 }
 
-func futexWait(addr *uint32, val uint32, timeout time.Duration) {
-	ts := unix.NsecToTimespec(int64(timeout))
-	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), 0 /* FUTEX_WAIT */, uintptr(val),
-		uintptr(unsafe.Pointer(&ts)), 0, 0)
+// futexWaitUntil sleeps while *addr == val, until the CLOCK_MONOTONIC
+// deadline at the latest.
+func futexWaitUntil(addr *uint32, val uint32, deadline int64) {
+	ts := unix.NsecToTimespec(deadline)
+	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), 9 /* FUTEX_WAIT_BITSET */, uintptr(val),
+		uintptr(unsafe.Pointer(&ts)), 0, 0xffffffff /* FUTEX_BITSET_MATCH_ANY */)
 }
 
 // addContext creates a channel group for a client process.
@@ -219,14 +223,16 @@ func (g *gpu) removeContext(c *gpuContext) {
 }
 
 // run is the device loop: poll the doorbell, simulate the engines in real
-// time, complete entries, sleep until the next event.
+// time, complete entries, then sleep on the doorbell until the next event
+// (a completion or a slice end). A client that rings the doorbell of an
+// empty channel while the device sleeps wakes it; entries added behind
+// pending ones are found when the device next wakes.
 func (g *gpu) run() {
 	defer close(g.done)
 	runtime.LockOSThread()
-	// Precise sleeps: the default 50µs timer slack would be timing error.
+	// Precise wake-ups: the default 50µs timer slack would be timing error.
 	unix.Prctl(unix.PR_SET_TIMERSLACK, 1, 0, 0, 0)
 	vt := monotonicNS()
-	idleSince := vt
 	for !g.stopped.Load() {
 		now := monotonicNS()
 		g.mu.Lock()
@@ -235,33 +241,18 @@ func (g *gpu) run() {
 		g.poll(now)
 		g.advance(now, now) // start what just arrived
 		g.wake()
-		busy := g.running || g.copying
 		next := g.nextEvent(now)
+		if g.running || g.copying {
+			next = min(next, now+int64(g.cfg.Poll))
+		}
 		g.mu.Unlock()
 
-		if busy {
-			idleSince = now
-			sleepUntil(min(next, now+int64(g.cfg.Poll)))
-			continue
-		}
-		if now-idleSince < int64(g.cfg.IdleAfter) {
-			sleepUntil(now + int64(g.cfg.Poll))
-			continue
-		}
-		// Idle: sleep on the doorbell; clients seeing sleeping=1 wake us.
 		atomic.StoreUint32(&g.db.Sleeping, 1)
-		ring := atomic.LoadUint32(&g.db.Ring)
-		if ring == g.lastRing && !g.stopped.Load() {
-			futexWait(&g.db.Ring, ring, 50*time.Millisecond)
+		if ring := atomic.LoadUint32(&g.db.Ring); ring == g.lastRing && !g.stopped.Load() {
+			futexWaitUntil(&g.db.Ring, ring, next)
 		}
 		atomic.StoreUint32(&g.db.Sleeping, 0)
-		vt = monotonicNS()
 	}
-}
-
-func sleepUntil(t int64) {
-	ts := unix.NsecToTimespec(t)
-	_ = unix.ClockNanosleep(unix.CLOCK_MONOTONIC, unix.TIMER_ABSTIME, &ts, nil)
 }
 
 // poll reads GPPut of every channel when the doorbell moved.
@@ -330,6 +321,7 @@ func (g *gpu) advance(t, to int64) {
 				g.cur.kernels++
 				g.complete(g.cur, g.curCh, t)
 				g.running = false
+				g.poll(t) // entries queued behind it without a wake-up
 			}
 		}
 		if cst != nil {
@@ -340,6 +332,7 @@ func (g *gpu) advance(t, to int64) {
 				g.cp.copies++
 				g.complete(g.cp, g.cpCh, t)
 				g.copying = false
+				g.poll(t)
 			}
 		}
 	}
@@ -554,9 +547,10 @@ func (g *gpu) wake() {
 	}
 }
 
-// nextEvent is the virtual time of the next completion or slice end.
+// nextEvent is the virtual time of the next completion or slice end; an
+// idle device looks again after idleWait (a stop also wakes it).
 func (g *gpu) nextEvent(now int64) int64 {
-	next := now + int64(time.Second)
+	next := now + int64(idleWait)
 	if g.running {
 		next = min(next, now+g.cur.chans[g.curCh].headLeft)
 		// A slice already over matters only once others wait: the next

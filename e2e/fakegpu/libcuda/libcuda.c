@@ -428,6 +428,7 @@ static CUresult submit(struct ctx *c, int ch, uint32_t kind, uint64_t cost, uint
 	struct fg_channel *fc = &c->shm->ch[ch];
 	uint64_t put = fc->gp_put;
 	struct fg_entry *e;
+	int was_empty;
 
 	if (put - __atomic_load_n(&fc->gp_get, __ATOMIC_ACQUIRE) >= FG_RING_ENTRIES) {
 		CUresult r = wait_channel(c, ch, put - FG_RING_ENTRIES + 1); /* the ring is full: block */
@@ -437,6 +438,7 @@ static CUresult submit(struct ctx *c, int ch, uint32_t kind, uint64_t cost, uint
 	}
 	if (__atomic_load_n(&c->shm->dead, __ATOMIC_ACQUIRE))
 		return CUDA_ERROR_DEVICE_UNAVAILABLE;
+	was_empty = __atomic_load_n(&fc->gp_get, __ATOMIC_ACQUIRE) == put;
 	e = &fc->ring[put % FG_RING_ENTRIES];
 	e->kind = kind;
 	e->event = ev;
@@ -445,7 +447,9 @@ static CUresult submit(struct ctx *c, int ch, uint32_t kind, uint64_t cost, uint
 	e->seq = put;
 	__atomic_store_n(&fc->gp_put, put + 1, __ATOMIC_RELEASE);
 	__atomic_add_fetch(&c->db->ring, 1, __ATOMIC_SEQ_CST);
-	if (__atomic_load_n(&c->db->sleeping, __ATOMIC_SEQ_CST))
+	/* A doorbell on an idle channel wakes a sleeping device; entries queued
+	 * behind pending ones are found when it next wakes. */
+	if (was_empty && __atomic_load_n(&c->db->sleeping, __ATOMIC_SEQ_CST))
 		futex_wake(&c->db->ring);
 	if (g_nouveau) {
 		struct drm_nouveau_exec_push push = { (uint64_t)(uintptr_t)e, sizeof(*e), 0 };
