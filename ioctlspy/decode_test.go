@@ -63,7 +63,9 @@ func drmIoctl(nr uint32, arg []byte) Record {
 }
 
 func TestDecode(t *testing.T) {
-	nvos21 := func(class uint32) []byte { return words(0xc1d00001, 0x5c000002, 0x5c000010, class, uint64(0x7000), 32, 0) }
+	nvos21 := func(class uint32) []byte {
+		return words(0xc1d00001, 0x5c000002, 0x5c000010, class, uint64(0x7000), 32, 0)
+	}
 	nvos64 := words(0xc1d00001, 0x5c000010, 0x5c000011, 0xC56F, uint64(0x7000), uint64(0), 96, 0, 0, 0)
 	for _, tc := range []struct {
 		name  string

@@ -17,8 +17,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpuarb/gpuarb/bpf"
-	"github.com/gpuarb/gpuarb/ioctlspy"
 	"github.com/gpuarb/gpuarb/internal/testutil"
+	"github.com/gpuarb/gpuarb/ioctlspy"
 )
 
 const helperEnv = "GPUARB_IOCTL_HELPER"
