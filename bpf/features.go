@@ -124,11 +124,11 @@ func probeFentry() error {
 }
 
 // Lockdown returns the kernel lockdown mode ("none", "integrity",
-// "confidentiality"), or "" when securityfs does not tell.
+// "confidentiality"), or a note when securityfs does not tell.
 func Lockdown() string {
 	data, err := os.ReadFile("/sys/kernel/security/lockdown")
 	if err != nil {
-		return ""
+		return "unknown (securityfs not mounted at /sys/kernel/security)"
 	}
 	for _, f := range strings.Fields(string(data)) {
 		if strings.HasPrefix(f, "[") {

@@ -432,24 +432,32 @@ func (g *gpu) pickCompute(t int64) {
 			return
 		}
 	}
+	g.rotate(g.cur, func(c *gpuContext) bool {
+		ch := c.kernelChannel()
+		if ch < 0 {
+			return false
+		}
+		switched := c != g.cur
+		g.cur = c
+		g.sliceEnd = t + int64(g.cfg.Timeslice)
+		g.startKernel(c, ch, t, switched)
+		return true
+	})
+}
+
+// rotate visits the contexts with pending work in runlist order, starting
+// after `after`, until visit returns true.
+func (g *gpu) rotate(after *gpuContext, visit func(*gpuContext) bool) {
 	n := len(g.ctxs)
 	start := 0
 	for i, c := range g.ctxs {
-		if c == g.cur {
+		if c == after {
 			start = i + 1
 			break
 		}
 	}
 	for i := 0; i < n; i++ {
-		c := g.ctxs[(start+i)%n]
-		if c.pending == 0 {
-			continue
-		}
-		if ch := c.kernelChannel(); ch >= 0 {
-			switched := c != g.cur
-			g.cur = c
-			g.sliceEnd = t + int64(g.cfg.Timeslice)
-			g.startKernel(c, ch, t, switched)
+		if c := g.ctxs[(start+i)%n]; c.pending != 0 && visit(c) {
 			return
 		}
 	}
@@ -473,30 +481,19 @@ func (g *gpu) startKernel(c *gpuContext, ch int, t int64, switched bool) {
 }
 
 func (g *gpu) pickCopy(t int64) {
-	n := len(g.ctxs)
-	start := 0
-	for i, c := range g.ctxs {
-		if c == g.cp {
-			start = i + 1
-			break
+	g.rotate(g.cp, func(c *gpuContext) bool {
+		ch := c.copyChannel()
+		if ch < 0 {
+			return false
 		}
-	}
-	for i := 0; i < n; i++ {
-		c := g.ctxs[(start+i)%n]
-		if c.pending == 0 {
-			continue
-		}
-		if ch := c.copyChannel(); ch >= 0 {
-			st := &c.chans[ch]
-			bytes := c.head(ch).Bytes
-			cost := int64(float64(bytes) * 1e9 / float64(g.cfg.CopyBandwidth))
-			st.headLeft = min(max(cost, 1), maxCostNS)
-			c.queueNS += uint64(max(t-c.arrivalOf(ch), 0))
-			st.busy = true
-			g.cp, g.cpCh, g.copying = c, ch, true
-			return
-		}
-	}
+		st := &c.chans[ch]
+		cost := int64(float64(c.head(ch).Bytes) * 1e9 / float64(g.cfg.CopyBandwidth))
+		st.headLeft = min(max(cost, 1), maxCostNS)
+		c.queueNS += uint64(max(t-c.arrivalOf(ch), 0))
+		st.busy = true
+		g.cp, g.cpCh, g.copying = c, ch, true
+		return true
+	})
 }
 
 // arrivalOf is when the head entry of ch was first seen.
