@@ -473,6 +473,57 @@ func TestLibcudaUprobes(t *testing.T) {
 	}
 }
 
+// TestNouveauMode checks libcuda's nouveau mode: each submission is also a
+// DRM_NOUVEAU_EXEC ioctl on the drm-typed node, each wait a GEM_CPU_PREP.
+func TestNouveauMode(t *testing.T) {
+	gpu := testutil.StartFakeGPU(t)
+	probes, c := startSpy(t, []bpf.Device{{Major: 1, Minor: 3, Kind: bpf.KindDRM}}, 0)
+	if _, err := probes.AttachLibcuda(testutil.Bin(t, "libcuda.so.1")); err != nil {
+		t.Fatal(err)
+	}
+	cg := testutil.NewCgroup(t, "nouveau-mode")
+	cmd := gpu.Workload(t, "infer", "--rate", "200", "--duration", "0.5")
+	cmd.Env = append(cmd.Env, "FAKEGPU_MODE=nouveau")
+	p := testutil.Start(t, cg, cmd)
+	if err := p.Wait(t, 20*time.Second); err != nil {
+		t.Fatalf("infer: %v: %s", err, p.Stderr)
+	}
+	evs := c.waitExit(t, cmd.Process.Pid)
+	launches := byType[*ioctlspy.Launch](evs)
+	var execs, preps int
+	for _, s := range byType[*ioctlspy.Submission](evs) {
+		if s.Name == "NOUVEAU_EXEC" && s.Pushes == 1 && s.Device == "1:3" {
+			execs++
+		}
+	}
+	for _, s := range byType[*ioctlspy.Sync](evs) {
+		if s.Func == "NOUVEAU_GEM_CPU_PREP" {
+			preps++
+		}
+	}
+	if len(launches) < 300 || execs != len(launches) {
+		t.Errorf("%d launches, %d NOUVEAU_EXEC ioctls: want one per launch", len(launches), execs)
+	}
+	if preps < 90 {
+		t.Errorf("%d GEM_CPU_PREP waits for ~100 requests", preps)
+	}
+	// The workload exits without cuCtxDestroy, as programs often do: no CHANNEL_FREE.
+	if ch := byType[*ioctlspy.NouveauChannel](evs); len(ch) != 1 || ch[0].Freed {
+		t.Errorf("channel alloc: %+v", ch)
+	}
+	if n := len(byType[*ioctlspy.TSGAllocated](evs)); n != 0 {
+		t.Errorf("%d nvidia TSG allocations in nouveau mode", n)
+	}
+	stats, err := probes.Cgroups()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Launches count twice as submissions: the doorbell (uprobe) and the EXEC ioctl.
+	if st := stats[cg.ID]; st.Submissions != uint64(len(launches)+execs) {
+		t.Errorf("submissions %d, want %d", st.Submissions, len(launches)+execs)
+	}
+}
+
 func TestLibcudaCopyFoundWhenOpened(t *testing.T) {
 	gpu := testutil.StartFakeGPU(t)
 	_, c := startSpy(t, []bpf.Device{{Major: 1, Minor: 7, Kind: bpf.KindNvidiaCtl}}, 0)
