@@ -25,6 +25,9 @@ func newApp() *cli.App {
 		Usage:   "share GPUs fairly between containers, VMs and processes, measured with eBPF",
 		Version: version,
 		Commands: []*cli.Command{
+			daemonCommand(),
+			statusCommand(),
+			topCommand(),
 			traceCommand(),
 			mapsCommand(),
 			doctorCommand(),

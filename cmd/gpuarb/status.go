@@ -1,0 +1,178 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/urfave/cli/v2"
+	"golang.org/x/term"
+
+	"github.com/gpuarb/gpuarb/api"
+)
+
+const defaultWindow = time.Second
+
+func socketFlag() cli.Flag {
+	return &cli.StringFlag{Name: "socket", Value: api.DefaultSocket, Usage: "daemon API socket `PATH`"}
+}
+
+func statusCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "status",
+		Usage: "show GPU time per tenant as the daemon measures it",
+		Description: `status asks the daemon for its figures: per tenant (a cgroup, named after its
+container when it is one) and GPU, the share of the GPU's time in the last
+window (0..1), GPU ms, launches/s and memory held; per GPU how busy it was.`,
+		Flags: []cli.Flag{socketFlag(), &cli.BoolFlag{Name: "json", Usage: "print the status document as JSON"}},
+		Action: func(c *cli.Context) error {
+			st, err := api.NewClient(c.String("socket")).Status(c.Context)
+			if err != nil {
+				return err
+			}
+			if c.Bool("json") {
+				enc := json.NewEncoder(c.App.Writer)
+				enc.SetIndent("", "  ")
+				return enc.Encode(st)
+			}
+			return printTable(c.App.Writer, st, "share")
+		},
+	}
+}
+
+func topCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "top",
+		Usage: "a live table of GPU time per tenant, refreshed every second",
+		Description: `top redraws the daemon's figures like top or nvtop: tenant, GPU, share, GPU
+ms per second, launches/s, memory and state. In a terminal it redraws in
+place; over a pipe it prints one frame after another. q or Ctrl-C quits.`,
+		Flags: []cli.Flag{
+			socketFlag(),
+			&cli.BoolFlag{Name: "once", Usage: "print one frame and exit"},
+			&cli.DurationFlag{Name: "interval", Value: time.Second, Usage: "refresh every `DURATION`"},
+			&cli.StringFlag{Name: "sort", Value: "share", Usage: "sort by `KEY`: share, gpu, name, launches, mem"},
+		},
+		Action: func(c *cli.Context) error {
+			key := c.String("sort")
+			if !validSort[key] {
+				return fmt.Errorf("--sort %q: want share, gpu, name, launches or mem", key)
+			}
+			if c.Duration("interval") < 100*time.Millisecond {
+				return fmt.Errorf("--interval %s: want at least 100ms", c.Duration("interval"))
+			}
+			client := api.NewClient(c.String("socket"))
+			tty := isTerminal(c.App.Writer)
+			ctx, cancel := context.WithCancel(c.Context)
+			defer cancel()
+			if tty && !c.Bool("once") {
+				restore := watchQuit(cancel)
+				defer restore()
+			}
+			for {
+				st, err := client.Status(ctx)
+				if err != nil {
+					return err
+				}
+				if tty && !c.Bool("once") {
+					fmt.Fprint(c.App.Writer, "\x1b[H\x1b[2J") // home, clear
+				}
+				fmt.Fprintf(c.App.Writer, "gpuarb top - %s - %d tenant(s) - window %s\n", time.Now().Format("15:04:05"),
+					len(st.Tenants), time.Duration(st.WindowNS))
+				for _, g := range st.GPUs {
+					fmt.Fprintf(c.App.Writer, "GPU %d  busy %5.1f%%  %d tenant(s)\n", g.Index, 100*g.BusyShare, g.Tenants)
+				}
+				fmt.Fprintln(c.App.Writer)
+				if err := printTable(c.App.Writer, st, key); err != nil {
+					return err
+				}
+				if c.Bool("once") {
+					return nil
+				}
+				if !tty {
+					fmt.Fprintln(c.App.Writer)
+				}
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-time.After(c.Duration("interval")):
+				}
+			}
+		},
+	}
+}
+
+var validSort = map[string]bool{"share": true, "gpu": true, "name": true, "launches": true, "mem": true}
+
+func sortTenants(ts []api.Tenant, key string) {
+	sort.SliceStable(ts, func(i, j int) bool {
+		a, b := ts[i], ts[j]
+		switch key {
+		case "gpu":
+			return a.GPU < b.GPU
+		case "name":
+			return a.Name < b.Name
+		case "launches":
+			return a.LaunchesPerS > b.LaunchesPerS
+		case "mem":
+			return a.MemBytes > b.MemBytes
+		}
+		return a.Share > b.Share
+	})
+}
+
+func printTable(w io.Writer, st api.Status, key string) error {
+	sortTenants(st.Tenants, key)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TENANT\tGPU\tSHARE\tGPU ms/s\tLAUNCH/s\tSYNC/s\tMEM MiB\tPROCS\tSTATE\tCGROUP\t")
+	window := float64(st.WindowNS) / 1e9
+	for _, t := range st.Tenants {
+		fmt.Fprintf(tw, "%s\t%d\t%.1f%%\t%.1f\t%.0f\t%.0f\t%.1f\t%d\t%s\t%s\t\n", truncate(t.Name, 24), t.GPU,
+			100*t.Share, float64(t.GPUNS)/1e6/window, t.LaunchesPerS, t.SyncsPerS, float64(t.MemBytes)/(1<<20),
+			t.Processes, t.State, truncate(t.Cgroup, 48))
+	}
+	if len(st.Tenants) == 0 {
+		fmt.Fprintln(tw, "(no tenant has used a GPU in the window)\t\t\t\t\t\t\t\t\t\t")
+	}
+	return tw.Flush()
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return "…" + s[len(s)-n+1:]
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+// watchQuit puts stdin in raw mode and cancels on q or Ctrl-C.
+func watchQuit(cancel func()) (restore func()) {
+	fd := int(os.Stdin.Fd())
+	if !term.IsTerminal(fd) {
+		return func() {}
+	}
+	old, err := term.MakeRaw(fd)
+	if err != nil {
+		return func() {}
+	}
+	go func() {
+		b := make([]byte, 1)
+		for {
+			if _, err := os.Stdin.Read(b); err != nil || strings.ContainsRune("qQ\x03", rune(b[0])) {
+				cancel()
+				return
+			}
+		}
+	}()
+	return func() { term.Restore(fd, old) }
+}

