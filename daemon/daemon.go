@@ -79,7 +79,7 @@ func (c *Config) setDefaults() {
 // serving. Stop (or Run's context) undoes all of it.
 func Start(cfg Config) (_ *Daemon, err error) {
 	cfg.setDefaults()
-	d := &Daemon{cfg: cfg, log: cfg.Log, meter: meter.New(meter.Config{Window: cfg.Window})}
+	d := &Daemon{cfg: cfg, log: cfg.Log, meter: meter.New(meter.Config{Window: cfg.Window, Lag: 20 * time.Millisecond})}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, d.Stop())

@@ -5,30 +5,38 @@
 // # The estimator (kernel-bypass path)
 //
 // Launches never enter the kernel, so GPU time cannot be read off the
-// driver: it is estimated from the libcuda calls the uprobes see. A context
-// (one process on one GPU) is *busy* from its first launch after it was
-// drained until a stream or context synchronize that drains it returns;
-// event syncs and syncs of other streams only prove the context still had
-// work until they returned. GPUs time-slice contexts with work round robin,
-// so wall time is divided equally among the busy contexts of a GPU at every
-// instant (processor sharing), and the GPU is assumed busy whenever a
-// context is.
+// driver: it is estimated from the libcuda calls the uprobes see, by
+// re-enacting what the GPU does. Each context (one process on one GPU) has
+// a modeled work queue per stream; a launch adds blocks × the context's
+// learned ns per block (a graph launch its learned cost). Per GPU the meter
+// replays round-robin time-slicing over those queues, as the hardware
+// schedules channel groups: the holder keeps the GPU until its slice ends
+// (Config.Timeslice) and another context has work, or until its queue
+// empties. The time each context holds the GPU in the replay is its GPU
+// time.
 //
-// Assumptions and error sources:
-//   - Completion is known only at syncs. A context that keeps tiny work
-//     outstanding between rare syncs (thousands of 1 µs kernels, one sync
-//     every 100 ms) counts as busy the whole time and is overcharged against
-//     a backlogged neighbour; learning per-kernel costs from sync timing is
-//     the planned remedy.
-//   - A sync returns after the work drained plus the wake-up of the waiting
-//     thread (≈0.1–0.25 ms measured on the simulated GPU in a VM), which
-//     lengthens busy intervals by that much.
-//   - Several streams of one context are tracked apart: a context is busy
-//     while any of its streams is.
+// Costs are learned from syncs. A stream or context synchronize that
+// returns at t proves the synced streams drained at t: if the replay still
+// has work queued then, the context's costs are scaled down by the share of
+// the burst that did run; if the replay drained the queue well before t
+// while the sync really waited, they are scaled up (at most 2× a step).
+// The first correction is taken whole, later ones smoothed. Until its first
+// draining sync a context's costs are taken as unbounded, so it counts as
+// backlogged — right for training jobs that never drain.
+//
+// Assumptions and error sources (measured figures in BENCHMARKS.md):
+//   - Completion is known only at syncs; event syncs are not used, since
+//     which work an event covers is not seen (cuEventRecord is not probed).
+//   - The replay's slice phase is not the GPU's, so a single burst's wait
+//     differs; errors average out over a window but make cost learning
+//     noisy. Contexts whose work is tiny and outstanding between rare syncs
+//     (storm) are not pushed below their round-robin share: the main open
+//     error.
+//   - A sync returns after the work drained plus the waiting thread's
+//     wake-up (≈0.1–0.25 ms measured on the simulated GPU in a VM).
 //   - Copies run on a separate engine and are not charged as GPU time.
-//   - Events of different CPUs can arrive slightly out of order; intervals
-//     are built per context from that context's own events, which one
-//     thread issues in order in the common case.
+//   - Events of different CPUs can arrive slightly out of order: the replay
+//     runs Config.Lag behind the clock and applies late events at once.
 //
 // On the submission-ioctl path (nouveau) the same model runs on
 // submissions and waits from ioctls.

@@ -17,6 +17,13 @@ type Config struct {
 	Window time.Duration
 	// HalfLife is the decay of the long-run share (default 30s).
 	HalfLife time.Duration
+	// Timeslice is the GPU's channel-group timeslice the replay uses
+	// (default 2ms).
+	Timeslice time.Duration
+	// Lag keeps the replay this far behind the clock so that events still
+	// in the ring buffer land before their time is settled (the daemon
+	// uses 20ms; default 0).
+	Lag time.Duration
 	// Now returns CLOCK_MONOTONIC ns, the probes' clock (tests inject one).
 	Now func() uint64
 }
@@ -51,11 +58,11 @@ type TenantStats struct {
 // GPUStats are one GPU's figures.
 type GPUStats struct {
 	Index     int     `json:"index"`
-	BusyShare float64 `json:"busy_share"` // fraction of the window some context was busy
+	BusyShare float64 `json:"busy_share"` // fraction of the window some context held the GPU
 	Tenants   int     `json:"tenants"`
 }
 
-// Snapshot is the meter's view at one instant.
+// Snapshot is the meter's view of the window ending at AtNS.
 type Snapshot struct {
 	AtNS     uint64        `json:"at_ns"`
 	WindowNS uint64        `json:"window_ns"`
@@ -65,20 +72,86 @@ type Snapshot struct {
 
 type span struct{ start, end uint64 }
 
+// Initial cost guesses: large enough that a context counts as backlogged
+// until its first draining sync teaches the meter its costs.
+const (
+	initialNSPerBlock = 1e9
+	initialNSPerGraph = 1e12
+	// realWait is the shortest sync that proves the stream still had work
+	// when the sync began (uprobe and wake-up overheads are below it).
+	realWait = 100 * time.Microsecond
+	// learnRate smooths cost corrections after the first one.
+	learnRate = 0.3
+	// maxStep bounds one upward correction.
+	maxStep = 2.0
+)
+
+// stream is one stream's modeled queue.
+type stream struct {
+	left     float64 // modeled ns of work not yet run
+	got      float64 // GPU ns received since the queue was last empty
+	drained  uint64  // when the queue last became empty
+	launched bool    // work since the last draining sync
+}
+
 // gpuContext is what the meter keeps of one process using a GPU.
 type gpuContext struct {
-	pid       uint32
-	cgroup    uint64
-	gpu       int
-	open      map[uint64]uint64 // stream -> busy since
-	busySince uint64            // 0 while drained
-	spans     []span            // closed busy spans, oldest first
-	launches  []uint64          // launch times in the window
-	syncs     []uint64
-	mem       int64
-	allocs    map[uint64]uint64
-	exited    bool
-	lastSeen  uint64
+	pid        uint32
+	cgroup     uint64
+	gpu        int
+	streams    map[uint64]*stream
+	nsPerBlock float64
+	nsPerGraph float64
+	learned    bool
+	held       []span // when the replay gave it the GPU, oldest first
+	launches   []uint64
+	syncs      []uint64
+	mem        int64
+	allocs     map[uint64]uint64
+	exited     bool
+}
+
+func (c *gpuContext) left() float64 {
+	var l float64
+	for _, s := range c.streams {
+		l += s.left
+	}
+	return l
+}
+
+// run gives the context dt ns of GPU time, split over its busy streams.
+func (c *gpuContext) run(t, dt uint64) {
+	busy := 0
+	for _, s := range c.streams {
+		if s.left > 0 {
+			busy++
+		}
+	}
+	share := float64(dt) / float64(busy)
+	for _, s := range c.streams {
+		if s.left > 0 {
+			s.got += min(share, s.left)
+			s.left -= share
+			if s.left <= 1 {
+				s.left = 0
+				s.drained = t + dt
+			}
+		}
+	}
+	if n := len(c.held); n > 0 && c.held[n-1].end == t {
+		c.held[n-1].end = t + dt
+	} else {
+		c.held = append(c.held, span{t, t + dt})
+	}
+}
+
+// replay is one GPU's round-robin time-slicing, re-enacted on the modeled
+// queues.
+type replay struct {
+	t        uint64
+	holder   *gpuContext
+	sliceEnd uint64
+	runlist  []*gpuContext
 }
 
 // Meter estimates GPU time per tenant from the event stream. Observe is
@@ -88,6 +161,7 @@ type Meter struct {
 
 	mu       sync.Mutex
 	ctxs     map[uint32]*gpuContext
+	gpus     map[int]*replay
 	longRun  map[TenantKey]float64
 	lastTick uint64
 }
@@ -100,57 +174,152 @@ func New(cfg Config) *Meter {
 	if cfg.HalfLife <= 0 {
 		cfg.HalfLife = 30 * time.Second
 	}
+	if cfg.Timeslice <= 0 {
+		cfg.Timeslice = 2 * time.Millisecond
+	}
 	if cfg.Now == nil {
 		cfg.Now = MonotonicNow
 	}
-	return &Meter{cfg: cfg, ctxs: map[uint32]*gpuContext{}, longRun: map[TenantKey]float64{}}
+	return &Meter{cfg: cfg, ctxs: map[uint32]*gpuContext{}, gpus: map[int]*replay{}, longRun: map[TenantKey]float64{}}
+}
+
+func (m *Meter) replayOf(gpu int) *replay {
+	r := m.gpus[gpu]
+	if r == nil {
+		r = &replay{}
+		m.gpus[gpu] = r
+	}
+	return r
 }
 
 func (m *Meter) context(h *ioctlspy.Header) *gpuContext {
 	c := m.ctxs[h.PID]
 	if c == nil || c.exited {
-		c = &gpuContext{pid: h.PID, open: map[uint64]uint64{}, allocs: map[uint64]uint64{}}
+		c = &gpuContext{pid: h.PID, streams: map[uint64]*stream{}, allocs: map[uint64]uint64{},
+			nsPerBlock: initialNSPerBlock, nsPerGraph: initialNSPerGraph}
 		m.ctxs[h.PID] = c
+		r := m.replayOf(0)
+		r.runlist = append(r.runlist, c)
 	}
 	c.cgroup = h.CgroupID // processes move between cgroups
-	c.lastSeen = max(c.lastSeen, h.End)
 	return c
 }
 
-func (c *gpuContext) openStream(stream, t uint64) {
-	if _, ok := c.open[stream]; ok {
+// moveGPU puts a context on another GPU's runlist.
+func (m *Meter) moveGPU(c *gpuContext, gpu int) {
+	if c.gpu == gpu {
 		return
 	}
-	if len(c.open) == 0 {
-		c.busySince = t
-	}
-	c.open[stream] = t
+	old := m.replayOf(c.gpu)
+	old.remove(c)
+	c.gpu = gpu
+	r := m.replayOf(gpu)
+	r.runlist = append(r.runlist, c)
 }
 
-func (c *gpuContext) closeStream(stream, t uint64) {
-	since, ok := c.open[stream]
-	if !ok || since > t {
-		return
+func (r *replay) remove(c *gpuContext) {
+	for i, x := range r.runlist {
+		if x == c {
+			r.runlist = append(r.runlist[:i], r.runlist[i+1:]...)
+			break
+		}
 	}
-	delete(c.open, stream)
-	if len(c.open) == 0 {
-		c.closeSpan(t)
+	if r.holder == c {
+		r.holder = nil
 	}
 }
 
-func (c *gpuContext) closeAll(t uint64) {
-	if len(c.open) == 0 {
-		return
+// next returns the first context with work after `after` in runlist order.
+func (r *replay) next(after *gpuContext) *gpuContext {
+	start := 0
+	for i, c := range r.runlist {
+		if c == after {
+			start = i + 1
+			break
+		}
 	}
-	clear(c.open)
-	c.closeSpan(t)
+	for i := range r.runlist {
+		if c := r.runlist[(start+i)%len(r.runlist)]; c.left() > 0 && c != after {
+			return c
+		}
+	}
+	if after != nil && after.left() > 0 {
+		return after
+	}
+	return nil
 }
 
-func (c *gpuContext) closeSpan(t uint64) {
-	if t > c.busySince {
-		c.spans = append(c.spans, span{c.busySince, t})
+// advance re-enacts the GPU from r.t to `to`.
+func (r *replay) advance(to uint64, slice uint64) {
+	for r.t < to {
+		if r.holder == nil || r.holder.left() <= 0 {
+			r.holder = r.next(r.holder)
+			if r.holder == nil {
+				r.t = to
+				return
+			}
+			r.sliceEnd = r.t + slice
+		}
+		others := r.next(r.holder) != r.holder
+		if others && r.t >= r.sliceEnd {
+			r.holder = r.next(r.holder)
+			r.sliceEnd = r.t + slice
+		} else if r.t >= r.sliceEnd {
+			r.sliceEnd = r.t + slice
+		}
+		end := min(to, r.t+uint64(math.Ceil(r.holder.left())))
+		if others {
+			end = min(end, r.sliceEnd)
+		}
+		if end <= r.t {
+			end = r.t + 1
+		}
+		r.holder.run(r.t, end-r.t)
+		r.t = end
 	}
-	c.busySince = 0
+}
+
+// settle advances every GPU's replay to t.
+func (m *Meter) settle(t uint64) {
+	for _, r := range m.gpus {
+		if r.t == 0 {
+			r.t = t
+		}
+		r.advance(t, uint64(m.cfg.Timeslice))
+	}
+}
+
+// at clamps an event time to the replay's present: events that arrive
+// late are applied now.
+func (m *Meter) at(c *gpuContext, t uint64) uint64 {
+	r := m.replayOf(c.gpu)
+	if r.t == 0 {
+		r.t = t
+	}
+	if t > r.t {
+		m.settle(t)
+	}
+	return max(t, r.t)
+}
+
+func (c *gpuContext) stream(h uint64) *stream {
+	s := c.streams[h]
+	if s == nil {
+		s = &stream{}
+		c.streams[h] = s
+	}
+	return s
+}
+
+func (m *Meter) enqueue(c *gpuContext, streamID uint64, t uint64, work float64) {
+	m.at(c, t)
+	s := c.stream(streamID)
+	if s.left <= 0 {
+		s.got = 0
+	}
+	s.left += work
+	s.launched = true
+	c.launches = append(c.launches, t)
 }
 
 // nouveauStream keys a context's kernel-submitted work apart from streams.
@@ -164,21 +333,20 @@ func (m *Meter) Observe(ev ioctlspy.Event) {
 	switch e := ev.(type) {
 	case *ioctlspy.Launch:
 		c := m.context(h)
-		c.openStream(e.Stream, h.Start)
-		c.launches = append(c.launches, h.Start)
+		m.enqueue(c, e.Stream, h.Start, float64(e.Blocks())*c.nsPerBlock)
 	case *ioctlspy.GraphLaunch:
 		c := m.context(h)
-		c.openStream(e.Stream, h.Start)
-		c.launches = append(c.launches, h.Start)
+		m.enqueue(c, e.Stream, h.Start, c.nsPerGraph)
 	case *ioctlspy.Submission:
 		c := m.context(h)
-		c.openStream(nouveauStream, h.Start)
-		c.launches = append(c.launches, h.Start)
+		m.enqueue(c, nouveauStream, h.Start, c.nsPerBlock)
 	case *ioctlspy.Sync:
-		m.sync(h, e)
+		if e.Ret == 0 {
+			m.sync(h, e)
+		}
 	case *ioctlspy.ContextCreated:
 		if e.Ret == 0 {
-			m.context(h).gpu = int(e.Device)
+			m.moveGPU(m.context(h), int(e.Device))
 		}
 	case *ioctlspy.MemAlloc:
 		if e.Ret == 0 {
@@ -194,96 +362,115 @@ func (m *Meter) Observe(ev ioctlspy.Event) {
 		}
 	case *ioctlspy.ProcessExit:
 		if c := m.ctxs[h.PID]; c != nil {
-			c.closeAll(h.End)
+			m.at(c, h.End)
+			clear(c.streams) // the driver drops a dead process's work
 			c.exited = true
-			c.mem = 0 // the driver frees a process's memory at exit
+			c.mem = 0
 			clear(c.allocs)
 		}
 	}
 }
 
+// sync applies what a returning sync proves: the synced streams drained
+// when it returned. The difference between the replay and that fact
+// corrects the context's learned costs.
 func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
-	if e.Ret != 0 {
-		return
-	}
 	c := m.context(h)
+	now := m.at(c, h.End)
 	c.syncs = append(c.syncs, h.End)
+	var ids []uint64
 	switch e.Func {
 	case "cuStreamSynchronize":
-		c.closeStream(e.Handle, h.End)
+		ids = []uint64{e.Handle}
 	case "cuCtxSynchronize":
-		c.closeAll(h.End)
+		for id := range c.streams {
+			ids = append(ids, id)
+		}
 	case "cuEventSynchronize":
-		// Which work an event covers is not seen: the context had work
-		// until the sync returned, and may still have.
+		return // which work an event covers is not seen
 	default: // nouveau and DRM waits
-		c.closeStream(nouveauStream, h.End)
+		ids = []uint64{nouveauStream}
 	}
+	var left, got, early float64
+	waited := h.DurationNS >= uint64(realWait)
+	any := false
+	for _, id := range ids {
+		s := c.streams[id]
+		if s == nil || !s.launched {
+			continue
+		}
+		any = true
+		left += s.left
+		got += s.got
+		if s.left <= 0 && waited && s.drained+uint64(realWait) < now {
+			// Drained too early in the replay: the GPU still worked on it
+			// until the sync returned, at the holder's rate at best.
+			early = max(early, float64(now-max(s.drained, h.Start)))
+		}
+		s.left, s.got, s.launched = 0, 0, false
+		s.drained = now
+	}
+	if !any || got <= 0 {
+		return
+	}
+	factor := 1.0
+	switch {
+	case left > 0:
+		factor = got / (got + left)
+	case early > 0:
+		factor = min((got+early/float64(max(1, m.busyContexts(c.gpu))))/got, maxStep)
+	}
+	if !c.learned {
+		c.learned = true
+	} else {
+		factor = math.Pow(factor, learnRate)
+	}
+	c.nsPerBlock *= factor
+	c.nsPerGraph *= factor
 }
 
-// share splits [from, to) of each GPU among its busy contexts equally
-// (processor sharing) and returns GPU ns per context and busy ns per GPU.
-func (m *Meter) share(from, to uint64) (map[*gpuContext]float64, map[int]float64) {
-	type edge struct {
-		t     uint64
-		delta int
-		c     *gpuContext
-	}
-	byGPU := map[int][]edge{}
-	for _, c := range m.ctxs {
-		add := func(s, e uint64) {
-			s, e = max(s, from), min(e, to)
-			if e > s {
-				byGPU[c.gpu] = append(byGPU[c.gpu], edge{s, 1, c}, edge{e, -1, c})
-			}
-		}
-		for _, sp := range c.spans {
-			add(sp.start, sp.end)
-		}
-		if c.busySince != 0 {
-			add(c.busySince, to)
+func (m *Meter) busyContexts(gpu int) int {
+	n := 0
+	for _, c := range m.replayOf(gpu).runlist {
+		if c.left() > 0 {
+			n++
 		}
 	}
-	got := map[*gpuContext]float64{}
-	busy := map[int]float64{}
-	for gpu, edges := range byGPU {
-		sort.Slice(edges, func(i, j int) bool {
-			if edges[i].t != edges[j].t {
-				return edges[i].t < edges[j].t
-			}
-			return edges[i].delta < edges[j].delta
-		})
-		active := map[*gpuContext]int{}
-		last := edges[0].t
-		for _, e := range edges {
-			if dt := float64(e.t - last); dt > 0 && len(active) > 0 {
-				busy[gpu] += dt
-				for c := range active {
-					got[c] += dt / float64(len(active))
-				}
-			}
-			last = e.t
-			active[e.c] += e.delta
-			if active[e.c] == 0 {
-				delete(active, e.c)
-			}
-		}
-	}
-	return got, busy
+	return n + 1
 }
 
-// Tick advances the long-run shares to now and forgets what fell out of the
-// window. The daemon calls it every control period.
+// horizon is the latest time the replay settles: the clock less the lag.
+func (m *Meter) horizon() uint64 {
+	now := m.cfg.Now()
+	if lag := uint64(m.cfg.Lag); now > lag {
+		return now - lag
+	}
+	return now
+}
+
+// heldIn sums the context's held time within [from, to).
+func (c *gpuContext) heldIn(from, to uint64) float64 {
+	var ns float64
+	for _, sp := range c.held {
+		if s, e := max(sp.start, from), min(sp.end, to); e > s {
+			ns += float64(e - s)
+		}
+	}
+	return ns
+}
+
+// Tick settles the replay, advances the long-run shares and forgets what
+// fell out of the window. The daemon calls it every control period.
 func (m *Meter) Tick() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	now := m.cfg.Now()
+	now := m.horizon()
+	m.settle(now)
 	if m.lastTick != 0 && now > m.lastTick {
 		dt := now - m.lastTick
-		got, _ := m.share(m.lastTick, now)
 		perTenant := map[TenantKey]float64{}
-		for c, ns := range got {
-			perTenant[TenantKey{c.cgroup, c.gpu}] += ns / float64(dt)
+		for _, c := range m.ctxs {
+			perTenant[TenantKey{c.cgroup, c.gpu}] += c.heldIn(m.lastTick, now) / float64(dt)
 		}
 		decay := math.Exp2(-float64(dt) / float64(m.cfg.HalfLife))
 		for k, v := range m.longRun {
@@ -302,7 +489,7 @@ func (m *Meter) Tick() {
 	m.prune(now)
 }
 
-// prune drops spans and samples older than the window and contexts of
+// prune drops held spans and samples older than the window and contexts of
 // exited processes with nothing left in it.
 func (m *Meter) prune(now uint64) {
 	w := uint64(m.cfg.Window)
@@ -312,14 +499,15 @@ func (m *Meter) prune(now uint64) {
 	cut := now - w
 	for pid, c := range m.ctxs {
 		i := 0
-		for i < len(c.spans) && c.spans[i].end < cut {
+		for i < len(c.held) && c.held[i].end < cut {
 			i++
 		}
-		c.spans = c.spans[i:]
+		c.held = c.held[i:]
 		c.launches = dropBefore(c.launches, cut)
 		c.syncs = dropBefore(c.syncs, cut)
-		if c.exited && len(c.spans) == 0 && len(c.launches) == 0 && len(c.syncs) == 0 {
+		if c.exited && len(c.held) == 0 && len(c.launches) == 0 && len(c.syncs) == 0 {
 			delete(m.ctxs, pid)
+			m.replayOf(c.gpu).remove(c)
 		}
 	}
 }
@@ -329,38 +517,37 @@ func dropBefore(ts []uint64, cut uint64) []uint64 {
 	return ts[i:]
 }
 
-// Snapshot returns the figures of the window ending now.
+// Snapshot returns the figures of the window ending at the settled present.
 func (m *Meter) Snapshot() Snapshot {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	now := m.cfg.Now()
+	now := m.horizon()
+	m.settle(now)
 	w := uint64(m.cfg.Window)
 	from := uint64(0)
 	if now > w {
 		from = now - w
 	}
-	got, busy := m.share(from, now)
 	tenants := map[TenantKey]*TenantStats{}
-	tenant := func(c *gpuContext) *TenantStats {
+	busy := map[int]float64{}
+	secs := float64(w) / 1e9
+	for _, c := range m.ctxs {
 		k := TenantKey{c.cgroup, c.gpu}
 		t := tenants[k]
 		if t == nil {
 			t = &TenantStats{CgroupID: c.cgroup, GPU: c.gpu, LongRunShare: m.longRun[k]}
 			tenants[k] = t
 		}
-		return t
-	}
-	secs := float64(w) / 1e9
-	for _, c := range m.ctxs {
-		t := tenant(c)
-		t.GPUNS += uint64(got[c])
+		held := c.heldIn(from, now)
+		busy[c.gpu] += held
+		t.GPUNS += uint64(held)
 		t.LaunchesPerS += float64(len(dropBefore(c.launches, from))) / secs
 		t.SyncsPerS += float64(len(dropBefore(c.syncs, from))) / secs
 		t.MemBytes += c.mem
 		if !c.exited {
 			t.Processes++
 		}
-		t.Busy = t.Busy || c.busySince != 0
+		t.Busy = t.Busy || c.left() > 0
 	}
 	snap := Snapshot{AtNS: now, WindowNS: w, Tenants: []TenantStats{}, GPUs: []GPUStats{}}
 	perGPU := map[int]int{}
