@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# gpuarb demo on the simulated GPU: starts fakegpud, two tenants in their
-# own cgroups (a training job of 4 processes and an inference service),
-# traces their GPU work with gpuarb's eBPF probes and compares the GPU time
-# the kernel-side counters attribute with the simulator's ground truth.
-# Everything it starts is stopped on exit, Ctrl-C included.
+# gpuarb demo on the simulated GPU: starts fakegpud, the gpuarb daemon
+# (observe-only) and two tenants in their own cgroups (a training job of 4
+# processes and an inference service), shows `gpuarb top` live, a few traced
+# events, and compares the daemon's estimate with the simulator's ground
+# truth. Everything it starts is stopped on exit, Ctrl-C included.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "demo: run as root (eBPF, cgroups, device nodes)" >&2; exit 1; }
@@ -17,8 +17,10 @@ pids=()
 
 cleanup() {
 	# Tenants first, the simulated GPU last: newest first.
-	for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill "${pids[i]}" 2>/dev/null || true; done
-	wait 2>/dev/null || true
+	for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+		kill "${pids[i]}" 2>/dev/null || true
+		wait "${pids[i]}" 2>/dev/null || true
+	done
 	for cg in train infer; do rmdir "$DEMO_CG/$cg" 2>/dev/null || true; done
 	rmdir "$DEMO_CG" 2>/dev/null || true
 	rm -rf "$RUN"
@@ -36,21 +38,34 @@ echo "== starting the simulated GPU (fakegpud) on $FAKEGPU_SOCKET"
 "$BIN/fakegpud" serve --socket "$FAKEGPU_SOCKET" & pids+=($!)
 for _ in $(seq 50); do [ -S "$FAKEGPU_SOCKET" ] && break; sleep 0.1; done
 
+API=$RUN/gpuarb.sock
+echo "== starting the gpuarb daemon (probes pinned under /sys/fs/bpf/gpuarb-demo)"
+"$BIN/gpuarb" daemon --socket "$API" --pin-path /sys/fs/bpf/gpuarb-demo --no-host-devices \
+	--device 1:7=nvidia --libcuda "$BIN/libcuda.so.1" 2> "$RUN/daemon.log" & pids+=($!)
+for _ in $(seq 100); do "$BIN/gpuarb" status --socket "$API" >/dev/null 2>&1 && break; sleep 0.1; done
+
 echo "== tenants: train (4 processes of 20 ms kernels) and infer (100 requests/s)"
-for _ in 1 2 3 4; do in_cgroup train "$BIN/gpuwork" hog --duration 12 >/dev/null; done
-in_cgroup infer "$BIN/gpuwork" infer --rate 100 --duration 12 --interval 2 > "$RUN/infer.log"
+for _ in 1 2 3 4; do in_cgroup train "$BIN/gpuwork" hog --duration 14 >/dev/null; done
+in_cgroup infer "$BIN/gpuwork" infer --rate 100 --duration 14 --interval 2 > "$RUN/infer.log"
 
-echo "== gpuarb trace: the first decoded events (ioctls and libcuda calls)"
-"$BIN/gpuarb" trace --no-host-devices --device 1:7=nvidia --libcuda "$BIN/libcuda.so.1" --duration 8s > "$RUN/trace.log" 2> "$RUN/trace.err" &
-trace=$!; pids+=($trace)
-sleep 8.5
-grep -v ' launch ' "$RUN/trace.log" | head -12 || true
-echo "   ... $(grep -c ' launch ' "$RUN/trace.log" || true) launches traced; $(tail -1 "$RUN/trace.err")"
+echo "== gpuarb trace: a few decoded events (ioctls and libcuda calls)"
+"$BIN/gpuarb" trace --no-host-devices --device 1:7=nvidia --libcuda "$BIN/libcuda.so.1" --duration 2s > "$RUN/trace.log" 2> "$RUN/trace.err" || true
+grep -v ' launch ' "$RUN/trace.log" | head -6 || true
+echo "   ... $(grep -c ' launch ' "$RUN/trace.log" || true) launches traced in 2 s; $(tail -1 "$RUN/trace.err")"
 
+for i in 1 2 3 4; do
+	echo
+	"$BIN/gpuarb" top --once --socket "$API"
+	sleep 2
+done
+"$BIN/fakegpud" stats --socket "$FAKEGPU_SOCKET" --reset >/dev/null
+sleep 1
 echo
-echo "== ground truth from the simulator (fakegpud stats): time-slicing is fair per"
-echo "   context, so the 4-process tenant takes ~4/5 of the GPU - what gpuarb exists to fix"
+echo "== the daemon's estimate (eBPF only) against the simulator's ground truth, last second:"
+"$BIN/gpuarb" status --socket "$API"
 "$BIN/fakegpud" stats --socket "$FAKEGPU_SOCKET"
+echo "   Time-slicing is fair per context, so the 4-process tenant takes ~4/5 of the"
+echo "   GPU: the unfairness gpuarb's arbiter (coming next) exists to remove."
 echo
 echo "== inference latency beside the training job (gpuwork infer, per 2 s):"
 cat "$RUN/infer.log"
