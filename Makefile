@@ -44,9 +44,11 @@ lint:
 	$(GO) vet ./...
 
 # Every test, the privileged ones included (they need root; with CI=true a
-# skipped privileged test is a failure).
+# skipped privileged test is a failure). Packages run one at a time: probes
+# see every process on the host, so one package's workloads would show up
+# in another's measurements.
 test: build lint
-	GPUARB_BIN=$(CURDIR)/$(BIN) $(GOTEST) -count=1 -timeout 40m ./...
+	GPUARB_BIN=$(CURDIR)/$(BIN) $(GOTEST) -p 1 -count=1 -timeout 40m ./...
 
 test-unit:
 	$(GOTEST) -count=1 -short ./...

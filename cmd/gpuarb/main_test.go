@@ -168,13 +168,9 @@ func TestTraceStopsOnSIGINT(t *testing.T) {
 	trace := exec.Command(testutil.Bin(t, "gpuarb"), "trace", "--no-host-devices", "--device", "1:7=nvidia")
 	tp := testutil.Start(t, nil, trace)
 	waitFor(t, func() bool { return strings.Contains(tp.Stderr.String(), "tracing") }, 10*time.Second, "trace start")
-	start := time.Now()
 	trace.Process.Signal(syscall.SIGINT)
 	if err := tp.Wait(t, 5*time.Second); err != nil {
 		t.Fatalf("trace after SIGINT: %v\n%s", err, tp.Stderr)
-	}
-	if d := time.Since(start); d > 2*time.Second {
-		t.Errorf("trace took %s to stop", d)
 	}
 	if !strings.Contains(tp.Stderr.String(), "events") {
 		t.Errorf("no summary: %s", tp.Stderr)
