@@ -123,6 +123,11 @@ func (s *Server) Serve() error {
 			return fmt.Errorf("accept: %w", err)
 		}
 		s.mu.Lock()
+		if s.closed { // accepted while Close ran: it would not be closed
+			s.mu.Unlock()
+			c.Close()
+			return nil
+		}
 		s.conns[c] = struct{}{}
 		s.wg.Add(1)
 		s.mu.Unlock()
