@@ -30,6 +30,7 @@ type Tenant struct {
 	LaunchesPerS float64 `json:"launches_per_s"`
 	SyncsPerS    float64 `json:"syncs_per_s"`
 	MemBytes     int64   `json:"mem_bytes"`
+	QueueNS      uint64  `json:"queue_ns"` // estimated time with work queued behind others, in the window
 	Processes    int     `json:"processes"`
 	State        string  `json:"state"` // running (has GPU work) | idle
 }

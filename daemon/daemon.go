@@ -264,7 +264,7 @@ func (d *Daemon) Status() api.Status {
 		st.Tenants = append(st.Tenants, api.Tenant{
 			Name: TenantName(path), Cgroup: path, CgroupID: t.CgroupID, GPU: t.GPU, Share: t.Share,
 			GPUNS: t.GPUNS, LongRunShare: t.LongRunShare, LaunchesPerS: t.LaunchesPerS, SyncsPerS: t.SyncsPerS,
-			MemBytes: t.MemBytes, Processes: t.Processes, State: state,
+			MemBytes: t.MemBytes, QueueNS: t.QueueNS, Processes: t.Processes, State: state,
 		})
 	}
 	sort.SliceStable(st.Tenants, func(i, j int) bool { return st.Tenants[i].Share > st.Tenants[j].Share })

@@ -44,7 +44,7 @@ func TestStatusAndTop(t *testing.T) {
 			continue
 		}
 		found = true
-		for _, k := range []string{"name", "cgroup", "cgroup_id", "gpu", "share", "gpu_ns", "launches_per_s", "mem_bytes"} {
+		for _, k := range []string{"name", "cgroup", "cgroup_id", "gpu", "share", "gpu_ns", "launches_per_s", "mem_bytes", "queue_ns"} {
 			if _, ok := ten[k]; !ok {
 				t.Errorf("tenant lacks %q: %v", k, ten)
 			}

@@ -51,6 +51,7 @@ type TenantStats struct {
 	LaunchesPerS float64 `json:"launches_per_s"`
 	SyncsPerS    float64 `json:"syncs_per_s"`
 	MemBytes     int64   `json:"mem_bytes"` // allocated minus freed
+	QueueNS      uint64  `json:"queue_ns"`  // time with work queued while others held the GPU, in the window
 	Processes    int     `json:"processes"`
 	Busy         bool    `json:"busy"` // has outstanding work now
 }
@@ -104,6 +105,7 @@ type gpuContext struct {
 	nsPerGraph float64
 	learned    bool
 	held       []span // when the replay gave it the GPU, oldest first
+	waited     []span // when it had work but another context held the GPU
 	launches   []uint64
 	syncs      []uint64
 	mem        int64
@@ -138,11 +140,16 @@ func (c *gpuContext) run(t, dt uint64) {
 			}
 		}
 	}
-	if n := len(c.held); n > 0 && c.held[n-1].end == t {
-		c.held[n-1].end = t + dt
-	} else {
-		c.held = append(c.held, span{t, t + dt})
+	c.held = appendSpan(c.held, t, t+dt)
+}
+
+// appendSpan adds [s, e) to spans, merging with the last one when they touch.
+func appendSpan(spans []span, s, e uint64) []span {
+	if n := len(spans); n > 0 && spans[n-1].end == s {
+		spans[n-1].end = e
+		return spans
 	}
+	return append(spans, span{s, e})
 }
 
 // replay is one GPU's round-robin time-slicing, re-enacted on the modeled
@@ -273,6 +280,13 @@ func (r *replay) advance(to uint64, slice uint64) {
 		}
 		if end <= r.t {
 			end = r.t + 1
+		}
+		if others {
+			for _, c := range r.runlist {
+				if c != r.holder && c.left() > 0 {
+					c.waited = appendSpan(c.waited, r.t, end)
+				}
+			}
 		}
 		r.holder.run(r.t, end-r.t)
 		r.t = end
@@ -449,9 +463,12 @@ func (m *Meter) horizon() uint64 {
 }
 
 // heldIn sums the context's held time within [from, to).
-func (c *gpuContext) heldIn(from, to uint64) float64 {
+func (c *gpuContext) heldIn(from, to uint64) float64 { return sumIn(c.held, from, to) }
+
+// sumIn sums the parts of spans within [from, to).
+func sumIn(spans []span, from, to uint64) float64 {
 	var ns float64
-	for _, sp := range c.held {
+	for _, sp := range spans {
 		if s, e := max(sp.start, from), min(sp.end, to); e > s {
 			ns += float64(e - s)
 		}
@@ -503,6 +520,11 @@ func (m *Meter) prune(now uint64) {
 			i++
 		}
 		c.held = c.held[i:]
+		j := 0
+		for j < len(c.waited) && c.waited[j].end < cut {
+			j++
+		}
+		c.waited = c.waited[j:]
 		c.launches = dropBefore(c.launches, cut)
 		c.syncs = dropBefore(c.syncs, cut)
 		if c.exited && len(c.held) == 0 && len(c.launches) == 0 && len(c.syncs) == 0 {
@@ -544,6 +566,7 @@ func (m *Meter) Snapshot() Snapshot {
 		t.LaunchesPerS += float64(len(dropBefore(c.launches, from))) / secs
 		t.SyncsPerS += float64(len(dropBefore(c.syncs, from))) / secs
 		t.MemBytes += c.mem
+		t.QueueNS += uint64(sumIn(c.waited, from, now))
 		if !c.exited {
 			t.Processes++
 		}

@@ -103,6 +103,21 @@ func TestProcessorSharing(t *testing.T) {
 	}
 }
 
+func TestQueueing(t *testing.T) {
+	base := 10 * 1000 * ms
+	clk := &clock{t: base + 1000*ms}
+	m := New(Config{Now: clk.now})
+	m.Observe(launch(1, 100, base, 7))
+	m.Observe(launch(2, 200, base+500*ms, 9))
+	got := byCgroup(m.Snapshot())
+	// From 0.5 s both are backlogged: each waits half of the remaining 0.5 s.
+	for _, cg := range []uint64{100, 200} {
+		if q := float64(got[cg].QueueNS) / 1e9; math.Abs(q-0.25) > 0.005 {
+			t.Errorf("cgroup %d queued %.3f s, want 0.25", cg, q)
+		}
+	}
+}
+
 func TestRatesMemoryAndExit(t *testing.T) {
 	clk := &clock{t: 5000 * ms}
 	m := New(Config{Now: clk.now})
