@@ -33,6 +33,9 @@ type Tenant struct {
 	QueueNS      uint64  `json:"queue_ns"` // estimated time with work queued behind others, in the window
 	Processes    int     `json:"processes"`
 	State        string  `json:"state"` // running (has GPU work) | idle
+	// ExactShare is the share an exact source (Status.ExactSource)
+	// measured over its last interval, where the host has one.
+	ExactShare *float64 `json:"exact_share,omitempty"`
 }
 
 // GPU is one GPU's figures.
@@ -58,6 +61,8 @@ type Status struct {
 	Tenants  []Tenant `json:"tenants"`
 	GPUs     []GPU    `json:"gpus"`
 	Probes   Probes   `json:"probes"`
+	// ExactSource names the exact per-process source in use, if any.
+	ExactSource string `json:"exact_source,omitempty"`
 }
 
 // ErrNoDaemon is returned when nothing serves the socket.

@@ -23,6 +23,7 @@ import (
 	"github.com/gpuarb/gpuarb/api"
 	"github.com/gpuarb/gpuarb/bpf"
 	"github.com/gpuarb/gpuarb/cgroup"
+	"github.com/gpuarb/gpuarb/exact"
 	"github.com/gpuarb/gpuarb/ioctlspy"
 	"github.com/gpuarb/gpuarb/meter"
 )
@@ -37,6 +38,9 @@ type Config struct {
 	Period   time.Duration // control period: meter ticks (default 100ms)
 	Version  string
 	Log      *slog.Logger
+	// Exact is an exact per-process GPU time source to report beside the
+	// estimate; nil picks DRM fdinfo when a DRM client exists at start.
+	Exact exact.Source
 }
 
 // ErrAlreadyRunning is returned when another daemon holds the lock.
@@ -55,6 +59,11 @@ type Daemon struct {
 	listener net.Listener
 	events   uint64
 	mu       sync.Mutex
+
+	// exact figures, under mu
+	exactPrev   exact.Sample
+	exactAt     time.Time
+	exactShares map[string]float64
 }
 
 func (c *Config) setDefaults() {
@@ -117,6 +126,14 @@ func Start(cfg Config) (_ *Daemon, err error) {
 		return nil, err
 	}
 	d.attachLibcudas()
+	if cfg.Exact == nil {
+		if src := (exact.DRMFdinfo{}); src.Available() {
+			d.cfg.Exact = src
+		}
+	}
+	if d.cfg.Exact != nil {
+		d.log.Info("exact GPU time source", "source", d.cfg.Exact.Name())
+	}
 	if d.spy, err = ioctlspy.NewSpy(d.probes); err != nil {
 		return nil, err
 	}
@@ -201,6 +218,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}()
 	tick := time.NewTicker(d.cfg.Period)
 	defer tick.Stop()
+	d.sampleExact()
+	exactTick := time.NewTicker(d.cfg.Window)
+	defer exactTick.Stop()
 	var runErr error
 loop:
 	for {
@@ -209,6 +229,8 @@ loop:
 			break loop
 		case <-tick.C:
 			d.meter.Tick()
+		case <-exactTick.C:
+			d.sampleExact()
 		case err := <-errs:
 			runErr = err
 			break loop
@@ -216,6 +238,29 @@ loop:
 	}
 	cancel()
 	return errors.Join(runErr, d.Stop())
+}
+
+// sampleExact reads the exact source and turns the interval since the last
+// sample into shares per cgroup path.
+func (d *Daemon) sampleExact() {
+	if d.cfg.Exact == nil {
+		return
+	}
+	cur, err := d.cfg.Exact.Sample()
+	if err != nil {
+		d.log.Warn("exact source", "source", d.cfg.Exact.Name(), "err", err)
+		return
+	}
+	now := time.Now()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.exactPrev != nil {
+		d.exactShares = exact.Shares(d.exactPrev, cur, uint64(now.Sub(d.exactAt)), func(pid uint32) string {
+			p, _ := cgroup.ProcessPath(int(pid))
+			return p
+		})
+	}
+	d.exactPrev, d.exactAt = cur, now
 }
 
 // Stop shuts the API down, detaches the probes, removes the pins, the
@@ -280,6 +325,14 @@ func (d *Daemon) Status() api.Status {
 	}
 	d.mu.Lock()
 	st.Probes.Events = d.events
+	if d.cfg.Exact != nil {
+		st.ExactSource = d.cfg.Exact.Name()
+		for i := range st.Tenants {
+			if v, ok := d.exactShares[st.Tenants[i].Cgroup]; ok {
+				st.Tenants[i].ExactShare = &v
+			}
+		}
+	}
 	d.mu.Unlock()
 	st.Probes.PinPath = d.cfg.PinPath
 	return st

@@ -12,7 +12,11 @@ import (
 
 	"github.com/gpuarb/gpuarb/api"
 	"github.com/gpuarb/gpuarb/bpf"
+	"github.com/gpuarb/gpuarb/cgroup"
+	"github.com/gpuarb/gpuarb/exact"
 	"github.com/gpuarb/gpuarb/internal/testutil"
+	"github.com/gpuarb/gpuarb/ioctlspy"
+	"github.com/gpuarb/gpuarb/meter"
 )
 
 func TestTenantName(t *testing.T) {
@@ -92,5 +96,63 @@ func TestLifecycle(t *testing.T) {
 	}
 	if err := d2.Stop(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// fakeSource reports the test process as having used 0.4 s of GPU time per
+// sample: an exact source as DRM fdinfo or NVML would.
+type fakeSource struct{ busy uint64 }
+
+func (f *fakeSource) Name() string { return "fake" }
+
+func (f *fakeSource) Sample() (exact.Sample, error) {
+	f.busy += 400_000_000
+	return exact.Sample{uint32(os.Getpid()): f.busy}, nil
+}
+
+func TestExactShareBesideTheEstimate(t *testing.T) {
+	testutil.Privileged(t)
+	dir := t.TempDir()
+	d, err := Start(Config{
+		Socket: filepath.Join(dir, "gpuarb.sock"), PinPath: filepath.Join(bpf.BPFFSPath, "gpuarb-test-"+filepath.Base(dir)),
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Exact: &fakeSource{},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Stop()
+	self, err := cgroup.ProcessPath(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := cgroup.UnifiedMount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := cgroup.ID(filepath.Join(root, self))
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := meter.MonotonicNow()
+	d.meter.Observe(&ioctlspy.Launch{Header: ioctlspy.Header{PID: uint32(os.Getpid()), CgroupID: id, Start: now, End: now},
+		Grid: [3]uint32{1, 1, 1}})
+	d.sampleExact()
+	d.exactAt = d.exactAt.Add(-time.Second) // the two samples one second apart
+	d.sampleExact()
+	st := d.Status()
+	if st.ExactSource != "fake" {
+		t.Errorf("exact source %q", st.ExactSource)
+	}
+	var found bool
+	for _, ten := range st.Tenants {
+		if ten.Cgroup == self {
+			found = true
+			if ten.ExactShare == nil || *ten.ExactShare < 0.39 || *ten.ExactShare > 0.41 {
+				t.Errorf("exact share %v, want 0.4", ten.ExactShare)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("no tenant for %s in %+v", self, st.Tenants)
 	}
 }
