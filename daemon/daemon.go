@@ -57,7 +57,6 @@ type Daemon struct {
 	resolver *cgroup.Resolver
 	server   *http.Server
 	listener net.Listener
-	events   uint64
 	mu       sync.Mutex
 
 	// exact figures, under mu
@@ -204,12 +203,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	defer cancel()
 	errs := make(chan error, 2)
 	go func() {
-		errs <- d.spy.Run(ctx, func(ev ioctlspy.Event) {
-			d.mu.Lock()
-			d.events++
-			d.mu.Unlock()
-			d.meter.Observe(ev)
-		})
+		errs <- d.spy.Run(ctx, d.meter.Observe)
 	}()
 	go func() {
 		if err := d.server.Serve(d.listener); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -320,11 +314,13 @@ func (d *Daemon) Status() api.Status {
 		st.Probes.Libcudas = d.probes.Libcudas()
 		st.Probes.LostEvents, _ = d.probes.Lost()
 	}
+	if d.spy != nil {
+		st.Probes.Events, _ = d.spy.Counts()
+	}
 	for _, dev := range d.cfg.Devices {
 		st.Probes.Devices = append(st.Probes.Devices, dev.String())
 	}
 	d.mu.Lock()
-	st.Probes.Events = d.events
 	if d.cfg.Exact != nil {
 		st.ExactSource = d.cfg.Exact.Name()
 		for i := range st.Tenants {
