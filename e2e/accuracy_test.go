@@ -41,36 +41,30 @@ type tenantSpec struct {
 type scenario struct {
 	name    string
 	tenants []tenantSpec
-	// gap marks a scenario where the estimator does not meet the 3 pp bar
-	// yet (issue 4 is open): its figures are logged, and only the
-	// attribution bound is asserted.
-	gap string
 }
 
 func hog(extra ...string) []string { return append([]string{"hog"}, extra...) }
 
 var scenarios = []scenario{
-	{"hog vs hog", []tenantSpec{{name: "a", work: [][]string{hog()}}, {name: "b", work: [][]string{hog()}}}, ""},
-	{"hog vs infer", []tenantSpec{{name: "hog", work: [][]string{hog()}}, {name: "infer", work: [][]string{{"infer", "--rate", "200"}}}},
-		"cost learning from sync timing is noisy for short bursts (measured 4.4 pp)"},
-	{"storm vs hog", []tenantSpec{{name: "storm", work: [][]string{{"storm", "--rate", "10000"}}}, {name: "hog", work: [][]string{hog()}}},
-		"tiny work outstanding between rare syncs keeps its round-robin share (measured 38.6 pp)"},
-	{"frames vs hog", []tenantSpec{{name: "frames", work: [][]string{{"frames", "--fps", "30"}}}, {name: "hog", work: [][]string{hog()}}}, ""},
-	{"graph vs hog", []tenantSpec{{name: "graph", work: [][]string{{"graph"}}}, {name: "hog", work: [][]string{hog()}}}, ""},
-	{"fork vs hog", []tenantSpec{{name: "fork", work: [][]string{{"fork", "--children", "3"}}}, {name: "hog", work: [][]string{hog()}}}, ""},
+	{"hog vs hog", []tenantSpec{{name: "a", work: [][]string{hog()}}, {name: "b", work: [][]string{hog()}}}},
+	{"hog vs infer", []tenantSpec{{name: "hog", work: [][]string{hog()}}, {name: "infer", work: [][]string{{"infer", "--rate", "200"}}}}},
+	{"storm vs hog", []tenantSpec{{name: "storm", work: [][]string{{"storm", "--rate", "10000"}}}, {name: "hog", work: [][]string{hog()}}}},
+	{"frames vs hog", []tenantSpec{{name: "frames", work: [][]string{{"frames", "--fps", "30"}}}, {name: "hog", work: [][]string{hog()}}}},
+	{"graph vs hog", []tenantSpec{{name: "graph", work: [][]string{{"graph"}}}, {name: "hog", work: [][]string{hog()}}}},
+	{"fork vs hog", []tenantSpec{{name: "fork", work: [][]string{{"fork", "--children", "3"}}}, {name: "hog", work: [][]string{hog()}}}},
 	{"four mixed tenants", []tenantSpec{
 		{name: "hog", work: [][]string{hog()}}, {name: "infer", work: [][]string{{"infer", "--rate", "100"}}},
 		{name: "frames", work: [][]string{{"frames", "--fps", "30"}}}, {name: "graph", work: [][]string{{"graph"}}},
-	}, "the infer tenant is underestimated (measured 7.2 pp)"},
+	}},
 	{"arriving and leaving", []tenantSpec{
 		{name: "stay", work: [][]string{hog()}},
 		{name: "visit", work: [][]string{hog()}, start: 2 * time.Second, stop: 4 * time.Second},
-	}, ""},
+	}},
 }
 
 const (
 	warmUp  = 1500 * time.Millisecond
-	windows = 5
+	windows = 8
 )
 
 // windowResult is one 1 s window: estimated and true share per tenant.
@@ -169,12 +163,9 @@ func TestMeterAccuracy(t *testing.T) {
 					truth = append(truth, r.truth[ten.name])
 				}
 				t.Logf("%-8s est %s  true %s  median |err| %.1f pp", ten.name, pcts(est), pcts(truth), 100*median(errs))
-				if m := median(errs); m > 0.03 && sc.gap == "" {
+				if m := median(errs); m > 0.03 {
 					t.Errorf("%s: median |estimated − true share| %.1f pp, want ≤ 3 pp", ten.name, 100*m)
 				}
-			}
-			if sc.gap != "" {
-				t.Logf("known gap, bar not asserted: %s", sc.gap)
 			}
 			for _, r := range res {
 				var sum float64

@@ -2,6 +2,7 @@ package meter
 
 import (
 	"math"
+	"sort"
 	"testing"
 	"time"
 
@@ -15,7 +16,7 @@ type clock struct{ t uint64 }
 func (c *clock) now() uint64 { return c.t }
 
 func hdr(pid uint32, cg uint64, start, end uint64) ioctlspy.Header {
-	return ioctlspy.Header{PID: pid, CgroupID: cg, Start: start, End: end}
+	return ioctlspy.Header{PID: pid, CgroupID: cg, Start: start, End: end, DurationNS: end - start}
 }
 
 func launch(pid uint32, cg, t, stream uint64) ioctlspy.Event {
@@ -168,5 +169,47 @@ func TestLongRunShare(t *testing.T) {
 	got = byCgroup(m.Snapshot())
 	if math.Abs(got[200].LongRunShare-0.25) > 0.01 || math.Abs(got[100].LongRunShare-0.75) > 0.01 {
 		t.Errorf("after a half-life: %.4f %.4f, want 0.75 0.25", got[100].LongRunShare, got[200].LongRunShare)
+	}
+}
+
+// A context of tiny kernels beside a hog: its syncs wait up to a slice of
+// the hog's, which proves no work of its own, so its estimate must stay
+// near its true 2%, not grow towards its round-robin half.
+func TestTinyWorkBesideHog(t *testing.T) {
+	us := uint64(time.Microsecond)
+	var evs []ioctlspy.Event
+	// The hog: 8 kernels of 20 ms, then a sync that returns when they ran,
+	// slowed 2% by the tiny kernels.
+	for burst := uint64(0); burst < 30; burst++ {
+		start := 1000*ms + burst*164*ms
+		for i := 0; i < 8; i++ {
+			evs = append(evs, &ioctlspy.Launch{Header: hdr(1, 100, start, start), Stream: 1, Grid: [3]uint32{20000, 1, 1}})
+		}
+		evs = append(evs, syncEv(1, 100, "cuStreamSynchronize", 1, start+10*us, start+164*ms))
+	}
+	// 1000 kernels of 1 µs per 50 ms; each sync waits for the hog's slice
+	// to end (the phase varies) and then for its own queued work.
+	for burst := uint64(0); burst < 95; burst++ {
+		start := 1000*ms + burst*50*ms
+		for i := uint64(0); i < 1000; i++ {
+			evs = append(evs, &ioctlspy.Launch{Header: hdr(2, 200, start+i*50*us, start+i*50*us), Stream: 3, Grid: [3]uint32{1, 1, 1}})
+		}
+		wait := 100*us + (burst*370*us)%(2*ms)
+		evs = append(evs, syncEv(2, 200, "cuStreamSynchronize", 3, start+50*ms, start+50*ms+wait))
+	}
+	sort.SliceStable(evs, func(i, j int) bool { return evs[i].Hdr().End < evs[j].Hdr().End })
+	clk := &clock{}
+	m := New(Config{Now: clk.now})
+	for _, ev := range evs {
+		clk.t = ev.Hdr().End
+		m.Observe(ev)
+	}
+	got := byCgroup(m.Snapshot())
+	t.Logf("shares: tiny %.4f, hog %.4f", got[200].Share, got[100].Share)
+	if s := got[200].Share; s > 0.03 {
+		t.Errorf("tiny-kernel context estimated at %.3f of the GPU, want ≤ 0.03 (true 0.02)", s)
+	}
+	if s := got[100].Share; s < 0.95 {
+		t.Errorf("hog estimated at %.3f, want ≥ 0.95 (true 0.98)", s)
 	}
 }
