@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -71,6 +72,22 @@ func ProcessPath(pid int) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("cgroup of pid %d: no cgroup v2 entry", pid)
+}
+
+// V1ProcessPath returns a process's path in the v1 hierarchy of a
+// controller ("freezer"), as in /proc/PID/cgroup.
+func V1ProcessPath(pid int, controller string) (string, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return "", fmt.Errorf("cgroup of pid %d: %w", pid, err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.SplitN(line, ":", 3)
+		if len(f) == 3 && f[0] != "0" && slices.Contains(strings.Split(f[1], ","), controller) {
+			return f[2], nil
+		}
+	}
+	return "", fmt.Errorf("cgroup of pid %d: no v1 %s hierarchy", pid, controller)
 }
 
 // Resolver maps cgroup ids to paths relative to the v2 mount, walking the

@@ -1,0 +1,248 @@
+package cgroup_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gpuarb/gpuarb/cgroup"
+	"github.com/gpuarb/gpuarb/internal/testutil"
+)
+
+// busy starts a CPU-bound shell loop in cg.
+func busy(t *testing.T, cg *testutil.Cgroup, script string) *testutil.Proc {
+	t.Helper()
+	return testutil.Start(t, cg, exec.Command("sh", "-c", script))
+}
+
+// cpuTicks reads a process's utime+stime.
+func cpuTicks(t *testing.T, pid int) uint64 {
+	t.Helper()
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+1:]))
+	u, _ := strconv.ParseUint(f[11], 10, 64)
+	s, _ := strconv.ParseUint(f[12], 10, 64)
+	return u + s
+}
+
+// runs reports whether the process used CPU during d.
+func runs(t *testing.T, pid int, d time.Duration) bool {
+	before := cpuTicks(t, pid)
+	time.Sleep(d)
+	return cpuTicks(t, pid) > before
+}
+
+func TestV2Gate(t *testing.T) {
+	cg := testutil.NewCgroup(t, "freeze")
+	p := busy(t, cg, "while :; do :; done")
+	mount, _ := cgroup.UnifiedMount()
+	g, err := cgroup.NewV2Gate(mount, cg.Rel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = g.Thaw() }) // before the process is killed
+	start := time.Now()
+	if err := g.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("freeze confirmed in %v", time.Since(start))
+	if f, _ := cgroup.V2Frozen(cg.Path); !f {
+		t.Fatal("cgroup.events does not say frozen 1")
+	}
+	if runs(t, p.Cmd.Process.Pid, 300*time.Millisecond) {
+		t.Error("a frozen process used CPU")
+	}
+	if err := g.Thaw(); err != nil {
+		t.Fatal(err)
+	}
+	if f, _ := cgroup.V2Frozen(cg.Path); f {
+		t.Error("still frozen after Thaw")
+	}
+	if !runs(t, p.Cmd.Process.Pid, 300*time.Millisecond) {
+		t.Error("a thawed process did not run")
+	}
+	if tg := g.Target(); tg.Kind != cgroup.KindV2 || tg.Path != cg.Path {
+		t.Errorf("target %+v", tg)
+	}
+}
+
+func TestV1Gate(t *testing.T) {
+	testutil.Privileged(t)
+	if !cgroup.DetectMode().V1Freezer {
+		t.Skip("no v1 freezer hierarchy on this host")
+	}
+	parent := filepath.Join(cgroup.V1FreezerMount, testutil.TestParent)
+	if err := os.MkdirAll(parent, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp(parent, "v1-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for i := 0; i < 250 && os.Remove(dir) != nil; i++ {
+			time.Sleep(20 * time.Millisecond)
+		}
+		_ = os.Remove(parent)
+	})
+	p := busy(t, nil, "while :; do :; done")
+	pid := p.Cmd.Process.Pid
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
+		t.Fatal(err)
+	}
+	g, err := cgroup.NewV1Gate(strings.TrimPrefix(dir, cgroup.V1FreezerMount))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = g.Thaw() })
+	if err := g.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := os.ReadFile(filepath.Join(dir, "freezer.state")); strings.TrimSpace(string(st)) != "FROZEN" {
+		t.Fatalf("freezer.state %q", st)
+	}
+	if runs(t, pid, 300*time.Millisecond) {
+		t.Error("a frozen process used CPU")
+	}
+	if err := g.Thaw(); err != nil {
+		t.Fatal(err)
+	}
+	if !runs(t, pid, 300*time.Millisecond) {
+		t.Error("a thawed process did not run")
+	}
+}
+
+func TestSignalGate(t *testing.T) {
+	testutil.Privileged(t)
+	// A parent loop with a child loop: both must stop.
+	p := busy(t, nil, `sh -c 'while :; do :; done' & while :; do :; done`)
+	pid := p.Cmd.Process.Pid
+	var child int
+	for i := 0; i < 100 && child == 0; i++ {
+		data, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/task/" + strconv.Itoa(pid) + "/children")
+		if f := strings.Fields(string(data)); len(f) > 0 {
+			child, _ = strconv.Atoi(f[0])
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if child == 0 {
+		t.Fatal("no child process")
+	}
+	t.Cleanup(func() { _ = syscall.Kill(child, syscall.SIGKILL) })
+	g, err := cgroup.NewSignalGate(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = g.Thaw() })
+	if err := g.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if !cgroup.Stopped(pid) || !cgroup.Stopped(child) {
+		t.Fatalf("stopped: parent %v child %v", cgroup.Stopped(pid), cgroup.Stopped(child))
+	}
+	if err := g.Thaw(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if cgroup.Stopped(pid) || cgroup.Stopped(child) {
+		t.Fatal("still stopped after Thaw")
+	}
+	// A gate rebuilt with another start time (a reused pid) signals nothing.
+	tg := g.Target()
+	stale := cgroup.SignalGateOf(tg.PID, tg.Start+1)
+	if err := stale.Freeze(); err == nil || cgroup.Stopped(pid) {
+		t.Errorf("stale gate stopped pid %d (err %v)", pid, err)
+	}
+}
+
+func TestRefusals(t *testing.T) {
+	for _, rel := range []string{"/", "/system.slice", "/init.scope", "/user.slice/"} {
+		if err := cgroup.CheckFreezable(rel, ""); err == nil {
+			t.Errorf("%s accepted", rel)
+		}
+	}
+	if err := cgroup.CheckFreezable("/a/b", "/a/b/c"); err == nil {
+		t.Error("an ancestor of gpuarb's own cgroup accepted")
+	}
+	if err := cgroup.CheckFreezable("/a/b", "/a/b"); err == nil {
+		t.Error("gpuarb's own cgroup accepted")
+	}
+	if err := cgroup.CheckFreezable("/a/bc", "/a/b"); err != nil {
+		t.Errorf("a sibling refused: %v", err)
+	}
+	for _, pid := range []int{0, 1, os.Getpid(), os.Getppid()} {
+		if _, err := cgroup.NewSignalGate(pid); err == nil {
+			t.Errorf("pid %d accepted", pid)
+		}
+	}
+	if own, err := cgroup.ProcessPath(os.Getpid()); err == nil && own != "/" {
+		mount, _ := cgroup.UnifiedMount()
+		if _, err := cgroup.NewV2Gate(mount, own); err == nil {
+			t.Errorf("own cgroup %s accepted", own)
+		}
+	}
+}
+
+func TestLedgerThawAll(t *testing.T) {
+	cg := testutil.NewCgroup(t, "ledger")
+	p := busy(t, cg, "while :; do :; done")
+	bare := busy(t, nil, "while :; do :; done")
+	mount, _ := cgroup.UnifiedMount()
+	v2, err := cgroup.NewV2Gate(mount, cg.Rel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig, err := cgroup.NewSignalGate(bare.Cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = v2.Thaw(); _ = sig.Thaw() })
+	path := filepath.Join(t.TempDir(), "gated.json")
+	l, err := cgroup.OpenLedger(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := cgroup.Target{Kind: cgroup.KindV2, Path: filepath.Join(mount, testutil.TestParent, "no-such-cgroup")}
+	for _, tg := range []cgroup.Target{v2.Target(), sig.Target(), gone} {
+		if err := l.Add(tg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := v2.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	if err := sig.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	// Another reader (the guardian, `gpuarb thaw --all`) sees the file.
+	l2, err := cgroup.OpenLedger(path)
+	if err != nil || len(l2.Targets()) != 3 {
+		t.Fatalf("reopened ledger: %v %v", l2.Targets(), err)
+	}
+	thawed, err := cgroup.ThawAll(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(thawed) != 2 {
+		t.Errorf("thawed %v, want the cgroup and the pid", thawed)
+	}
+	if f, _ := cgroup.V2Frozen(cg.Path); f {
+		t.Error("cgroup still frozen")
+	}
+	time.Sleep(50 * time.Millisecond)
+	if cgroup.Stopped(bare.Cmd.Process.Pid) || !runs(t, p.Cmd.Process.Pid, 100*time.Millisecond) {
+		t.Error("not running after ThawAll")
+	}
+	if err := l.Remove(gone); err != nil || len(l.Targets()) != 2 {
+		t.Errorf("remove: %v %v", l.Targets(), err)
+	}
+}

@@ -1,0 +1,196 @@
+package cgroup
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+)
+
+// Target kinds.
+const (
+	KindV2  = "cgroup2"
+	KindV1  = "freezer"
+	KindPID = "pid"
+)
+
+// Target is one thing a gate may have stopped, as the ledger records it.
+type Target struct {
+	Kind  string `json:"kind"`
+	Path  string `json:"path,omitempty"`  // cgroup directory (cgroup2, freezer)
+	PID   int    `json:"pid,omitempty"`   // process (pid)
+	Start uint64 `json:"start,omitempty"` // the process's start time, against pid reuse
+}
+
+func (t Target) String() string {
+	if t.Kind == KindPID {
+		return fmt.Sprintf("pid %d", t.PID)
+	}
+	return t.Path
+}
+
+// Gate rebuilds the gate of a recorded target, without the safety checks
+// of the constructors (thawing is always safe).
+func (t Target) Gate() (Gate, error) {
+	switch t.Kind {
+	case KindV2:
+		mount, rel, ok := splitMount(t.Path)
+		if !ok {
+			return nil, fmt.Errorf("%s is not under a cgroup2 mount", t.Path)
+		}
+		return newV2GateUnchecked(mount, rel)
+	case KindV1:
+		rel, ok := strings.CutPrefix(t.Path, V1FreezerMount)
+		if !ok {
+			return nil, fmt.Errorf("%s is not under %s", t.Path, V1FreezerMount)
+		}
+		return newV1GateUnchecked(rel)
+	case KindPID:
+		return SignalGateOf(t.PID, t.Start), nil
+	}
+	return nil, fmt.Errorf("unknown target kind %q", t.Kind)
+}
+
+func splitMount(dir string) (mount, rel string, ok bool) {
+	m, err := UnifiedMount()
+	if err != nil {
+		return "", "", false
+	}
+	rel, ok = strings.CutPrefix(dir, m)
+	return m, rel, ok
+}
+
+// Ledger is the file, on tmpfs beside the socket, that lists every target
+// the daemon may stop. It is rewritten (atomically) whenever the set
+// changes, before the first freeze of a new target, so whoever finds it —
+// the guardian when the daemon dies, a restarted daemon, `gpuarb thaw
+// --all` — can resume them all.
+type Ledger struct {
+	path string
+
+	mu      sync.Mutex
+	targets map[Target]bool
+}
+
+// DefaultLedger is the ledger's path beside the daemon's socket.
+const DefaultLedger = "/run/gpuarb/gated.json"
+
+// OpenLedger returns the ledger at path, with the targets it lists.
+func OpenLedger(path string) (*Ledger, error) {
+	l := &Ledger{path: path, targets: map[Target]bool{}}
+	ts, err := ReadLedger(path)
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range ts {
+		l.targets[t] = true
+	}
+	return l, nil
+}
+
+// ReadLedger lists the targets recorded at path (none when it is missing).
+func ReadLedger(path string) ([]Target, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read ledger: %w", err)
+	}
+	defer f.Close()
+	var doc struct {
+		Targets []Target `json:"targets"`
+	}
+	if err := json.NewDecoder(f).Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("read ledger %s: %w", path, err)
+	}
+	return doc.Targets, nil
+}
+
+// Add records a target; it is on disk when Add returns.
+func (l *Ledger) Add(t Target) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.targets[t] {
+		return nil
+	}
+	l.targets[t] = true
+	return l.writeLocked()
+}
+
+// Remove forgets a target (after it was thawed for good).
+func (l *Ledger) Remove(t Target) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.targets[t] {
+		return nil
+	}
+	delete(l.targets, t)
+	return l.writeLocked()
+}
+
+// Targets lists the recorded targets.
+func (l *Ledger) Targets() []Target {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]Target, 0, len(l.targets))
+	for t := range l.targets {
+		out = append(out, t)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
+	return out
+}
+
+func (l *Ledger) writeLocked() error {
+	ts := make([]Target, 0, len(l.targets))
+	for t := range l.targets {
+		ts = append(ts, t)
+	}
+	sort.Slice(ts, func(i, j int) bool { return ts[i].String() < ts[j].String() })
+	data, err := json.Marshal(map[string][]Target{"targets": ts})
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(l.path), 0o755); err != nil {
+		return fmt.Errorf("write ledger: %w", err)
+	}
+	tmp := l.path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return fmt.Errorf("write ledger: %w", err)
+	}
+	if err := os.Rename(tmp, l.path); err != nil {
+		return fmt.Errorf("write ledger: %w", err)
+	}
+	return nil
+}
+
+// ThawAll resumes every target of the ledger at path and returns what it
+// thawed. Targets that are gone (cgroup removed, process exited) are
+// skipped silently; other failures are returned together.
+func ThawAll(path string) ([]Target, error) {
+	ts, err := ReadLedger(path)
+	if err != nil {
+		return nil, err
+	}
+	var thawed []Target
+	var errs []error
+	for _, t := range ts {
+		g, err := t.Gate()
+		if err == nil {
+			err = g.Thaw()
+		}
+		switch {
+		case err == nil:
+			thawed = append(thawed, t)
+		case errors.Is(err, os.ErrNotExist), errors.Is(err, os.ErrProcessDone):
+		default:
+			errs = append(errs, fmt.Errorf("%s: %w", t, err))
+		}
+	}
+	return thawed, errors.Join(errs...)
+}

@@ -1,0 +1,130 @@
+package cgroup
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// SignalGate stops a bare process and its descendants with SIGSTOP and
+// resumes them with SIGCONT, for tenants attached by pid. The process is
+// identified by pid and start time, so a reused pid is never signalled.
+type SignalGate struct {
+	pid   int
+	start uint64
+}
+
+// NewSignalGate returns the gate of a process tree, refusing PID 1, gpuarb
+// itself and its ancestors.
+func NewSignalGate(pid int) (*SignalGate, error) {
+	if pid <= 1 {
+		return nil, fmt.Errorf("refusing to stop pid %d", pid)
+	}
+	for p := os.Getpid(); p > 1; {
+		if p == pid {
+			return nil, fmt.Errorf("refusing to stop pid %d: gpuarb itself or its ancestor", pid)
+		}
+		st, err := readStat(p)
+		if err != nil {
+			break
+		}
+		p = st.ppid
+	}
+	st, err := readStat(pid)
+	if err != nil {
+		return nil, err
+	}
+	return &SignalGate{pid: pid, start: st.start}, nil
+}
+
+// SignalGateOf rebuilds a gate from a ledger entry.
+func SignalGateOf(pid int, start uint64) *SignalGate { return &SignalGate{pid: pid, start: start} }
+
+// Freeze sends SIGSTOP to the process and every descendant.
+func (g *SignalGate) Freeze() error { return g.signal(syscall.SIGSTOP) }
+
+// Thaw sends SIGCONT to the process and every descendant.
+func (g *SignalGate) Thaw() error { return g.signal(syscall.SIGCONT) }
+
+// Target implements Gate.
+func (g *SignalGate) Target() Target { return Target{Kind: KindPID, PID: g.pid, Start: g.start} }
+
+// Alive tells whether the process still exists (same pid, same start).
+func (g *SignalGate) Alive() bool {
+	st, err := readStat(g.pid)
+	return err == nil && st.start == g.start
+}
+
+func (g *SignalGate) signal(sig syscall.Signal) error {
+	if !g.Alive() {
+		return fmt.Errorf("pid %d: %w", g.pid, os.ErrProcessDone)
+	}
+	var errs []error
+	self := os.Getpid()
+	for _, p := range descendants(g.pid) {
+		if p == self {
+			continue
+		}
+		if err := unix.Kill(p, sig); err != nil && !errors.Is(err, unix.ESRCH) {
+			errs = append(errs, fmt.Errorf("%v pid %d: %w", sig, p, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+type procStat struct {
+	ppid  int
+	state byte
+	start uint64
+}
+
+// readStat parses /proc/PID/stat (the command may contain spaces and
+// parentheses; fields resume after the last ')').
+func readStat(pid int) (procStat, error) {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return procStat{}, fmt.Errorf("pid %d: %w", pid, err)
+	}
+	i := strings.LastIndexByte(string(data), ')')
+	if i < 0 {
+		return procStat{}, fmt.Errorf("pid %d: malformed stat", pid)
+	}
+	f := strings.Fields(string(data[i+1:]))
+	if len(f) < 20 {
+		return procStat{}, fmt.Errorf("pid %d: malformed stat", pid)
+	}
+	ppid, _ := strconv.Atoi(f[1])
+	start, _ := strconv.ParseUint(f[19], 10, 64)
+	return procStat{ppid: ppid, state: f[0][0], start: start}, nil
+}
+
+// descendants returns pid and every process below it, parents first.
+func descendants(pid int) []int {
+	children := map[int][]int{}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if st, err := readStat(p); err == nil {
+			children[st.ppid] = append(children[st.ppid], p)
+		}
+	}
+	out := []int{pid}
+	for i := 0; i < len(out); i++ {
+		out = append(out, children[out[i]]...)
+	}
+	return out
+}
+
+// Stopped tells whether a process is in the stopped state.
+func Stopped(pid int) bool {
+	st, err := readStat(pid)
+	return err == nil && (st.state == 'T' || st.state == 't')
+}

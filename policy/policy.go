@@ -1,0 +1,384 @@
+// Package policy holds tenants and their rules — weight, limit, priority and
+// SLO — and the per-GPU sharing mode, as read from YAML or set through the
+// daemon's API, and validates them. It neither measures nor enforces.
+package policy
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// DefaultPath is where the daemon reads its policy file.
+const DefaultPath = "/etc/gpuarb/gpuarb.yaml"
+
+// Priority is a tenant's class.
+type Priority string
+
+// The priority classes.
+const (
+	// Latency tenants are never throttled; when their SLO is missed the
+	// others yield.
+	Latency Priority = "latency"
+	// Normal tenants share by weight.
+	Normal Priority = "normal"
+	// Batch tenants share by weight and yield first to a missed SLO.
+	Batch Priority = "batch"
+)
+
+// Mode is how a GPU is shared.
+type Mode string
+
+// The sharing modes.
+const (
+	// ModeShare is weighted max-min fair sharing among tenants with work,
+	// work conserving.
+	ModeShare Mode = "share"
+	// ModeTimeslice gives tenants with work exclusive rotating slots sized
+	// by weight.
+	ModeTimeslice Mode = "timeslice"
+)
+
+// Weight bounds, as cpu.weight.
+const (
+	MinWeight     = 1
+	MaxWeight     = 10000
+	DefaultWeight = 100
+)
+
+// DefaultPeriod is the arbiter's control period.
+const DefaultPeriod = 100 * time.Millisecond
+
+// Share is a fraction of a GPU in (0, 1]. In YAML and on the command line
+// it is written as a fraction (0.3) or a percentage ("30%").
+type Share float64
+
+// ParseShare reads "0.3" or "30%".
+func ParseShare(s string) (Share, error) {
+	s = strings.TrimSpace(s)
+	scale := 1.0
+	if p, ok := strings.CutSuffix(s, "%"); ok {
+		s, scale = strings.TrimSpace(p), 0.01
+	}
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a fraction (0.3) or a percentage (30%%)", s)
+	}
+	return Share(v * scale), nil
+}
+
+// UnmarshalYAML accepts a number or a percentage string.
+func (s *Share) UnmarshalYAML(n *yaml.Node) error {
+	v, err := ParseShare(n.Value)
+	if err != nil {
+		return err
+	}
+	*s = v
+	return nil
+}
+
+// Weight is a tenant's relative share; 0 means unset (the default applies).
+type Weight int
+
+// UnmarshalYAML rejects an explicit 0, which would otherwise read as unset.
+func (w *Weight) UnmarshalYAML(n *yaml.Node) error {
+	v, err := strconv.Atoi(n.Value)
+	if err != nil {
+		return fmt.Errorf("line %d: weight %q is not an integer", n.Line, n.Value)
+	}
+	if v == 0 {
+		return &FieldError{fmt.Sprintf("line %d: weight", n.Line), fmt.Sprintf("0 out of range %d–%d", MinWeight, MaxWeight)}
+	}
+	*w = Weight(v)
+	return nil
+}
+
+// SLO is a latency tenant's objective, measured from the probes.
+type SLO struct {
+	// P99SyncMS bounds the 99th percentile of the tenant's sync waits.
+	P99SyncMS float64 `yaml:"p99_sync_ms,omitempty" json:"p99_sync_ms,omitempty"`
+	// FPS is the frame rate a frame loop (one sync per frame) must hold.
+	FPS float64 `yaml:"fps,omitempty" json:"fps,omitempty"`
+}
+
+// Rules are what a policy says about one tenant.
+type Rules struct {
+	// Weight is the tenant's relative share, 1–10000 (default 100).
+	Weight Weight `yaml:"weight,omitempty" json:"weight"`
+	// Limit is a hard maximum share of a GPU (0: none), enforced even when
+	// the GPU is otherwise idle.
+	Limit Share `yaml:"limit,omitempty" json:"limit,omitempty"`
+	// Priority is latency, normal (default) or batch.
+	Priority Priority `yaml:"priority,omitempty" json:"priority"`
+	// SLO applies to latency tenants.
+	SLO SLO `yaml:"slo,omitempty" json:"slo,omitzero"`
+}
+
+// Selector names the processes of a tenant: exactly one of its fields.
+type Selector struct {
+	// Cgroup is a cgroup v2 path as in /proc/PID/cgroup, or a full path
+	// under the cgroup mount.
+	Cgroup string `yaml:"cgroup,omitempty" json:"cgroup,omitempty"`
+	// ContainerID matches the container id in the cgroup's path.
+	ContainerID string `yaml:"container_id,omitempty" json:"container_id,omitempty"`
+	// PID attaches a bare process and its descendants (gated by SIGSTOP).
+	PID int `yaml:"pid,omitempty" json:"pid,omitempty"`
+}
+
+// Tenant is a named selector with its rules.
+type Tenant struct {
+	Name     string `yaml:"name" json:"name"`
+	Selector `yaml:",inline" json:",inline"`
+	Rules    `yaml:",inline" json:",inline"`
+}
+
+// GPU sets one GPU's sharing mode.
+type GPU struct {
+	Index int  `yaml:"index" json:"index"`
+	Mode  Mode `yaml:"mode" json:"mode"`
+}
+
+// Config is a whole policy.
+type Config struct {
+	// Period is the arbiter's control period (default 100ms, 10ms–10s).
+	Period time.Duration `yaml:"period,omitempty" json:"period"`
+	// Defaults apply to tenants no entry names, and fill what entries
+	// leave out.
+	Defaults Rules `yaml:"defaults,omitempty" json:"defaults"`
+	// GPUs lists GPUs whose mode is not the default "share".
+	GPUs []GPU `yaml:"gpus,omitempty" json:"gpus,omitempty"`
+	// Tenants are the named tenants.
+	Tenants []Tenant `yaml:"tenants,omitempty" json:"tenants,omitempty"`
+}
+
+// Default returns the policy used when no file exists.
+func Default() *Config {
+	c := &Config{}
+	c.fill()
+	return c
+}
+
+// Parse decodes YAML strictly (unknown fields are errors), fills defaults
+// and validates.
+func Parse(data []byte) (*Config, error) {
+	c := &Config{}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) { // io.EOF: empty file
+		return nil, fmt.Errorf("policy: %w", err)
+	}
+	c.fill()
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Load reads a policy file. A missing file is not an error: the default
+// policy is returned with ok false.
+func Load(path string) (c *Config, ok bool, err error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return Default(), false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("read policy: %w", err)
+	}
+	c, err = Parse(data)
+	if err != nil {
+		return nil, false, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, true, nil
+}
+
+func (r *Rules) fillFrom(d Rules) {
+	if r.Weight == 0 {
+		r.Weight = d.Weight
+	}
+	if r.Priority == "" {
+		r.Priority = d.Priority
+	}
+	if r.Limit == 0 {
+		r.Limit = d.Limit
+	}
+}
+
+func (c *Config) fill() {
+	if c.Period == 0 {
+		c.Period = DefaultPeriod
+	}
+	c.Defaults.fillFrom(Rules{Weight: DefaultWeight, Priority: Normal})
+	for i := range c.Tenants {
+		c.Tenants[i].Rules.fillFrom(c.Defaults)
+	}
+}
+
+// FieldError is a validation error naming the field and what it allows.
+type FieldError struct {
+	Field string
+	Msg   string
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
+
+// Validate checks every field and reports the first bad one.
+func (c *Config) Validate() error {
+	if c.Period < 10*time.Millisecond || c.Period > 10*time.Second {
+		return &FieldError{"period", fmt.Sprintf("%v out of range 10ms–10s", c.Period)}
+	}
+	if err := c.Defaults.Validate("defaults"); err != nil {
+		return err
+	}
+	seen := map[int]bool{}
+	for i, g := range c.GPUs {
+		f := fmt.Sprintf("gpus[%d]", i)
+		if g.Index < 0 {
+			return &FieldError{f + ".index", fmt.Sprintf("%d is negative", g.Index)}
+		}
+		if seen[g.Index] {
+			return &FieldError{f + ".index", fmt.Sprintf("GPU %d listed twice", g.Index)}
+		}
+		seen[g.Index] = true
+		if g.Mode != ModeShare && g.Mode != ModeTimeslice {
+			return &FieldError{f + ".mode", fmt.Sprintf("%q is not share or timeslice", g.Mode)}
+		}
+	}
+	names := map[string]bool{}
+	for i, t := range c.Tenants {
+		f := fmt.Sprintf("tenants[%d]", i)
+		if err := t.Validate(f); err != nil {
+			return err
+		}
+		if names[t.Name] {
+			return &FieldError{f + ".name", fmt.Sprintf("%q used twice", t.Name)}
+		}
+		names[t.Name] = true
+	}
+	return nil
+}
+
+// Validate checks one tenant; field prefixes the field names in errors.
+func (t *Tenant) Validate(field string) error {
+	if t.Name == "" || strings.ContainsAny(t.Name, " \t\n/") || len(t.Name) > 128 {
+		return &FieldError{field + ".name", fmt.Sprintf("%q must be 1–128 characters without spaces or '/'", t.Name)}
+	}
+	n := 0
+	if t.Cgroup != "" {
+		n++
+	}
+	if t.ContainerID != "" {
+		n++
+	}
+	if t.PID != 0 {
+		n++
+		if t.PID < 2 {
+			return &FieldError{field + ".pid", fmt.Sprintf("%d is not a process gpuarb may stop", t.PID)}
+		}
+	}
+	if n != 1 {
+		return &FieldError{field, "needs exactly one of cgroup, container_id, pid"}
+	}
+	return t.Rules.Validate(field)
+}
+
+// Validate checks weight, limit, priority and SLO.
+func (r *Rules) Validate(field string) error {
+	if r.Weight < MinWeight || r.Weight > MaxWeight {
+		return &FieldError{field + ".weight", fmt.Sprintf("%d out of range %d–%d", r.Weight, MinWeight, MaxWeight)}
+	}
+	if r.Limit < 0 || r.Limit > 1 {
+		return &FieldError{field + ".limit", fmt.Sprintf("%g out of range 0–1 (0%%–100%%; 0: none)", float64(r.Limit))}
+	}
+	switch r.Priority {
+	case Latency, Normal, Batch:
+	default:
+		return &FieldError{field + ".priority", fmt.Sprintf("%q is not latency, normal or batch", r.Priority)}
+	}
+	if r.SLO.P99SyncMS < 0 || r.SLO.P99SyncMS > 60000 {
+		return &FieldError{field + ".slo.p99_sync_ms", fmt.Sprintf("%g out of range 0–60000", r.SLO.P99SyncMS)}
+	}
+	if r.SLO.FPS < 0 || r.SLO.FPS > 1000 {
+		return &FieldError{field + ".slo.fps", fmt.Sprintf("%g out of range 0–1000", r.SLO.FPS)}
+	}
+	if r.SLO.P99SyncMS > 0 && r.SLO.FPS > 0 {
+		return &FieldError{field + ".slo", "set p99_sync_ms or fps, not both"}
+	}
+	if (r.SLO.P99SyncMS > 0 || r.SLO.FPS > 0) && r.Priority != Latency {
+		return &FieldError{field + ".slo", "an SLO needs priority latency"}
+	}
+	return nil
+}
+
+// ModeOf returns a GPU's sharing mode.
+func (c *Config) ModeOf(gpu int) Mode {
+	for _, g := range c.GPUs {
+		if g.Index == gpu {
+			return g.Mode
+		}
+	}
+	return ModeShare
+}
+
+// Tenant returns the named tenant.
+func (c *Config) Tenant(name string) (Tenant, bool) {
+	for _, t := range c.Tenants {
+		if t.Name == name {
+			return t, true
+		}
+	}
+	return Tenant{}, false
+}
+
+// With returns a copy with t added, or replacing the tenant of that name,
+// validated.
+func (c *Config) With(t Tenant) (*Config, error) {
+	n := c.clone()
+	t.Rules.fillFrom(n.Defaults)
+	replaced := false
+	for i := range n.Tenants {
+		if n.Tenants[i].Name == t.Name {
+			n.Tenants[i], replaced = t, true
+		}
+	}
+	if !replaced {
+		n.Tenants = append(n.Tenants, t)
+	}
+	if err := n.Validate(); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+// Without returns a copy without the named tenant; ok is false when there
+// was none.
+func (c *Config) Without(name string) (n *Config, ok bool) {
+	n = c.clone()
+	n.Tenants = n.Tenants[:0]
+	for _, t := range c.Tenants {
+		if t.Name == name {
+			ok = true
+			continue
+		}
+		n.Tenants = append(n.Tenants, t)
+	}
+	return n, ok
+}
+
+func (c *Config) clone() *Config {
+	n := *c
+	n.GPUs = append([]GPU(nil), c.GPUs...)
+	n.Tenants = append([]Tenant(nil), c.Tenants...)
+	return &n
+}
+
+// YAML encodes the policy.
+func (c *Config) YAML() ([]byte, error) {
+	return yaml.Marshal(c)
+}

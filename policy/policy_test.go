@@ -1,0 +1,155 @@
+package policy
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParse(t *testing.T) {
+	c, err := Parse([]byte(`
+period: 200ms
+defaults: {weight: 50, priority: batch}
+gpus:
+  - {index: 1, mode: timeslice}
+tenants:
+  - name: train
+    cgroup: /kubepods/pod1/ctr
+    weight: 300
+    limit: 50%
+  - name: infer
+    container_id: abc123
+    priority: latency
+    slo: {p99_sync_ms: 20}
+  - name: bare
+    pid: 4242
+    limit: 0.25
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Period != 200*time.Millisecond || c.ModeOf(1) != ModeTimeslice || c.ModeOf(0) != ModeShare {
+		t.Errorf("period %v modes %v %v", c.Period, c.ModeOf(0), c.ModeOf(1))
+	}
+	train, _ := c.Tenant("train")
+	if train.Weight != 300 || train.Limit != 0.5 || train.Priority != Batch || train.Cgroup != "/kubepods/pod1/ctr" {
+		t.Errorf("train %+v", train)
+	}
+	infer, _ := c.Tenant("infer")
+	if infer.Weight != 50 || infer.Priority != Latency || infer.SLO.P99SyncMS != 20 || infer.ContainerID != "abc123" {
+		t.Errorf("infer %+v", infer)
+	}
+	bare, _ := c.Tenant("bare")
+	if bare.PID != 4242 || bare.Limit != 0.25 {
+		t.Errorf("bare %+v", bare)
+	}
+	// Round trip.
+	out, err := c.YAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2, err := Parse(out)
+	if err != nil {
+		t.Fatalf("re-parse %s: %v", out, err)
+	}
+	if b, _ := c2.Tenant("train"); b != train {
+		t.Errorf("round trip %+v != %+v", b, train)
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	for _, in := range []string{"", "tenants: []\n"} {
+		c, err := Parse([]byte(in))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Period != DefaultPeriod || c.Defaults.Weight != 100 || c.Defaults.Priority != Normal || c.Defaults.Limit != 0 {
+			t.Errorf("%q: %+v", in, c)
+		}
+	}
+	c, ok, err := Load(filepath.Join(t.TempDir(), "missing.yaml"))
+	if err != nil || ok || c.Defaults.Weight != DefaultWeight {
+		t.Errorf("missing file: %+v %v %v", c, ok, err)
+	}
+}
+
+func TestRejects(t *testing.T) {
+	for _, tc := range []struct{ yaml, field string }{
+		{"tenants: [{name: a, cgroup: /a, weight: 0}]", "line 1: weight"},
+		{"tenants: [{name: a, cgroup: /a, weight: 10001}]", "tenants[0].weight"},
+		{"tenants: [{name: a, cgroup: /a, limit: 1.5}]", "tenants[0].limit"},
+		{"tenants: [{name: a, cgroup: /a, limit: 130%}]", "tenants[0].limit"},
+		{"tenants: [{name: a, cgroup: /a, priority: urgent}]", "tenants[0].priority"},
+		{"tenants: [{name: a, cgroup: /a, slo: {fps: 30}}]", "tenants[0].slo"},
+		{"tenants: [{name: a, cgroup: /a, priority: latency, slo: {fps: 30, p99_sync_ms: 5}}]", "tenants[0].slo"},
+		{"tenants: [{name: a, cgroup: /a, priority: latency, slo: {p99_sync_ms: -1}}]", "tenants[0].slo.p99_sync_ms"},
+		{"tenants: [{name: a}]", "tenants[0]"},
+		{"tenants: [{name: a, cgroup: /a, pid: 7}]", "tenants[0]"},
+		{"tenants: [{name: a, pid: 1}]", "tenants[0].pid"},
+		{"tenants: [{name: 'a b', cgroup: /a}]", "tenants[0].name"},
+		{"tenants: [{name: a, cgroup: /a}, {name: a, cgroup: /b}]", "tenants[1].name"},
+		{"gpus: [{index: 0, mode: fifo}]", "gpus[0].mode"},
+		{"period: 1ms", "period"},
+		{"defaults: {weight: -3}", "defaults.weight"},
+	} {
+		_, err := Parse([]byte(tc.yaml))
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Field != tc.field {
+			t.Errorf("%s: got %v, want an error on %s", tc.yaml, err, tc.field)
+		}
+	}
+	if _, err := Parse([]byte("tenants: [{name: a, cgroup: /a, wieght: 3}]")); err == nil || !strings.Contains(err.Error(), "wieght") {
+		t.Errorf("unknown field: %v", err)
+	}
+	if _, err := Parse([]byte("tenants: [{name: a, cgroup: /a, limit: lots}]")); err == nil {
+		t.Error("limit 'lots' accepted")
+	}
+}
+
+func TestLoadAndEdit(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "p.yaml")
+	if err := os.WriteFile(path, []byte("tenants: [{name: a, cgroup: /a}]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, ok, err := Load(path)
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	c2, err := c.With(Tenant{Name: "b", Selector: Selector{PID: 99}, Rules: Rules{Weight: 3}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, ok := c2.Tenant("b"); !ok || b.Priority != Normal || b.Weight != 3 {
+		t.Errorf("b %+v", b)
+	}
+	if _, ok := c.Tenant("b"); ok {
+		t.Error("With changed the original")
+	}
+	if _, err := c2.With(Tenant{Name: "c", Selector: Selector{PID: 99}, Rules: Rules{Weight: 20000}}); err == nil {
+		t.Error("weight 20000 accepted")
+	}
+	c3, ok := c2.Without("a")
+	if !ok || len(c3.Tenants) != 1 || len(c2.Tenants) != 2 {
+		t.Errorf("Without: %v %+v", ok, c3.Tenants)
+	}
+	if err := os.WriteFile(path, []byte("tenants: [{name: a, cgroup: /a, weight: 0}]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := Load(path); err == nil || !strings.Contains(err.Error(), "weight: 0 out of range 1–10000") || !strings.Contains(err.Error(), path) {
+		t.Errorf("bad file: %v", err)
+	}
+}
+
+func TestParseShare(t *testing.T) {
+	for in, want := range map[string]Share{"0.3": 0.3, "30%": 0.3, " 5 % ": 0.05, "1": 1} {
+		if got, err := ParseShare(in); err != nil || got != want {
+			t.Errorf("%q: %v %v", in, got, err)
+		}
+	}
+	if _, err := ParseShare("x%"); err == nil {
+		t.Error("x% accepted")
+	}
+}
