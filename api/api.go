@@ -3,12 +3,15 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"time"
 )
 
@@ -32,7 +35,17 @@ type Tenant struct {
 	MemBytes     int64   `json:"mem_bytes"`
 	QueueNS      uint64  `json:"queue_ns"` // estimated time with work queued behind others, in the window
 	Processes    int     `json:"processes"`
-	State        string  `json:"state"` // running (has GPU work) | idle
+	State        string  `json:"state"` // running | throttled | frozen | idle
+	// Policy and the arbiter's decision.
+	Weight      int     `json:"weight"`
+	Limit       float64 `json:"limit,omitempty"`
+	Priority    string  `json:"priority"`
+	TargetShare float64 `json:"target_share"`
+	Duty        float64 `json:"duty"`
+	ThrottledNS uint64  `json:"throttled_ns"` // time frozen by the arbiter since the tenant appeared
+	Reason      string  `json:"reason,omitempty"`
+	SyncP99MS   float64 `json:"sync_p99_ms,omitempty"`
+	SLOMissed   bool    `json:"slo_missed,omitempty"`
 	// ExactShare is the share an exact source (Status.ExactSource)
 	// measured over its last interval, where the host has one.
 	ExactShare *float64 `json:"exact_share,omitempty"`
@@ -61,9 +74,19 @@ type Status struct {
 	Tenants  []Tenant `json:"tenants"`
 	GPUs     []GPU    `json:"gpus"`
 	Probes   Probes   `json:"probes"`
+	// Enforcing is false while observing only (--observe-only, or after
+	// `gpuarb thaw --all` until a policy is applied).
+	Enforcing bool `json:"enforcing"`
 	// ExactSource names the exact per-process source in use, if any.
 	ExactSource string `json:"exact_source,omitempty"`
 }
+
+// Endpoints that change the daemon's state; they require root.
+const (
+	TenantsPath = "/v1/tenants" // POST a policy.Tenant; DELETE TenantsPath/NAME
+	PolicyPath  = "/v1/policy"  // GET (YAML), PUT (YAML)
+	ThawPath    = "/v1/thaw"    // POST: thaw everything and stop enforcing
+)
 
 // ErrNoDaemon is returned when nothing serves the socket.
 var ErrNoDaemon = errors.New("gpuarb daemon is not running")
@@ -91,24 +114,88 @@ func NewClient(socket string) *Client {
 // Status fetches the status document.
 func (c *Client) Status(ctx context.Context) (Status, error) {
 	var st Status
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://gpuarb"+StatusPath, nil)
+	resp, err := c.do(ctx, http.MethodGet, StatusPath, "", nil)
 	if err != nil {
-		return st, err
+		return st, fmt.Errorf("status: %w", err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		return st, fmt.Errorf("status: decode: %w", err)
+	}
+	return st, nil
+}
+
+// do sends a request and turns a refused connection into ErrNoDaemon and a
+// non-2xx answer into an error carrying the daemon's message.
+func (c *Client) do(ctx context.Context, method, path, contentType string, body []byte) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, "http://gpuarb"+path, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
 		var ne *net.OpError
 		if errors.As(err, &ne) && ne.Op == "dial" {
-			return st, fmt.Errorf("%w (socket %s): start it with `gpuarb daemon`", ErrNoDaemon, c.socket)
+			return nil, fmt.Errorf("%w (socket %s): start it with `gpuarb daemon`", ErrNoDaemon, c.socket)
 		}
-		return st, fmt.Errorf("status: %w", err)
+		return nil, err
+	}
+	if resp.StatusCode/100 != 2 {
+		defer resp.Body.Close()
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return nil, fmt.Errorf("daemon answered %s: %s", resp.Status, bytes.TrimSpace(msg))
+	}
+	return resp, nil
+}
+
+// Attach registers (or replaces) a tenant; body is a policy.Tenant as JSON.
+func (c *Client) Attach(ctx context.Context, tenantJSON []byte) error {
+	resp, err := c.do(ctx, http.MethodPost, TenantsPath, "application/json", tenantJSON)
+	if err != nil {
+		return fmt.Errorf("attach: %w", err)
+	}
+	return resp.Body.Close()
+}
+
+// Detach removes a named tenant (its processes are thawed and fall back to
+// the default policy).
+func (c *Client) Detach(ctx context.Context, name string) error {
+	resp, err := c.do(ctx, http.MethodDelete, TenantsPath+"/"+url.PathEscape(name), "", nil)
+	if err != nil {
+		return fmt.Errorf("detach %s: %w", name, err)
+	}
+	return resp.Body.Close()
+}
+
+// Policy returns the policy in force as YAML.
+func (c *Client) Policy(ctx context.Context) ([]byte, error) {
+	resp, err := c.do(ctx, http.MethodGet, PolicyPath, "", nil)
+	if err != nil {
+		return nil, fmt.Errorf("policy: %w", err)
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return st, fmt.Errorf("status: daemon answered %s", resp.Status)
+	return io.ReadAll(resp.Body)
+}
+
+// ApplyPolicy replaces the policy with a YAML document (validated by the
+// daemon; a bad one changes nothing).
+func (c *Client) ApplyPolicy(ctx context.Context, yamlDoc []byte) error {
+	resp, err := c.do(ctx, http.MethodPut, PolicyPath, "application/yaml", yamlDoc)
+	if err != nil {
+		return fmt.Errorf("apply policy: %w", err)
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		return st, fmt.Errorf("status: decode: %w", err)
+	return resp.Body.Close()
+}
+
+// ThawAll thaws every tenant and stops enforcement until a policy is
+// applied again.
+func (c *Client) ThawAll(ctx context.Context) error {
+	resp, err := c.do(ctx, http.MethodPost, ThawPath, "", nil)
+	if err != nil {
+		return fmt.Errorf("thaw: %w", err)
 	}
-	return st, nil
+	return resp.Body.Close()
 }

@@ -77,9 +77,6 @@ type Ledger struct {
 	targets map[Target]bool
 }
 
-// DefaultLedger is the ledger's path beside the daemon's socket.
-const DefaultLedger = "/run/gpuarb/gated.json"
-
 // OpenLedger returns the ledger at path, with the targets it lists.
 func OpenLedger(path string) (*Ledger, error) {
 	l := &Ledger{path: path, targets: map[Target]bool{}}

@@ -5,7 +5,6 @@ package daemon
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -21,11 +20,13 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpuarb/gpuarb/api"
+	"github.com/gpuarb/gpuarb/arbiter"
 	"github.com/gpuarb/gpuarb/bpf"
 	"github.com/gpuarb/gpuarb/cgroup"
 	"github.com/gpuarb/gpuarb/exact"
 	"github.com/gpuarb/gpuarb/ioctlspy"
 	"github.com/gpuarb/gpuarb/meter"
+	"github.com/gpuarb/gpuarb/policy"
 )
 
 // Config configures the daemon.
@@ -35,13 +36,26 @@ type Config struct {
 	Devices  []bpf.Device  // the device table
 	Libcudas []string      // libcuda copies to probe besides the ones found
 	Window   time.Duration // the meter's window (default 1s)
-	Period   time.Duration // control period: meter ticks (default 100ms)
 	Version  string
-	Log      *slog.Logger
+	// PolicyPath is the policy file (default policy.DefaultPath; missing:
+	// default policy). Reload re-reads it.
+	PolicyPath string
+	// Ledger records what the arbiter may stop (default: gated.json beside
+	// the socket).
+	Ledger string
+	// Guardian is the command line of the thaw guardian (`gpuarb guardian
+	// --ledger PATH`); nil runs none.
+	Guardian []string
+	// ObserveOnly measures without throttling anyone.
+	ObserveOnly bool
+	Log         *slog.Logger
 	// Exact is an exact per-process GPU time source to report beside the
 	// estimate; nil picks DRM fdinfo when a DRM client exists at start.
 	Exact exact.Source
 }
+
+// LedgerBeside is the thaw ledger's path for a daemon socket.
+func LedgerBeside(socket string) string { return filepath.Join(filepath.Dir(socket), "gated.json") }
 
 // ErrAlreadyRunning is returned when another daemon holds the lock.
 var ErrAlreadyRunning = errors.New("another gpuarb daemon is running")
@@ -58,6 +72,16 @@ type Daemon struct {
 	server   *http.Server
 	listener net.Listener
 	mu       sync.Mutex
+	// policy and arbitration, under mu
+	policy       *policy.Config
+	enforcing    bool
+	arb          *arbiter.Arbiter
+	tenants      map[string]*tenant
+	ledger       *cgroup.Ledger
+	mode         cgroup.Mode
+	mount        string
+	epoch        time.Time
+	guardianPipe *os.File
 
 	// exact figures, under mu
 	exactPrev   exact.Sample
@@ -75,8 +99,11 @@ func (c *Config) setDefaults() {
 	if c.Window <= 0 {
 		c.Window = time.Second
 	}
-	if c.Period <= 0 {
-		c.Period = 100 * time.Millisecond
+	if c.PolicyPath == "" {
+		c.PolicyPath = policy.DefaultPath
+	}
+	if c.Ledger == "" {
+		c.Ledger = LedgerBeside(c.Socket)
 	}
 	if c.Log == nil {
 		c.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -87,7 +114,9 @@ func (c *Config) setDefaults() {
 // serving. Stop (or Run's context) undoes all of it.
 func Start(cfg Config) (_ *Daemon, err error) {
 	cfg.setDefaults()
-	d := &Daemon{cfg: cfg, log: cfg.Log, meter: meter.New(meter.Config{Window: cfg.Window, Lag: 20 * time.Millisecond})}
+	d := &Daemon{cfg: cfg, log: cfg.Log, meter: meter.New(meter.Config{Window: cfg.Window, Lag: 20 * time.Millisecond}),
+		arb: arbiter.New(arbiter.DefaultParams()), tenants: map[string]*tenant{}, enforcing: !cfg.ObserveOnly,
+		epoch: time.Now(), mode: cgroup.DetectMode()}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, d.Stop())
@@ -99,6 +128,25 @@ func Start(cfg Config) (_ *Daemon, err error) {
 	if err := d.takeLock(); err != nil {
 		return nil, err
 	}
+	pol, found, err := policy.Load(cfg.PolicyPath)
+	if err != nil {
+		return nil, err
+	}
+	d.policy = pol
+	d.log.Info("policy", "path", cfg.PolicyPath, "found", found, "tenants", len(pol.Tenants), "period", pol.Period)
+	// A daemon that died may have left tenants frozen: thaw them first.
+	if thawed, err := cgroup.ThawAll(cfg.Ledger); err != nil {
+		d.log.Warn("thawing what an earlier daemon left", "err", err)
+	} else if len(thawed) > 0 {
+		d.log.Info("thawed what an earlier daemon left", "targets", len(thawed))
+	}
+	_ = os.Remove(cfg.Ledger)
+	if d.ledger, err = cgroup.OpenLedger(cfg.Ledger); err != nil {
+		return nil, err
+	}
+	if err := d.startGuardian(); err != nil {
+		return nil, err
+	}
 	mounted, err := bpf.EnsureFilesystems()
 	if err != nil {
 		return nil, err
@@ -108,6 +156,7 @@ func Start(cfg Config) (_ *Daemon, err error) {
 	}
 	if root, err := cgroup.UnifiedMount(); err == nil {
 		d.resolver = cgroup.NewResolver(root)
+		d.mount = root
 	} else {
 		d.log.Warn("no cgroup v2 hierarchy: tenants are shown by cgroup id", "err", err)
 	}
@@ -187,13 +236,8 @@ func (d *Daemon) listen() error {
 	}
 	d.listener = ln
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET "+api.StatusPath, func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		if err := json.NewEncoder(w).Encode(d.Status()); err != nil {
-			d.log.Warn("status", "err", err)
-		}
-	})
-	d.server = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	d.routes(mux)
+	d.server = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ConnContext: peerCred}
 	return nil
 }
 
@@ -210,8 +254,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 			errs <- fmt.Errorf("serve: %w", err)
 		}
 	}()
-	tick := time.NewTicker(d.cfg.Period)
+	tick := time.NewTicker(d.period())
 	defer tick.Stop()
+	period := d.period()
 	d.sampleExact()
 	exactTick := time.NewTicker(d.cfg.Window)
 	defer exactTick.Stop()
@@ -223,6 +268,11 @@ loop:
 			break loop
 		case <-tick.C:
 			d.meter.Tick()
+			d.control(ctx)
+			if p := d.period(); p != period {
+				period = p
+				tick.Reset(p)
+			}
 		case <-exactTick.C:
 			d.sampleExact()
 		case err := <-errs:
@@ -261,6 +311,18 @@ func (d *Daemon) sampleExact() {
 // socket and the lock. It is safe to call more than once.
 func (d *Daemon) Stop() error {
 	var errs []error
+	if d.ledger != nil {
+		d.stopAllGates()
+		if _, err := cgroup.ThawAll(d.cfg.Ledger); err != nil {
+			errs = append(errs, err)
+		}
+		_ = os.Remove(d.cfg.Ledger)
+		d.ledger = nil
+	}
+	if d.guardianPipe != nil {
+		_ = d.guardianPipe.Close() // the guardian finds nothing left to thaw and exits
+		d.guardianPipe = nil
+	}
 	if d.server != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		errs = append(errs, d.server.Shutdown(sctx))
@@ -287,26 +349,73 @@ func (d *Daemon) Stop() error {
 	return errors.Join(errs...)
 }
 
-// Status builds the status document from the meter.
+// Status builds the status document: the meter's figures per tenant and
+// GPU over the window, with the policy and the arbiter's decisions.
 func (d *Daemon) Status() api.Status {
 	snap := d.meter.Snapshot()
+	_, ctxs := d.meter.Contexts(d.cfg.Window)
+	secs := d.cfg.Window.Seconds()
 	st := api.Status{Version: d.cfg.Version, WindowNS: snap.WindowNS, Tenants: []api.Tenant{}, GPUs: []api.GPU{}}
-	for _, t := range snap.Tenants {
-		path := ""
-		if d.resolver != nil {
-			path = d.resolver.Path(t.CgroupID)
+	d.mu.Lock()
+	cl := newClassifier(d.policy, d.mount, d.resolver)
+	byKey := map[aggKey]*api.Tenant{}
+	procs := map[aggKey]map[uint32]bool{}
+	for _, c := range ctxs {
+		name, rules, cg, _ := cl.classify(c.PID, c.CgroupID)
+		k := aggKey{name, c.GPU}
+		t := byKey[k]
+		if t == nil {
+			t = &api.Tenant{Name: name, Cgroup: cg, CgroupID: c.CgroupID, GPU: c.GPU, Weight: int(rules.Weight),
+				Limit: float64(rules.Limit), Priority: string(rules.Priority), Duty: 1, State: "idle"}
+			byKey[k] = t
+			procs[k] = map[uint32]bool{}
 		}
-		state := "idle"
-		if t.Busy {
-			state = "running"
+		t.GPUNS += c.GPUNS
+		t.LaunchesPerS += float64(c.Launches) / secs
+		t.SyncsPerS += float64(c.Syncs) / secs
+		t.MemBytes += c.MemBytes
+		t.QueueNS += c.QueueNS
+		if !c.Exited {
+			procs[k][c.PID] = true
 		}
-		st.Tenants = append(st.Tenants, api.Tenant{
-			Name: TenantName(path), Cgroup: path, CgroupID: t.CgroupID, GPU: t.GPU, Share: t.Share,
-			GPUNS: t.GPUNS, LongRunShare: t.LongRunShare, LaunchesPerS: t.LaunchesPerS, SyncsPerS: t.SyncsPerS,
-			MemBytes: t.MemBytes, QueueNS: t.QueueNS, Processes: t.Processes, State: state,
-		})
+		if c.Busy {
+			t.State = "running"
+		}
 	}
-	sort.SliceStable(st.Tenants, func(i, j int) bool { return st.Tenants[i].Share > st.Tenants[j].Share })
+	for k, t := range byKey {
+		t.Share = float64(t.GPUNS) / float64(snap.WindowNS)
+		t.Processes = len(procs[k])
+		for _, lr := range snap.Tenants {
+			if lr.CgroupID == t.CgroupID && lr.GPU == t.GPU {
+				t.LongRunShare = lr.LongRunShare
+			}
+		}
+		if tn := d.tenants[k.name]; tn != nil {
+			if dec, ok := tn.decisions[k.gpu]; ok {
+				t.TargetShare, t.Duty, t.Reason, t.SLOMissed = dec.Target, dec.Duty, dec.Reason, dec.SLOMissed
+				t.SyncP99MS = tn.syncP99MS[k.gpu]
+			}
+			if tn.gater != nil {
+				frozen, throttled := tn.gater.State()
+				t.ThrottledNS = uint64(throttled)
+				switch {
+				case frozen:
+					t.State = "frozen"
+				case t.Duty < 1 && d.enforcing:
+					t.State = "throttled"
+				}
+			}
+		}
+		st.Tenants = append(st.Tenants, *t)
+	}
+	st.Enforcing = d.enforcing
+	d.mu.Unlock()
+	sort.SliceStable(st.Tenants, func(i, j int) bool {
+		if st.Tenants[i].Share != st.Tenants[j].Share {
+			return st.Tenants[i].Share > st.Tenants[j].Share
+		}
+		return st.Tenants[i].Name < st.Tenants[j].Name
+	})
 	for _, g := range snap.GPUs {
 		st.GPUs = append(st.GPUs, api.GPU{Index: g.Index, BusyShare: g.BusyShare, Tenants: g.Tenants})
 	}

@@ -18,17 +18,25 @@ import (
 	"github.com/gpuarb/gpuarb/internal/testutil"
 )
 
-// daemon starts bin/gpuarb daemon on the simulated GPU with a private
-// socket and pin path, and waits for its API.
-func daemon(t *testing.T) *api.Client {
+// runningDaemon is a bin/gpuarb daemon a test started.
+type runningDaemon struct {
+	*api.Client
+	Proc   *testutil.Proc
+	Socket string
+}
+
+// startDaemon starts bin/gpuarb daemon on the simulated GPU with a private
+// socket, pin path, policy file and ledger, and waits for its API.
+func startDaemon(t *testing.T, extra ...string) runningDaemon {
 	t.Helper()
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "gpuarb.sock")
 	pins := "/sys/fs/bpf/" + filepath.Base(dir)
-	cmd := exec.Command(testutil.Bin(t, "gpuarb"), "daemon", "--socket", sock, "--pin-path", pins,
-		"--no-host-devices", "--device", "1:7=nvidia", "--libcuda", testutil.Bin(t, "libcuda.so.1"))
-	waitAPI(t, sock, testutil.Start(t, nil, cmd))
-	return api.NewClient(sock)
+	args := append([]string{"daemon", "--socket", sock, "--pin-path", pins, "--policy", filepath.Join(dir, "policy.yaml"),
+		"--no-host-devices", "--device", "1:7=nvidia", "--libcuda", testutil.Bin(t, "libcuda.so.1")}, extra...)
+	p := testutil.Start(t, nil, exec.Command(testutil.Bin(t, "gpuarb"), args...))
+	waitAPI(t, sock, p)
+	return runningDaemon{Client: api.NewClient(sock), Proc: p, Socket: sock}
 }
 
 type tenantSpec struct {
@@ -75,7 +83,7 @@ type windowResult struct {
 
 func runScenario(t *testing.T, sc scenario) []windowResult {
 	gpu := testutil.StartFakeGPU(t)
-	client := daemon(t)
+	client := startDaemon(t, "--observe-only")
 	total := warmUp + windows*time.Second + 500*time.Millisecond
 	cgs := map[string]*testutil.Cgroup{}
 	for _, ten := range sc.tenants {

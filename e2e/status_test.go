@@ -19,13 +19,9 @@ import (
 // reads them through `gpuarb status --json` and `gpuarb top --once`.
 func TestStatusAndTop(t *testing.T) {
 	gpu := testutil.StartFakeGPU(t)
-	dir := t.TempDir()
-	sock := filepath.Join(dir, "gpuarb.sock")
-	pins := "/sys/fs/bpf/" + filepath.Base(dir)
-	d := testutil.Start(t, nil, exec.Command(testutil.Bin(t, "gpuarb"), "daemon", "--socket", sock, "--pin-path", pins,
-		"--no-host-devices", "--device", "1:7=nvidia", "--libcuda", testutil.Bin(t, "libcuda.so.1")))
+	d := startDaemon(t)
+	sock := d.Socket
 	cg := testutil.NewCgroup(t, "status")
-	waitAPI(t, sock, d)
 	testutil.Start(t, cg, gpu.Workload(t, "hog", "--duration", "5"))
 	time.Sleep(2500 * time.Millisecond)
 
@@ -76,11 +72,11 @@ func TestStatusAndTop(t *testing.T) {
 	}
 
 	// SIGTERM: a clean stop that leaves no pins, socket or lock.
-	d.Cmd.Process.Signal(syscall.SIGTERM)
-	if err := d.Wait(t, 10*time.Second); err != nil {
-		t.Fatalf("daemon after SIGTERM: %v\n%s", err, d.Stderr)
+	d.Proc.Cmd.Process.Signal(syscall.SIGTERM)
+	if err := d.Proc.Wait(t, 10*time.Second); err != nil {
+		t.Fatalf("daemon after SIGTERM: %v\n%s", err, d.Proc.Stderr)
 	}
-	for _, p := range []string{pins, sock} {
+	for _, p := range []string{sock, daemonLedger(sock)} {
 		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s left after SIGTERM", p)
 		}
@@ -90,6 +86,8 @@ func TestStatusAndTop(t *testing.T) {
 		t.Errorf("status without a daemon: %v %s", err, out)
 	}
 }
+
+func daemonLedger(sock string) string { return filepath.Join(filepath.Dir(sock), "gated.json") }
 
 func waitAPI(t *testing.T, sock string, d *testutil.Proc) {
 	t.Helper()

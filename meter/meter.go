@@ -115,7 +115,7 @@ type gpuContext struct {
 	held       []span // when the replay gave it the GPU, oldest first
 	waited     []span // when it had work but another context held the GPU
 	launches   []uint64
-	syncs      []uint64
+	syncs      []span // sync calls that returned, by return time
 	mem        int64
 	allocs     map[uint64]uint64
 	exited     bool
@@ -179,6 +179,7 @@ type Meter struct {
 	gpus     map[int]*replay
 	longRun  map[TenantKey]float64
 	lastTick uint64
+	paused   map[uint64][]span // per cgroup: when the arbiter froze it
 }
 
 // New returns a Meter.
@@ -195,7 +196,7 @@ func New(cfg Config) *Meter {
 	if cfg.Now == nil {
 		cfg.Now = MonotonicNow
 	}
-	return &Meter{cfg: cfg, ctxs: map[uint32]*gpuContext{}, gpus: map[int]*replay{}, longRun: map[TenantKey]float64{}}
+	return &Meter{cfg: cfg, ctxs: map[uint32]*gpuContext{}, gpus: map[int]*replay{}, longRun: map[TenantKey]float64{}, paused: map[uint64][]span{}}
 }
 
 func (m *Meter) replayOf(gpu int) *replay {
@@ -399,7 +400,7 @@ func (m *Meter) Observe(ev ioctlspy.Event) {
 func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 	c := m.context(h)
 	now := m.at(c, h.End)
-	c.syncs = append(c.syncs, h.End)
+	c.syncs = append(c.syncs, span{h.Start, h.End})
 	var ids []uint64
 	switch e.Func {
 	case "cuStreamSynchronize":
@@ -432,8 +433,8 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 		s.left, s.got, s.launched = 0, 0, false
 		s.drained = now
 	}
-	if !any || got <= 0 {
-		return
+	if !any || got <= 0 || m.pausedDuring(c.cgroup, h.Start, h.End) {
+		return // a sync that spanned a freeze waited for the thaw, not the GPU
 	}
 	others := m.busyContexts(c.gpu) - 1
 	// The replay's slice phase is not the GPU's: while others are busy, a
@@ -459,6 +460,23 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 	}
 	c.nsPerBlock *= factor
 	c.nsPerGraph *= factor
+}
+
+// Paused records that the arbiter froze a cgroup's processes during
+// [from, to) (CLOCK_MONOTONIC ns): their syncs then teach nothing.
+func (m *Meter) Paused(cgroupID, from, to uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.paused[cgroupID] = append(m.paused[cgroupID], span{from, to})
+}
+
+func (m *Meter) pausedDuring(cgroupID, from, to uint64) bool {
+	for _, p := range m.paused[cgroupID] {
+		if p.start < to && p.end > from {
+			return true
+		}
+	}
+	return false
 }
 
 func (m *Meter) busyContexts(gpu int) int {
@@ -532,6 +550,17 @@ func (m *Meter) prune(now uint64) {
 		return
 	}
 	cut := now - w
+	for cg, ps := range m.paused {
+		i := 0
+		for i < len(ps) && ps[i].end < cut {
+			i++
+		}
+		if i == len(ps) {
+			delete(m.paused, cg)
+		} else {
+			m.paused[cg] = ps[i:]
+		}
+	}
 	for pid, c := range m.ctxs {
 		i := 0
 		for i < len(c.held) && c.held[i].end < cut {
@@ -544,7 +573,11 @@ func (m *Meter) prune(now uint64) {
 		}
 		c.waited = c.waited[j:]
 		c.launches = dropBefore(c.launches, cut)
-		c.syncs = dropBefore(c.syncs, cut)
+		k := 0
+		for k < len(c.syncs) && c.syncs[k].end < cut {
+			k++
+		}
+		c.syncs = c.syncs[k:]
 		if c.exited && len(c.held) == 0 && len(c.launches) == 0 && len(c.syncs) == 0 {
 			delete(m.ctxs, pid)
 			m.replayOf(c.gpu).remove(c)
@@ -557,39 +590,79 @@ func dropBefore(ts []uint64, cut uint64) []uint64 {
 	return ts[i:]
 }
 
-// Snapshot returns the figures of the window ending at the settled present.
-func (m *Meter) Snapshot() Snapshot {
+// ContextStats are one process's figures on its GPU over a window.
+type ContextStats struct {
+	PID      uint32
+	CgroupID uint64
+	GPU      int
+	GPUNS    uint64  // estimated GPU ns in the window
+	Share    float64 // GPUNS over the window
+	Launches int     // launches in the window
+	Syncs    int     // syncs that returned in the window
+	SyncWait []uint64
+	MemBytes int64
+	QueueNS  uint64
+	Busy     bool // work outstanding now
+	Exited   bool
+}
+
+// Contexts returns per-process figures over the window ending at the
+// settled present.
+func (m *Meter) Contexts(window time.Duration) (at uint64, out []ContextStats) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.horizon()
 	m.settle(now)
-	w := uint64(m.cfg.Window)
+	w := uint64(window)
 	from := uint64(0)
 	if now > w {
 		from = now - w
 	}
+	for _, c := range m.ctxs {
+		held := c.heldIn(from, now)
+		cs := ContextStats{PID: c.pid, CgroupID: c.cgroup, GPU: c.gpu, GPUNS: uint64(held), Share: held / float64(w),
+			Launches: len(dropBefore(c.launches, from)), MemBytes: c.mem, QueueNS: uint64(sumIn(c.waited, from, now)),
+			Busy: c.left() > 0, Exited: c.exited}
+		for _, sp := range c.syncs {
+			if sp.end >= from {
+				cs.Syncs++
+				cs.SyncWait = append(cs.SyncWait, sp.end-sp.start)
+			}
+		}
+		out = append(out, cs)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].PID < out[j].PID })
+	return now, out
+}
+
+// Snapshot returns per-cgroup figures over the meter's window ending at the
+// settled present.
+func (m *Meter) Snapshot() Snapshot {
+	now, ctxs := m.Contexts(m.cfg.Window)
+	w := uint64(m.cfg.Window)
+	secs := float64(w) / 1e9
 	tenants := map[TenantKey]*TenantStats{}
 	busy := map[int]float64{}
-	secs := float64(w) / 1e9
-	for _, c := range m.ctxs {
-		k := TenantKey{c.cgroup, c.gpu}
+	m.mu.Lock()
+	for _, c := range ctxs {
+		k := TenantKey{c.CgroupID, c.GPU}
 		t := tenants[k]
 		if t == nil {
-			t = &TenantStats{CgroupID: c.cgroup, GPU: c.gpu, LongRunShare: m.longRun[k]}
+			t = &TenantStats{CgroupID: c.CgroupID, GPU: c.GPU, LongRunShare: m.longRun[k]}
 			tenants[k] = t
 		}
-		held := c.heldIn(from, now)
-		busy[c.gpu] += held
-		t.GPUNS += uint64(held)
-		t.LaunchesPerS += float64(len(dropBefore(c.launches, from))) / secs
-		t.SyncsPerS += float64(len(dropBefore(c.syncs, from))) / secs
-		t.MemBytes += c.mem
-		t.QueueNS += uint64(sumIn(c.waited, from, now))
-		if !c.exited {
+		busy[c.GPU] += float64(c.GPUNS)
+		t.GPUNS += c.GPUNS
+		t.LaunchesPerS += float64(c.Launches) / secs
+		t.SyncsPerS += float64(c.Syncs) / secs
+		t.MemBytes += c.MemBytes
+		t.QueueNS += c.QueueNS
+		if !c.Exited {
 			t.Processes++
 		}
-		t.Busy = t.Busy || c.left() > 0
+		t.Busy = t.Busy || c.Busy
 	}
+	m.mu.Unlock()
 	snap := Snapshot{AtNS: now, WindowNS: w, Tenants: []TenantStats{}, GPUs: []GPUStats{}}
 	perGPU := map[int]int{}
 	for _, t := range tenants {

@@ -12,7 +12,38 @@ import (
 	"github.com/gpuarb/gpuarb/api"
 	"github.com/gpuarb/gpuarb/bpf"
 	"github.com/gpuarb/gpuarb/daemon"
+	"github.com/gpuarb/gpuarb/policy"
 )
+
+// ledgerPath is --ledger, or the ledger beside --socket.
+func ledgerPath(c *cli.Context) string {
+	if l := c.String("ledger"); l != "" {
+		return l
+	}
+	return daemon.LedgerBeside(c.String("socket"))
+}
+
+// guardianCommand runs this executable's hidden guardian command.
+func guardianCommand(ledger string) []string {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil
+	}
+	return []string{exe, "guardian", "--ledger", ledger}
+}
+
+func guardianCommandDef() *cli.Command {
+	return &cli.Command{
+		Name:   "guardian",
+		Usage:  "thaw every tenant in the ledger when the daemon's pipe (fd 3) closes",
+		Hidden: true,
+		Flags:  []cli.Flag{&cli.StringFlag{Name: "ledger", Required: true}},
+		Action: func(c *cli.Context) error {
+			_, err := daemon.GuardLedger(os.NewFile(3, "daemon-pipe"), c.String("ledger"))
+			return err
+		},
+	}
+}
 
 func daemonCommand() *cli.Command {
 	return &cli.Command{
@@ -20,9 +51,17 @@ func daemonCommand() *cli.Command {
 		Usage: "run the gpuarb daemon: probes, meter and the local API",
 		Description: `The daemon loads and pins the probes (maps under --pin-path, readable with
 bpftool), measures GPU time per tenant (cgroup) and serves the status on a
-Unix socket (mode 0660) for gpuarb status, top and the hooks. It observes
-only: enforcing shares comes with the arbiter. One daemon runs per host.
-SIGINT or SIGTERM stop it cleanly (pins, socket and lock removed).`,
+Unix socket (mode 0660; changes require root) for gpuarb status, top, attach
+and the hooks. It enforces the policy (--policy, reloaded on SIGHUP; a bad
+file keeps the last good policy) by freezing tenants' cgroups, or SIGSTOP
+for tenants attached by pid, for part of every control period.
+
+Nothing is left frozen: a guardian process thaws every tenant within
+milliseconds if the daemon dies in any way (SIGKILL included), a restarted
+daemon thaws what an earlier one left, and 'gpuarb thaw --all' does it by
+hand. Under systemd, add ExecStopPost=gpuarb thaw --all (KillMode=
+control-group also kills the guardian). One daemon runs per host. SIGINT
+or SIGTERM stop it cleanly (tenants thawed; pins, socket and lock removed).`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "socket", Value: api.DefaultSocket, Usage: "API socket `PATH`"},
 			&cli.StringFlag{Name: "pin-path", Value: bpf.DefaultPinPath, Usage: "bpffs `DIR` for the pinned maps"},
@@ -30,6 +69,9 @@ SIGINT or SIGTERM stop it cleanly (pins, socket and lock removed).`,
 			&cli.StringSliceFlag{Name: "libcuda", Usage: "also probe the libcuda at `PATH`"},
 			&cli.BoolFlag{Name: "no-host-devices", Usage: "do not add the GPU devices of /proc/devices"},
 			&cli.DurationFlag{Name: "window", Value: defaultWindow, Usage: "metering window"},
+			&cli.StringFlag{Name: "policy", Value: policy.DefaultPath, Usage: "policy `FILE` (YAML; missing: defaults)"},
+			&cli.StringFlag{Name: "ledger", Usage: "thaw ledger `FILE` (default: gated.json beside the socket)"},
+			&cli.BoolFlag{Name: "observe-only", Usage: "measure, never throttle"},
 		},
 		Action: func(c *cli.Context) error {
 			devices, err := deviceTable(c.StringSlice("device"), !c.Bool("no-host-devices"))
@@ -43,6 +85,8 @@ SIGINT or SIGTERM stop it cleanly (pins, socket and lock removed).`,
 			d, err := daemon.Start(daemon.Config{
 				Socket: c.String("socket"), PinPath: c.String("pin-path"), Devices: devices,
 				Libcudas: c.StringSlice("libcuda"), Window: c.Duration("window"), Version: version, Log: log,
+				PolicyPath: c.String("policy"), Ledger: ledgerPath(c), ObserveOnly: c.Bool("observe-only"),
+				Guardian: guardianCommand(ledgerPath(c)),
 			})
 			if errors.Is(err, daemon.ErrAlreadyRunning) {
 				return cli.Exit("gpuarb: "+err.Error(), 3)
@@ -52,6 +96,14 @@ SIGINT or SIGTERM stop it cleanly (pins, socket and lock removed).`,
 			}
 			ctx, cancel := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 			defer cancel()
+			hup := make(chan os.Signal, 1)
+			signal.Notify(hup, syscall.SIGHUP)
+			defer signal.Stop(hup)
+			go func() {
+				for range hup {
+					_ = d.Reload() // logged; a bad file keeps the policy in force
+				}
+			}()
 			err = d.Run(ctx)
 			log.Info("gpuarb daemon stopped")
 			return err

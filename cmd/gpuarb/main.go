@@ -30,7 +30,12 @@ func newApp() *cli.App {
 			topCommand(),
 			traceCommand(),
 			mapsCommand(),
+			attachCommand(),
+			detachCommand(),
+			policyCommand(),
+			thawCommand(),
 			doctorCommand(),
+			guardianCommandDef(),
 			{
 				Name:  "version",
 				Usage: "print the version",

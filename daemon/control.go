@@ -1,0 +1,365 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/gpuarb/gpuarb/arbiter"
+	"github.com/gpuarb/gpuarb/cgroup"
+	"github.com/gpuarb/gpuarb/meter"
+	"github.com/gpuarb/gpuarb/policy"
+)
+
+// tenant is one arbitrated tenant: a named policy entry, or a cgroup that
+// no entry names (default rules).
+type tenant struct {
+	name   string
+	rules  policy.Rules
+	cgroup string // cgroup v2 path, "" for a pid tenant
+	pid    int    // pid tenant: the root of the process tree
+
+	cgroupIDs map[uint64]bool // cgroups its processes were seen in
+	anyPID    int             // one of its processes
+	decisions map[int]arbiter.Decision
+	syncP99MS map[int]float64
+	lastSeen  time.Time
+
+	gater   *arbiter.Gater
+	cancel  context.CancelFunc
+	done    chan struct{}
+	target  cgroup.Target
+	refused bool // no gate could be made (logged once)
+}
+
+// classifier assigns processes to tenants for one control step.
+type classifier struct {
+	cfg      *policy.Config
+	mount    string
+	resolver *cgroup.Resolver
+	trees    map[int]map[int]bool // pid tenant root -> its process tree
+}
+
+func newClassifier(cfg *policy.Config, mount string, r *cgroup.Resolver) *classifier {
+	c := &classifier{cfg: cfg, mount: mount, resolver: r, trees: map[int]map[int]bool{}}
+	for _, t := range cfg.Tenants {
+		if t.PID != 0 {
+			c.trees[t.PID] = processTree(t.PID)
+		}
+	}
+	return c
+}
+
+// classify returns the tenant a process belongs to: a pid tenant whose
+// tree holds it, a cgroup or container tenant whose cgroup holds it, or the
+// default tenant of its own cgroup.
+func (c *classifier) classify(pid uint32, cgroupID uint64) (name string, rules policy.Rules, cgPath string, rootPID int) {
+	path := ""
+	if c.resolver != nil {
+		path = c.resolver.Path(cgroupID)
+	}
+	for _, t := range c.cfg.Tenants {
+		switch {
+		case t.PID != 0 && c.trees[t.PID][int(pid)]:
+			return t.Name, t.Rules, "", t.PID
+		case t.Cgroup != "" && path != "" && under(path, normalizeCgroup(t.Cgroup, c.mount)):
+			return t.Name, t.Rules, normalizeCgroup(t.Cgroup, c.mount), 0
+		case t.ContainerID != "" && path != "" && strings.Contains(path, t.ContainerID):
+			return t.Name, t.Rules, path, 0
+		}
+	}
+	if path == "" {
+		path = fmt.Sprintf("cgroup:%d", cgroupID)
+	}
+	return TenantName(path), c.cfg.Defaults, path, 0
+}
+
+// normalizeCgroup accepts a path as in /proc/PID/cgroup or a full path
+// under the cgroup mount, and returns the former.
+func normalizeCgroup(p, mount string) string {
+	if mount != "" {
+		if rel, ok := strings.CutPrefix(p, mount); ok && (rel == "" || rel[0] == '/') {
+			p = rel
+		}
+	}
+	return "/" + strings.Trim(p, "/")
+}
+
+func under(path, dir string) bool {
+	return path == dir || strings.HasPrefix(path, strings.TrimSuffix(dir, "/")+"/")
+}
+
+// processTree returns pid and its descendants.
+func processTree(pid int) map[int]bool {
+	parent := map[int][]int{}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		var p, pp int
+		if _, err := fmt.Sscan(e.Name(), &p); err != nil {
+			continue
+		}
+		data, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		s := string(data)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:])
+		if len(f) > 1 {
+			fmt.Sscan(f[1], &pp)
+			parent[pp] = append(parent[pp], p)
+		}
+	}
+	tree := map[int]bool{pid: true}
+	queue := []int{pid}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		for _, ch := range parent[p] {
+			if !tree[ch] {
+				tree[ch] = true
+				queue = append(queue, ch)
+			}
+		}
+	}
+	return tree
+}
+
+// controlWindow is the span of the shares the arbiter steers by: long
+// enough to average over a hog's deep queue, short enough to react
+// within a second.
+func (d *Daemon) controlWindow() time.Duration {
+	return max(3*d.period(), 300*time.Millisecond)
+}
+
+func (d *Daemon) period() time.Duration {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.policy.Period
+}
+
+type aggKey struct {
+	name string
+	gpu  int
+}
+
+// control runs one control period: measure, decide, gate.
+func (d *Daemon) control(ctx context.Context) {
+	d.mu.Lock()
+	cfg, enforcing := d.policy, d.enforcing
+	d.mu.Unlock()
+	cl := newClassifier(cfg, d.mount, d.resolver)
+	_, short := d.meter.Contexts(d.controlWindow())
+	_, long := d.meter.Contexts(d.cfg.Window)
+
+	inputs := map[aggKey]*arbiter.Input{}
+	waits := map[aggKey][]uint64{}
+	syncs := map[aggKey]int{}
+	now := time.Now()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, c := range long {
+		name, rules, cg, pid := cl.classify(c.PID, c.CgroupID)
+		k := aggKey{name, c.GPU}
+		if inputs[k] == nil {
+			inputs[k] = &arbiter.Input{Name: name, GPU: c.GPU, Rules: rules}
+		}
+		waits[k] = append(waits[k], c.SyncWait...)
+		syncs[k] += c.Syncs
+		t := d.tenants[name]
+		if t == nil {
+			t = &tenant{name: name, cgroupIDs: map[uint64]bool{}}
+			d.tenants[name] = t
+		}
+		t.rules, t.cgroup, t.pid, t.lastSeen = rules, cg, pid, now
+		t.cgroupIDs[c.CgroupID] = true
+		if !c.Exited {
+			t.anyPID = int(c.PID)
+		}
+	}
+	for _, c := range short {
+		name, _, _, _ := cl.classify(c.PID, c.CgroupID)
+		in := inputs[aggKey{name, c.GPU}]
+		if in == nil {
+			continue
+		}
+		in.Share += c.Share
+		in.Busy = in.Busy || c.Busy || c.Launches > 0
+	}
+	var list []arbiter.Input
+	for k, in := range inputs {
+		in.SyncP99MS = p99(waits[k]) / 1e6
+		in.FPS = float64(syncs[k]) / d.cfg.Window.Seconds()
+		list = append(list, *in)
+	}
+	decisions := d.arb.Step(list, cfg.ModeOf)
+	for _, t := range d.tenants {
+		t.decisions = map[int]arbiter.Decision{}
+		t.syncP99MS = map[int]float64{}
+	}
+	for _, dec := range decisions {
+		t := d.tenants[dec.Name]
+		t.decisions[dec.GPU] = dec
+		t.syncP99MS[dec.GPU] = inputs[aggKey{dec.Name, dec.GPU}].SyncP99MS
+	}
+	for name, t := range d.tenants {
+		if now.Sub(t.lastSeen) > 2*d.cfg.Window {
+			d.stopGate(t)
+			delete(d.tenants, name)
+			continue
+		}
+		duty, offset := 1.0, 0.0
+		for _, dec := range t.decisions {
+			if dec.Duty < duty {
+				duty, offset = dec.Duty, dec.Offset
+			}
+		}
+		if !enforcing {
+			duty = 1
+		}
+		if duty < 1 && t.gater == nil && !t.refused {
+			d.startGate(ctx, t, cfg.Period)
+		}
+		if t.gater != nil {
+			t.gater.Set(duty, offset)
+		}
+	}
+}
+
+func p99(xs []uint64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := append([]uint64(nil), xs...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return float64(s[int(math.Ceil(0.99*float64(len(s))))-1])
+}
+
+// gateFor makes the gate of a tenant, refusing what must never be stopped.
+func (d *Daemon) gateFor(t *tenant) (cgroup.Gate, error) {
+	if t.pid != 0 {
+		return cgroup.NewSignalGate(t.pid)
+	}
+	if strings.HasPrefix(t.cgroup, "cgroup:") {
+		return nil, errors.New("its cgroup path is unknown")
+	}
+	if d.mode.Freeze {
+		return cgroup.NewV2Gate(d.mount, t.cgroup)
+	}
+	if d.mode.V1Freezer {
+		// Legacy hosts: the v1 freezer cgroup of one of its processes.
+		rel, err := cgroup.V1ProcessPath(t.anyPID, "freezer")
+		if err != nil {
+			return nil, err
+		}
+		return cgroup.NewV1Gate(rel)
+	}
+	return nil, errors.New("no cgroup freezer on this host")
+}
+
+// startGate records the tenant in the ledger (before any freeze) and
+// starts its gater. Called with d.mu held.
+func (d *Daemon) startGate(ctx context.Context, t *tenant, period time.Duration) {
+	g, err := d.gateFor(t)
+	if err == nil {
+		err = d.ledger.Add(g.Target())
+	}
+	if err != nil {
+		t.refused = true
+		d.log.Warn("tenant cannot be throttled", "tenant", t.name, "err", err)
+		return
+	}
+	t.target = g.Target()
+	t.gater = arbiter.NewGater(g, period, d.epoch)
+	ids := make([]uint64, 0, len(t.cgroupIDs))
+	for id := range t.cgroupIDs {
+		ids = append(ids, id)
+	}
+	t.gater.OnFreeze = func(from, to time.Time) {
+		mono := meter.MonotonicNow()
+		f, e := mono-uint64(time.Since(from)), mono-uint64(time.Since(to))
+		for _, id := range ids {
+			d.meter.Paused(id, f, e)
+		}
+	}
+	name := t.name
+	t.gater.OnError = func(err error) { d.log.Warn("gate", "tenant", name, "err", err) }
+	gctx, cancel := context.WithCancel(ctx)
+	t.cancel, t.done = cancel, make(chan struct{})
+	go func(g *arbiter.Gater, done chan struct{}) {
+		defer close(done)
+		g.Run(gctx)
+	}(t.gater, t.done)
+}
+
+// stopGate ends a tenant's gater (which thaws it) and forgets its target.
+// Called with d.mu held.
+func (d *Daemon) stopGate(t *tenant) {
+	if t.gater == nil {
+		return
+	}
+	t.cancel()
+	<-t.done
+	if err := d.ledger.Remove(t.target); err != nil {
+		d.log.Warn("ledger", "err", err)
+	}
+	t.gater, t.cancel, t.done = nil, nil, nil
+}
+
+// stopAllGates thaws every tenant.
+func (d *Daemon) stopAllGates() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, t := range d.tenants {
+		d.stopGate(t)
+		t.refused = false
+	}
+}
+
+// startGuardian starts the thaw guardian: a process outside the daemon's
+// session that holds the read end of a pipe and thaws everything in the
+// ledger when the pipe closes — when the daemon exits in any way.
+func (d *Daemon) startGuardian() error {
+	if len(d.cfg.Guardian) == 0 {
+		return nil
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return fmt.Errorf("guardian pipe: %w", err)
+	}
+	cmd := exec.Command(d.cfg.Guardian[0], d.cfg.Guardian[1:]...)
+	cmd.ExtraFiles = []*os.File{r} // fd 3
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		r.Close()
+		w.Close()
+		return fmt.Errorf("start guardian: %w", err)
+	}
+	r.Close()
+	d.guardianPipe = w
+	go func() { _ = cmd.Wait() }()
+	d.log.Info("thaw guardian started", "pid", cmd.Process.Pid)
+	return nil
+}
+
+// GuardLedger is the thaw guardian's body: it waits until fd closes (the
+// daemon is gone) and thaws everything the ledger lists.
+func GuardLedger(fd *os.File, ledger string) ([]cgroup.Target, error) {
+	buf := make([]byte, 64)
+	for {
+		if _, err := fd.Read(buf); err != nil {
+			break
+		}
+	}
+	return cgroup.ThawAll(ledger)
+}
