@@ -7,7 +7,9 @@ import (
 	"github.com/gpuarb/gpuarb/policy"
 )
 
-func rules(w int) policy.Rules { return policy.Rules{Weight: policy.Weight(w), Priority: policy.Normal} }
+func rules(w int) policy.Rules {
+	return policy.Rules{Weight: policy.Weight(w), Priority: policy.Normal}
+}
 
 func share(int) policy.Mode { return policy.ModeShare }
 
