@@ -135,6 +135,10 @@ func (l *Ledger) Remove(t Target) error {
 func (l *Ledger) Targets() []Target {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	return l.sortedLocked()
+}
+
+func (l *Ledger) sortedLocked() []Target {
 	out := make([]Target, 0, len(l.targets))
 	for t := range l.targets {
 		out = append(out, t)
@@ -144,12 +148,7 @@ func (l *Ledger) Targets() []Target {
 }
 
 func (l *Ledger) writeLocked() error {
-	ts := make([]Target, 0, len(l.targets))
-	for t := range l.targets {
-		ts = append(ts, t)
-	}
-	sort.Slice(ts, func(i, j int) bool { return ts[i].String() < ts[j].String() })
-	data, err := json.Marshal(map[string][]Target{"targets": ts})
+	data, err := json.Marshal(map[string][]Target{"targets": l.sortedLocked()})
 	if err != nil {
 		return err
 	}

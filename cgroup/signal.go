@@ -66,7 +66,7 @@ func (g *SignalGate) signal(sig syscall.Signal) error {
 	}
 	var errs []error
 	self := os.Getpid()
-	for _, p := range descendants(g.pid) {
+	for _, p := range Descendants(g.pid) {
 		if p == self {
 			continue
 		}
@@ -103,8 +103,8 @@ func readStat(pid int) (procStat, error) {
 	return procStat{ppid: ppid, state: f[0][0], start: start}, nil
 }
 
-// descendants returns pid and every process below it, parents first.
-func descendants(pid int) []int {
+// Descendants returns pid and every process below it, parents first.
+func Descendants(pid int) []int {
 	children := map[int][]int{}
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {

@@ -96,41 +96,11 @@ func under(path, dir string) bool {
 	return path == dir || strings.HasPrefix(path, strings.TrimSuffix(dir, "/")+"/")
 }
 
-// processTree returns pid and its descendants.
+// processTree returns pid and its descendants as a set.
 func processTree(pid int) map[int]bool {
-	parent := map[int][]int{}
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		var p, pp int
-		if _, err := fmt.Sscan(e.Name(), &p); err != nil {
-			continue
-		}
-		data, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		s := string(data)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(s[i+1:])
-		if len(f) > 1 {
-			fmt.Sscan(f[1], &pp)
-			parent[pp] = append(parent[pp], p)
-		}
-	}
-	tree := map[int]bool{pid: true}
-	queue := []int{pid}
-	for len(queue) > 0 {
-		p := queue[0]
-		queue = queue[1:]
-		for _, ch := range parent[p] {
-			if !tree[ch] {
-				tree[ch] = true
-				queue = append(queue, ch)
-			}
-		}
+	tree := map[int]bool{}
+	for _, p := range cgroup.Descendants(pid) {
+		tree[p] = true
 	}
 	return tree
 }
