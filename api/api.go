@@ -91,6 +91,10 @@ const (
 // ErrNoDaemon is returned when nothing serves the socket.
 var ErrNoDaemon = errors.New("gpuarb daemon is not running")
 
+// ErrNotFound is returned when the daemon has no such object (a tenant
+// name that is not in the policy).
+var ErrNotFound = errors.New("not found")
+
 // Client talks to the daemon over its Unix socket.
 type Client struct {
 	socket string
@@ -146,6 +150,9 @@ func (c *Client) do(ctx context.Context, method, path, contentType string, body 
 	if resp.StatusCode/100 != 2 {
 		defer resp.Body.Close()
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		if resp.StatusCode == http.StatusNotFound {
+			return nil, fmt.Errorf("%w: %s", ErrNotFound, bytes.TrimSpace(msg))
+		}
 		return nil, fmt.Errorf("daemon answered %s: %s", resp.Status, bytes.TrimSpace(msg))
 	}
 	return resp, nil

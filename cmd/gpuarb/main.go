@@ -34,6 +34,8 @@ func newApp() *cli.App {
 			detachCommand(),
 			policyCommand(),
 			thawCommand(),
+			ociHookCommand(),
+			hooksCommand(),
 			doctorCommand(),
 			guardianCommandDef(),
 			{

@@ -1,0 +1,198 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/gpuarb/gpuarb/api"
+	ocihook "github.com/gpuarb/gpuarb/oci-hook"
+)
+
+func ociHookCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "oci-hook",
+		Usage:     "OCI runtime hook: register a container with the daemon (run by the runtime)",
+		ArgsUsage: "createRuntime|prestart|poststart|poststop",
+		Description: `Called by the container runtime with the container's state on stdin.
+createRuntime, prestart and poststart register the container's cgroup as a
+tenant (named by the gpuarb.io/name annotation or the container id) with the
+policy from its annotations:
+
+  gpuarb.io/weight=300  gpuarb.io/limit=30%  gpuarb.io/priority=latency
+  gpuarb.io/slo-p99-ms=20  gpuarb.io/slo-fps=60
+
+poststop unregisters it. The hook returns within 1 s. If the daemon is down
+or slow the container starts anyway and a warning is printed, unless
+--fail-closed. Invalid annotations fail the hook unless
+--default-on-bad-policy. Install it with 'gpuarb hooks install'.`,
+		Flags: []cli.Flag{
+			socketFlag(),
+			&cli.DurationFlag{Name: "timeout", Value: 800 * time.Millisecond, Usage: "bound on the exchange with the daemon"},
+			&cli.BoolFlag{Name: "fail-closed", Usage: "refuse the container when the daemon cannot register it"},
+			&cli.BoolFlag{Name: "default-on-bad-policy", Usage: "register containers with invalid gpuarb.io annotations with the default policy"},
+		},
+		Action: func(c *cli.Context) error {
+			if c.NArg() != 1 {
+				return cli.Exit("gpuarb oci-hook: give the stage: createRuntime, prestart, poststart or poststop", 2)
+			}
+			stage, err := ocihook.ParseStage(c.Args().First())
+			if err != nil {
+				return cli.Exit("gpuarb oci-hook: "+err.Error(), 2)
+			}
+			act, err := ocihook.Run(c.Context, stage, os.Stdin, ocihook.Options{
+				Socket: c.String("socket"), Timeout: c.Duration("timeout"),
+				FailClosed: c.Bool("fail-closed"), DefaultOnBadPolicy: c.Bool("default-on-bad-policy"),
+			})
+			for _, w := range act.Warnings {
+				fmt.Fprintf(c.App.ErrWriter, "gpuarb oci-hook %s %s: warning: %s\n", stage, act.Tenant.Name, w)
+			}
+			if err != nil {
+				return cli.Exit(fmt.Sprintf("gpuarb oci-hook %s: %v", stage, err), 1)
+			}
+			return nil
+		},
+	}
+}
+
+// DefaultHooksDir is where CRI-O and podman read OCI hook configs.
+const DefaultHooksDir = "/etc/containers/oci/hooks.d"
+
+func hooksCommand() *cli.Command {
+	runtimes := "crio, podman, containerd, runc or crun"
+	common := []cli.Flag{
+		&cli.StringFlag{Name: "runtime", Required: true, Usage: "the container runtime: " + runtimes},
+		&cli.StringFlag{Name: "dir", Value: DefaultHooksDir, Usage: "crio, podman: the OCI hooks.d directory"},
+		&cli.StringFlag{Name: "base", Usage: "containerd: the base runtime spec to edit in place (else the hooks are printed)"},
+		&cli.StringFlag{Name: "bundle", Usage: "runc, crun: the bundle whose config.json to edit (else the hooks are printed)"},
+	}
+	return &cli.Command{
+		Name:  "hooks",
+		Usage: "install or remove the OCI hook in a container runtime's configuration",
+		Subcommands: []*cli.Command{
+			{
+				Name:  "install",
+				Usage: "make the runtime call 'gpuarb oci-hook' for its containers",
+				Description: `crio, podman: writes gpuarb-register.json and gpuarb-unregister.json into
+the hooks.d directory (--dir), read by both at container start.
+containerd: adds the hooks to the base runtime spec given by --base (set
+base_runtime_spec to it in the CRI plugin's runtime options); without
+--base prints the hooks to merge.
+runc, crun: adds the hooks to a bundle's config.json (--bundle); without
+--bundle prints the "hooks" member to merge. See docs/oci-hook.md.`,
+				Flags: append(common,
+					&cli.StringFlag{Name: "binary", Usage: "path of the gpuarb binary the runtime runs (default: this one)"},
+					socketFlag(),
+					&cli.BoolFlag{Name: "fail-closed", Usage: "refuse containers the daemon cannot register"},
+					&cli.BoolFlag{Name: "default-on-bad-policy", Usage: "register containers with invalid annotations with the default policy"},
+					&cli.BoolFlag{Name: "annotated-only", Usage: "crio, podman: call the hook only for containers with gpuarb.io/* annotations"},
+				),
+				Action: hooksInstall,
+			},
+			{
+				Name:   "uninstall",
+				Usage:  "remove what 'hooks install' added",
+				Flags:  common,
+				Action: hooksUninstall,
+			},
+		},
+	}
+}
+
+func hookCommandFrom(c *cli.Context) (ocihook.HookCommand, error) {
+	bin := c.String("binary")
+	if bin == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return ocihook.HookCommand{}, fmt.Errorf("find this binary: %w (give --binary)", err)
+		}
+		bin = exe
+	}
+	abs, err := filepath.Abs(bin)
+	if err != nil {
+		return ocihook.HookCommand{}, err
+	}
+	socket := c.String("socket")
+	if socket == api.DefaultSocket {
+		socket = ""
+	}
+	return ocihook.HookCommand{Binary: abs, Socket: socket, FailClosed: c.Bool("fail-closed"),
+		DefaultOnBadPolicy: c.Bool("default-on-bad-policy")}, nil
+}
+
+func hooksInstall(c *cli.Context) error {
+	h, err := hookCommandFrom(c)
+	if err != nil {
+		return cli.Exit("gpuarb hooks install: "+err.Error(), 1)
+	}
+	w := c.App.Writer
+	switch rt := strings.ToLower(c.String("runtime")); rt {
+	case "crio", "cri-o", "podman":
+		files, err := h.InstallHooksD(c.String("dir"), c.Bool("annotated-only"))
+		if err != nil {
+			return cli.Exit("gpuarb hooks install: "+err.Error(), 1)
+		}
+		for _, f := range files {
+			fmt.Fprintf(w, "wrote %s\n", f)
+		}
+		fmt.Fprintf(w, "%s reads %s for every new container; nothing to restart\n", rt, c.String("dir"))
+	case "containerd", "runc", "crun":
+		target := c.String("base")
+		if rt != "containerd" {
+			target = c.String("bundle")
+			if target != "" {
+				target = filepath.Join(target, "config.json")
+			}
+		}
+		if target == "" {
+			hooks := map[string]any{"prestart": []any{h.Hook(ocihook.RegisterStage)}, "poststop": []any{h.Hook(ocihook.Poststop)}}
+			b, _ := json.MarshalIndent(map[string]any{"hooks": hooks}, "", "  ")
+			fmt.Fprintf(w, "%s\n", b)
+			return nil
+		}
+		if err := ocihook.EditSpecFile(target, h.AddToSpec); err != nil {
+			return cli.Exit("gpuarb hooks install: "+err.Error(), 1)
+		}
+		fmt.Fprintf(w, "added the gpuarb hooks to %s\n", target)
+	default:
+		return cli.Exit(fmt.Sprintf("gpuarb hooks install: --runtime %q: want %s", rt, "crio, podman, containerd, runc or crun"), 2)
+	}
+	return nil
+}
+
+func hooksUninstall(c *cli.Context) error {
+	w := c.App.Writer
+	switch rt := strings.ToLower(c.String("runtime")); rt {
+	case "crio", "cri-o", "podman":
+		files, err := ocihook.UninstallHooksD(c.String("dir"))
+		for _, f := range files {
+			fmt.Fprintf(w, "removed %s\n", f)
+		}
+		if err != nil {
+			return cli.Exit("gpuarb hooks uninstall: "+err.Error(), 1)
+		}
+		if len(files) == 0 {
+			fmt.Fprintf(w, "no gpuarb hooks in %s\n", c.String("dir"))
+		}
+	case "containerd", "runc", "crun":
+		target := c.String("base")
+		if rt != "containerd" && c.String("bundle") != "" {
+			target = filepath.Join(c.String("bundle"), "config.json")
+		}
+		if target == "" {
+			return cli.Exit("gpuarb hooks uninstall: give --base (containerd) or --bundle (runc, crun)", 2)
+		}
+		if err := ocihook.EditSpecFile(target, ocihook.RemoveFromSpec); err != nil {
+			return cli.Exit("gpuarb hooks uninstall: "+err.Error(), 1)
+		}
+		fmt.Fprintf(w, "removed the gpuarb hooks from %s\n", target)
+	default:
+		return cli.Exit(fmt.Sprintf("gpuarb hooks uninstall: --runtime %q: want crio, podman, containerd, runc or crun", rt), 2)
+	}
+	return nil
+}
