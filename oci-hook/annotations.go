@@ -12,12 +12,12 @@ import (
 // runtime spec (CRI-O and containerd copy them), so a pod takes its policy
 // from its manifest.
 const (
-	AnnotationName      = "gpuarb.io/name"        // tenant name (default: the container id)
-	AnnotationWeight    = "gpuarb.io/weight"      // 1–10000
-	AnnotationLimit     = "gpuarb.io/limit"       // "30%" or 0.3
-	AnnotationPriority  = "gpuarb.io/priority"    // latency | normal | batch
-	AnnotationSLOP99MS  = "gpuarb.io/slo-p99-ms"  // latency tenants: p99 sync wait bound
-	AnnotationSLOFPS    = "gpuarb.io/slo-fps"     // latency tenants: frame rate to hold
+	AnnotationName      = "gpuarb.io/name"       // tenant name (default: the container id)
+	AnnotationWeight    = "gpuarb.io/weight"     // 1–10000
+	AnnotationLimit     = "gpuarb.io/limit"      // "30%" or 0.3
+	AnnotationPriority  = "gpuarb.io/priority"   // latency | normal | batch
+	AnnotationSLOP99MS  = "gpuarb.io/slo-p99-ms" // latency tenants: p99 sync wait bound
+	AnnotationSLOFPS    = "gpuarb.io/slo-fps"    // latency tenants: frame rate to hold
 	annotationKeyPrefix = "gpuarb.io/"
 )
 

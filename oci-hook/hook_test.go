@@ -60,9 +60,9 @@ func TestProcessCgroup(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	write(10, "0::/kubepods/pod1/ctr\n")                                           // v2
+	write(10, "0::/kubepods/pod1/ctr\n")                                             // v2
 	write(11, "12:freezer:/docker/abc\n4:cpu,cpuacct:/docker/abc\n0::/docker/abc\n") // hybrid
-	write(12, "12:freezer:/legacy/abc\n1:name=systemd:/legacy/abc\n")               // v1 only
+	write(12, "12:freezer:/legacy/abc\n1:name=systemd:/legacy/abc\n")                // v1 only
 	write(13, "4:cpu:/x\n")
 	for pid, want := range map[int]string{10: "/kubepods/pod1/ctr", 11: "/docker/abc", 12: "/legacy/abc"} {
 		if got, err := ProcessCgroup(root, pid); err != nil || got != want {
