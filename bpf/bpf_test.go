@@ -1,6 +1,7 @@
 package bpf
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"os"
@@ -226,23 +227,29 @@ func TestLostEventsAreCounted(t *testing.T) {
 	}
 	defer rd.Close()
 	rd.SetDeadline(time.Now().Add(200 * time.Millisecond))
+	// Count this test's ioctls only: exits of other processes share the ring.
 	delivered := 0
 	for {
-		if _, err := rd.Read(); err != nil {
+		rec, err := rd.Read()
+		if err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) {
 				break
 			}
 			t.Fatal(err)
 		}
-		delivered++
+		if len(rec.RawSample) >= 52 && binary.LittleEndian.Uint32(rec.RawSample[32:]) == 1 && // type EV_IOCTL
+			binary.LittleEndian.Uint32(rec.RawSample[44:]) == 1 && binary.LittleEndian.Uint32(rec.RawSample[48:]) == 11 {
+			delivered++
+		}
 	}
 	lost, err := p.Lost()
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("%d delivered, %d lost of %d", delivered, lost, issued)
-	if delivered == 0 || lost == 0 || delivered+int(lost) != issued {
-		t.Errorf("delivered %d + lost %d != issued %d", delivered, lost, issued)
+	// Lost events may include other processes' exits: at least ours are lost.
+	if delivered == 0 || lost == 0 || delivered+int(lost) < issued || delivered+int(lost) > issued+5 {
+		t.Errorf("delivered %d + lost %d, issued %d", delivered, lost, issued)
 	}
 }
 

@@ -586,6 +586,22 @@ int gpuarb_cu_graph_launch(struct pt_regs *ctx)
 	return 0;
 }
 
+/* cuEventRecord(CUevent event, CUstream stream): marks how far a stream's
+ * work reaches, so an event synchronize later tells which work drained. */
+SEC("uprobe/cuEventRecord")
+int gpuarb_cu_event_record(struct pt_regs *ctx)
+{
+	struct cgroup_stats *s;
+	struct event *e = cuda_event(CU_EVENT_RECORD, bpf_ktime_get_ns(), &s);
+
+	if (!e)
+		return 0;
+	e->args[0] = PT_REGS_PARM1(ctx);
+	e->args[7] = PT_REGS_PARM2(ctx);
+	bpf_ringbuf_submit(e, wakeup_flag());
+	return 0;
+}
+
 /* Copies and memsets: (dst, src|value, bytes[, stream]). */
 static __always_inline int copy_call(struct pt_regs *ctx, __u32 func, int async)
 {

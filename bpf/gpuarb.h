@@ -42,7 +42,8 @@ enum cuda_func {
 	CU_CTX_DESTROY = 15,
 	CU_MEM_ALLOC = 16,
 	CU_MEM_FREE = 17,
-	CU_FUNC_MAX = 18,
+	CU_EVENT_RECORD = 18,
+	CU_FUNC_MAX = 19,
 };
 
 /* Device table key: minor 0xffffffff matches the whole major. */

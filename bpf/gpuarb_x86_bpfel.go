@@ -147,6 +147,7 @@ const (
 	gpuarbProgGpuarbCuCtxDestroy      = "gpuarb_cu_ctx_destroy"
 	gpuarbProgGpuarbCuCtxSync         = "gpuarb_cu_ctx_sync"
 	gpuarbProgGpuarbCuCtxSyncRet      = "gpuarb_cu_ctx_sync_ret"
+	gpuarbProgGpuarbCuEventRecord     = "gpuarb_cu_event_record"
 	gpuarbProgGpuarbCuEventSync       = "gpuarb_cu_event_sync"
 	gpuarbProgGpuarbCuEventSyncRet    = "gpuarb_cu_event_sync_ret"
 	gpuarbProgGpuarbCuGraphLaunch     = "gpuarb_cu_graph_launch"
@@ -219,6 +220,7 @@ type gpuarbProgramSpecs struct {
 	GpuarbCuCtxDestroy      *ebpf.ProgramSpec `ebpf:"gpuarb_cu_ctx_destroy"`
 	GpuarbCuCtxSync         *ebpf.ProgramSpec `ebpf:"gpuarb_cu_ctx_sync"`
 	GpuarbCuCtxSyncRet      *ebpf.ProgramSpec `ebpf:"gpuarb_cu_ctx_sync_ret"`
+	GpuarbCuEventRecord     *ebpf.ProgramSpec `ebpf:"gpuarb_cu_event_record"`
 	GpuarbCuEventSync       *ebpf.ProgramSpec `ebpf:"gpuarb_cu_event_sync"`
 	GpuarbCuEventSyncRet    *ebpf.ProgramSpec `ebpf:"gpuarb_cu_event_sync_ret"`
 	GpuarbCuGraphLaunch     *ebpf.ProgramSpec `ebpf:"gpuarb_cu_graph_launch"`
@@ -330,6 +332,7 @@ type gpuarbPrograms struct {
 	GpuarbCuCtxDestroy      *ebpf.Program `ebpf:"gpuarb_cu_ctx_destroy"`
 	GpuarbCuCtxSync         *ebpf.Program `ebpf:"gpuarb_cu_ctx_sync"`
 	GpuarbCuCtxSyncRet      *ebpf.Program `ebpf:"gpuarb_cu_ctx_sync_ret"`
+	GpuarbCuEventRecord     *ebpf.Program `ebpf:"gpuarb_cu_event_record"`
 	GpuarbCuEventSync       *ebpf.Program `ebpf:"gpuarb_cu_event_sync"`
 	GpuarbCuEventSyncRet    *ebpf.Program `ebpf:"gpuarb_cu_event_sync_ret"`
 	GpuarbCuGraphLaunch     *ebpf.Program `ebpf:"gpuarb_cu_graph_launch"`
@@ -360,6 +363,7 @@ func (p *gpuarbPrograms) Close() error {
 		p.GpuarbCuCtxDestroy,
 		p.GpuarbCuCtxSync,
 		p.GpuarbCuCtxSyncRet,
+		p.GpuarbCuEventRecord,
 		p.GpuarbCuEventSync,
 		p.GpuarbCuEventSyncRet,
 		p.GpuarbCuGraphLaunch,

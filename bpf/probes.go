@@ -213,6 +213,7 @@ func (p *Probes) uprobeTargets() []struct {
 		{"cuStreamSynchronize", o.GpuarbCuStreamSync, o.GpuarbCuStreamSyncRet, false},
 		{"cuCtxSynchronize", o.GpuarbCuCtxSync, o.GpuarbCuCtxSyncRet, false},
 		{"cuEventSynchronize", o.GpuarbCuEventSync, o.GpuarbCuEventSyncRet, false},
+		{"cuEventRecord", o.GpuarbCuEventRecord, nil, false},
 		{"cuCtxCreate_v2", o.GpuarbCuCtxCreate, o.GpuarbCuCtxCreateRet, false},
 		{"cuCtxDestroy_v2", o.GpuarbCuCtxDestroy, nil, false},
 		{"cuMemAlloc_v2", o.GpuarbCuMemAlloc, o.GpuarbCuMemAllocRet, false},

@@ -25,6 +25,7 @@ const (
 	cuCtxDestroy
 	cuMemAlloc
 	cuMemFree
+	cuEventRecord
 )
 
 var cudaNames = [...]string{
@@ -45,6 +46,7 @@ var cudaNames = [...]string{
 	cuCtxDestroy:        "cuCtxDestroy_v2",
 	cuMemAlloc:          "cuMemAlloc_v2",
 	cuMemFree:           "cuMemFree_v2",
+	cuEventRecord:       "cuEventRecord",
 }
 
 // Decode turns one raw record into a typed event.
@@ -119,6 +121,8 @@ func TypeOf(ev Event) string {
 		return "launch"
 	case *GraphLaunch:
 		return "graph_launch"
+	case *EventRecord:
+		return "event_record"
 	case *Copy:
 		return "copy"
 	case *MemAlloc:
@@ -339,6 +343,8 @@ func decodeCuda(h Header, r Record) (Event, error) {
 	case cuMemcpyHtoD, cuMemcpyDtoH, cuMemcpyHtoDAsync, cuMemcpyDtoHAsync, cuMemsetD8, cuMemsetD8Async:
 		async := r.Func == cuMemcpyHtoDAsync || r.Func == cuMemcpyDtoHAsync || r.Func == cuMemsetD8Async
 		return &Copy{Header: h, Func: name, Dst: a[0], Src: a[1], Bytes: a[2], Stream: a[7], Async: async}, nil
+	case cuEventRecord:
+		return &EventRecord{Header: h, Func: name, Event: a[0], Stream: a[7]}, nil
 	case cuStreamSync, cuCtxSync, cuEventSync:
 		return &Sync{Header: h, Func: name, Handle: a[0], Ret: r.Ret}, nil
 	case cuCtxCreate:

@@ -167,6 +167,11 @@ func TestDecode(t *testing.T) {
 				t.Errorf("%+v", e)
 			}
 		}},
+		{"event record", Record{Type: recCuda, Func: cuEventRecord, Args: [8]uint64{0xe7, 0, 0, 0, 0, 0, 0, 0x5000}}, func(t *testing.T, ev Event) {
+			if e := ev.(*EventRecord); e.Event != 0xe7 || e.Stream != 0x5000 || e.Func != "cuEventRecord" {
+				t.Errorf("%+v", e)
+			}
+		}},
 		{"async copy", Record{Type: recCuda, Func: cuMemcpyHtoDAsync, Args: [8]uint64{0xd000, 0x7000, 4096, 0, 0, 0, 0, 0x5000}}, func(t *testing.T, ev Event) {
 			if e := ev.(*Copy); e.Bytes != 4096 || !e.Async || e.Stream != 0x5000 {
 				t.Errorf("%+v", e)

@@ -283,6 +283,20 @@ func (e *GraphLaunch) String() string {
 	return fmt.Sprintf("%s exec=0x%x stream=0x%x", e.Func, e.Exec, e.Stream)
 }
 
+// EventRecord is cuEventRecord: the event completes when the stream's work
+// launched before it has run, so a later cuEventSynchronize on it proves
+// that much of the stream drained.
+type EventRecord struct {
+	Header
+	Func   string `json:"func"`
+	Event  uint64 `json:"event"`
+	Stream uint64 `json:"stream"`
+}
+
+func (e *EventRecord) String() string {
+	return fmt.Sprintf("%s event=0x%x stream=0x%x", e.Func, e.Event, e.Stream)
+}
+
 // Copy is a memcpy or memset through libcuda.
 type Copy struct {
 	Header

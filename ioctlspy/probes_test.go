@@ -436,9 +436,16 @@ func TestLibcudaUprobes(t *testing.T) {
 		t.Errorf("free of the 4 KiB allocation with its size: %+v", frees)
 	}
 	var longSync bool
+	recorded := map[uint64]uint64{} // event -> stream
+	for _, r := range byType[*ioctlspy.EventRecord](evs) {
+		recorded[r.Event] = r.Stream
+	}
 	for _, s := range byType[*ioctlspy.Sync](evs) {
 		if s.Func == "cuEventSynchronize" && s.Ret == 0 && s.DurationNS > 5e6 {
 			longSync = true
+			if st, ok := recorded[s.Handle]; !ok || st == 0 {
+				t.Errorf("event 0x%x synchronized without its cuEventRecord on a stream: %v", s.Handle, recorded)
+			}
 		}
 	}
 	if !longSync {
