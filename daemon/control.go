@@ -107,9 +107,9 @@ func processTree(pid int) map[int]bool {
 
 // controlWindow is the span of the shares the arbiter steers by: long
 // enough to average over a hog's deep queue, short enough to react
-// within a second.
+// within a second, and never longer than the meter keeps.
 func (d *Daemon) controlWindow() time.Duration {
-	return max(3*d.period(), 300*time.Millisecond)
+	return min(max(3*d.period(), 300*time.Millisecond), d.cfg.Window)
 }
 
 func (d *Daemon) period() time.Duration {

@@ -2,6 +2,7 @@ package meter
 
 import (
 	"math"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -101,7 +102,24 @@ type stream struct {
 	got      float64 // GPU ns received since the queue was last empty
 	drained  uint64  // when the queue last became empty
 	launched bool    // work since the last draining sync
+	// Positions in the stream's modeled work, cumulative: enq was
+	// enqueued, ran has run in the replay, proven is known complete (the
+	// last sync or synchronized event).
+	enq, ran, proven float64
+	marks            []mark // recorded events not yet synchronized, by position
 }
+
+// mark is a cuEventRecord: the event completes when the stream's work up
+// to pos has run.
+type mark struct {
+	event   uint64
+	pos     float64
+	crossed uint64 // when the replay ran past pos (0: not yet)
+}
+
+// maxMarks bounds the events remembered per stream (recorded and never
+// synchronized ones are dropped oldest first).
+const maxMarks = 64
 
 // gpuContext is what the meter keeps of one process using a GPU.
 type gpuContext struct {
@@ -140,11 +158,19 @@ func (c *gpuContext) run(t, dt uint64) {
 	share := float64(dt) / float64(busy)
 	for _, s := range c.streams {
 		if s.left > 0 {
-			s.got += min(share, s.left)
+			ran := min(share, s.left)
+			s.got += ran
+			s.ran += ran
 			s.left -= share
 			if s.left <= 1 {
+				s.ran += max(s.left, 0)
 				s.left = 0
 				s.drained = t + dt
+			}
+			for i := range s.marks {
+				if s.marks[i].crossed == 0 && s.marks[i].pos <= s.ran+1 {
+					s.marks[i].crossed = t + dt
+				}
 			}
 		}
 	}
@@ -341,6 +367,7 @@ func (m *Meter) enqueue(c *gpuContext, streamID uint64, t uint64, work float64) 
 		s.got = 0
 	}
 	s.left += work
+	s.enq += work
 	s.launched = true
 	c.launches = append(c.launches, t)
 }
@@ -360,6 +387,10 @@ func (m *Meter) Observe(ev ioctlspy.Event) {
 	case *ioctlspy.GraphLaunch:
 		c := m.context(h)
 		m.enqueue(c, e.Stream, h.Start, c.nsPerGraph)
+	case *ioctlspy.EventRecord:
+		c := m.context(h)
+		m.at(c, h.Start)
+		m.record(c.stream(e.Stream), e.Event)
 	case *ioctlspy.Submission:
 		c := m.context(h)
 		m.enqueue(c, nouveauStream, h.Start, c.nsPerBlock)
@@ -410,7 +441,8 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 			ids = append(ids, id)
 		}
 	case "cuEventSynchronize":
-		return // which work an event covers is not seen
+		m.eventSync(c, h, e.Handle, now)
+		return
 	default: // nouveau and DRM waits
 		ids = []uint64{nouveauStream}
 	}
@@ -430,6 +462,9 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 			// until the sync returned, at the holder's rate at best.
 			early = max(early, float64(now-max(s.drained, h.Start)))
 		}
+		s.ran += s.left
+		s.proven = s.enq
+		s.marks = s.marks[:0]
 		s.left, s.got, s.launched = 0, 0, false
 		s.drained = now
 	}
@@ -453,6 +488,13 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 	case early > 0:
 		factor = min((got+early/float64(others+1))/got, maxStep)
 	}
+	c.learn(factor)
+}
+
+// learn scales the context's costs: the first correction whole, later ones
+// smoothed. Work still queued was costed at the old rate and is rescaled
+// with it, or the next proof would correct the same error again.
+func (c *gpuContext) learn(factor float64) {
 	if !c.learned {
 		c.learned = true
 	} else {
@@ -460,6 +502,87 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 	}
 	c.nsPerBlock *= factor
 	c.nsPerGraph *= factor
+	for _, s := range c.streams {
+		if s.left <= 0 {
+			continue
+		}
+		s.left *= factor
+		s.enq = s.ran + s.left
+		for i := range s.marks {
+			if s.marks[i].pos > s.ran {
+				s.marks[i].pos = s.ran + (s.marks[i].pos-s.ran)*factor
+			}
+		}
+	}
+}
+
+// record remembers where a stream's work stood when an event was recorded
+// on it; recording an event again moves it.
+func (m *Meter) record(s *stream, event uint64) {
+	s.marks = slices.DeleteFunc(s.marks, func(k mark) bool { return k.event == event })
+	if len(s.marks) == maxMarks {
+		s.marks = s.marks[1:]
+	}
+	k := mark{event: event, pos: s.enq}
+	if s.ran+1 >= s.enq {
+		k.crossed = s.drained
+	}
+	s.marks = append(s.marks, k)
+}
+
+// eventSync applies what a returning cuEventSynchronize proves: the
+// stream's work up to the event's mark ran by now. Work the replay still
+// has queued before the mark is dropped from it and its costs scaled down;
+// a mark the replay passed well before the wait ended scales them up. An
+// event the meter never saw recorded teaches nothing.
+func (m *Meter) eventSync(c *gpuContext, h *ioctlspy.Header, event uint64, now uint64) {
+	var s *stream
+	var k mark
+	for _, st := range c.streams {
+		if i := slices.IndexFunc(st.marks, func(x mark) bool { return x.event == event }); i >= 0 {
+			s, k = st, st.marks[i]
+			st.marks = slices.Delete(st.marks, i, i+1)
+			break
+		}
+	}
+	if s == nil || k.pos <= s.proven {
+		return
+	}
+	covered := k.pos - s.proven            // work the event covers since the last proof
+	ran := min(s.ran, k.pos) - s.proven    // of which the replay ran
+	behind := k.pos - max(s.ran, s.proven) // proven done, still queued in the replay
+	s.proven = k.pos
+	if behind > 0 {
+		s.left -= behind
+		s.ran += behind
+		if s.left <= 1 {
+			s.left = 0
+			s.drained = now
+		}
+		for i := range s.marks {
+			if s.marks[i].crossed == 0 && s.marks[i].pos <= s.ran+1 {
+				s.marks[i].crossed = now
+			}
+		}
+	}
+	if covered <= 0 || m.pausedDuring(c.cgroup, h.Start, h.End) {
+		return
+	}
+	waited := h.DurationNS >= uint64(realWait)
+	factor := 1.0
+	switch {
+	case behind > 0 && !c.learned && waited:
+		factor = max(min(ran, float64(h.DurationNS)), 1) / covered
+	case behind > 0:
+		factor = max(ran, 1) / covered
+	case waited && k.crossed > 0 && k.crossed+uint64(realWait) < now:
+		others := m.busyContexts(c.gpu) - 1
+		early := float64(now-max(k.crossed, h.Start)) - float64(min(others, 1))*phaseAllowance*float64(m.cfg.Timeslice)
+		if early > 0 && ran > 0 {
+			factor = min((ran+early/float64(others+1))/ran, maxStep)
+		}
+	}
+	c.learn(factor)
 }
 
 // Paused records that the arbiter froze a cgroup's processes during

@@ -54,15 +54,17 @@ func TestProcessorSharing(t *testing.T) {
 		{"overlap", []ioctlspy.Event{
 			launch(1, 100, base, 7), launch(2, 200, base+500*ms, 9),
 		}, map[uint64]float64{100: 0.75, 200: 0.25}, 1},
-		{"another stream's sync does not drain", []ioctlspy.Event{
+		// The sync drains stream 8 at 200 ms and teaches that a launch costs
+		// 100 ms; stream 7's launch, rescaled with it, runs 100 ms more.
+		{"another stream's sync drains only its stream", []ioctlspy.Event{
 			launch(1, 100, base, 7), launch(1, 100, base, 8),
 			syncEv(1, 100, "cuStreamSynchronize", 8, base+100*ms, base+200*ms),
-		}, map[uint64]float64{100: 1}, 1},
+		}, map[uint64]float64{100: 0.3}, 0.3},
 		{"context sync drains every stream", []ioctlspy.Event{
 			launch(1, 100, base, 7), launch(1, 100, base, 8),
 			syncEv(1, 100, "cuCtxSynchronize", 0, base+100*ms, base+400*ms),
 		}, map[uint64]float64{100: 0.4}, 0.4},
-		{"event sync does not drain", []ioctlspy.Event{
+		{"an event sync never recorded teaches nothing", []ioctlspy.Event{
 			launch(1, 100, base, 7), syncEv(1, 100, "cuEventSynchronize", 0x55, base+100*ms, base+400*ms),
 		}, map[uint64]float64{100: 1}, 1},
 		{"exit ends the work", []ioctlspy.Event{
@@ -211,5 +213,67 @@ func TestTinyWorkBesideHog(t *testing.T) {
 	}
 	if s := got[100].Share; s < 0.95 {
 		t.Errorf("hog estimated at %.3f, want ≥ 0.95 (true 0.98)", s)
+	}
+}
+
+// hogEvents plays a hog alone on the GPU: batches of 8 kernels of 20 ms
+// (1<<20 blocks each), an event recorded after each batch, a sync on the
+// previous batch's event; after `pauseAfter` batches it stops submitting
+// for `pause` (frozen), as the arbiter would make it.
+func hogEvents(pid uint32, cg uint64, start uint64, batches, pauseAfter int, pause uint64) (evs []ioctlspy.Event, end uint64) {
+	const kernel = 20 * ms
+	t := start
+	gpuFree := start // when the GPU finishes what is queued
+	var done []uint64 // completion time of each batch
+	for b := 0; b < batches; b++ {
+		if b == pauseAfter {
+			t += pause
+		}
+		for i := 0; i < 8; i++ {
+			evs = append(evs, launch(pid, cg, t, 7))
+		}
+		gpuFree = max(gpuFree, t) + 8*kernel
+		done = append(done, gpuFree)
+		evs = append(evs, &ioctlspy.EventRecord{Header: hdr(pid, cg, t, t), Event: uint64(0xe0 + b%2), Stream: 7})
+		if b > 0 {
+			ret := max(t+10*1000, done[b-1])
+			evs = append(evs, syncEv(pid, cg, "cuEventSynchronize", uint64(0xe0+(b-1)%2), t, ret))
+			t = ret
+		}
+	}
+	return evs, t
+}
+
+func TestEventSyncTeachesCosts(t *testing.T) {
+	base := 10 * 1000 * ms
+	for _, tc := range []struct {
+		name       string
+		pauseAfter int
+		pause      uint64
+		want       float64 // share over the last second
+	}{
+		{"alone", 100, 0, 1},
+		{"frozen 600 ms of the last second", 38, 600 * ms, 0.56},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := &clock{}
+			m := New(Config{Now: clk.now})
+			evs, end := hogEvents(1, 100, base, 40, tc.pauseAfter, tc.pause)
+			for _, e := range evs {
+				clk.t = e.Hdr().End
+				m.Observe(e)
+			}
+			clk.t = end
+			m.Tick()
+			c := m.ctxs[1]
+			perBlock := 20 * float64(ms) / float64(1<<20)
+			t.Logf("learned %.2f ns/block (true %.2f), share %.3f", c.nsPerBlock, perBlock, byCgroup(m.Snapshot())[100].Share)
+			if math.Abs(c.nsPerBlock/perBlock-1) > 0.05 {
+				t.Errorf("cost %.2f ns/block, want %.2f ±5%%", c.nsPerBlock, perBlock)
+			}
+			if got := byCgroup(m.Snapshot())[100].Share; math.Abs(got-tc.want) > 0.03 {
+				t.Errorf("share %.3f, want %.3f", got, tc.want)
+			}
+		})
 	}
 }
