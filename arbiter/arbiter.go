@@ -51,9 +51,13 @@ type Decision struct {
 	GPU  int
 	// Target is the share the policy entitles the tenant to now.
 	Target float64
-	// Duty is the fraction of each period the tenant may run, starting at
-	// Offset (a fraction of the period); it is frozen for the rest.
+	// Duty is, when Paced, the fraction of the GPU's time the tenant may
+	// submit (its submissions are paced to it); otherwise the fraction of
+	// each period the tenant may run, starting at Offset (a fraction of
+	// the period), frozen for the rest.
 	Duty, Offset float64
+	// Paced is set in share mode: the duty is a submission rate.
+	Paced bool
 	// SLOMissed is set on latency tenants whose SLO is not held.
 	SLOMissed bool
 	// Reason explains the duty in a few words.
@@ -199,7 +203,12 @@ func (a *Arbiter) share(ts []Input) []Decision {
 	for i, t := range ts {
 		k := key{t.Name, t.GPU}
 		d := a.dutyOf(k)
-		dec := Decision{Name: t.Name, GPU: t.GPU, Target: targets[i]}
+		dec := Decision{Name: t.Name, GPU: t.GPU, Target: targets[i], Paced: true}
+		// A decrease starts from what the tenant uses, not from a rate it
+		// does not reach, and goes no lower than the target needs; an
+		// increase is no larger than the gap. Both keep the loop from
+		// hunting around the target.
+		from := math.Min(d, math.Max(t.Share, a.p.MinDuty))
 		switch {
 		case t.Rules.Priority == policy.Latency:
 			d, dec.Reason = 1, "latency tenant: never throttled"
@@ -207,13 +216,18 @@ func (a *Arbiter) share(ts []Input) []Decision {
 		case !t.Busy:
 			d, dec.Reason = 1, "idle"
 		case missed:
-			d, dec.Reason = d*a.p.Decrease, "a latency SLO is missed"
+			d, dec.Reason = from*a.p.Decrease, "a latency SLO is missed"
 		case busy == 1 && t.Rules.Limit == 0:
 			d, dec.Reason = 1, "alone on the GPU"
 		case t.Share > targets[i]+a.p.Tolerance:
-			d, dec.Reason = d*a.p.Decrease, "above target"
+			// The share lags the rate by the tenant's queue (up to a second
+			// for a deep one): a paced rate is not cut below half its
+			// target on that lag, or the tenant would be starved once the
+			// queue drains.
+			d = from * math.Max(a.p.Decrease, targets[i]/t.Share)
+			d, dec.Reason = math.Max(d, targets[i]/2), "above target"
 		case t.Share < targets[i]-a.p.Tolerance:
-			d, dec.Reason = d+a.p.Increase, "below target"
+			d, dec.Reason = d+math.Min(a.p.Increase, targets[i]-t.Share), "below target"
 		default:
 			dec.Reason = "on target"
 		}

@@ -13,12 +13,23 @@ import (
 // tenant runs for Duty of it from Offset and is frozen for the rest.
 // Periods are aligned to a common epoch, so the offsets of all tenants
 // stagger as the arbiter planned.
+//
+// A paced gater (SetRate) instead meters what the tenant submits: it may
+// submit GPU work at rate (GPU ns per ns) with a burst of one period, and
+// is frozen while it is in debt. Queued work cannot be recalled, so a
+// window gate is blind to a deep queue (a tenant frozen for less than its
+// queue takes to drain loses nothing); pacing admissions holds the
+// long-run share whatever the queue depth.
 type Gater struct {
 	gate   cgroup.Gate
 	period time.Duration
 	epoch  time.Time
-	// OnFreeze is told each frozen interval once it ends (the meter
-	// discounts sync waits that overlap one).
+	// Submitted returns the GPU ns the tenant has submitted so far, as the
+	// meter estimates it (cumulative). Needed by SetRate.
+	Submitted func() float64
+	// OnFreeze is told each frozen interval when it begins (to is zero)
+	// and again when it ends: the meter discounts sync waits that overlap
+	// one, also those that return just after the thaw.
 	OnFreeze func(from, to time.Time)
 	// OnError reports a failed freeze or thaw.
 	OnError func(error)
@@ -26,21 +37,44 @@ type Gater struct {
 	mu        sync.Mutex
 	duty      float64
 	offset    float64
+	paced     bool
 	frozen    bool
+	thawedAt  time.Time
 	throttled time.Duration
 	wake      chan struct{}
 }
+
+// paceTick is how often a paced gater settles its account: a freeze lands
+// at most this long after the submission that overdrew it.
+const paceTick = 2 * time.Millisecond
+
+// maxDebt bounds a paced tenant's debt to this much wall time at its rate,
+// so an overestimated cost never freezes it for longer.
+const maxDebt = 2 * time.Second
 
 // NewGater returns a gater over gate with periods of period since epoch.
 func NewGater(gate cgroup.Gate, period time.Duration, epoch time.Time) *Gater {
 	return &Gater{gate: gate, period: period, epoch: epoch, duty: 1, wake: make(chan struct{}, 1)}
 }
 
-// Set changes the duty cycle from the next period.
+// Set changes the duty cycle from the next period (window gating).
 func (g *Gater) Set(duty, offset float64) {
 	g.mu.Lock()
-	g.duty, g.offset = duty, offset
+	g.duty, g.offset, g.paced = duty, offset, false
 	g.mu.Unlock()
+	g.poke()
+}
+
+// SetRate paces the tenant's submissions to rate (a fraction of the GPU's
+// time); 1 or more lets it run freely.
+func (g *Gater) SetRate(rate float64) {
+	g.mu.Lock()
+	g.duty, g.paced = rate, true
+	g.mu.Unlock()
+	g.poke()
+}
+
+func (g *Gater) poke() {
 	select {
 	case g.wake <- struct{}{}:
 	default:
@@ -55,13 +89,40 @@ func (g *Gater) State() (frozen bool, throttled time.Duration) {
 	return g.frozen, g.throttled
 }
 
+// HeldSince reports whether the gate held the tenant back at any time
+// since t: a tenant frozen with its queue drained shows no work, yet
+// wants the GPU.
+func (g *Gater) HeldSince(t time.Time) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.frozen || g.thawedAt.After(t)
+}
+
 // Run gates until ctx ends, and leaves the tenant thawed.
 func (g *Gater) Run(ctx context.Context) {
 	defer func() { g.thaw(time.Now()) }()
+	for ctx.Err() == nil {
+		g.mu.Lock()
+		paced := g.paced
+		g.mu.Unlock()
+		if paced {
+			g.runPaced(ctx)
+		} else {
+			g.runWindows(ctx)
+		}
+	}
+}
+
+// runWindows freezes the tenant for the part of each period outside its
+// running window, until ctx ends or the gater is paced.
+func (g *Gater) runWindows(ctx context.Context) {
 	for {
 		g.mu.Lock()
-		duty, offset := g.duty, g.offset
+		duty, offset, paced := g.duty, g.offset, g.paced
 		g.mu.Unlock()
+		if paced {
+			return
+		}
 		now := time.Now()
 		n := now.Sub(g.epoch) / g.period
 		start := g.epoch.Add(n * g.period)
@@ -79,13 +140,14 @@ func (g *Gater) Run(ctx context.Context) {
 		if !g.sleepUntil(ctx, freezeAt) {
 			return
 		}
-		from := time.Now()
-		if err := g.gate.Freeze(); err != nil && g.OnError != nil {
-			g.OnError(err)
-		}
 		g.mu.Lock()
-		g.frozen = true
+		paced = g.paced
 		g.mu.Unlock()
+		if paced {
+			return
+		}
+		from := time.Now()
+		g.freeze(from)
 		thawAt := freezeAt.Add(time.Duration((1 - duty) * float64(g.period)))
 		t := time.NewTimer(time.Until(thawAt))
 		select {
@@ -98,6 +160,61 @@ func (g *Gater) Run(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// runPaced keeps the tenant's account: credit accrues at its rate up to
+// one period's worth, submissions are charged as the meter costs them, and
+// the tenant is frozen while the balance is negative.
+func (g *Gater) runPaced(ctx context.Context) {
+	tick := time.NewTicker(paceTick)
+	defer tick.Stop()
+	last := time.Now()
+	spent := g.Submitted()
+	balance := 0.0
+	var frozenAt time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		case <-g.wake:
+		}
+		g.mu.Lock()
+		rate, paced := g.duty, g.paced
+		g.mu.Unlock()
+		if !paced {
+			g.thaw(frozenAt)
+			return
+		}
+		now := time.Now()
+		s := g.Submitted()
+		burst := rate * float64(g.period)
+		balance += rate*float64(now.Sub(last)) - (s - spent)
+		balance = math.Max(math.Min(balance, burst), -rate*float64(maxDebt))
+		last, spent = now, s
+		g.mu.Lock()
+		frozen := g.frozen
+		g.mu.Unlock()
+		switch {
+		case (rate >= 1 || balance >= 0) && frozen:
+			g.thaw(frozenAt)
+		case rate < 1 && balance < 0 && !frozen:
+			frozenAt = now
+			g.freeze(now)
+		}
+	}
+}
+
+func (g *Gater) freeze(from time.Time) {
+	if g.OnFreeze != nil {
+		g.OnFreeze(from, time.Time{})
+	}
+	if err := g.gate.Freeze(); err != nil && g.OnError != nil {
+		g.OnError(err)
+	}
+	g.mu.Lock()
+	g.frozen = true
+	g.mu.Unlock()
 }
 
 // thaw resumes the tenant if it is frozen and accounts the frozen time.
@@ -115,6 +232,7 @@ func (g *Gater) thaw(from time.Time) {
 	to := time.Now()
 	g.mu.Lock()
 	g.throttled += to.Sub(from)
+	g.thawedAt = to
 	g.mu.Unlock()
 	if g.OnFreeze != nil {
 		g.OnFreeze(from, to)

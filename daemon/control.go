@@ -129,7 +129,8 @@ func (d *Daemon) control(ctx context.Context) {
 	cfg, enforcing := d.policy, d.enforcing
 	d.mu.Unlock()
 	cl := newClassifier(cfg, d.mount, d.resolver)
-	_, short := d.meter.Contexts(d.controlWindow())
+	window := d.controlWindow()
+	_, short := d.meter.Contexts(window)
 	_, long := d.meter.Contexts(d.cfg.Window)
 
 	inputs := map[aggKey]*arbiter.Input{}
@@ -168,6 +169,9 @@ func (d *Daemon) control(ctx context.Context) {
 	}
 	var list []arbiter.Input
 	for k, in := range inputs {
+		if t := d.tenants[k.name]; t != nil && t.gater != nil && t.gater.HeldSince(now.Add(-window)) {
+			in.Busy = true // held back, so its queue may be empty: it has work
+		}
 		in.SyncP99MS = p99(waits[k]) / 1e6
 		in.FPS = float64(syncs[k]) / d.cfg.Window.Seconds()
 		list = append(list, *in)
@@ -188,10 +192,10 @@ func (d *Daemon) control(ctx context.Context) {
 			delete(d.tenants, name)
 			continue
 		}
-		duty, offset := 1.0, 0.0
+		duty, offset, paced := 1.0, 0.0, true
 		for _, dec := range t.decisions {
 			if dec.Duty < duty {
-				duty, offset = dec.Duty, dec.Offset
+				duty, offset, paced = dec.Duty, dec.Offset, dec.Paced
 			}
 		}
 		if !enforcing {
@@ -200,7 +204,11 @@ func (d *Daemon) control(ctx context.Context) {
 		if duty < 1 && t.gater == nil && !t.refused {
 			d.startGate(ctx, t, cfg.Period)
 		}
-		if t.gater != nil {
+		switch {
+		case t.gater == nil:
+		case paced:
+			t.gater.SetRate(duty)
+		default:
 			t.gater.Set(duty, offset)
 		}
 	}
@@ -255,9 +263,13 @@ func (d *Daemon) startGate(ctx context.Context, t *tenant, period time.Duration)
 	for id := range t.cgroupIDs {
 		ids = append(ids, id)
 	}
+	t.gater.Submitted = func() float64 { return d.meter.SubmittedNS(ids) }
 	t.gater.OnFreeze = func(from, to time.Time) {
 		mono := meter.MonotonicNow()
-		f, e := mono-uint64(time.Since(from)), mono-uint64(time.Since(to))
+		f, e := mono-uint64(time.Since(from)), uint64(math.MaxUint64)
+		if !to.IsZero() {
+			e = mono - uint64(time.Since(to))
+		}
 		for _, id := range ids {
 			d.meter.Paused(id, f, e)
 		}

@@ -94,7 +94,7 @@ func TestArbiterUnequalProcesses(t *testing.T) {
 }
 
 // requireThrottled asserts that the daemon throttles the tenant of cgroup
-// rel: duty below 1, frozen time accumulated, a reason.
+// rel: rate below 1, frozen time accumulated, steered towards a target.
 func requireThrottled(t *testing.T, d runningDaemon, rel string) {
 	t.Helper()
 	st, err := d.Status(t.Context())
@@ -103,7 +103,10 @@ func requireThrottled(t *testing.T, d runningDaemon, rel string) {
 	}
 	for _, tn := range st.Tenants {
 		if tn.Cgroup == rel {
-			if tn.Duty >= 1 || tn.ThrottledNS == 0 || tn.Reason != "above target" || (tn.State != "throttled" && tn.State != "frozen") {
+			// The reason may read on or below target at this instant: a
+			// paced tenant's share dips between batches.
+			if tn.Duty >= 1 || tn.ThrottledNS == 0 || (tn.State != "throttled" && tn.State != "frozen") ||
+				!strings.Contains(" above target on target below target ", " "+tn.Reason+" ") {
 				t.Errorf("tenant %s not throttled: %+v", tn.Name, tn)
 			}
 			return

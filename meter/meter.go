@@ -206,6 +206,9 @@ type Meter struct {
 	longRun  map[TenantKey]float64
 	lastTick uint64
 	paused   map[uint64][]span // per cgroup: when the arbiter froze it
+	// submitted is the work launched per cgroup, cumulative, at the costs
+	// known when it was launched.
+	submitted map[uint64]float64
 }
 
 // New returns a Meter.
@@ -222,7 +225,8 @@ func New(cfg Config) *Meter {
 	if cfg.Now == nil {
 		cfg.Now = MonotonicNow
 	}
-	return &Meter{cfg: cfg, ctxs: map[uint32]*gpuContext{}, gpus: map[int]*replay{}, longRun: map[TenantKey]float64{}, paused: map[uint64][]span{}}
+	return &Meter{cfg: cfg, ctxs: map[uint32]*gpuContext{}, gpus: map[int]*replay{}, longRun: map[TenantKey]float64{}, paused: map[uint64][]span{},
+		submitted: map[uint64]float64{}}
 }
 
 func (m *Meter) replayOf(gpu int) *replay {
@@ -369,6 +373,12 @@ func (m *Meter) enqueue(c *gpuContext, streamID uint64, t uint64, work float64) 
 	s.left += work
 	s.enq += work
 	s.launched = true
+	if !c.learned {
+		// Costs not learned yet are guesses meant to read as backlogged;
+		// charged whole they would freeze a paced tenant for seconds.
+		work = min(work, unlearnedCharge)
+	}
+	m.submitted[c.cgroup] += work
 	c.launches = append(c.launches, t)
 }
 
@@ -585,12 +595,35 @@ func (m *Meter) eventSync(c *gpuContext, h *ioctlspy.Header, event uint64, now u
 	c.learn(factor)
 }
 
+// unlearnedCharge is what a launch of a context whose costs are not learned
+// yet counts towards SubmittedNS.
+const unlearnedCharge = float64(20 * time.Millisecond)
+
+// SubmittedNS returns the GPU ns launched so far by the processes of the
+// given cgroups (cumulative, as costed at launch).
+func (m *Meter) SubmittedNS(cgroups []uint64) float64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var sum float64
+	for _, id := range cgroups {
+		sum += m.submitted[id]
+	}
+	return sum
+}
+
 // Paused records that the arbiter froze a cgroup's processes during
 // [from, to) (CLOCK_MONOTONIC ns): their syncs then teach nothing.
+// A freeze still in progress is reported with to = math.MaxUint64 and
+// again with its end once it ends.
 func (m *Meter) Paused(cgroupID, from, to uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.paused[cgroupID] = append(m.paused[cgroupID], span{from, to})
+	ps := m.paused[cgroupID]
+	if n := len(ps); n > 0 && ps[n-1].start == from {
+		ps[n-1].end = to
+		return
+	}
+	m.paused[cgroupID] = append(ps, span{from, to})
 }
 
 func (m *Meter) pausedDuring(cgroupID, from, to uint64) bool {
@@ -704,6 +737,15 @@ func (m *Meter) prune(now uint64) {
 		if c.exited && len(c.held) == 0 && len(c.launches) == 0 && len(c.syncs) == 0 {
 			delete(m.ctxs, pid)
 			m.replayOf(c.gpu).remove(c)
+		}
+	}
+	live := map[uint64]bool{}
+	for _, c := range m.ctxs {
+		live[c.cgroup] = true
+	}
+	for cg := range m.submitted {
+		if !live[cg] {
+			delete(m.submitted, cg)
 		}
 	}
 }

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what building and testing gpuarb needs on a Debian/Ubuntu host:
 # clang/llvm and libbpf headers (BPF objects), bpftool (map dumps), gcc and
-# make (the simulated GPU's C parts). Go itself must already be installed.
+# make (the simulated GPU's C parts), runc and busybox-static (the container
+# tests run real runc containers on a busybox rootfs). Go itself must
+# already be installed.
 set -euo pipefail
 
 need=()
@@ -12,6 +14,8 @@ command -v bpftool >/dev/null || need+=(bpftool)
 [ -f /usr/include/x86_64-linux-gnu/asm/types.h ] || need+=(linux-libc-dev)
 command -v gcc >/dev/null || need+=(gcc)
 command -v make >/dev/null || need+=(make)
+command -v runc >/dev/null || need+=(runc)
+command -v busybox >/dev/null || need+=(busybox-static)
 
 if [ ${#need[@]} -gt 0 ]; then
 	echo "install-deps: installing ${need[*]}"
