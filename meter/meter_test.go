@@ -223,7 +223,7 @@ func TestTinyWorkBesideHog(t *testing.T) {
 func hogEvents(pid uint32, cg uint64, start uint64, batches, pauseAfter int, pause uint64) (evs []ioctlspy.Event, end uint64) {
 	const kernel = 20 * ms
 	t := start
-	gpuFree := start // when the GPU finishes what is queued
+	gpuFree := start  // when the GPU finishes what is queued
 	var done []uint64 // completion time of each batch
 	for b := 0; b < batches; b++ {
 		if b == pauseAfter {
