@@ -32,8 +32,13 @@
 // (phaseAllowance, chosen between the two failure modes it names).
 //
 // Assumptions and error sources (measured figures in BENCHMARKS.md):
-//   - Completion is known only at syncs; event syncs are not used, since
-//     which work an event covers is not seen (cuEventRecord is not probed).
+//   - Completion is known only at syncs. A cuEventSynchronize teaches
+//     through the cuEventRecord that preceded it: the record marks how far
+//     the stream's modeled work reached, the sync's return proves that
+//     much ran (work still queued before the mark is dropped and costs
+//     scaled down; a mark the replay passed well before the wait ended
+//     scales them up). An event never seen recorded teaches nothing.
+//   - When costs are corrected, work still queued is rescaled with them.
 //   - Time-slicing is round robin with the configured timeslice; a GPU
 //     with another policy or slice skews short bursts beside long ones.
 //   - Short bursts (inference requests of ~1 ms) learn from noisy evidence:
