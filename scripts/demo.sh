@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # gpuarb demo on the simulated GPU: starts fakegpud, the gpuarb daemon
-# (observe-only) and two tenants in their own cgroups (a training job of 4
+# (enforcing the default policy) and two tenants in their own cgroups (a training job of 4
 # processes and an inference service), shows `gpuarb top` live, a few traced
 # events, and compares the daemon's estimate with the simulator's ground
 # truth. Everything it starts is stopped on exit, Ctrl-C included.
@@ -65,7 +65,7 @@ echo "== the daemon's estimate (eBPF only) against the simulator's ground truth,
 "$BIN/gpuarb" status --socket "$API"
 "$BIN/fakegpud" stats --socket "$FAKEGPU_SOCKET"
 echo "   Time-slicing is fair per context, so the 4-process tenant takes ~4/5 of the"
-echo "   GPU: the unfairness gpuarb's arbiter (coming next) exists to remove."
+echo "   GPU: the unfairness gpuarb's arbiter steers against (BENCHMARKS.md §4 has how far it gets)."
 echo
 echo "== inference latency beside the training job (gpuwork infer, per 2 s):"
 cat "$RUN/infer.log"
