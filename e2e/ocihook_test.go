@@ -20,15 +20,10 @@ import (
 
 // hooksFor returns the hooks 'gpuarb hooks install --runtime runc' adds,
 // for the daemon at socket.
-func hooksFor(t *testing.T, socket string, extra ...string) *specs.Hooks {
+func hooksFor(t *testing.T, socket string, failClosed bool) *specs.Hooks {
 	t.Helper()
-	h := ocihook.HookCommand{Binary: testutil.Bin(t, "gpuarb"), Socket: socket}
-	reg, stop := h.Hook(ocihook.RegisterStage), h.Hook(ocihook.Poststop)
-	for _, x := range []*specs.Hook{&reg, &stop} {
-		n := len(x.Args)
-		x.Args = append(append(x.Args[:n-1:n-1], extra...), x.Args[n-1])
-	}
-	return &specs.Hooks{Prestart: []specs.Hook{reg}, Poststop: []specs.Hook{stop}}
+	h := ocihook.HookCommand{Binary: testutil.Bin(t, "gpuarb"), Socket: socket, FailClosed: failClosed}
+	return &specs.Hooks{Prestart: []specs.Hook{h.Hook(ocihook.RegisterStage)}, Poststop: []specs.Hook{h.Hook(ocihook.Poststop)}}
 }
 
 func tenantByName(st api.Status, name string) *api.Tenant {
@@ -52,11 +47,11 @@ func TestContainerAttachedByHook(t *testing.T) {
 	capped := r.Bundle(t, testutil.ContainerSpec{
 		ID: "gpuarb-e2e-capped", Args: work, GPU: gpu, CgroupsPath: parent.Rel + "/capped",
 		Annotations: map[string]string{ocihook.AnnotationLimit: "25%", ocihook.AnnotationName: "capped"},
-		Hooks:       hooksFor(t, d.Socket),
+		Hooks:       hooksFor(t, d.Socket, false),
 	})
 	other := r.Bundle(t, testutil.ContainerSpec{
 		ID: "gpuarb-e2e-other", Args: work, GPU: gpu, CgroupsPath: parent.Rel + "/other",
-		Hooks: hooksFor(t, d.Socket),
+		Hooks: hooksFor(t, d.Socket, false),
 	})
 	pc := r.Run(t, "gpuarb-e2e-capped", capped)
 	po := r.Run(t, "gpuarb-e2e-other", other)
@@ -199,7 +194,7 @@ func TestHookDaemonDown(t *testing.T) {
 	if err != nil {
 		t.Fatalf("plain container: %v %s", err, stderr)
 	}
-	open, err, stderr := run("gpuarb-e2e-open", hooksFor(t, hung))
+	open, err, stderr := run("gpuarb-e2e-open", hooksFor(t, hung, false))
 	if err != nil {
 		t.Fatalf("fail-open container refused: %v %s", err, stderr)
 	}
@@ -208,7 +203,7 @@ func TestHookDaemonDown(t *testing.T) {
 	if open-base > 2*time.Second {
 		t.Errorf("the hook held the container %v with a hung daemon", open-base)
 	}
-	_, err, stderr = run("gpuarb-e2e-closed", hooksFor(t, hung, "--fail-closed"))
+	_, err, stderr = run("gpuarb-e2e-closed", hooksFor(t, hung, true))
 	if err == nil || !strings.Contains(stderr, "did not answer") {
 		t.Errorf("fail-closed container started: %v %s", err, stderr)
 	}

@@ -117,6 +117,15 @@ type mark struct {
 	crossed uint64 // when the replay ran past pos (0: not yet)
 }
 
+// passMarks notes at t the marks the replay has now run past.
+func (s *stream) passMarks(t uint64) {
+	for i := range s.marks {
+		if s.marks[i].crossed == 0 && s.marks[i].pos <= s.ran+1 {
+			s.marks[i].crossed = t
+		}
+	}
+}
+
 // maxMarks bounds the events remembered per stream (recorded and never
 // synchronized ones are dropped oldest first).
 const maxMarks = 64
@@ -167,11 +176,7 @@ func (c *gpuContext) run(t, dt uint64) {
 				s.left = 0
 				s.drained = t + dt
 			}
-			for i := range s.marks {
-				if s.marks[i].crossed == 0 && s.marks[i].pos <= s.ran+1 {
-					s.marks[i].crossed = t + dt
-				}
-			}
+			s.passMarks(t + dt)
 		}
 	}
 	c.held = appendSpan(c.held, t, t+dt)
@@ -569,11 +574,7 @@ func (m *Meter) eventSync(c *gpuContext, h *ioctlspy.Header, event uint64, now u
 			s.left = 0
 			s.drained = now
 		}
-		for i := range s.marks {
-			if s.marks[i].crossed == 0 && s.marks[i].pos <= s.ran+1 {
-				s.marks[i].crossed = now
-			}
-		}
+		s.passMarks(now)
 	}
 	if covered <= 0 || m.pausedDuring(c.cgroup, h.Start, h.End) {
 		return

@@ -64,9 +64,8 @@ or slow the container starts anyway and a warning is printed, unless
 const DefaultHooksDir = "/etc/containers/oci/hooks.d"
 
 func hooksCommand() *cli.Command {
-	runtimes := "crio, podman, containerd, runc or crun"
 	common := []cli.Flag{
-		&cli.StringFlag{Name: "runtime", Required: true, Usage: "the container runtime: " + runtimes},
+		&cli.StringFlag{Name: "runtime", Required: true, Usage: "the container runtime: " + hookRuntimes},
 		&cli.StringFlag{Name: "dir", Value: DefaultHooksDir, Usage: "crio, podman: the OCI hooks.d directory"},
 		&cli.StringFlag{Name: "base", Usage: "containerd: the base runtime spec to edit in place (else the hooks are printed)"},
 		&cli.StringFlag{Name: "bundle", Usage: "runc, crun: the bundle whose config.json to edit (else the hooks are printed)"},
@@ -102,6 +101,22 @@ runc, crun: adds the hooks to a bundle's config.json (--bundle); without
 			},
 		},
 	}
+}
+
+// hookRuntimes are the runtimes 'gpuarb hooks' configures.
+const hookRuntimes = "crio, podman, containerd, runc or crun"
+
+// specFile is the runtime spec that 'hooks install|uninstall' edits for
+// containerd (--base) or runc and crun (--bundle's config.json); "" when
+// none was given.
+func specFile(c *cli.Context, runtime string) string {
+	if runtime == "containerd" {
+		return c.String("base")
+	}
+	if b := c.String("bundle"); b != "" {
+		return filepath.Join(b, "config.json")
+	}
+	return ""
 }
 
 func hookCommandFrom(c *cli.Context) (ocihook.HookCommand, error) {
@@ -142,13 +157,7 @@ func hooksInstall(c *cli.Context) error {
 		}
 		fmt.Fprintf(w, "%s reads %s for every new container; nothing to restart\n", rt, c.String("dir"))
 	case "containerd", "runc", "crun":
-		target := c.String("base")
-		if rt != "containerd" {
-			target = c.String("bundle")
-			if target != "" {
-				target = filepath.Join(target, "config.json")
-			}
-		}
+		target := specFile(c, rt)
 		if target == "" {
 			hooks := map[string]any{"prestart": []any{h.Hook(ocihook.RegisterStage)}, "poststop": []any{h.Hook(ocihook.Poststop)}}
 			b, _ := json.MarshalIndent(map[string]any{"hooks": hooks}, "", "  ")
@@ -160,7 +169,7 @@ func hooksInstall(c *cli.Context) error {
 		}
 		fmt.Fprintf(w, "added the gpuarb hooks to %s\n", target)
 	default:
-		return cli.Exit(fmt.Sprintf("gpuarb hooks install: --runtime %q: want %s", rt, "crio, podman, containerd, runc or crun"), 2)
+		return cli.Exit(fmt.Sprintf("gpuarb hooks install: --runtime %q: want %s", rt, hookRuntimes), 2)
 	}
 	return nil
 }
@@ -180,10 +189,7 @@ func hooksUninstall(c *cli.Context) error {
 			fmt.Fprintf(w, "no gpuarb hooks in %s\n", c.String("dir"))
 		}
 	case "containerd", "runc", "crun":
-		target := c.String("base")
-		if rt != "containerd" && c.String("bundle") != "" {
-			target = filepath.Join(c.String("bundle"), "config.json")
-		}
+		target := specFile(c, rt)
 		if target == "" {
 			return cli.Exit("gpuarb hooks uninstall: give --base (containerd) or --bundle (runc, crun)", 2)
 		}
@@ -192,7 +198,7 @@ func hooksUninstall(c *cli.Context) error {
 		}
 		fmt.Fprintf(w, "removed the gpuarb hooks from %s\n", target)
 	default:
-		return cli.Exit(fmt.Sprintf("gpuarb hooks uninstall: --runtime %q: want crio, podman, containerd, runc or crun", rt), 2)
+		return cli.Exit(fmt.Sprintf("gpuarb hooks uninstall: --runtime %q: want %s", rt, hookRuntimes), 2)
 	}
 	return nil
 }
