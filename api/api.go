@@ -35,7 +35,11 @@ type Tenant struct {
 	MemBytes     int64   `json:"mem_bytes"`
 	QueueNS      uint64  `json:"queue_ns"` // estimated time with work queued behind others, in the window
 	Processes    int     `json:"processes"`
-	State        string  `json:"state"` // running | throttled | frozen | idle
+	// Cumulative counts since the tenant appeared (Prometheus counters).
+	GPUNSTotal    uint64 `json:"gpu_ns_total"`
+	LaunchesTotal uint64 `json:"launches_total"`
+	SyncsTotal    uint64 `json:"syncs_total"`
+	State         string `json:"state"` // running | throttled | frozen | idle
 	// Policy and the arbiter's decision.
 	Weight      int     `json:"weight"`
 	Limit       float64 `json:"limit,omitempty"`

@@ -30,6 +30,7 @@ type tenant struct {
 	anyPID    int             // one of its processes
 	decisions map[int]arbiter.Decision
 	syncP99MS map[int]float64
+	totals    map[int]meter.Totals // per GPU, cumulative: the Prometheus counters
 	lastSeen  time.Time
 
 	gater   *arbiter.Gater
@@ -149,7 +150,7 @@ func (d *Daemon) control(ctx context.Context) {
 		syncs[k] += c.Syncs
 		t := d.tenants[name]
 		if t == nil {
-			t = &tenant{name: name, cgroupIDs: map[uint64]bool{}}
+			t = &tenant{name: name, cgroupIDs: map[uint64]bool{}, totals: map[int]meter.Totals{}}
 			d.tenants[name] = t
 		}
 		t.rules, t.cgroup, t.pid, t.lastSeen = rules, cg, pid, now
@@ -157,7 +158,11 @@ func (d *Daemon) control(ctx context.Context) {
 		if !c.Exited {
 			t.anyPID = int(c.PID)
 		}
+		tot := t.totals[c.GPU]
+		tot.Add(d.counted.delta(c))
+		t.totals[c.GPU] = tot
 	}
+	d.counted.forgetAbsent(long)
 	for _, c := range short {
 		name, _, _, _ := cl.classify(c.PID, c.CgroupID)
 		in := inputs[aggKey{name, c.GPU}]

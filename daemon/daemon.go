@@ -26,6 +26,7 @@ import (
 	"github.com/gpuarb/gpuarb/exact"
 	"github.com/gpuarb/gpuarb/ioctlspy"
 	"github.com/gpuarb/gpuarb/meter"
+	"github.com/gpuarb/gpuarb/metrics"
 	"github.com/gpuarb/gpuarb/policy"
 )
 
@@ -48,6 +49,9 @@ type Config struct {
 	Guardian []string
 	// ObserveOnly measures without throttling anyone.
 	ObserveOnly bool
+	// MetricsAddr, when set, serves Prometheus metrics over HTTP there (a
+	// bare port listens on 127.0.0.1 only).
+	MetricsAddr string
 	Log         *slog.Logger
 	// Exact is an exact per-process GPU time source to report beside the
 	// estimate; nil picks DRM fdinfo when a DRM client exists at start.
@@ -71,12 +75,16 @@ type Daemon struct {
 	resolver *cgroup.Resolver
 	server   *http.Server
 	listener net.Listener
-	mu       sync.Mutex
+	// the Prometheus endpoint, when configured
+	metricsServer   *http.Server
+	metricsListener net.Listener
+	mu              sync.Mutex
 	// policy and arbitration, under mu
 	policy       *policy.Config
 	enforcing    bool
 	arb          *arbiter.Arbiter
 	tenants      map[string]*tenant
+	counted      contextCounts
 	ledger       *cgroup.Ledger
 	mode         cgroup.Mode
 	mount        string
@@ -189,6 +197,9 @@ func Start(cfg Config) (_ *Daemon, err error) {
 	if err := d.listen(); err != nil {
 		return nil, err
 	}
+	if err := d.listenMetrics(); err != nil {
+		return nil, err
+	}
 	d.log.Info("gpuarb daemon started", "socket", cfg.Socket, "pins", cfg.PinPath,
 		"devices", len(cfg.Devices), "libcudas", len(d.probes.Libcudas()))
 	return d, nil
@@ -241,11 +252,30 @@ func (d *Daemon) listen() error {
 	return nil
 }
 
+// listenMetrics opens the Prometheus endpoint when one is configured.
+func (d *Daemon) listenMetrics() error {
+	if d.cfg.MetricsAddr == "" {
+		return nil
+	}
+	addr, err := metrics.ListenAddr(d.cfg.MetricsAddr)
+	if err != nil {
+		return fmt.Errorf("metrics address %q: %w", d.cfg.MetricsAddr, err)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("metrics: listen %s: %w", addr, err)
+	}
+	d.metricsListener = ln
+	d.metricsServer = &http.Server{Handler: metrics.Handler(d.Status), ReadHeaderTimeout: 5 * time.Second}
+	d.log.Info("serving metrics", "url", "http://"+ln.Addr().String()+metrics.Path)
+	return nil
+}
+
 // Run serves until ctx ends, then stops everything.
 func (d *Daemon) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	errs := make(chan error, 2)
+	errs := make(chan error, 3)
 	go func() {
 		errs <- d.spy.Run(ctx, d.meter.Observe)
 	}()
@@ -254,6 +284,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 			errs <- fmt.Errorf("serve: %w", err)
 		}
 	}()
+	if d.metricsServer != nil {
+		go func() {
+			if err := d.metricsServer.Serve(d.metricsListener); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errs <- fmt.Errorf("serve metrics: %w", err)
+			}
+		}()
+	}
 	tick := time.NewTicker(d.period())
 	defer tick.Stop()
 	period := d.period()
@@ -329,6 +366,15 @@ func (d *Daemon) Stop() error {
 		cancel()
 		d.server = nil
 	}
+	if d.metricsListener != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		// Shutdown closes the listener of a serving server; before Run the
+		// listener is closed by hand.
+		errs = append(errs, d.metricsServer.Shutdown(sctx))
+		_ = d.metricsListener.Close()
+		cancel()
+		d.metricsServer, d.metricsListener = nil, nil
+	}
 	if d.spy != nil {
 		_ = d.spy.Close() // also ends a running Run; closing twice is harmless
 		d.spy = nil
@@ -395,6 +441,8 @@ func (d *Daemon) Status() api.Status {
 				t.TargetShare, t.Duty, t.Reason, t.SLOMissed = dec.Target, dec.Duty, dec.Reason, dec.SLOMissed
 				t.SyncP99MS = tn.syncP99MS[k.gpu]
 			}
+			tot := tn.totals[k.gpu]
+			t.GPUNSTotal, t.LaunchesTotal, t.SyncsTotal = tot.GPUNS, tot.Launches, tot.Syncs
 			if tn.gater != nil {
 				frozen, throttled := tn.gater.State()
 				t.ThrottledNS = uint64(throttled)

@@ -11,15 +11,19 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/gpuarb/gpuarb/api"
 	"github.com/gpuarb/gpuarb/internal/testutil"
 )
 
 // TestStatusAndTop runs the daemon and a tenant on the simulated GPU and
-// reads them through `gpuarb status --json` and `gpuarb top --once`.
+// reads them through `gpuarb status --json`, `gpuarb top --once` and the
+// Prometheus endpoint.
 func TestStatusAndTop(t *testing.T) {
 	gpu := testutil.StartFakeGPU(t)
-	d := startDaemon(t)
+	metricsAddr := testutil.FreeTCPAddr(t)
+	d := startDaemon(t, "--metrics-addr", metricsAddr)
 	sock := d.Socket
 	cg := testutil.NewCgroup(t, "status")
 	testutil.Start(t, cg, gpu.Workload(t, "hog", "--duration", "5"))
@@ -71,6 +75,8 @@ func TestStatusAndTop(t *testing.T) {
 		t.Error("top --sort color accepted")
 	}
 
+	checkMetrics(t, d, "http://"+metricsAddr+"/metrics", cg.Rel)
+
 	// SIGTERM: a clean stop that leaves no pins, socket or lock.
 	d.Proc.Cmd.Process.Signal(syscall.SIGTERM)
 	if err := d.Proc.Wait(t, 10*time.Second); err != nil {
@@ -84,6 +90,53 @@ func TestStatusAndTop(t *testing.T) {
 	out, err = exec.Command(testutil.Bin(t, "gpuarb"), "status", "--socket", sock).CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "not running") {
 		t.Errorf("status without a daemon: %v %s", err, out)
+	}
+}
+
+// checkMetrics scrapes the endpoint twice, 1 s apart, while the tenant
+// runs alone: its GPU seconds grow by about the second, its counters agree
+// with the status document.
+func checkMetrics(t *testing.T, d runningDaemon, url, tenant string) {
+	t.Helper()
+	labels := map[string]string{"tenant": tenant, "gpu": "0"}
+	read := func(fams map[string]*dto.MetricFamily, name string) float64 {
+		v, ok := testutil.MetricValue(fams, name, labels)
+		if !ok {
+			t.Fatalf("no %s for %s", name, tenant)
+		}
+		return v
+	}
+	first := testutil.ScrapeMetrics(t, url)
+	start := time.Now()
+	time.Sleep(time.Second)
+	second := testutil.ScrapeMetrics(t, url)
+	st, err := d.Client.Status(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	elapsed := time.Since(start).Seconds()
+	gained := read(second, "gpuarb_tenant_gpu_seconds_total") - read(first, "gpuarb_tenant_gpu_seconds_total")
+	t.Logf("gpu seconds gained %.3f in %.3f s", gained, elapsed)
+	if gained < 0.85*elapsed || gained > 1.05*elapsed {
+		t.Errorf("a lone hog gained %.3f GPU s in %.3f s", gained, elapsed)
+	}
+	if l := read(second, "gpuarb_tenant_launches_total"); l < 100 {
+		t.Errorf("launches_total %v", l)
+	}
+	if s := read(second, "gpuarb_tenant_share"); s < 0.9 {
+		t.Errorf("share %v", s)
+	}
+	if ten := tenantByName(st, tenant); ten == nil || float64(ten.LaunchesTotal) < read(second, "gpuarb_tenant_launches_total") {
+		t.Errorf("status %+v behind the metrics", ten)
+	}
+	if v, ok := testutil.MetricValue(second, "gpuarb_gpu_busy_ratio", map[string]string{"gpu": "0"}); !ok || v < 0.9 {
+		t.Errorf("gpu_busy_ratio %v %v", v, ok)
+	}
+	if v, ok := testutil.MetricValue(second, "gpuarb_probe_events_total", nil); !ok || v <= 0 {
+		t.Errorf("probe_events_total %v %v", v, ok)
+	}
+	if _, ok := testutil.MetricValue(second, "gpuarb_probe_lost_events_total", nil); !ok {
+		t.Error("no probe_lost_events_total")
 	}
 }
 

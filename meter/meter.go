@@ -146,6 +146,22 @@ type gpuContext struct {
 	mem        int64
 	allocs     map[uint64]uint64
 	exited     bool
+	total      Totals // since the context appeared in its cgroup and on its GPU
+}
+
+// Totals are a context's cumulative counts, for counters that must not go
+// back when the window moves on.
+type Totals struct {
+	GPUNS    uint64 // estimated GPU ns received
+	Launches uint64 // kernel and graph launches, submissions
+	Syncs    uint64 // syncs that returned
+}
+
+// Add adds o to t.
+func (t *Totals) Add(o Totals) {
+	t.GPUNS += o.GPUNS
+	t.Launches += o.Launches
+	t.Syncs += o.Syncs
 }
 
 func (c *gpuContext) left() float64 {
@@ -180,6 +196,7 @@ func (c *gpuContext) run(t, dt uint64) {
 		}
 	}
 	c.held = appendSpan(c.held, t, t+dt)
+	c.total.GPUNS += dt
 }
 
 // appendSpan adds [s, e) to spans, merging with the last one when they touch.
@@ -252,7 +269,10 @@ func (m *Meter) context(h *ioctlspy.Header) *gpuContext {
 		r := m.replayOf(0)
 		r.runlist = append(r.runlist, c)
 	}
-	c.cgroup = h.CgroupID // processes move between cgroups
+	if c.cgroup != h.CgroupID { // processes move between cgroups
+		c.cgroup = h.CgroupID
+		c.total = Totals{}
+	}
 	return c
 }
 
@@ -264,6 +284,7 @@ func (m *Meter) moveGPU(c *gpuContext, gpu int) {
 	old := m.replayOf(c.gpu)
 	old.remove(c)
 	c.gpu = gpu
+	c.total = Totals{}
 	r := m.replayOf(gpu)
 	r.runlist = append(r.runlist, c)
 }
@@ -385,6 +406,7 @@ func (m *Meter) enqueue(c *gpuContext, streamID uint64, t uint64, work float64) 
 	}
 	m.submitted[c.cgroup] += work
 	c.launches = append(c.launches, t)
+	c.total.Launches++
 }
 
 // nouveauStream keys a context's kernel-submitted work apart from streams.
@@ -447,6 +469,7 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 	c := m.context(h)
 	now := m.at(c, h.End)
 	c.syncs = append(c.syncs, span{h.Start, h.End})
+	c.total.Syncs++
 	var ids []uint64
 	switch e.Func {
 	case "cuStreamSynchronize":
@@ -770,6 +793,9 @@ type ContextStats struct {
 	QueueNS  uint64
 	Busy     bool // work outstanding now
 	Exited   bool
+	// Total counts since the process entered its cgroup and GPU (they
+	// start again from zero when it moves).
+	Total Totals
 }
 
 // Contexts returns per-process figures over the window ending at the
@@ -788,7 +814,7 @@ func (m *Meter) Contexts(window time.Duration) (at uint64, out []ContextStats) {
 		held := c.heldIn(from, now)
 		cs := ContextStats{PID: c.pid, CgroupID: c.cgroup, GPU: c.gpu, GPUNS: uint64(held), Share: held / float64(w),
 			Launches: len(dropBefore(c.launches, from)), MemBytes: c.mem, QueueNS: uint64(sumIn(c.waited, from, now)),
-			Busy: c.left() > 0, Exited: c.exited}
+			Busy: c.left() > 0, Exited: c.exited, Total: c.total}
 		for _, sp := range c.syncs {
 			if sp.end >= from {
 				cs.Syncs++

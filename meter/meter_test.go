@@ -277,3 +277,40 @@ func TestEventSyncTeachesCosts(t *testing.T) {
 		})
 	}
 }
+
+func TestTotalsRestartOnMove(t *testing.T) {
+	base := 10 * 1000 * ms
+	clk := &clock{t: base}
+	m := New(Config{Now: clk.now})
+	// pid 1 in cgroup 100 runs two requests of 100 ms and 50 ms...
+	m.Observe(launch(1, 100, base, 7))
+	m.Observe(syncEv(1, 100, "cuStreamSynchronize", 7, base+10*ms, base+100*ms))
+	m.Observe(launch(1, 100, base+200*ms, 7))
+	m.Observe(syncEv(1, 100, "cuStreamSynchronize", 7, base+210*ms, base+250*ms))
+	// ...pid 2 one of 50 ms, then exits.
+	m.Observe(launch(2, 200, base+300*ms, 7))
+	m.Observe(syncEv(2, 200, "cuStreamSynchronize", 7, base+310*ms, base+350*ms))
+	m.Observe(&ioctlspy.ProcessExit{Header: hdr(2, 200, base+400*ms, base+400*ms)})
+	clk.t = base + 500*ms
+	check := func(want map[uint32]Totals) {
+		t.Helper()
+		_, ctxs := m.Contexts(time.Second)
+		for _, c := range ctxs {
+			w := want[c.PID]
+			g := c.Total
+			if g.Launches != w.Launches || g.Syncs != w.Syncs || math.Abs(float64(g.GPUNS)-float64(w.GPUNS)) > float64(ms) {
+				t.Errorf("pid %d in %d: %+v, want %+v", c.PID, c.CgroupID, g, w)
+			}
+		}
+	}
+	check(map[uint32]Totals{1: {GPUNS: 150 * ms, Launches: 2, Syncs: 2}, 2: {GPUNS: 50 * ms, Launches: 1, Syncs: 1}})
+	// Counts outlive the window: 3 s later pid 1 still has its totals.
+	clk.t = base + 3000*ms
+	m.Tick()
+	check(map[uint32]Totals{1: {GPUNS: 150 * ms, Launches: 2, Syncs: 2}})
+	// Moved to cgroup 300, it starts from zero there.
+	m.Observe(launch(1, 300, base+3000*ms, 7))
+	m.Observe(syncEv(1, 300, "cuStreamSynchronize", 7, base+3010*ms, base+3020*ms))
+	clk.t = base + 3100*ms
+	check(map[uint32]Totals{1: {GPUNS: 20 * ms, Launches: 1, Syncs: 1}})
+}

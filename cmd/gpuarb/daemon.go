@@ -72,6 +72,7 @@ or SIGTERM stop it cleanly (tenants thawed; pins, socket and lock removed).`,
 			&cli.StringFlag{Name: "policy", Value: policy.DefaultPath, Usage: "policy `FILE` (YAML; missing: defaults)"},
 			&cli.StringFlag{Name: "ledger", Usage: "thaw ledger `FILE` (default: gated.json beside the socket)"},
 			&cli.BoolFlag{Name: "observe-only", Usage: "measure, never throttle"},
+			&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics on `ADDR` (e.g. :9400, which listens on 127.0.0.1 only; give a host to listen elsewhere); off when empty"},
 		},
 		Action: func(c *cli.Context) error {
 			devices, err := deviceTable(c.StringSlice("device"), !c.Bool("no-host-devices"))
@@ -86,7 +87,8 @@ or SIGTERM stop it cleanly (tenants thawed; pins, socket and lock removed).`,
 				Socket: c.String("socket"), PinPath: c.String("pin-path"), Devices: devices,
 				Libcudas: c.StringSlice("libcuda"), Window: c.Duration("window"), Version: version, Log: log,
 				PolicyPath: c.String("policy"), Ledger: ledgerPath(c), ObserveOnly: c.Bool("observe-only"),
-				Guardian: guardianCommand(ledgerPath(c)),
+				MetricsAddr: c.String("metrics-addr"),
+				Guardian:    guardianCommand(ledgerPath(c)),
 			})
 			if errors.Is(err, daemon.ErrAlreadyRunning) {
 				return cli.Exit("gpuarb: "+err.Error(), 3)

@@ -1,0 +1,121 @@
+// Package metrics exposes the daemon's status document as Prometheus
+// metrics. Every scrape reads a fresh status; labels are only the tenant
+// name and the GPU index, so the series count grows with tenants, never
+// with processes or events.
+package metrics
+
+import (
+	"net"
+	"net/http"
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/gpuarb/gpuarb/api"
+)
+
+// Path is where the metrics are served.
+const Path = "/metrics"
+
+var (
+	tenantLabels = []string{"tenant", "gpu"}
+
+	gpuSeconds  = desc("tenant_gpu_seconds_total", "GPU time attributed to the tenant (estimated from the probes).", tenantLabels)
+	share       = desc("tenant_share", "Fraction of the GPU's time the tenant used in the last window (0..1).", tenantLabels)
+	target      = desc("tenant_target_share", "Share the arbiter aims the tenant at (0..1).", tenantLabels)
+	duty        = desc("tenant_duty", "Fraction of each control period the tenant may submit work (1: not throttled).", tenantLabels)
+	throttled   = desc("tenant_throttled_seconds_total", "Time the arbiter held the tenant frozen or stopped.", tenantLabels)
+	launches    = desc("tenant_launches_total", "Kernel and graph launches and submissions of the tenant.", tenantLabels)
+	syncs       = desc("tenant_syncs_total", "Synchronizations of the tenant that returned.", tenantLabels)
+	memory      = desc("tenant_memory_bytes", "GPU memory the tenant holds (allocated minus freed).", tenantLabels)
+	syncP99     = desc("tenant_sync_p99_seconds", "99th percentile of the tenant's sync waits in the last window.", tenantLabels)
+	processes   = desc("tenant_processes", "Processes of the tenant using the GPU.", tenantLabels)
+	gpuBusy     = desc("gpu_busy_ratio", "Fraction of the GPU's time some tenant held it in the last window (0..1).", []string{"gpu"})
+	probeEvents = desc("probe_events_total", "Events read from the probes' ring buffer.", nil)
+	probeLost   = desc("probe_lost_events_total", "Events the probes dropped because the ring buffer was full.", nil)
+	enforcing   = desc("enforcing", "1 while the arbiter enforces the policy, 0 while it only observes.", nil)
+	build       = desc("build_info", "The daemon's version.", []string{"version"})
+)
+
+func desc(name, help string, labels []string) *prometheus.Desc {
+	return prometheus.NewDesc("gpuarb_"+name, help, labels, nil)
+}
+
+// Collector turns the status document into metrics at every scrape.
+type Collector struct {
+	status func() api.Status
+}
+
+// NewCollector returns a Collector reading status at every scrape.
+func NewCollector(status func() api.Status) *Collector {
+	return &Collector{status: status}
+}
+
+// Describe sends every metric's description.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{gpuSeconds, share, target, duty, throttled, launches, syncs, memory,
+		syncP99, processes, gpuBusy, probeEvents, probeLost, enforcing, build} {
+		ch <- d
+	}
+}
+
+// Collect reads the status once and sends its figures.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	st := c.status()
+	for _, t := range st.Tenants {
+		gpu := strconv.Itoa(t.GPU)
+		m := func(d *prometheus.Desc, kind prometheus.ValueType, v float64) {
+			ch <- prometheus.MustNewConstMetric(d, kind, v, t.Name, gpu)
+		}
+		m(gpuSeconds, prometheus.CounterValue, float64(t.GPUNSTotal)/1e9)
+		m(share, prometheus.GaugeValue, t.Share)
+		m(target, prometheus.GaugeValue, t.TargetShare)
+		m(duty, prometheus.GaugeValue, t.Duty)
+		m(throttled, prometheus.CounterValue, float64(t.ThrottledNS)/1e9)
+		m(launches, prometheus.CounterValue, float64(t.LaunchesTotal))
+		m(syncs, prometheus.CounterValue, float64(t.SyncsTotal))
+		m(memory, prometheus.GaugeValue, float64(t.MemBytes))
+		m(syncP99, prometheus.GaugeValue, t.SyncP99MS/1e3)
+		m(processes, prometheus.GaugeValue, float64(t.Processes))
+	}
+	for _, g := range st.GPUs {
+		ch <- prometheus.MustNewConstMetric(gpuBusy, prometheus.GaugeValue, g.BusyShare, strconv.Itoa(g.Index))
+	}
+	ch <- prometheus.MustNewConstMetric(probeEvents, prometheus.CounterValue, float64(st.Probes.Events))
+	ch <- prometheus.MustNewConstMetric(probeLost, prometheus.CounterValue, float64(st.Probes.LostEvents))
+	on := 0.0
+	if st.Enforcing {
+		on = 1
+	}
+	ch <- prometheus.MustNewConstMetric(enforcing, prometheus.GaugeValue, on)
+	ch <- prometheus.MustNewConstMetric(build, prometheus.GaugeValue, 1, st.Version)
+}
+
+// Handler serves the gpuarb metrics and the daemon process's own (Go
+// runtime, CPU, memory) on Path.
+func Handler(status func() api.Status) http.Handler {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(NewCollector(status), collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	mux := http.NewServeMux()
+	mux.Handle(Path, promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
+	return mux
+}
+
+// ListenAddr completes a --metrics-addr value: a bare port (":9400" or
+// "9400") listens on 127.0.0.1 only; an explicit host is kept.
+func ListenAddr(addr string) (string, error) {
+	if _, err := strconv.Atoi(addr); err == nil {
+		return net.JoinHostPort("127.0.0.1", addr), nil
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", err
+	}
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	return net.JoinHostPort(host, port), nil
+}
