@@ -6,11 +6,12 @@ BIN       := bin
 CFLAGS    := -O2 -g -Wall -Wextra -Werror
 GOFLAGS_B := -trimpath -ldflags "-X main.version=$(VERSION)"
 GOTEST    ?= $(GO) test
+PREFIX    ?= /usr/local
 
 LIBCUDA_SRC := e2e/fakegpu/libcuda/libcuda.c e2e/fakegpu/libcuda/fakegpu_abi.h
 GO_SRC      := $(shell find . -name '*.go' -not -path './bin/*') go.mod go.sum
 
-.PHONY: all build generate check-generate test test-unit test-e2e lint demo bench clean deps
+.PHONY: all build generate check-generate test test-unit test-e2e lint demo bench clean deps install
 
 all: build
 
@@ -55,6 +56,11 @@ test-unit:
 
 demo: deps build
 	./scripts/demo.sh
+
+# Installs gpuarb and its systemd unit (enable with systemctl enable --now gpuarb).
+install: $(BIN)/gpuarb
+	install -D -m 0755 $(BIN)/gpuarb $(DESTDIR)$(PREFIX)/bin/gpuarb
+	install -D -m 0644 deploy/systemd/gpuarb.service $(DESTDIR)/etc/systemd/system/gpuarb.service
 
 deps:
 	./scripts/install-deps.sh
