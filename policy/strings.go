@@ -1,0 +1,103 @@
+package policy
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// The keys RulesFromStrings reads: what OCI annotations (gpuarb.io/KEY)
+// and libvirt metadata attributes (<gpuarb:policy KEY=...>) spell.
+const (
+	KeyWeight   = "weight"     // 1–10000
+	KeyLimit    = "limit"      // "30%" or 0.3
+	KeyPriority = "priority"   // latency | normal | batch
+	KeySLOP99MS = "slo-p99-ms" // latency tenants: p99 sync wait bound
+	KeySLOFPS   = "slo-fps"    // latency tenants: frame rate to hold
+)
+
+// ValueError names the key whose value is invalid.
+type ValueError struct {
+	Key, Value, Msg string
+}
+
+func (e *ValueError) Error() string {
+	return fmt.Sprintf("%s=%q: %s", e.Key, e.Value, e.Msg)
+}
+
+// RulesFromStrings turns key=value pairs into rules; what they leave out
+// stays unset (the daemon's defaults apply). An SLO without a priority
+// makes the tenant a latency tenant. Unknown keys are errors.
+func RulesFromStrings(kv map[string]string) (Rules, error) {
+	var r Rules
+	for k, v := range kv {
+		switch k {
+		case KeyWeight, KeyLimit, KeyPriority, KeySLOP99MS, KeySLOFPS:
+		default:
+			return r, &ValueError{k, v, "unknown key (known: weight, limit, priority, slo-p99-ms, slo-fps)"}
+		}
+	}
+	if v, ok := kv[KeyWeight]; ok {
+		w, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil || w < MinWeight || w > MaxWeight {
+			return r, &ValueError{KeyWeight, v, fmt.Sprintf("want an integer %d–%d", MinWeight, MaxWeight)}
+		}
+		r.Weight = Weight(w)
+	}
+	if v, ok := kv[KeyLimit]; ok {
+		s, err := ParseShare(v)
+		if err != nil || s <= 0 || s > 1 {
+			return r, &ValueError{KeyLimit, v, "want a share in (0, 1] as 0.3 or 30%"}
+		}
+		r.Limit = s
+	}
+	if v, ok := kv[KeyPriority]; ok {
+		p := Priority(strings.TrimSpace(v))
+		switch p {
+		case Latency, Normal, Batch:
+			r.Priority = p
+		default:
+			return r, &ValueError{KeyPriority, v, "want latency, normal or batch"}
+		}
+	}
+	slo := func(key string, max float64) (float64, error) {
+		v, ok := kv[key]
+		if !ok {
+			return 0, nil
+		}
+		f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if err != nil || f <= 0 || f > max {
+			return 0, &ValueError{key, v, fmt.Sprintf("want a number in (0, %g]", max)}
+		}
+		return f, nil
+	}
+	var err error
+	if r.SLO.P99SyncMS, err = slo(KeySLOP99MS, 60000); err != nil {
+		return r, err
+	}
+	if r.SLO.FPS, err = slo(KeySLOFPS, 1000); err != nil {
+		return r, err
+	}
+	if r.SLO.P99SyncMS > 0 && r.SLO.FPS > 0 {
+		return r, &ValueError{KeySLOFPS, kv[KeySLOFPS], "set " + KeySLOP99MS + " or " + KeySLOFPS + ", not both"}
+	}
+	if r.SLO.P99SyncMS > 0 || r.SLO.FPS > 0 {
+		switch r.Priority {
+		case "":
+			r.Priority = Latency
+		case Latency:
+		default:
+			return r, &ValueError{KeyPriority, kv[KeyPriority], "an SLO needs priority latency"}
+		}
+	}
+	return r, nil
+}
+
+// CheckTenantName fails unless s can name a tenant: 1–128 characters
+// without spaces or '/'.
+func CheckTenantName(s string) error {
+	if s == "" || strings.ContainsAny(s, " \t\n/") || len(s) > 128 {
+		return fmt.Errorf("a tenant name must be 1–128 characters without spaces or '/', got %q", s)
+	}
+	return nil
+}
