@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -88,6 +89,40 @@ func V1ProcessPath(pid int, controller string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("cgroup of pid %d: no v1 %s hierarchy", pid, controller)
+}
+
+// GatePath reads from procRoot/PID/cgroup the cgroup a gate for pid
+// would freeze: the unified (v2) entry, or on a v1-only host the freezer
+// controller's.
+func GatePath(procRoot string, pid int) (string, error) {
+	f, err := os.Open(filepath.Join(procRoot, strconv.Itoa(pid), "cgroup"))
+	if err != nil {
+		return "", fmt.Errorf("cgroup of pid %d: %w", pid, err)
+	}
+	defer f.Close()
+	freezer := ""
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.SplitN(sc.Text(), ":", 3)
+		if len(fields) != 3 {
+			continue
+		}
+		if fields[0] == "0" && fields[1] == "" {
+			return fields[2], nil
+		}
+		for _, c := range strings.Split(fields[1], ",") {
+			if c == "freezer" {
+				freezer = fields[2]
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return "", fmt.Errorf("cgroup of pid %d: %w", pid, err)
+	}
+	if freezer == "" {
+		return "", fmt.Errorf("pid %d has neither a cgroup v2 nor a freezer cgroup", pid)
+	}
+	return freezer, nil
 }
 
 // Resolver maps cgroup ids to paths relative to the v2 mount, walking the

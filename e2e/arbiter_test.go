@@ -18,7 +18,7 @@ import (
 )
 
 // trueShares reads n windows of 1 s of the simulator's ground truth, per
-// test cgroup, after settle.
+// test cgroup (its descendants included), after settle.
 func trueShares(t *testing.T, gpu *testutil.FakeGPU, cgs map[string]*testutil.Cgroup, settle time.Duration, n int) []map[string]float64 {
 	t.Helper()
 	time.Sleep(settle)
@@ -35,7 +35,7 @@ func trueShares(t *testing.T, gpu *testutil.FakeGPU, cgs map[string]*testutil.Cg
 		w := map[string]float64{}
 		for name, cg := range cgs {
 			for _, c := range st.GPUs[0].Contexts {
-				if c.Cgroup == cg.Rel {
+				if c.Cgroup == cg.Rel || strings.HasPrefix(c.Cgroup, cg.Rel+"/") {
 					w[name] += float64(c.BusyNS) / float64(st.ElapsedNS)
 				}
 			}

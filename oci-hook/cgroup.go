@@ -1,13 +1,12 @@
 package ocihook
 
 import (
-	"bufio"
 	"fmt"
-	"os"
 	"path"
-	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/gpuarb/gpuarb/cgroup"
 )
 
 // SpecCgroupPath turns linux.cgroupsPath into the cgroup path the
@@ -77,39 +76,6 @@ func expandSlice(slice string) (string, error) {
 	return p, nil
 }
 
-// ProcessCgroup reads the cgroup of pid from procRoot/PID/cgroup: the
-// unified (v2) entry, or on a v1-only host the freezer controller's.
-func ProcessCgroup(procRoot string, pid int) (string, error) {
-	f, err := os.Open(filepath.Join(procRoot, strconv.Itoa(pid), "cgroup"))
-	if err != nil {
-		return "", fmt.Errorf("cgroup of pid %d: %w", pid, err)
-	}
-	defer f.Close()
-	freezer := ""
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.SplitN(sc.Text(), ":", 3)
-		if len(fields) != 3 {
-			continue
-		}
-		if fields[0] == "0" && fields[1] == "" {
-			return fields[2], nil
-		}
-		for _, c := range strings.Split(fields[1], ",") {
-			if c == "freezer" {
-				freezer = fields[2]
-			}
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return "", fmt.Errorf("cgroup of pid %d: %w", pid, err)
-	}
-	if freezer == "" {
-		return "", fmt.Errorf("pid %d has neither a cgroup v2 nor a freezer cgroup", pid)
-	}
-	return freezer, nil
-}
-
 // ContainerCgroup returns the container's cgroup. With the container's
 // pid (createRuntime, prestart, poststart) the kernel's answer wins: it
 // is right whatever the runtime made of cgroupsPath, and a disagreement
@@ -119,7 +85,7 @@ func ContainerCgroup(cgroupsPath, id string, pid int, procRoot string) (cg, warn
 	if pid <= 0 {
 		return fromSpec, "", specErr
 	}
-	fromProc, err := ProcessCgroup(procRoot, pid)
+	fromProc, err := cgroup.GatePath(procRoot, pid)
 	if err != nil {
 		if specErr != nil {
 			return "", "", fmt.Errorf("%w; %w", err, specErr)

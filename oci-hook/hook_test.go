@@ -14,6 +14,7 @@ import (
 
 	"github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/gpuarb/gpuarb/cgroup"
 	"github.com/gpuarb/gpuarb/policy"
 )
 
@@ -49,7 +50,7 @@ func TestSpecCgroupPath(t *testing.T) {
 	}
 }
 
-func TestProcessCgroup(t *testing.T) {
+func TestContainerCgroup(t *testing.T) {
 	root := t.TempDir()
 	write := func(pid int, body string) {
 		dir := filepath.Join(root, strconv.Itoa(pid))
@@ -65,11 +66,11 @@ func TestProcessCgroup(t *testing.T) {
 	write(12, "12:freezer:/legacy/abc\n1:name=systemd:/legacy/abc\n")                // v1 only
 	write(13, "4:cpu:/x\n")
 	for pid, want := range map[int]string{10: "/kubepods/pod1/ctr", 11: "/docker/abc", 12: "/legacy/abc"} {
-		if got, err := ProcessCgroup(root, pid); err != nil || got != want {
+		if got, err := cgroup.GatePath(root, pid); err != nil || got != want {
 			t.Errorf("pid %d: %q %v, want %q", pid, got, err, want)
 		}
 	}
-	if _, err := ProcessCgroup(root, 13); err == nil {
+	if _, err := cgroup.GatePath(root, 13); err == nil {
 		t.Error("a process with neither v2 nor freezer cgroup resolved")
 	}
 	// The kernel's answer wins over the spec, with a warning.

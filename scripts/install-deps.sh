@@ -2,8 +2,9 @@
 # Installs what building and testing gpuarb needs on a Debian/Ubuntu host:
 # clang/llvm and libbpf headers (BPF objects), bpftool (map dumps), gcc and
 # make (the simulated GPU's C parts), runc and busybox-static (the container
-# tests run real runc containers on a busybox rootfs). Go itself must
-# already be installed.
+# tests run real runc containers on a busybox rootfs), qemu-system-x86 (the
+# libvirt hook test runs a real QEMU with TCG). Go itself must already be
+# installed.
 set -euo pipefail
 
 need=()
@@ -16,6 +17,7 @@ command -v gcc >/dev/null || need+=(gcc)
 command -v make >/dev/null || need+=(make)
 command -v runc >/dev/null || need+=(runc)
 command -v busybox >/dev/null || need+=(busybox-static)
+command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
 
 if [ ${#need[@]} -gt 0 ]; then
 	echo "install-deps: installing ${need[*]}"

@@ -11,6 +11,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/gpuarb/gpuarb/api"
+	libvirthook "github.com/gpuarb/gpuarb/libvirt-hook"
 	ocihook "github.com/gpuarb/gpuarb/oci-hook"
 )
 
@@ -60,13 +61,59 @@ or slow the container starts anyway and a warning is printed, unless
 	}
 }
 
+func libvirtHookCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "libvirt-hook",
+		Usage:     "libvirt qemu hook: register a VM with the daemon (run by libvirtd)",
+		ArgsUsage: "DOMAIN OPERATION [SUB-OPERATION EXTRA]",
+		Description: `Called by libvirtd with the domain XML on stdin. On started, reconnect and
+attach it finds the domain's QEMU process (libvirt's pid file, else the
+process whose command line carries the domain's -uuid), and registers the
+VM's cgroup (the machine.slice scope, or its cgroupfs equivalent) as a
+tenant named vm-DOMAIN, with the policy in the domain's metadata:
+
+  <metadata>
+    <gpuarb:policy xmlns:gpuarb="https://gpuarb.io/libvirt/1"
+                   weight="300" limit="30%" priority="normal"/>
+  </metadata>
+
+(attributes: name, weight, limit, priority, slo-p99-ms, slo-fps). On
+stopped and release it removes the tenant; other operations do nothing.
+A daemon that is down or slow only yields a warning (the VM runs
+unarbitrated). Install it with 'gpuarb hooks install --runtime libvirt'.`,
+		Flags: []cli.Flag{
+			socketFlag(),
+			&cli.DurationFlag{Name: "timeout", Value: 800 * time.Millisecond, Usage: "bound on the exchange with the daemon"},
+			&cli.BoolFlag{Name: "default-on-bad-policy", Usage: "register domains with an invalid <gpuarb:policy> with the default policy"},
+			&cli.StringFlag{Name: "pid-dir", Value: "/run/libvirt/qemu", Usage: "where libvirt writes DOMAIN.pid"},
+		},
+		Action: func(c *cli.Context) error {
+			if c.NArg() < 2 {
+				return cli.Exit("gpuarb libvirt-hook: want DOMAIN OPERATION (libvirtd passes them)", 2)
+			}
+			domain, op := c.Args().Get(0), libvirthook.Operation(c.Args().Get(1))
+			act, err := libvirthook.Run(c.Context, domain, op, os.Stdin, libvirthook.Options{
+				Socket: c.String("socket"), Timeout: c.Duration("timeout"),
+				DefaultOnBadPolicy: c.Bool("default-on-bad-policy"), PIDDir: c.String("pid-dir"),
+			})
+			for _, w := range act.Warnings {
+				fmt.Fprintf(c.App.ErrWriter, "gpuarb libvirt-hook %s %s: warning: %s\n", domain, op, w)
+			}
+			if err != nil {
+				return cli.Exit(fmt.Sprintf("gpuarb libvirt-hook %s %s: %v", domain, op, err), 1)
+			}
+			return nil
+		},
+	}
+}
+
 // DefaultHooksDir is where CRI-O and podman read OCI hook configs.
 const DefaultHooksDir = "/etc/containers/oci/hooks.d"
 
 func hooksCommand() *cli.Command {
 	common := []cli.Flag{
 		&cli.StringFlag{Name: "runtime", Required: true, Usage: "the container runtime: " + hookRuntimes},
-		&cli.StringFlag{Name: "dir", Value: DefaultHooksDir, Usage: "crio, podman: the OCI hooks.d directory"},
+		&cli.StringFlag{Name: "dir", Usage: "crio, podman: the OCI hooks.d directory (default " + DefaultHooksDir + "); libvirt: the qemu hooks directory (default " + libvirthook.DefaultHooksDir + ")"},
 		&cli.StringFlag{Name: "base", Usage: "containerd: the base runtime spec to edit in place (else the hooks are printed)"},
 		&cli.StringFlag{Name: "bundle", Usage: "runc, crun: the bundle whose config.json to edit (else the hooks are printed)"},
 	}
@@ -83,7 +130,10 @@ containerd: adds the hooks to the base runtime spec given by --base (set
 base_runtime_spec to it in the CRI plugin's runtime options); without
 --base prints the hooks to merge.
 runc, crun: adds the hooks to a bundle's config.json (--bundle); without
---bundle prints the "hooks" member to merge. See docs/oci-hook.md.`,
+--bundle prints the "hooks" member to merge.
+libvirt: writes an executable 'gpuarb' into /etc/libvirt/hooks/qemu.d
+(--dir) that runs 'gpuarb libvirt-hook'; restart libvirtd once after the
+first install. See docs/deploy.md.`,
 				Flags: append(common,
 					&cli.StringFlag{Name: "binary", Usage: "path of the gpuarb binary the runtime runs (default: this one)"},
 					socketFlag(),
@@ -104,7 +154,18 @@ runc, crun: adds the hooks to a bundle's config.json (--bundle); without
 }
 
 // hookRuntimes are the runtimes 'gpuarb hooks' configures.
-const hookRuntimes = "crio, podman, containerd, runc or crun"
+const hookRuntimes = "crio, podman, containerd, runc, crun or libvirt"
+
+// hooksDir is --dir, or the runtime's default hooks directory.
+func hooksDir(c *cli.Context, runtime string) string {
+	if d := c.String("dir"); d != "" {
+		return d
+	}
+	if runtime == "libvirt" {
+		return libvirthook.DefaultHooksDir
+	}
+	return DefaultHooksDir
+}
 
 // specFile is the runtime spec that 'hooks install|uninstall' edits for
 // containerd (--base) or runc and crun (--bundle's config.json); "" when
@@ -148,14 +209,20 @@ func hooksInstall(c *cli.Context) error {
 	w := c.App.Writer
 	switch rt := strings.ToLower(c.String("runtime")); rt {
 	case "crio", "cri-o", "podman":
-		files, err := h.InstallHooksD(c.String("dir"), c.Bool("annotated-only"))
+		files, err := h.InstallHooksD(hooksDir(c, rt), c.Bool("annotated-only"))
 		if err != nil {
 			return cli.Exit("gpuarb hooks install: "+err.Error(), 1)
 		}
 		for _, f := range files {
 			fmt.Fprintf(w, "wrote %s\n", f)
 		}
-		fmt.Fprintf(w, "%s reads %s for every new container; nothing to restart\n", rt, c.String("dir"))
+		fmt.Fprintf(w, "%s reads %s for every new container; nothing to restart\n", rt, hooksDir(c, rt))
+	case "libvirt":
+		path, err := libvirthook.InstallScript(hooksDir(c, rt), h.Binary, h.Socket)
+		if err != nil {
+			return cli.Exit("gpuarb hooks install: "+err.Error(), 1)
+		}
+		fmt.Fprintf(w, "wrote %s\nlibvirtd reads its hooks when it starts: restart it once (systemctl restart libvirtd)\n", path)
 	case "containerd", "runc", "crun":
 		target := specFile(c, rt)
 		if target == "" {
@@ -178,7 +245,7 @@ func hooksUninstall(c *cli.Context) error {
 	w := c.App.Writer
 	switch rt := strings.ToLower(c.String("runtime")); rt {
 	case "crio", "cri-o", "podman":
-		files, err := ocihook.UninstallHooksD(c.String("dir"))
+		files, err := ocihook.UninstallHooksD(hooksDir(c, rt))
 		for _, f := range files {
 			fmt.Fprintf(w, "removed %s\n", f)
 		}
@@ -186,7 +253,17 @@ func hooksUninstall(c *cli.Context) error {
 			return cli.Exit("gpuarb hooks uninstall: "+err.Error(), 1)
 		}
 		if len(files) == 0 {
-			fmt.Fprintf(w, "no gpuarb hooks in %s\n", c.String("dir"))
+			fmt.Fprintf(w, "no gpuarb hooks in %s\n", hooksDir(c, rt))
+		}
+	case "libvirt":
+		removed, err := libvirthook.UninstallScript(hooksDir(c, rt))
+		if err != nil {
+			return cli.Exit("gpuarb hooks uninstall: "+err.Error(), 1)
+		}
+		if removed {
+			fmt.Fprintf(w, "removed the gpuarb hook from %s\n", hooksDir(c, rt))
+		} else {
+			fmt.Fprintf(w, "no gpuarb hook in %s\n", hooksDir(c, rt))
 		}
 	case "containerd", "runc", "crun":
 		target := specFile(c, rt)

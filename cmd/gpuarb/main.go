@@ -35,6 +35,7 @@ func newApp() *cli.App {
 			policyCommand(),
 			thawCommand(),
 			ociHookCommand(),
+			libvirtHookCommand(),
 			hooksCommand(),
 			doctorCommand(),
 			guardianCommandDef(),

@@ -54,6 +54,17 @@ func NewRunc(t testing.TB) *Runc {
 	return &Runc{Root: filepath.Join(dir, "state"), Rootfs: rootfs}
 }
 
+// Require returns the path of an executable the test needs; without it
+// the test skips, or fails under CI=true. hint says how to install it.
+func Require(t testing.TB, name, hint string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err != nil {
+		missing(t, name+" ("+hint+")")
+	}
+	return p
+}
+
 // missing skips without root-only CI, fails with it: a tool the tests need
 // is absent.
 func missing(t testing.TB, what string) {

@@ -111,21 +111,47 @@ func NewCgroup(t testing.TB, name string) *Cgroup {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		// Processes end asynchronously after SIGKILL: retry for a while.
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			err := os.Remove(dir)
-			if err == nil || os.IsNotExist(err) || time.Now().After(deadline) {
-				if err != nil && !os.IsNotExist(err) {
-					t.Errorf("remove test cgroup %s: %v", dir, err)
-				}
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		removeCgroup(t, dir)
 		_ = os.Remove(parent) // fails while other tests use it, which is fine
 	})
 	return &Cgroup{Path: dir, Rel: strings.TrimPrefix(dir, root), ID: id}
+}
+
+// removeCgroup removes a test cgroup, retrying while its processes end
+// (they do so asynchronously after SIGKILL).
+func removeCgroup(t testing.TB, dir string) {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		err := os.Remove(dir)
+		if err == nil || os.IsNotExist(err) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("remove test cgroup %s: %v", dir, err)
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Sub creates the cgroup rel (one or more levels) below c, removed at
+// cleanup before c.
+func (c *Cgroup) Sub(t testing.TB, rel string) *Cgroup {
+	t.Helper()
+	dir := filepath.Join(c.Path, rel)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	id, err := cgroup.ID(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for d := dir; d != c.Path; d = filepath.Dir(d) {
+			removeCgroup(t, d)
+		}
+	})
+	return &Cgroup{Path: dir, Rel: filepath.Join(c.Rel, rel), ID: id}
 }
 
 // Proc is a process a test started; it is ended by PID at cleanup.

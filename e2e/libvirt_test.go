@@ -1,0 +1,125 @@
+package e2e
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpuarb/gpuarb/internal/testutil"
+	libvirthook "github.com/gpuarb/gpuarb/libvirt-hook"
+)
+
+// A real QEMU (TCG) started as libvirt would, in a VM cgroup with
+// libvirt's inner layout (SCOPE/libvirt/emulator), is registered by the
+// installed libvirt hook fed a recorded domain XML, throttled to the
+// limit of its <gpuarb:policy> against another tenant, and unregistered
+// (and left running, thawed) when the hook reports it stopped.
+//
+// The VM's GPU work is done on the host in its cgroup, as a virtio-gpu
+// renderer does: a gpuwork hog started beside QEMU.
+func TestLibvirtHookVM(t *testing.T) {
+	qemu := testutil.Require(t, "qemu-system-x86_64", "apt-get install qemu-system-x86")
+	xmlDoc, err := os.ReadFile("testdata/libvirt-domain.xml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dom, err := libvirthook.ReadDomain(bytes.NewReader(xmlDoc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpu := testutil.StartFakeGPU(t)
+	d := startDaemon(t)
+
+	// The hook as 'gpuarb hooks install --runtime libvirt' writes it.
+	hooksDir := filepath.Join(t.TempDir(), "qemu.d")
+	out, err := exec.Command(testutil.Bin(t, "gpuarb"), "hooks", "install", "--runtime", "libvirt", "--dir", hooksDir,
+		"--socket", d.Socket, "--binary", testutil.Bin(t, "gpuarb")).CombinedOutput()
+	if err != nil {
+		t.Fatalf("hooks install: %v %s", err, out)
+	}
+	hook := filepath.Join(hooksDir, "gpuarb")
+	callHook := func(op, sub string) string {
+		t.Helper()
+		cmd := exec.Command(hook, dom.Name, op, sub, "-")
+		cmd.Stdin = bytes.NewReader(xmlDoc)
+		start := time.Now()
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("hook %s: %v %s", op, err, out)
+		}
+		t.Logf("hook %s took %v", op, time.Since(start).Round(time.Millisecond))
+		return string(out)
+	}
+
+	vm := testutil.NewCgroup(t, "machine-qemu")
+	emulator := vm.Sub(t, "libvirt/emulator")
+	other := testutil.NewCgroup(t, "other")
+	q := testutil.Start(t, emulator, exec.Command(qemu, "-name", "guest="+dom.Name+",debug-threads=on", "-uuid", dom.UUID,
+		"-machine", "pc,accel=tcg", "-m", "64", "-nodefaults", "-no-user-config", "-display", "none",
+		"-serial", "none", "-monitor", "none", "-no-reboot"))
+	time.Sleep(300 * time.Millisecond)
+	if q.Done() {
+		t.Fatalf("qemu exited: %s", q.Stderr)
+	}
+	testutil.Start(t, emulator, gpu.Workload(t, "hog", "--duration", "14"))
+	testutil.Start(t, other, gpu.Workload(t, "hog", "--duration", "14"))
+
+	// prepare and start come before QEMU exists: nothing to do.
+	callHook("prepare", "begin")
+	if msg := callHook("started", "begin"); msg != "" {
+		t.Errorf("started printed %q", msg)
+	}
+	st, err := d.Status(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol, err := d.Policy(t.Context())
+	if err != nil || !strings.Contains(string(pol), "name: vm-"+dom.Name) || !strings.Contains(string(pol), "cgroup: "+vm.Rel+"\n") ||
+		!strings.Contains(string(pol), "limit: 0.25") {
+		t.Fatalf("the VM is not in the policy with its scope and limit: %v\n%s", err, pol)
+	}
+
+	// The whole scope is frozen at times: QEMU's threads with the renderer.
+	frozenSeen := false
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline) && !frozenSeen; time.Sleep(time.Millisecond) {
+		ev, err := os.ReadFile(filepath.Join(vm.Path, "cgroup.events"))
+		frozenSeen = err == nil && bytes.Contains(ev, []byte("frozen 1"))
+	}
+	if !frozenSeen {
+		t.Error("the VM's scope was never frozen")
+	}
+	cgs := map[string]*testutil.Cgroup{"vm": vm, "other": other}
+	ws := trueShares(t, gpu, cgs, 1*time.Second, 5)
+	a, b := col(ws, func(w map[string]float64) float64 { return w["vm"] }), col(ws, func(w map[string]float64) float64 { return w["other"] })
+	t.Logf("true shares: vm %s, other %s (unarbitrated 50/50, limit 25%%)", pcts(a), pcts(b))
+	logStatus(t, d)
+	requireThrottled(t, d, vm.Rel)
+	if median(a) > 0.40 || median(a) >= median(b) {
+		t.Errorf("the VM got %.1f%%, the other tenant %.1f%%", 100*median(a), 100*median(b))
+	}
+	if tn := tenantByName(st, "vm-"+dom.Name); tn != nil && tn.Priority != "batch" {
+		t.Errorf("status: %+v", *tn)
+	}
+
+	// stopped: unregistered; the VM (still running here) is thawed.
+	callHook("stopped", "end")
+	callHook("release", "end")
+	pol, _ = d.Policy(t.Context())
+	if strings.Contains(string(pol), dom.Name) {
+		t.Errorf("still in the policy after stopped:\n%s", pol)
+	}
+	time.Sleep(300 * time.Millisecond)
+	ev, _ := os.ReadFile(filepath.Join(vm.Path, "cgroup.events"))
+	if !bytes.Contains(ev, []byte("frozen 0")) || q.Done() {
+		t.Errorf("after stopped: %s, qemu done %v", ev, q.Done())
+	}
+	status, _ := os.ReadFile("/proc/" + strconv.Itoa(q.Cmd.Process.Pid) + "/status")
+	if bytes.Contains(status, []byte("State:\tT")) {
+		t.Error("qemu left stopped")
+	}
+}
