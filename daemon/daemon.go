@@ -44,6 +44,9 @@ type Config struct {
 	// Ledger records what the arbiter may stop (default: gated.json beside
 	// the socket).
 	Ledger string
+	// Attached keeps the tenants registered through the API across
+	// restarts (default: attached.json beside the socket).
+	Attached string
 	// Guardian is the command line of the thaw guardian (`gpuarb guardian
 	// --ledger PATH`); nil runs none.
 	Guardian []string
@@ -79,8 +82,11 @@ type Daemon struct {
 	metricsServer   *http.Server
 	metricsListener net.Listener
 	mu              sync.Mutex
-	// policy and arbitration, under mu
+	// policy and arbitration, under mu: policy is base (the file or the
+	// last `policy apply`) with the attached tenants
 	policy       *policy.Config
+	base         *policy.Config
+	attached     *attachments
 	enforcing    bool
 	arb          *arbiter.Arbiter
 	tenants      map[string]*tenant
@@ -113,6 +119,9 @@ func (c *Config) setDefaults() {
 	if c.Ledger == "" {
 		c.Ledger = LedgerBeside(c.Socket)
 	}
+	if c.Attached == "" {
+		c.Attached = AttachedBeside(c.Socket)
+	}
 	if c.Log == nil {
 		c.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
@@ -140,7 +149,7 @@ func Start(cfg Config) (_ *Daemon, err error) {
 	if err != nil {
 		return nil, err
 	}
-	d.policy = pol
+	d.policy, d.base = pol, pol
 	d.log.Info("policy", "path", cfg.PolicyPath, "found", found, "tenants", len(pol.Tenants), "period", pol.Period)
 	// A daemon that died may have left tenants frozen: thaw them first.
 	if thawed, err := cgroup.ThawAll(cfg.Ledger); err != nil {
@@ -167,6 +176,9 @@ func Start(cfg Config) (_ *Daemon, err error) {
 		d.mount = root
 	} else {
 		d.log.Warn("no cgroup v2 hierarchy: tenants are shown by cgroup id", "err", err)
+	}
+	if err := d.restoreAttachments(); err != nil {
+		return nil, err
 	}
 	opts := bpf.Options{PinPath: cfg.PinPath, Devices: cfg.Devices}
 	d.probes, err = bpf.Load(opts)

@@ -82,11 +82,12 @@ func (d *Daemon) routes(mux *http.ServeMux) {
 		if err == nil {
 			err = d.checkGates(cfg.Tenants...)
 		}
+		if err == nil {
+			err = d.setBase(cfg, "api")
+		}
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
 		}
-		d.setPolicy(cfg, "api")
 	}))
 	mux.HandleFunc("POST "+api.TenantsPath, rootOnly(func(w http.ResponseWriter, r *http.Request) {
 		var t policy.Tenant
@@ -109,16 +110,30 @@ func (d *Daemon) routes(mux *http.ServeMux) {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
+		d.mu.Lock()
+		d.attached.set(t)
+		err = d.attached.save()
+		d.mu.Unlock()
+		if err != nil {
+			d.log.Warn("attached, but a restarted daemon will not know it", "tenant", t.Name, "err", err)
+		}
 		d.setPolicy(cfg, "attach "+t.Name)
 	}))
 	mux.HandleFunc("DELETE "+api.TenantsPath+"/{name}", rootOnly(func(w http.ResponseWriter, r *http.Request) {
 		name := r.PathValue("name")
 		d.mu.Lock()
 		cfg, ok := d.policy.Without(name)
+		var err error
+		if d.attached.remove(name) {
+			err = d.attached.save()
+		}
 		d.mu.Unlock()
 		if !ok {
 			http.Error(w, fmt.Sprintf("no tenant %q in the policy", name), http.StatusNotFound)
 			return
+		}
+		if err != nil {
+			d.log.Warn("detached, but a restarted daemon would attach it again", "tenant", name, "err", err)
 		}
 		d.setPolicy(cfg, "detach "+name)
 	}))
@@ -172,6 +187,9 @@ func (d *Daemon) Reload() error {
 	if err == nil {
 		err = d.checkGates(cfg.Tenants...)
 	}
+	if err == nil {
+		err = d.setBase(cfg, "reload "+d.cfg.PolicyPath)
+	}
 	if err != nil {
 		d.log.Error("reload refused; keeping the last good policy", "err", err)
 		return err
@@ -179,6 +197,21 @@ func (d *Daemon) Reload() error {
 	if !found {
 		d.log.Warn("policy file missing on reload; using defaults", "path", d.cfg.PolicyPath)
 	}
-	d.setPolicy(cfg, "reload "+d.cfg.PolicyPath)
+	return nil
+}
+
+// setBase replaces the policy file's part of the policy; the attached
+// tenants stay.
+func (d *Daemon) setBase(base *policy.Config, why string) error {
+	d.mu.Lock()
+	cfg, err := d.attached.onto(base)
+	if err == nil {
+		d.base = base
+	}
+	d.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	d.setPolicy(cfg, why)
 	return nil
 }

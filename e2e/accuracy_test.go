@@ -29,7 +29,13 @@ type runningDaemon struct {
 // socket, pin path, policy file and ledger, and waits for its API.
 func startDaemon(t *testing.T, extra ...string) runningDaemon {
 	t.Helper()
-	dir := t.TempDir()
+	return startDaemonIn(t, t.TempDir(), extra...)
+}
+
+// startDaemonIn starts the daemon with its socket, policy and state files
+// in dir (a restarted daemon finds what the earlier one left there).
+func startDaemonIn(t *testing.T, dir string, extra ...string) runningDaemon {
+	t.Helper()
 	sock := filepath.Join(dir, "gpuarb.sock")
 	pins := "/sys/fs/bpf/" + filepath.Base(dir)
 	args := append([]string{"daemon", "--socket", sock, "--pin-path", pins, "--policy", filepath.Join(dir, "policy.yaml"),

@@ -155,3 +155,70 @@ func waitAPI(t *testing.T, sock string, d *testutil.Proc) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// Tenants registered through the API (here `gpuarb attach`, as the hooks
+// do) outlive a policy reload and a daemon restart; a restarted daemon
+// drops the ones whose cgroup is gone.
+func TestAttachedTenantsSurviveRestart(t *testing.T) {
+	dir := t.TempDir()
+	d := startDaemonIn(t, dir)
+	keep, gone := testutil.NewCgroup(t, "keep"), testutil.NewCgroup(t, "gone")
+	attach := func(args ...string) {
+		t.Helper()
+		out, err := exec.Command(testutil.Bin(t, "gpuarb"), append([]string{"attach", "--socket", d.Socket}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("attach %v: %v %s", args, err, out)
+		}
+	}
+	attach("--cgroup", keep.Rel, "--name", "keep", "--limit", "30%")
+	attach("--cgroup", gone.Rel, "--name", "gone", "--weight", "700")
+	hasTenants := func(d runningDaemon, want map[string]bool, when string) {
+		t.Helper()
+		pol, err := d.Policy(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, in := range want {
+			if strings.Contains(string(pol), "name: "+name+"\n") != in {
+				t.Errorf("%s: tenant %s in the policy: %v, want %v\n%s", when, name, !in, in, pol)
+			}
+		}
+	}
+	hasTenants(d, map[string]bool{"keep": true, "gone": true}, "attached")
+
+	// A reload of the (empty) policy file keeps them.
+	if err := d.Proc.Cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	hasTenants(d, map[string]bool{"keep": true, "gone": true}, "after SIGHUP")
+
+	// Stop, remove one cgroup, start again in the same directory.
+	d.Proc.Cmd.Process.Signal(syscall.SIGTERM)
+	if err := d.Proc.Wait(t, 10*time.Second); err != nil {
+		t.Fatalf("daemon after SIGTERM: %v\n%s", err, d.Proc.Stderr)
+	}
+	if err := os.Remove(gone.Path); err != nil {
+		t.Fatal(err)
+	}
+	d2 := startDaemonIn(t, dir)
+	hasTenants(d2, map[string]bool{"keep": true, "gone": false}, "after restart")
+	pol, _ := d2.Policy(t.Context())
+	if !strings.Contains(string(pol), "limit: 0.3") {
+		t.Errorf("keep lost its limit:\n%s", pol)
+	}
+	// Detached tenants stay detached across a restart.
+	out, err := exec.Command(testutil.Bin(t, "gpuarb"), "detach", "--socket", d2.Socket, "keep").CombinedOutput()
+	if err != nil {
+		t.Fatalf("detach: %v %s", err, out)
+	}
+	d2.Proc.Cmd.Process.Signal(syscall.SIGTERM)
+	if err := d2.Proc.Wait(t, 10*time.Second); err != nil {
+		t.Fatalf("daemon after SIGTERM: %v\n%s", err, d2.Proc.Stderr)
+	}
+	if !strings.Contains(d2.Proc.Stderr.String(), "its cgroup is gone") {
+		t.Errorf("the dropped tenant is not logged:\n%s", d2.Proc.Stderr)
+	}
+	d3 := startDaemonIn(t, dir)
+	hasTenants(d3, map[string]bool{"keep": false, "gone": false}, "after detach and restart")
+}

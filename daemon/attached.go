@@ -1,0 +1,154 @@
+package daemon
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/gpuarb/gpuarb/policy"
+)
+
+// restoreAttachments reads what an earlier daemon had attached and keeps
+// the tenants whose cgroup still exists. Tenants attached by pid are not
+// restored: the pid may belong to another process by now.
+func (d *Daemon) restoreAttachments() error {
+	a, err := loadAttachments(d.cfg.Attached)
+	if errors.Is(err, errBadAttachments) {
+		// Never let a damaged file keep the daemon down: set it aside.
+		bad := a.path + ".bad"
+		d.log.Warn("ignoring the attached tenants file", "err", err, "moved_to", bad)
+		err = os.Rename(a.path, bad)
+	}
+	if err != nil {
+		return err
+	}
+	kept := a.tenants[:0]
+	cfg := d.base
+	for _, t := range a.tenants {
+		why := ""
+		switch {
+		case t.PID != 0:
+			why = "attached by pid"
+		case t.Cgroup != "" && d.mount != "":
+			if _, err := os.Stat(filepath.Join(d.mount, normalizeCgroup(t.Cgroup, d.mount))); err != nil {
+				why = "its cgroup is gone"
+			}
+		}
+		if why == "" {
+			if err := d.checkGates(t); err != nil {
+				why = err.Error()
+			} else if next, err := cfg.With(t); err != nil {
+				why = err.Error()
+			} else {
+				cfg = next
+			}
+		}
+		if why != "" {
+			d.log.Info("not restoring an attached tenant", "tenant", t.Name, "why", why)
+			continue
+		}
+		kept = append(kept, t)
+	}
+	dropped := len(a.tenants) - len(kept)
+	a.tenants = kept
+	if dropped > 0 {
+		if err := a.save(); err != nil {
+			return err
+		}
+	}
+	if len(kept) > 0 {
+		d.log.Info("restored attached tenants", "tenants", len(kept), "file", a.path)
+	}
+	d.attached, d.policy = a, cfg
+	return nil
+}
+
+// AttachedBeside is the file of API-registered tenants for a daemon socket.
+func AttachedBeside(socket string) string {
+	return filepath.Join(filepath.Dir(socket), "attached.json")
+}
+
+// attachments are the tenants registered through the API (gpuarb attach,
+// the OCI and libvirt hooks). They are kept apart from the policy file, so
+// that a reload or `policy apply` does not drop them, and saved to a file
+// (beside the socket, on /run: they last as long as the containers and
+// VMs they name) so that a restarted daemon keeps them.
+type attachments struct {
+	path    string
+	tenants []policy.Tenant // as registered (rules not filled), in attach order
+}
+
+// errBadAttachments marks an attached-tenants file that cannot be read.
+var errBadAttachments = errors.New("unreadable attached tenants file")
+
+// loadAttachments reads the file at path; a missing file is no tenants.
+func loadAttachments(path string) (*attachments, error) {
+	a := &attachments{path: path}
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return a, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read attached tenants: %w", err)
+	}
+	if err := json.Unmarshal(data, &a.tenants); err != nil {
+		a.tenants = nil
+		return a, fmt.Errorf("%w: %s: %v", errBadAttachments, path, err)
+	}
+	return a, nil
+}
+
+// set adds t, or replaces the tenant of its name.
+func (a *attachments) set(t policy.Tenant) {
+	for i := range a.tenants {
+		if a.tenants[i].Name == t.Name {
+			a.tenants[i] = t
+			return
+		}
+	}
+	a.tenants = append(a.tenants, t)
+}
+
+// remove drops the named tenant; false when it was not attached.
+func (a *attachments) remove(name string) bool {
+	for i := range a.tenants {
+		if a.tenants[i].Name == name {
+			a.tenants = append(a.tenants[:i], a.tenants[i+1:]...)
+			return true
+		}
+	}
+	return false
+}
+
+// onto returns base with every attachment added (replacing file entries
+// of the same name), validated.
+func (a *attachments) onto(base *policy.Config) (*policy.Config, error) {
+	cfg := base
+	for _, t := range a.tenants {
+		next, err := cfg.With(t)
+		if err != nil {
+			return nil, fmt.Errorf("attached tenant %s: %w", t.Name, err)
+		}
+		cfg = next
+	}
+	return cfg, nil
+}
+
+// save writes the file atomically.
+func (a *attachments) save() error {
+	data, err := json.MarshalIndent(a.tenants, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := a.path + ".tmp"
+	if err := os.WriteFile(tmp, append(data, '\n'), 0o600); err != nil {
+		return fmt.Errorf("save attached tenants: %w", err)
+	}
+	if err := os.Rename(tmp, a.path); err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("save attached tenants: %w", err)
+	}
+	return nil
+}
