@@ -111,8 +111,8 @@ func TestVMCgroup(t *testing.T) {
 		`/machine.slice/machine-qemu\x2d1\x2dvm.scope/emulator`:         `/machine.slice/machine-qemu\x2d1\x2dvm.scope`,
 		`/machine/qemu-1-vm.libvirt-qemu/vcpu0`:                         `/machine/qemu-1-vm.libvirt-qemu`,
 		`/machine.slice/machine-qemu\x2d1\x2dvm.scope`:                  `/machine.slice/machine-qemu\x2d1\x2dvm.scope`,
-		`/gpuarb-test/vm`:                                               `/gpuarb-test/vm`,
-		`/emulator`:                                                     `/emulator`,
+		`/gpuarb-test/vm`: `/gpuarb-test/vm`,
+		`/emulator`:       `/emulator`,
 	} {
 		if got := VMCgroup(in); got != want {
 			t.Errorf("%s: %s, want %s", in, got, want)
