@@ -139,7 +139,7 @@ func (d *Domain) Tenant() (policy.Tenant, error) {
 	var ve *policy.ValueError
 	if errors.As(err, &ve) {
 		msg := ve.Msg
-		if strings.HasPrefix(msg, "unknown key") {
+		if ve.Unknown {
 			msg = "unknown attribute (known: name, weight, limit, priority, slo-p99-ms, slo-fps)"
 		}
 		return t, &PolicyError{ve.Key, ve.Value, msg}

@@ -52,7 +52,7 @@ func RulesFromAnnotations(a map[string]string) (policy.Rules, error) {
 	var ve *policy.ValueError
 	if errors.As(err, &ve) {
 		msg := ve.Msg
-		if strings.HasPrefix(msg, "unknown key") {
+		if ve.Unknown {
 			msg = "unknown gpuarb annotation (known: name, weight, limit, priority, slo-p99-ms, slo-fps)"
 		}
 		return r, &AnnotationError{annotationKeyPrefix + ve.Key, ve.Value, msg}

@@ -19,6 +19,8 @@ const (
 // ValueError names the key whose value is invalid.
 type ValueError struct {
 	Key, Value, Msg string
+	// Unknown is set when the key itself is not one RulesFromStrings reads.
+	Unknown bool
 }
 
 func (e *ValueError) Error() string {
@@ -34,20 +36,20 @@ func RulesFromStrings(kv map[string]string) (Rules, error) {
 		switch k {
 		case KeyWeight, KeyLimit, KeyPriority, KeySLOP99MS, KeySLOFPS:
 		default:
-			return r, &ValueError{k, v, "unknown key (known: weight, limit, priority, slo-p99-ms, slo-fps)"}
+			return r, &ValueError{Key: k, Value: v, Msg: "unknown key (known: weight, limit, priority, slo-p99-ms, slo-fps)", Unknown: true}
 		}
 	}
 	if v, ok := kv[KeyWeight]; ok {
 		w, err := strconv.Atoi(strings.TrimSpace(v))
 		if err != nil || w < MinWeight || w > MaxWeight {
-			return r, &ValueError{KeyWeight, v, fmt.Sprintf("want an integer %d–%d", MinWeight, MaxWeight)}
+			return r, &ValueError{Key: KeyWeight, Value: v, Msg: fmt.Sprintf("want an integer %d–%d", MinWeight, MaxWeight)}
 		}
 		r.Weight = Weight(w)
 	}
 	if v, ok := kv[KeyLimit]; ok {
 		s, err := ParseShare(v)
 		if err != nil || s <= 0 || s > 1 {
-			return r, &ValueError{KeyLimit, v, "want a share in (0, 1] as 0.3 or 30%"}
+			return r, &ValueError{Key: KeyLimit, Value: v, Msg: "want a share in (0, 1] as 0.3 or 30%"}
 		}
 		r.Limit = s
 	}
@@ -57,7 +59,7 @@ func RulesFromStrings(kv map[string]string) (Rules, error) {
 		case Latency, Normal, Batch:
 			r.Priority = p
 		default:
-			return r, &ValueError{KeyPriority, v, "want latency, normal or batch"}
+			return r, &ValueError{Key: KeyPriority, Value: v, Msg: "want latency, normal or batch"}
 		}
 	}
 	slo := func(key string, max float64) (float64, error) {
@@ -67,7 +69,7 @@ func RulesFromStrings(kv map[string]string) (Rules, error) {
 		}
 		f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
 		if err != nil || f <= 0 || f > max {
-			return 0, &ValueError{key, v, fmt.Sprintf("want a number in (0, %g]", max)}
+			return 0, &ValueError{Key: key, Value: v, Msg: fmt.Sprintf("want a number in (0, %g]", max)}
 		}
 		return f, nil
 	}
@@ -79,7 +81,7 @@ func RulesFromStrings(kv map[string]string) (Rules, error) {
 		return r, err
 	}
 	if r.SLO.P99SyncMS > 0 && r.SLO.FPS > 0 {
-		return r, &ValueError{KeySLOFPS, kv[KeySLOFPS], "set " + KeySLOP99MS + " or " + KeySLOFPS + ", not both"}
+		return r, &ValueError{Key: KeySLOFPS, Value: kv[KeySLOFPS], Msg: "set " + KeySLOP99MS + " or " + KeySLOFPS + ", not both"}
 	}
 	if r.SLO.P99SyncMS > 0 || r.SLO.FPS > 0 {
 		switch r.Priority {
@@ -87,7 +89,7 @@ func RulesFromStrings(kv map[string]string) (Rules, error) {
 			r.Priority = Latency
 		case Latency:
 		default:
-			return r, &ValueError{KeyPriority, kv[KeyPriority], "an SLO needs priority latency"}
+			return r, &ValueError{Key: KeyPriority, Value: kv[KeyPriority], Msg: "an SLO needs priority latency"}
 		}
 	}
 	return r, nil
