@@ -148,9 +148,12 @@ func TestBpftoolPrintsFieldNames(t *testing.T) {
 		}
 		t.Skip("bpftool not installed")
 	}
+	testutil.Privileged(t)
+	if _, err := EnsureFilesystems(); err != nil { // a fresh host has no bpffs yet
+		t.Fatal(err)
+	}
 	dir, err := os.MkdirTemp(BPFFSPath, "gpuarb-test-")
 	if err != nil {
-		testutil.Privileged(t)
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(dir)

@@ -110,6 +110,7 @@ type gpu struct {
 	db    *doorbellShm
 
 	mu       sync.Mutex
+	vt       int64         // virtual time simulated up to (CLOCK_MONOTONIC ns)
 	ctxs     []*gpuContext // the runlist
 	ended    []*gpuContext // destroyed, kept for stats until reset
 	lastRing uint32
@@ -232,12 +233,12 @@ func (g *gpu) run() {
 	runtime.LockOSThread()
 	// Precise wake-ups: the default 50µs timer slack would be timing error.
 	unix.Prctl(unix.PR_SET_TIMERSLACK, 1, 0, 0, 0)
-	vt := monotonicNS()
+	g.mu.Lock()
+	g.vt = monotonicNS()
+	g.mu.Unlock()
 	for !g.stopped.Load() {
-		now := monotonicNS()
 		g.mu.Lock()
-		g.advance(vt, now)
-		vt = now
+		now := g.catchUp()
 		g.poll(now)
 		g.advance(now, now) // start what just arrived
 		g.wake()
@@ -253,6 +254,17 @@ func (g *gpu) run() {
 		}
 		atomic.StoreUint32(&g.db.Sleeping, 0)
 	}
+}
+
+// catchUp simulates both engines up to the present and returns it. Called
+// with g.mu held, by the device loop and by Snapshot, so the ground truth
+// is read at the instant its window ends, not where the device thread last
+// woke.
+func (g *gpu) catchUp() int64 {
+	now := max(monotonicNS(), g.vt)
+	g.advance(g.vt, now)
+	g.vt = now
+	return now
 }
 
 // poll reads GPPut of every channel when the doorbell moved.

@@ -12,7 +12,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -47,7 +46,7 @@ type Server struct {
 	nextCtx atomic.Uint64
 	mu      sync.Mutex
 	conns   map[*net.UnixConn]struct{}
-	resetAt time.Time
+	resetAt int64 // CLOCK_MONOTONIC ns of the last reset
 	closed  bool
 	wg      sync.WaitGroup
 	nodes   []string
@@ -59,7 +58,7 @@ func NewServer(cfg Config, socket string) (_ *Server, err error) {
 	if socket == "" {
 		socket = DefaultSocket
 	}
-	s := &Server{cfg: cfg, socket: socket, conns: map[*net.UnixConn]struct{}{}, resetAt: time.Now()}
+	s := &Server{cfg: cfg, socket: socket, conns: map[*net.UnixConn]struct{}{}, resetAt: monotonicNS()}
 	defer func() {
 		if err != nil {
 			s.Close()
@@ -368,13 +367,20 @@ type ContextStats struct {
 // destroyed contexts.
 func (s *Server) Snapshot(reset bool) Stats {
 	s.mu.Lock()
-	st := Stats{ElapsedNS: uint64(time.Since(s.resetAt)), NowNS: monotonicNS()}
-	if reset {
-		s.resetAt = time.Now()
-	}
-	s.mu.Unlock()
+	defer s.mu.Unlock()
+	var st Stats
 	for _, g := range s.gpus {
 		g.mu.Lock()
+		now := g.catchUp()
+		if st.NowNS == 0 {
+			// The window ends where the first GPU was caught up; the
+			// others are caught up microseconds later.
+			st.NowNS = now
+			st.ElapsedNS = uint64(now - s.resetAt)
+			if reset {
+				s.resetAt = now
+			}
+		}
 		gs := GPUStats{Index: g.index, BusyNS: g.busyNS, CopyBusyNS: g.copyBusyNS, MemUsed: g.memUsed, Contexts: []ContextStats{}}
 		all := append(append([]*gpuContext(nil), g.ctxs...), g.ended...)
 		for _, c := range all {
