@@ -159,6 +159,14 @@ func TestBpftoolPrintsFieldNames(t *testing.T) {
 	defer os.RemoveAll(dir)
 	p := loadForTest(t, Options{PinPath: dir, Devices: []Device{{Major: 1, Minor: 11, Kind: KindDRM}}})
 	gpuIoctls(t, 1, 11, 3)
+	g, err := p.NewLaunchGate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if err := g.SetMembers([]uint64{1 << 62}, nil); err != nil { // no cgroup has this id
+		t.Fatal(err)
+	}
 
 	for _, tc := range []struct {
 		mapName string
@@ -166,6 +174,8 @@ func TestBpftoolPrintsFieldNames(t *testing.T) {
 	}{
 		{"gpuarb_devices", []string{`"major"`, `"minor"`, `"kind"`}},
 		{"gpuarb_cgroups", []string{`"gpu_ioctls"`, `"syncs"`, `"sync_wait_ns"`, `"bytes_alloc"`}},
+		{"gpuarb_gates", []string{`"admitted"`, `"holds"`}},
+		{"gpuarb_gate_keys", []string{`"id"`, `"kind"`}},
 	} {
 		out, err := exec.Command(bpftool, "map", "dump", "pinned", filepath.Join(dir, tc.mapName)).CombinedOutput()
 		if err != nil {

@@ -36,6 +36,8 @@ struct files_struct {
 
 struct task_struct {
 	struct files_struct *files;
+	struct task_struct *group_leader;
+	__u64 start_boottime;
 } __attribute__((preserve_access_index));
 
 /* Syscall tracepoint records (stable tracefs format). */
@@ -188,6 +190,42 @@ struct {
 	__type(value, struct path_buf);
 } gpuarb_scratch SEC(".maps");
 
+#define GATE_SLOTS 4096
+#define GATE_CGROUP_LEVELS 16
+#define SIGSTOP 19
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct gate_key);
+	__type(value, __u32);
+} gpuarb_gate_keys SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, GATE_SLOTS);
+	__type(key, __u32);
+	__type(value, struct gate);
+} gpuarb_gates SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, GATE_SLOTS);
+	__type(key, __u32);
+	__type(value, __u64);
+} gpuarb_gate_allow SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, struct held_proc);
+} gpuarb_held SEC(".maps");
+
+/* Number of gate members; 0 skips the lookups on every launch. Set by the
+ * daemon. */
+volatile __u32 gate_members;
+
 /* Bytes pending on the ring above which a submit wakes the reader; below it
  * the reader finds records on its next poll (see ioctlspy.Spy). Waking the
  * reader for every record costs the submitting process microseconds. Set at
@@ -283,6 +321,67 @@ static __always_inline __u32 fd_rdev(unsigned int fd)
 	if (bpf_probe_read_kernel(&f, sizeof(f), &fdt->fd[fd]) < 0 || !f)
 		return 0;
 	return BPF_CORE_READ(f, f_inode, i_rdev);
+}
+
+/* ---- launch gates ---- */
+
+/* The gate slot of the current process: its own entry, else the deepest of
+ * its cgroup and the cgroup's ancestors that has one. */
+static __always_inline __u32 *gate_slot(__u32 tgid)
+{
+	struct gate_key k = { .id = tgid, .kind = GATE_PROCESS };
+	__u32 *slot = bpf_map_lookup_elem(&gpuarb_gate_keys, &k);
+
+	if (slot)
+		return slot;
+	k.kind = GATE_CGROUP;
+	for (int level = GATE_CGROUP_LEVELS - 1; level >= 0; level--) {
+		k.id = bpf_get_current_ancestor_cgroup_id(level);
+		if (!k.id)
+			continue; /* deeper than the process's cgroup */
+		slot = bpf_map_lookup_elem(&gpuarb_gate_keys, &k);
+		if (slot)
+			return slot;
+	}
+	return NULL;
+}
+
+/* Passes one launch (or submission) through the process's gate. Beyond the
+ * allowance the process is recorded as held and stopped: the signal lands
+ * on the way back to user space, before a probed function's body runs (a
+ * launch waits; submitted says the work already went through, as with an
+ * ioctl, and is then counted). Returns 1 when it held the process. */
+static __always_inline int gate_pass(__u64 pid_tgid, __u64 now, int submitted)
+{
+	__u32 tgid = pid_tgid >> 32;
+	struct held_proc h;
+	struct task_struct *task;
+	struct gate *g;
+	__u64 *allowed;
+	__u32 *slot;
+
+	if (!gate_members)
+		return 0;
+	slot = gate_slot(tgid);
+	if (!slot)
+		return 0;
+	g = bpf_map_lookup_elem(&gpuarb_gates, slot);
+	allowed = bpf_map_lookup_elem(&gpuarb_gate_allow, slot);
+	if (!g || !allowed)
+		return 0;
+	if (__sync_fetch_and_add(&g->admitted, 1) < *allowed)
+		return 0;
+	if (!submitted)
+		__sync_fetch_and_add(&g->admitted, -1); /* it runs, and is counted, at release */
+	__sync_fetch_and_add(&g->holds, 1);
+	task = bpf_get_current_task_btf();
+	__builtin_memset(&h, 0, sizeof(h));
+	h.since_ns = now;
+	h.start_ns = task->group_leader->start_boottime;
+	h.gate = *slot;
+	bpf_map_update_elem(&gpuarb_held, &tgid, &h, BPF_ANY);
+	bpf_send_signal(SIGSTOP);
+	return 1;
 }
 
 SEC("tracepoint/syscalls/sys_enter_ioctl")
@@ -399,6 +498,8 @@ static __always_inline void decode_drm(struct event *e, struct ioctl_stash *st,
 	case NOUVEAU_GEM_PUSHBUF:
 		if (s)
 			__sync_fetch_and_add(&s->submissions, 1);
+		if (e->ret == 0 && gate_pass(((__u64)e->tgid << 32) | e->tid, e->ts_exit, 1))
+			e->flags |= EVF_HELD;
 		break;
 	case NOUVEAU_GEM_CPU_PREP:
 	case DRM_SYNCOBJ_WAIT:
@@ -509,12 +610,16 @@ static __always_inline void count_launch(struct cgroup_stats *s)
 /* cuLaunchKernel / cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, ...) */
 static __always_inline int launch_kernel(struct pt_regs *ctx, __u32 func)
 {
+	__u64 now = bpf_ktime_get_ns();
+	int held = gate_pass(bpf_get_current_pid_tgid(), now, 0);
 	struct cgroup_stats *s;
-	struct event *e = cuda_event(func, bpf_ktime_get_ns(), &s);
+	struct event *e = cuda_event(func, now, &s);
 
 	count_launch(s);
 	if (!e)
 		return 0;
+	if (held)
+		e->flags |= EVF_HELD;
 	e->args[0] = PT_REGS_PARM1(ctx);
 	e->args[1] = (__u32)PT_REGS_PARM2(ctx);
 	e->args[2] = (__u32)PT_REGS_PARM3(ctx);
@@ -550,12 +655,16 @@ int gpuarb_cu_launch_ex(struct pt_regs *ctx)
 		__u32 pad;
 		__u64 stream;
 	} cfg;
+	__u64 now = bpf_ktime_get_ns();
+	int held = gate_pass(bpf_get_current_pid_tgid(), now, 0);
 	struct cgroup_stats *s;
-	struct event *e = cuda_event(CU_LAUNCH_KERNEL_EX, bpf_ktime_get_ns(), &s);
+	struct event *e = cuda_event(CU_LAUNCH_KERNEL_EX, now, &s);
 
 	count_launch(s);
 	if (!e)
 		return 0;
+	if (held)
+		e->flags |= EVF_HELD;
 	e->args[0] = PT_REGS_PARM2(ctx);
 	if (bpf_probe_read_user(&cfg, sizeof(cfg), (const void *)PT_REGS_PARM1(ctx)) == 0) {
 		e->args[1] = cfg.grid[0];
@@ -574,12 +683,16 @@ int gpuarb_cu_launch_ex(struct pt_regs *ctx)
 SEC("uprobe/cuGraphLaunch")
 int gpuarb_cu_graph_launch(struct pt_regs *ctx)
 {
+	__u64 now = bpf_ktime_get_ns();
+	int held = gate_pass(bpf_get_current_pid_tgid(), now, 0);
 	struct cgroup_stats *s;
-	struct event *e = cuda_event(CU_GRAPH_LAUNCH, bpf_ktime_get_ns(), &s);
+	struct event *e = cuda_event(CU_GRAPH_LAUNCH, now, &s);
 
 	count_launch(s);
 	if (!e)
 		return 0;
+	if (held)
+		e->flags |= EVF_HELD;
 	e->args[0] = PT_REGS_PARM1(ctx);
 	e->args[7] = PT_REGS_PARM2(ctx);
 	bpf_ringbuf_submit(e, wakeup_flag());
@@ -855,6 +968,7 @@ int gpuarb_process_exit(void *ctx)
 
 	if (tgid != (__u32)id)
 		return 0;
+	bpf_map_delete_elem(&gpuarb_held, &tgid); /* a held process that dies is released */
 	p = bpf_map_lookup_elem(&gpuarb_procs, &tgid);
 	if (!p)
 		return 0;

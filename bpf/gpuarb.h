@@ -83,6 +83,46 @@ struct ctx_info {
 	__u32 parent;
 };
 
+/* Event flags. */
+enum event_flags {
+	/* The launch gate held the process at this call: a launch runs only
+	 * when the process is released; an ioctl submission went through and
+	 * the process stopped after it. */
+	EVF_HELD = 1,
+};
+
+/* Launch gates: the arbiter's admission control, inside the launch path.
+ * A gate admits launches while admitted < allowed; the launch beyond that
+ * stops its process (SIGSTOP before the launch runs) until the daemon
+ * releases it. Members map processes or cgroups (and their descendants)
+ * to a gate slot. */
+enum gate_kind {
+	GATE_CGROUP = 1,  /* id is a cgroup v2 id: the cgroup and everything below */
+	GATE_PROCESS = 2, /* id is a tgid */
+};
+
+struct gate_key {
+	__u64 id;
+	__u32 kind;
+	__u32 pad;
+};
+
+/* One gate slot's counters, pinned as gpuarb_gates and written only by the
+ * probes; its allowance (admitted may reach it) is in gpuarb_gate_allow,
+ * written only by the daemon, so neither side overwrites the other. */
+struct gate {
+	__u64 admitted; /* launches let through */
+	__u64 holds;    /* processes stopped at this gate so far */
+};
+
+/* A process the gate stopped, pinned as gpuarb_held (key: tgid). */
+struct held_proc {
+	__u64 since_ns; /* CLOCK_MONOTONIC when it was stopped */
+	__u64 start_ns; /* its start time (boot-based), against pid reuse */
+	__u32 gate;     /* the gate slot that holds it */
+	__u32 pad;
+};
+
 /* One record on the ring buffer. Layout is mirrored by ioctlspy.Record. */
 struct event {
 	__u64 ts_enter;
@@ -100,6 +140,8 @@ struct event {
 	__u32 func;
 	__u16 arg_len;
 	__u16 params_len;
+	__u32 flags; /* enum event_flags */
+	__u32 pad;
 	char comm[16];
 	__u64 args[8];
 	__u8 arg[GPUARB_PAYLOAD];

@@ -95,11 +95,34 @@ type gpuarbEvent struct {
 	Func      uint32
 	ArgLen    uint16
 	ParamsLen uint16
+	Flags     uint32
+	Pad       uint32
 	Comm      [16]int8
 	Args      [8]uint64
 	Arg       [64]uint8
 	Params    [64]uint8
 	Path      [128]int8
+}
+
+type gpuarbGate struct {
+	_        structs.HostLayout
+	Admitted uint64
+	Holds    uint64
+}
+
+type gpuarbGateKey struct {
+	_    structs.HostLayout
+	Id   uint64
+	Kind uint32
+	Pad  uint32
+}
+
+type gpuarbHeldProc struct {
+	_       structs.HostLayout
+	SinceNs uint64
+	StartNs uint64
+	Gate    uint32
+	Pad     uint32
 }
 
 type gpuarbIoctlStash struct {
@@ -137,6 +160,10 @@ const (
 	gpuarbMapGpuarbCtxs               = "gpuarb_ctxs"
 	gpuarbMapGpuarbDevices            = "gpuarb_devices"
 	gpuarbMapGpuarbEvents             = "gpuarb_events"
+	gpuarbMapGpuarbGateAllow          = "gpuarb_gate_allow"
+	gpuarbMapGpuarbGateKeys           = "gpuarb_gate_keys"
+	gpuarbMapGpuarbGates              = "gpuarb_gates"
+	gpuarbMapGpuarbHeld               = "gpuarb_held"
 	gpuarbMapGpuarbLost               = "gpuarb_lost"
 	gpuarbMapGpuarbPendCu             = "gpuarb_pend_cu"
 	gpuarbMapGpuarbPendIo             = "gpuarb_pend_io"
@@ -169,6 +196,7 @@ const (
 	gpuarbProgGpuarbIoctlExit         = "gpuarb_ioctl_exit"
 	gpuarbProgGpuarbOpenat            = "gpuarb_openat"
 	gpuarbProgGpuarbProcessExit       = "gpuarb_process_exit"
+	gpuarbVarGateMembers              = "gate_members"
 	gpuarbVarUnusedEvent              = "unused_event"
 	gpuarbVarWakeupBytes              = "wakeup_bytes"
 )
@@ -248,22 +276,27 @@ type gpuarbProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type gpuarbMapSpecs struct {
-	GpuarbAllocs  *ebpf.MapSpec `ebpf:"gpuarb_allocs"`
-	GpuarbCgroups *ebpf.MapSpec `ebpf:"gpuarb_cgroups"`
-	GpuarbCtxs    *ebpf.MapSpec `ebpf:"gpuarb_ctxs"`
-	GpuarbDevices *ebpf.MapSpec `ebpf:"gpuarb_devices"`
-	GpuarbEvents  *ebpf.MapSpec `ebpf:"gpuarb_events"`
-	GpuarbLost    *ebpf.MapSpec `ebpf:"gpuarb_lost"`
-	GpuarbPendCu  *ebpf.MapSpec `ebpf:"gpuarb_pend_cu"`
-	GpuarbPendIo  *ebpf.MapSpec `ebpf:"gpuarb_pend_io"`
-	GpuarbProcs   *ebpf.MapSpec `ebpf:"gpuarb_procs"`
-	GpuarbScratch *ebpf.MapSpec `ebpf:"gpuarb_scratch"`
+	GpuarbAllocs    *ebpf.MapSpec `ebpf:"gpuarb_allocs"`
+	GpuarbCgroups   *ebpf.MapSpec `ebpf:"gpuarb_cgroups"`
+	GpuarbCtxs      *ebpf.MapSpec `ebpf:"gpuarb_ctxs"`
+	GpuarbDevices   *ebpf.MapSpec `ebpf:"gpuarb_devices"`
+	GpuarbEvents    *ebpf.MapSpec `ebpf:"gpuarb_events"`
+	GpuarbGateAllow *ebpf.MapSpec `ebpf:"gpuarb_gate_allow"`
+	GpuarbGateKeys  *ebpf.MapSpec `ebpf:"gpuarb_gate_keys"`
+	GpuarbGates     *ebpf.MapSpec `ebpf:"gpuarb_gates"`
+	GpuarbHeld      *ebpf.MapSpec `ebpf:"gpuarb_held"`
+	GpuarbLost      *ebpf.MapSpec `ebpf:"gpuarb_lost"`
+	GpuarbPendCu    *ebpf.MapSpec `ebpf:"gpuarb_pend_cu"`
+	GpuarbPendIo    *ebpf.MapSpec `ebpf:"gpuarb_pend_io"`
+	GpuarbProcs     *ebpf.MapSpec `ebpf:"gpuarb_procs"`
+	GpuarbScratch   *ebpf.MapSpec `ebpf:"gpuarb_scratch"`
 }
 
 // gpuarbVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type gpuarbVariableSpecs struct {
+	GateMembers *ebpf.VariableSpec `ebpf:"gate_members"`
 	UnusedEvent *ebpf.VariableSpec `ebpf:"unused_event"`
 	WakeupBytes *ebpf.VariableSpec `ebpf:"wakeup_bytes"`
 }
@@ -288,16 +321,20 @@ func (o *gpuarbObjects) Close() error {
 //
 // It can be passed to loadGpuarbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type gpuarbMaps struct {
-	GpuarbAllocs  *ebpf.Map `ebpf:"gpuarb_allocs"`
-	GpuarbCgroups *ebpf.Map `ebpf:"gpuarb_cgroups"`
-	GpuarbCtxs    *ebpf.Map `ebpf:"gpuarb_ctxs"`
-	GpuarbDevices *ebpf.Map `ebpf:"gpuarb_devices"`
-	GpuarbEvents  *ebpf.Map `ebpf:"gpuarb_events"`
-	GpuarbLost    *ebpf.Map `ebpf:"gpuarb_lost"`
-	GpuarbPendCu  *ebpf.Map `ebpf:"gpuarb_pend_cu"`
-	GpuarbPendIo  *ebpf.Map `ebpf:"gpuarb_pend_io"`
-	GpuarbProcs   *ebpf.Map `ebpf:"gpuarb_procs"`
-	GpuarbScratch *ebpf.Map `ebpf:"gpuarb_scratch"`
+	GpuarbAllocs    *ebpf.Map `ebpf:"gpuarb_allocs"`
+	GpuarbCgroups   *ebpf.Map `ebpf:"gpuarb_cgroups"`
+	GpuarbCtxs      *ebpf.Map `ebpf:"gpuarb_ctxs"`
+	GpuarbDevices   *ebpf.Map `ebpf:"gpuarb_devices"`
+	GpuarbEvents    *ebpf.Map `ebpf:"gpuarb_events"`
+	GpuarbGateAllow *ebpf.Map `ebpf:"gpuarb_gate_allow"`
+	GpuarbGateKeys  *ebpf.Map `ebpf:"gpuarb_gate_keys"`
+	GpuarbGates     *ebpf.Map `ebpf:"gpuarb_gates"`
+	GpuarbHeld      *ebpf.Map `ebpf:"gpuarb_held"`
+	GpuarbLost      *ebpf.Map `ebpf:"gpuarb_lost"`
+	GpuarbPendCu    *ebpf.Map `ebpf:"gpuarb_pend_cu"`
+	GpuarbPendIo    *ebpf.Map `ebpf:"gpuarb_pend_io"`
+	GpuarbProcs     *ebpf.Map `ebpf:"gpuarb_procs"`
+	GpuarbScratch   *ebpf.Map `ebpf:"gpuarb_scratch"`
 }
 
 func (m *gpuarbMaps) Close() error {
@@ -307,6 +344,10 @@ func (m *gpuarbMaps) Close() error {
 		m.GpuarbCtxs,
 		m.GpuarbDevices,
 		m.GpuarbEvents,
+		m.GpuarbGateAllow,
+		m.GpuarbGateKeys,
+		m.GpuarbGates,
+		m.GpuarbHeld,
 		m.GpuarbLost,
 		m.GpuarbPendCu,
 		m.GpuarbPendIo,
@@ -319,6 +360,7 @@ func (m *gpuarbMaps) Close() error {
 //
 // It can be passed to loadGpuarbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type gpuarbVariables struct {
+	GateMembers *ebpf.Variable `ebpf:"gate_members"`
 	UnusedEvent *ebpf.Variable `ebpf:"unused_event"`
 	WakeupBytes *ebpf.Variable `ebpf:"wakeup_bytes"`
 }

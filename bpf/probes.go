@@ -21,7 +21,8 @@ const DefaultPinPath = "/sys/fs/bpf/gpuarb"
 const DefaultRingSize = 4 << 20
 
 // pinnedMaps are the maps a pinned load exposes under the pin path.
-var pinnedMaps = []string{"gpuarb_devices", "gpuarb_cgroups", "gpuarb_ctxs", "gpuarb_procs", "gpuarb_events", "gpuarb_lost"}
+var pinnedMaps = []string{"gpuarb_devices", "gpuarb_cgroups", "gpuarb_ctxs", "gpuarb_procs", "gpuarb_events", "gpuarb_lost",
+	"gpuarb_gates", "gpuarb_gate_allow", "gpuarb_gate_keys", heldMap}
 
 // wakeupBytes is the backlog at which a submit wakes the reader: an eighth
 // of the ring, at most 64 KiB.
@@ -51,6 +52,8 @@ type Probes struct {
 	mu       sync.Mutex
 	links    []link.Link
 	libcudas map[fileID]*libcudaProbe
+
+	gates gateTable
 }
 
 type fileID struct{ dev, ino uint64 }
@@ -101,6 +104,9 @@ func Load(opts Options) (_ *Probes, err error) {
 		}
 	}()
 
+	if err := p.clearGateMembers(); err != nil {
+		return nil, err
+	}
 	for _, d := range opts.Devices {
 		if err := p.SetDevice(d); err != nil {
 			return nil, err
@@ -361,6 +367,8 @@ func EventOffset(field string) int {
 		return int(unsafe.Offsetof(e.Comm))
 	case "arg_len":
 		return int(unsafe.Offsetof(e.ArgLen))
+	case "flags":
+		return int(unsafe.Offsetof(e.Flags))
 	}
 	return -1
 }

@@ -60,7 +60,8 @@ func Decode(b []byte) (Event, error) {
 
 // DecodeRecord turns a parsed record into a typed event.
 func DecodeRecord(r Record) (Event, error) {
-	h := Header{Start: r.TsEnter, End: r.TsExit, PID: r.PID, TID: r.TID, Comm: r.Comm, CgroupID: r.CgroupID}
+	h := Header{Start: r.TsEnter, End: r.TsExit, PID: r.PID, TID: r.TID, Comm: r.Comm, CgroupID: r.CgroupID,
+		Held: r.Flags&flagHeld != 0}
 	if r.TsExit > r.TsEnter {
 		h.DurationNS = r.TsExit - r.TsEnter
 	}

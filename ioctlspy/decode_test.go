@@ -25,6 +25,7 @@ func encodeRecord(r Record) []byte {
 	le.PutUint32(b[offCmd:], r.Cmd)
 	le.PutUint32(b[offEsc:], r.Esc)
 	le.PutUint32(b[offFunc:], r.Func)
+	le.PutUint32(b[offFlags:], r.Flags)
 	le.PutUint16(b[offArgLen:], uint16(copy(b[offArg:offArg+payloadLen], r.Arg)))
 	le.PutUint16(b[offParamsLen:], uint16(copy(b[offParams:offParams+payloadLen], r.Params)))
 	copy(b[offComm:offComm+commLen-1], r.Comm)
@@ -158,8 +159,13 @@ func TestDecode(t *testing.T) {
 		}},
 		{"launch", Record{Type: recCuda, Func: cuLaunchKernel, Args: [8]uint64{0xf00, 10, 2, 1, 128, 1, 1, 0x5000}}, func(t *testing.T, ev Event) {
 			e := ev.(*Launch)
-			if e.Grid != [3]uint32{10, 2, 1} || e.Block != [3]uint32{128, 1, 1} || e.Stream != 0x5000 || e.Blocks() != 20 || e.Func != "cuLaunchKernel" {
+			if e.Grid != [3]uint32{10, 2, 1} || e.Block != [3]uint32{128, 1, 1} || e.Stream != 0x5000 || e.Blocks() != 20 || e.Func != "cuLaunchKernel" || e.Held {
 				t.Errorf("%+v", e)
+			}
+		}},
+		{"held launch", Record{Type: recCuda, Func: cuLaunchKernel, Flags: flagHeld, Args: [8]uint64{0xf00, 1, 1, 1, 1, 1, 1, 0x5000}}, func(t *testing.T, ev Event) {
+			if e := ev.(*Launch); !e.Held {
+				t.Errorf("held flag lost: %+v", e)
 			}
 		}},
 		{"graph launch", Record{Type: recCuda, Func: cuGraphLaunch, Args: [8]uint64{0xe0, 0, 0, 0, 0, 0, 0, 0x5000}}, func(t *testing.T, ev Event) {
@@ -234,7 +240,7 @@ func TestRecordLayoutMatchesBPF(t *testing.T) {
 	if got := bpf.EventSize(); got != RecordSize {
 		t.Fatalf("bpf event is %d bytes, ioctlspy reads %d", got, RecordSize)
 	}
-	for name, off := range map[string]int{"args": offArgs, "arg": offArg, "params": offParams, "path": offPath, "comm": offComm, "arg_len": offArgLen} {
+	for name, off := range map[string]int{"args": offArgs, "arg": offArg, "params": offParams, "path": offPath, "comm": offComm, "arg_len": offArgLen, "flags": offFlags} {
 		if got := bpf.EventOffset(name); got != off {
 			t.Errorf("field %s at %d in bpf, %d in ioctlspy", name, got, off)
 		}

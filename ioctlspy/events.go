@@ -23,6 +23,10 @@ type Header struct {
 	Comm       string `json:"comm"`
 	CgroupID   uint64 `json:"cgroup_id"`
 	Cgroup     string `json:"cgroup,omitempty"`
+	// Held is set when gpuarb's launch gate stopped the process at this
+	// call: a launch runs when the process is released, an ioctl
+	// submission went through first.
+	Held bool `json:"held,omitempty"`
 }
 
 // Hdr implements Event.

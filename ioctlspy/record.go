@@ -30,11 +30,12 @@ const (
 	offFunc      = 64
 	offArgLen    = 68
 	offParamsLen = 70
-	offComm      = 72
-	offArgs      = 88
-	offArg       = 152
-	offParams    = 216
-	offPath      = 280
+	offFlags     = 72
+	offComm      = 80
+	offArgs      = 96
+	offArg       = 160
+	offParams    = 224
+	offPath      = 288
 
 	commLen    = 16
 	numArgs    = 8
@@ -42,7 +43,7 @@ const (
 	pathLen    = 128
 
 	// RecordSize is the size of one raw record.
-	RecordSize = 408
+	RecordSize = 416
 )
 
 // Record types, as enum event_type in bpf/gpuarb.h.
@@ -52,6 +53,9 @@ const (
 	recExit        = 3
 	recLibcudaOpen = 4
 )
+
+// flagHeld is EVF_HELD: the launch gate held the process at this call.
+const flagHeld = 1
 
 // ErrShortRecord is returned for a record smaller than RecordSize.
 var ErrShortRecord = errors.New("short record")
@@ -69,6 +73,7 @@ type Record struct {
 	Cmd             uint32
 	Esc             uint32
 	Func            uint32
+	Flags           uint32
 	Comm            string
 	Args            [numArgs]uint64
 	Arg             []byte // primary ioctl struct as read at exit
@@ -97,6 +102,7 @@ func ParseRecord(b []byte) (Record, error) {
 		Cmd:      le.Uint32(b[offCmd:]),
 		Esc:      le.Uint32(b[offEsc:]),
 		Func:     le.Uint32(b[offFunc:]),
+		Flags:    le.Uint32(b[offFlags:]),
 		Comm:     cString(b[offComm : offComm+commLen]),
 		Path:     cString(b[offPath : offPath+pathLen]),
 	}
