@@ -147,6 +147,38 @@ type gpuContext struct {
 	allocs     map[uint64]uint64
 	exited     bool
 	total      Totals // since the context appeared in its cgroup and on its GPU
+	// Launches the launch gate held: they reach the GPU when the process
+	// is released (Released, or its next event), not when they were seen.
+	deferred   []heldLaunch
+	releasedAt uint64
+	// Smoothed shape of its launches, for LaunchCost.
+	avgBlocks, graphFrac float64
+	shapeN               float64 // launches the shape has seen
+}
+
+// heldLaunch is a launch waiting for its process's release.
+type heldLaunch struct {
+	stream uint64
+	blocks uint64 // 0 for a graph launch
+}
+
+// launchShapeWeight is the weight of one launch in a context's smoothed
+// launch shape (blocks per kernel, share of graph launches), after a
+// running mean over the first launches.
+const launchShapeWeight = 0.1
+
+// noteShape adds one launch (blocks 0: a graph launch) to the shape.
+func (c *gpuContext) noteShape(blocks uint64) {
+	c.shapeN++
+	w := max(launchShapeWeight, 1/c.shapeN)
+	graph := 0.0
+	if blocks == 0 {
+		graph = 1
+	} else {
+		kernels := max((1-c.graphFrac)*(c.shapeN-1), 0) + 1 // kernel launches seen, this one included
+		c.avgBlocks += max(launchShapeWeight, 1/kernels) * (float64(blocks) - c.avgBlocks)
+	}
+	c.graphFrac += w * (graph - c.graphFrac)
 }
 
 // Totals are a context's cumulative counts, for counters that must not go
@@ -409,6 +441,80 @@ func (m *Meter) enqueue(c *gpuContext, streamID uint64, t uint64, work float64) 
 	c.total.Launches++
 }
 
+// launch enqueues a launch, or keeps it until its process is released when
+// the launch gate held it there.
+func (m *Meter) launch(c *gpuContext, h *ioctlspy.Header, l heldLaunch) {
+	c.noteShape(l.blocks)
+	switch {
+	case !h.Held:
+		m.enqueue(c, l.stream, h.Start, c.cost(l))
+	case c.releasedAt > h.Start: // the release was reported before the event
+		m.enqueue(c, l.stream, c.releasedAt, c.cost(l))
+	default:
+		c.deferred = append(c.deferred, l)
+	}
+}
+
+func (c *gpuContext) cost(l heldLaunch) float64 {
+	if l.blocks == 0 {
+		return c.nsPerGraph
+	}
+	return float64(l.blocks) * c.nsPerBlock
+}
+
+// launchDeferred enqueues at t the launches held for the process.
+func (m *Meter) launchDeferred(c *gpuContext, t uint64) {
+	for _, l := range c.deferred {
+		m.enqueue(c, l.stream, t, c.cost(l))
+	}
+	c.deferred = c.deferred[:0]
+}
+
+// Released records that the arbiter continued a process the launch gate
+// held, at t (CLOCK_MONOTONIC ns): its held launch runs from then.
+func (m *Meter) Released(pid uint32, t uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := m.ctxs[pid]
+	if c == nil {
+		return
+	}
+	c.releasedAt = t
+	if len(c.deferred) > 0 {
+		m.launchDeferred(c, t)
+	}
+}
+
+// LaunchCost returns the modeled GPU ns of one launch of the processes
+// member selects (by pid and cgroup id), at the costs learned so far:
+// each context's smoothed launch shape, weighted by its launches in the
+// window. 0 when none of them has launched.
+func (m *Meter) LaunchCost(member func(pid uint32, cgroup uint64) bool) float64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	from := uint64(0)
+	if now, w := m.horizon(), uint64(m.cfg.Window); now > w {
+		from = now - w
+	}
+	var sum, n float64
+	for _, c := range m.ctxs {
+		if c.exited || c.total.Launches == 0 || !member(c.pid, c.cgroup) {
+			continue
+		}
+		cost := (1-c.graphFrac)*c.avgBlocks*c.nsPerBlock + c.graphFrac*c.nsPerGraph
+		if !c.learned {
+			cost = min(cost, unlearnedCharge)
+		}
+		w := float64(len(dropBefore(c.launches, from))) + 1e-3 // a context without recent launches still counts a little
+		sum += w * cost
+		n += w
+	}
+	if n == 0 {
+		return 0
+	}
+	return sum / n
+}
+
 // nouveauStream keys a context's kernel-submitted work apart from streams.
 const nouveauStream = ^uint64(0)
 
@@ -417,19 +523,23 @@ func (m *Meter) Observe(ev ioctlspy.Event) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	h := ev.Hdr()
+	if c := m.ctxs[h.PID]; c != nil && len(c.deferred) > 0 && !h.Held {
+		m.launchDeferred(c, h.Start) // it runs again, so it was released
+	}
 	switch e := ev.(type) {
 	case *ioctlspy.Launch:
-		c := m.context(h)
-		m.enqueue(c, e.Stream, h.Start, float64(e.Blocks())*c.nsPerBlock)
+		m.launch(m.context(h), h, heldLaunch{e.Stream, max(e.Blocks(), 1)})
 	case *ioctlspy.GraphLaunch:
-		c := m.context(h)
-		m.enqueue(c, e.Stream, h.Start, c.nsPerGraph)
+		m.launch(m.context(h), h, heldLaunch{stream: e.Stream})
 	case *ioctlspy.EventRecord:
 		c := m.context(h)
 		m.at(c, h.Start)
 		m.record(c.stream(e.Stream), e.Event)
 	case *ioctlspy.Submission:
+		// A submission ioctl went through before its process was held:
+		// it is never deferred.
 		c := m.context(h)
+		c.noteShape(1)
 		m.enqueue(c, nouveauStream, h.Start, c.nsPerBlock)
 	case *ioctlspy.Sync:
 		if e.Ret == 0 {
@@ -455,6 +565,7 @@ func (m *Meter) Observe(ev ioctlspy.Event) {
 		if c := m.ctxs[h.PID]; c != nil {
 			m.at(c, h.End)
 			clear(c.streams) // the driver drops a dead process's work
+			c.deferred = nil
 			c.exited = true
 			c.mem = 0
 			clear(c.allocs)

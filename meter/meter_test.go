@@ -314,3 +314,75 @@ func TestTotalsRestartOnMove(t *testing.T) {
 	clk.t = base + 3100*ms
 	check(map[uint32]Totals{1: {GPUNS: 20 * ms, Launches: 1, Syncs: 1}})
 }
+
+func heldLaunchEv(pid uint32, cg, t, stream uint64) ioctlspy.Event {
+	ev := launch(pid, cg, t, stream).(*ioctlspy.Launch)
+	ev.Held = true
+	return ev
+}
+
+// A launch the gate held reaches the replay when its process is released:
+// by Released, by Released reported before the event, or by the process's
+// next event.
+func TestHeldLaunchRunsFromRelease(t *testing.T) {
+	base := 10 * 1000 * ms
+	for _, tc := range []struct {
+		name   string
+		events func(m *Meter)
+	}{
+		{"released", func(m *Meter) {
+			m.Observe(heldLaunchEv(1, 100, base, 7))
+			m.Released(1, base+600*ms)
+		}},
+		{"release reported first", func(m *Meter) {
+			m.Observe(&ioctlspy.ContextCreated{Header: hdr(1, 100, base-ms, base-ms)})
+			m.Released(1, base+600*ms)
+			m.Observe(heldLaunchEv(1, 100, base, 7))
+		}},
+		{"next event", func(m *Meter) {
+			m.Observe(heldLaunchEv(1, 100, base, 7))
+			m.Observe(&ioctlspy.EventRecord{Header: hdr(1, 100, base+600*ms, base+600*ms), Stream: 7, Event: 3})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := &clock{t: base + 1000*ms}
+			m := New(Config{Now: clk.now})
+			tc.events(m)
+			// A backlogged launch from 0.6 s holds the GPU for the last 0.4 s.
+			if got := byCgroup(m.Snapshot())[100].Share; !near(got, 0.4) {
+				t.Errorf("share %.3f, want 0.4", got)
+			}
+		})
+	}
+	t.Run("never released", func(t *testing.T) {
+		clk := &clock{t: base + 1000*ms}
+		m := New(Config{Now: clk.now})
+		m.Observe(heldLaunchEv(1, 100, base, 7))
+		if got := byCgroup(m.Snapshot())[100].Share; got != 0 {
+			t.Errorf("a held launch ran: share %.3f", got)
+		}
+	})
+}
+
+func TestLaunchCost(t *testing.T) {
+	base := 10 * 1000 * ms
+	clk := &clock{t: base + 1000*ms}
+	m := New(Config{Now: clk.now})
+	all := func(uint32, uint64) bool { return true }
+	if c := m.LaunchCost(all); c != 0 {
+		t.Errorf("cost %.0f with no launches", c)
+	}
+	// Process 1 learns 10 ms per launch: ten launches drain in 100 ms.
+	for i := 0; i < 10; i++ {
+		m.Observe(launch(1, 100, base, 7))
+	}
+	m.Observe(syncEv(1, 100, "cuStreamSynchronize", 7, base, base+100*ms))
+	if c := m.LaunchCost(func(pid uint32, _ uint64) bool { return pid == 1 }); math.Abs(c-10e6)/10e6 > 0.01 {
+		t.Errorf("learned cost %.0f ns, want 10 ms", c)
+	}
+	// An unlearned context counts its guess, capped.
+	m.Observe(launch(2, 200, base+200*ms, 7))
+	if c := m.LaunchCost(func(_ uint32, cg uint64) bool { return cg == 200 }); c != unlearnedCharge {
+		t.Errorf("unlearned cost %.0f, want %.0f", c, unlearnedCharge)
+	}
+}
