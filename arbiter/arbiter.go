@@ -40,6 +40,17 @@ type Input struct {
 	// Busy tells whether the tenant has work outstanding or launched some
 	// in the control window.
 	Busy bool
+	// Backlogged tells whether it had work queued or running nearly all
+	// the window: it would take more of the GPU if it could.
+	Backlogged bool
+	// Queued is the GPU work it has queued now, as a fraction of the
+	// control window: while that is more than its target, its share still
+	// shows work admitted before, not its rate.
+	Queued float64
+	// Processes is how many processes it has on the GPU: the GPU
+	// time-slices per process, so the unpaced tenant is best the one with
+	// the fewest.
+	Processes int
 	// SyncP99MS and FPS are the measured SLO figures (0: none seen).
 	SyncP99MS float64
 	FPS       float64
@@ -131,28 +142,44 @@ func (a *Arbiter) Step(in []Input, mode func(gpu int) policy.Mode) []Decision {
 }
 
 // Targets computes weighted max-min fair shares with limits among the
-// tenants with work (water filling). A throttled tenant wants the whole
-// GPU; an unthrottled one (and a latency tenant) what it uses plus
+// tenants with work (water filling). A throttled or backlogged tenant
+// wants the whole GPU; any other (and a latency tenant) what it uses plus
 // headroom, so a tenant that needs little leaves the rest to the others
 // (work conservation) while one that needs more grows 10% a period.
 func Targets(ts []Input, duty func(Input) float64) []float64 {
 	target := make([]float64, len(ts))
 	demand := make([]float64, len(ts))
 	for i, t := range ts {
-		switch {
-		case !t.Busy:
-			demand[i] = 0
-		case t.Rules.Priority == policy.Latency:
-			demand[i] = math.Min(1, t.Share*1.2+0.02)
-		case duty(t) >= 1:
-			demand[i] = math.Min(1, t.Share*1.1+0.02)
-		default:
-			demand[i] = 1
-		}
-		if t.Rules.Limit > 0 {
-			demand[i] = math.Min(demand[i], float64(t.Rules.Limit))
-		}
+		demand[i] = demandOf(t, duty(t))
 	}
+	return fill(ts, demand, target)
+}
+
+// demandOf is what a tenant would take, its limit applied.
+func demandOf(t Input, duty float64) float64 {
+	d := wants(t, duty)
+	if t.Rules.Limit > 0 {
+		d = math.Min(d, float64(t.Rules.Limit))
+	}
+	return d
+}
+
+// wants is what a tenant would take without its limit.
+func wants(t Input, duty float64) float64 {
+	d := 1.0
+	switch {
+	case !t.Busy:
+		d = 0
+	case t.Rules.Priority == policy.Latency:
+		d = math.Min(1, t.Share*1.2+0.02)
+	case duty >= 1 && !t.Backlogged:
+		d = math.Min(1, t.Share*1.1+0.02)
+	}
+	return d
+}
+
+// fill is the water filling of Targets.
+func fill(ts []Input, demand, target []float64) []float64 {
 	left := 1.0
 	open := map[int]bool{}
 	for i := range ts {
@@ -187,7 +214,8 @@ func Targets(ts []Input, duty func(Input) float64) []float64 {
 }
 
 func (a *Arbiter) share(ts []Input) []Decision {
-	targets := Targets(ts, func(t Input) float64 { return a.dutyOf(key{t.Name, t.GPU}) })
+	dutyOf := func(t Input) float64 { return a.dutyOf(key{t.Name, t.GPU}) }
+	targets := Targets(ts, dutyOf)
 	missed := false
 	busy := 0
 	for _, t := range ts {
@@ -198,17 +226,18 @@ func (a *Arbiter) share(ts []Input) []Decision {
 			missed = true
 		}
 	}
+	free := slackTaker(ts, targets, dutyOf)
+	if free >= 0 && a.crowdedOut(ts, targets, free) {
+		free = -1
+	}
 	out := make([]Decision, len(ts))
 	stagger := 0
 	for i, t := range ts {
 		k := key{t.Name, t.GPU}
 		d := a.dutyOf(k)
-		dec := Decision{Name: t.Name, GPU: t.GPU, Target: targets[i], Paced: true}
-		// A decrease starts from what the tenant uses, not from a rate it
-		// does not reach, and goes no lower than the target needs; an
-		// increase is no larger than the gap. Both keep the loop from
-		// hunting around the target.
-		from := math.Min(d, math.Max(t.Share, a.p.MinDuty))
+		target := targets[i]
+		dec := Decision{Name: t.Name, GPU: t.GPU, Target: target, Paced: true}
+		competing := wants(t, d) > target+a.p.Tolerance
 		switch {
 		case t.Rules.Priority == policy.Latency:
 			d, dec.Reason = 1, "latency tenant: never throttled"
@@ -216,18 +245,28 @@ func (a *Arbiter) share(ts []Input) []Decision {
 		case !t.Busy:
 			d, dec.Reason = 1, "idle"
 		case missed:
-			d, dec.Reason = from*a.p.Decrease, "a latency SLO is missed"
+			// From what it uses, not from a rate it does not reach.
+			d, dec.Reason = math.Min(d, math.Max(t.Share, a.p.MinDuty))*a.p.Decrease, "a latency SLO is missed"
 		case busy == 1 && t.Rules.Limit == 0:
 			d, dec.Reason = 1, "alone on the GPU"
-		case t.Share > targets[i]+a.p.Tolerance:
-			// The share lags the rate by the tenant's queue (up to a second
-			// for a deep one): a paced rate is not cut below half its
-			// target on that lag, or the tenant would be starved once the
-			// queue drains.
-			d = from * math.Max(a.p.Decrease, targets[i]/t.Share)
-			d, dec.Reason = math.Max(d, targets[i]/2), "above target"
-		case t.Share < targets[i]-a.p.Tolerance:
-			d, dec.Reason = d+math.Min(a.p.Increase, targets[i]-t.Share), "below target"
+		case i == free && d >= 1:
+			d, dec.Reason = 1, "takes the slack"
+		case i == free:
+			d, dec.Reason = d+a.p.Increase, "recovering" // from SLO pressure
+		case !competing:
+			// It wants no more than its target: let it grow back.
+			d, dec.Reason = d+a.p.Increase, "below target"
+		case d >= 1:
+			// The rate of an admission-paced tenant is its long-run share:
+			// start at the target.
+			d, dec.Reason = target, "paced at target"
+		case t.Queued > target:
+			// Its share still shows work queued before it was paced.
+			dec.Reason = "draining its queue"
+		case t.Share > target+a.p.Tolerance:
+			d, dec.Reason = math.Max(d*math.Max(a.p.Decrease, target/t.Share), target/2), "above target"
+		case t.Share < target-a.p.Tolerance:
+			d, dec.Reason = d+math.Min(a.p.Increase, target-t.Share), "below target"
 		default:
 			dec.Reason = "on target"
 		}
@@ -243,6 +282,40 @@ func (a *Arbiter) share(ts []Input) []Decision {
 		out[i] = dec
 	}
 	return out
+}
+
+// crowdedOut tells whether a paced tenant gets less than its target while
+// its rate is at least its target: the unpaced one takes its time (the GPU
+// time-slices per process), so it must be paced too.
+func (a *Arbiter) crowdedOut(ts []Input, targets []float64, free int) bool {
+	for j, t := range ts {
+		d := a.dutyOf(key{t.Name, t.GPU})
+		if j != free && t.Busy && d < 1 && d >= targets[j] && t.Queued <= targets[j] &&
+			t.Share < targets[j]-a.p.Tolerance && wants(t, d) > targets[j] {
+			return true
+		}
+	}
+	return false
+}
+
+// slackTaker picks, among the tenants that want more than their target,
+// the one left unpaced so that the GPU time others leave unused goes to
+// it (work conservation): the largest target, then the fewest processes
+// (the GPU time-slices per process, so a tenant with many would crowd the
+// paced ones out), then the name. -1 when none competes or one has a limit
+// it must not pass.
+func slackTaker(ts []Input, targets []float64, duty func(Input) float64) int {
+	best := -1
+	for i, t := range ts {
+		if !t.Busy || t.Rules.Priority == policy.Latency || t.Rules.Limit > 0 || demandOf(t, duty(t)) <= targets[i] {
+			continue
+		}
+		if best < 0 || targets[i] > targets[best]+1e-9 ||
+			(math.Abs(targets[i]-targets[best]) <= 1e-9 && t.Processes < ts[best].Processes) {
+			best = i
+		}
+	}
+	return best
 }
 
 // timeslice gives the tenants with work exclusive consecutive slots sized

@@ -46,41 +46,98 @@ func TestTargets(t *testing.T) {
 
 func TestAIMD(t *testing.T) {
 	a := New(Params{})
-	in := []Input{{Name: "a", Rules: rules(100), Busy: true, Share: 0.8}, {Name: "b", Rules: rules(100), Busy: true, Share: 0.2}}
-	// a is above its target (76%): its rate falls from what it uses (80%)
-	// by target/share, no more than needed.
+	// Two backlogged tenants, equal weights: the one with more processes
+	// is paced at its target at once; the other takes the slack.
+	in := []Input{
+		{Name: "a", Rules: rules(100), Busy: true, Backlogged: true, Share: 0.8, Queued: 1.2, Processes: 4},
+		{Name: "b", Rules: rules(100), Busy: true, Backlogged: true, Share: 0.2, Processes: 1},
+	}
 	ds := a.Step(in, share)
-	if math.Abs(ds[0].Duty-0.76) > 1e-9 || ds[1].Duty != 1 || ds[0].Reason != "above target" || !ds[0].Paced {
+	if ds[0].Duty != 0.5 || ds[0].Reason != "paced at target" || !ds[0].Paced || ds[1].Duty != 1 || ds[1].Reason != "takes the slack" {
 		t.Fatalf("%+v", ds)
 	}
-	prev := ds[0].Duty
+	// Its queue still drains: its share shows work admitted before.
 	ds = a.Step(in, share)
-	if math.Abs(ds[0].Duty-prev*0.95) > 1e-9 {
-		t.Errorf("second decrease %v after %v", ds[0].Duty, prev)
+	if ds[0].Duty != 0.5 || ds[0].Reason != "draining its queue" {
+		t.Errorf("draining: %+v", ds[0])
 	}
-	for i := 0; i < 100; i++ {
+	// Drained and still above target: multiplicative decrease by what the
+	// excess needs, at most ×0.8.
+	in[0].Queued, in[0].Share, in[1].Share = 0.05, 0.55, 0.45
+	ds = a.Step(in, share)
+	if want := 0.5 * 0.5 / 0.55; math.Abs(ds[0].Duty-want) > 1e-9 || ds[0].Reason != "above target" {
+		t.Errorf("decrease: %+v, want duty %.4f", ds[0], want)
+	}
+	// Never below half the target.
+	in[0].Share = 0.9
+	for i := 0; i < 20; i++ {
 		ds = a.Step(in, share)
 	}
-	if math.Abs(ds[0].Duty-0.38) > 1e-9 {
-		t.Errorf("rate floor %v, want half the target (0.38)", ds[0].Duty)
+	if ds[0].Duty != 0.25 {
+		t.Errorf("rate floor %v, want half the target", ds[0].Duty)
 	}
-	// Below target with work: additive increase.
-	in[0].Share, in[1].Share = 0.2, 0.8
+	// Below target: additive increase by the gap, at most Increase.
+	in[0].Share, in[1].Share = 0.48, 0.52
 	ds = a.Step(in, share)
-	if math.Abs(ds[0].Duty-0.43) > 1e-9 || ds[0].Reason != "below target" {
+	if math.Abs(ds[0].Duty-0.27) > 1e-9 || ds[0].Reason != "below target" {
 		t.Errorf("increase: %+v", ds[0])
+	}
+	in[0].Share = 0.3
+	ds = a.Step(in, share)
+	if math.Abs(ds[0].Duty-0.32) > 1e-9 {
+		t.Errorf("increase capped at 0.05: %+v", ds[0])
+	}
+	// The slack taker keeps running free while the paced tenant's own
+	// rate keeps it below target...
+	if ds[1].Duty != 1 {
+		t.Errorf("slack taker paced: %+v", ds[1])
+	}
+	// ...and is paced too once that tenant is crowded out: paced at or
+	// above its target, drained, and still below it.
+	a.duty[key{"a", 0}] = 0.5
+	in[0].Share, in[1].Share = 0.3, 0.7
+	ds = a.Step(in, share)
+	if ds[1].Duty != 0.5 || ds[1].Reason != "paced at target" {
+		t.Errorf("crowding slack taker: %+v", ds[1])
 	}
 	// Alone: full duty at once.
 	in[1].Busy = false
 	ds = a.Step(in, share)
-	if ds[0].Duty != 1 || ds[1].Duty != 1 || ds[1].Reason != "idle" {
+	if ds[0].Duty != 1 || ds[1].Duty != 1 || ds[1].Reason != "idle" || ds[0].Reason != "alone on the GPU" {
 		t.Errorf("alone: %+v", ds)
 	}
-	// A limit applies even alone; far above it, the step is Decrease.
+	// A limit applies even alone, and a limited tenant never takes the slack.
 	in[0].Rules.Limit, in[0].Share = 0.3, 0.9
 	ds = a.Step(in, share)
-	if math.Abs(ds[0].Duty-0.72) > 1e-9 || ds[0].Target != 0.3 {
+	if ds[0].Duty != 0.3 || ds[0].Target != 0.3 || ds[0].Reason != "paced at target" {
 		t.Errorf("limit alone: %+v", ds[0])
+	}
+	in[1].Busy = true
+	ds = a.Step(in, share)
+	if ds[0].Duty >= 1 || ds[1].Duty != 1 {
+		t.Errorf("limit beside another: %+v", ds)
+	}
+}
+
+// A tenant that wants less than its target is not paced, and one that
+// no longer wants more grows back to a free run additively.
+func TestNotCompeting(t *testing.T) {
+	a := New(Params{})
+	in := []Input{
+		{Name: "hog", Rules: rules(100), Busy: true, Backlogged: true, Share: 0.8, Processes: 1},
+		{Name: "light", Rules: rules(100), Busy: true, Share: 0.2, Processes: 1},
+	}
+	ds := a.Step(in, share)
+	// light wants 0.2×1.1+0.02 = 0.24; hog gets the rest and takes the slack.
+	if math.Abs(ds[1].Target-0.24) > 1e-9 || ds[1].Duty != 1 || ds[0].Duty != 1 {
+		t.Fatalf("%+v", ds)
+	}
+	// A tenant left paced (0.5) whose demand fell below its target.
+	a.duty[key{"light", 0}] = 0.5
+	in[1].Share = 0.1
+	ds = a.Step(in, share)
+	if math.Abs(ds[1].Duty-0.55) > 1e-9 || ds[1].Reason != "below target" {
+		t.Errorf("grow back: %+v", ds[1])
 	}
 }
 
@@ -88,9 +145,9 @@ func TestLatencySLO(t *testing.T) {
 	a := New(Params{})
 	lat := policy.Rules{Weight: 100, Priority: policy.Latency, SLO: policy.SLO{P99SyncMS: 10}}
 	in := []Input{
-		{Name: "hog", Rules: rules(100), Busy: true, Share: 0.45},
+		{Name: "hog", Rules: rules(100), Busy: true, Backlogged: true, Share: 0.45, Processes: 1},
 		{Name: "infer", Rules: lat, Busy: true, Share: 0.1, SyncP99MS: 30},
-		{Name: "hog2", Rules: rules(100), Busy: true, Share: 0.45},
+		{Name: "hog2", Rules: rules(100), Busy: true, Backlogged: true, Share: 0.45, Processes: 1},
 	}
 	ds := a.Step(in, share) // sorted by name: hog, hog2, infer
 	if ds[2].Duty != 1 || !ds[2].SLOMissed {
@@ -99,11 +156,11 @@ func TestLatencySLO(t *testing.T) {
 	if math.Abs(ds[0].Duty-0.36) > 1e-9 || math.Abs(ds[1].Duty-0.36) > 1e-9 || ds[0].Reason != "a latency SLO is missed" {
 		t.Errorf("others while the SLO is missed: %+v %+v", ds[0], ds[1])
 	}
-	// Held again: the others recover additively, by at most the gap to
-	// their targets (43%).
+	// Held again: the others recover additively — the paced one by at
+	// most the gap to its target (43%), the slack taker by Increase.
 	in[1].SyncP99MS, in[0].Share, in[2].Share = 5, 0.4, 0.4
 	ds = a.Step(in, share)
-	if ds[2].SLOMissed || math.Abs(ds[0].Duty-0.39) > 1e-9 {
+	if ds[2].SLOMissed || math.Abs(ds[0].Duty-0.41) > 1e-9 || ds[0].Reason != "recovering" || math.Abs(ds[1].Duty-0.39) > 1e-9 {
 		t.Errorf("after the SLO holds: %+v", ds)
 	}
 }

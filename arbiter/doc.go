@@ -1,27 +1,57 @@
 // Package arbiter turns measured GPU time into enforced shares. Every
 // control period (default 100 ms) Step compares each tenant's measured
 // share with its target — weighted max-min fair among tenants with work,
-// capped by limits (Targets) — and steers a duty with AIMD.
+// capped by limits (Targets) — and steers a duty per tenant.
 //
-// In share mode (the default) the duty is a submission rate: the Gater
-// lets the tenant submit GPU work (as the meter costs its launches) at
-// that fraction of the GPU's time, with a burst of one period, and freezes
-// it while it is in debt. Freezing stops submission, not work already
-// queued on the GPU, so a gate that only freezes part of every period is
-// blind to deep queues (a hog with 8 × 20 ms queued per process loses
-// nothing to 95 ms freezes); pacing what is admitted holds the long-run
-// share whatever the queue depth. The steps: above target, the rate falls
-// from what the tenant uses by target/share, at least ×0.8 (Decrease), but
-// not below half the target, since the share lags the rate by the queue;
-// below target with work it rises by the gap, at most +0.05 (Increase);
-// 1 when alone (without a limit) or idle, never below 0.05 (MinDuty).
-// Latency tenants are never throttled; while their SLO (p99 sync wait or
-// frames/s) is missed, every other tenant's rate falls ×0.8 per period.
+// # Share mode: admission pacing
+//
+// Freezing stops submission, not work already queued on the GPU: a hog
+// keeps 160–320 ms queued per process, so a gate that freezes part of
+// every period loses nothing, and one that freezes when a budget runs out
+// lands after a whole batch of launches. In share mode (the default) the
+// duty is therefore a submission rate, and the Gater paces admissions:
+// credit accrues at the rate (GPU ns per ns, a burst of one period), each
+// launch is charged the meter's modeled cost, and with a LaunchGate (the
+// probes' launch gate) the launch that the balance cannot pay for stops
+// its process before it reaches the GPU, until credit comes in. Queued
+// work then stays shallow and a paced tenant's long-run share is its rate,
+// whatever its queue depth or number of processes. Without a launch gate
+// the tenant's cgroup is frozen while its account is in debt.
+//
+// Because the rate is the share, the duty of a tenant that must be paced
+// starts at its target (feed-forward) and AIMD only corrects what the
+// cost model gets wrong:
+//   - a tenant that wants more than its target is paced at the target;
+//   - above target + Tolerance (default 1 pp), once its queue has drained
+//     (Input.Queued at most its target), the rate falls multiplicatively
+//     by what the excess needs, at most ×Decrease (0.8) a period, never
+//     below half the target: the share lags the rate by the queue;
+//   - below target − Tolerance it rises additively by the gap, at most
+//     Increase (0.05) a period;
+//   - one competing tenant per GPU runs unpaced and takes the slack (the
+//     largest target, then the fewest processes, since the GPU time-slices
+//     per process): what paced tenants leave unused is not lost. It is
+//     paced too when a paced tenant is crowded out (paced at or above its
+//     target, drained, and still below it);
+//   - a tenant alone (without a limit), idle, or wanting no more than its
+//     target runs free (the last grows back additively); rates never go
+//     below MinDuty (0.05): a tenant is slowed, never starved.
+//
+// A tenant's demand, for Targets, is the whole GPU when it is paced or
+// backlogged (work queued or running nearly all the window), else what it
+// uses plus headroom (share × 1.1 + 2 pp; × 1.2 for latency tenants), so a
+// tenant that needs little leaves the rest to the others.
+//
+// Latency tenants are never throttled; while one's SLO (p99 sync wait or
+// frames/s) is missed, every other tenant's rate falls ×Decrease per
+// period from what it uses, and recovers additively once the SLO holds.
+//
+// # Timeslice mode
 //
 // A GPU in timeslice mode gives tenants with work exclusive consecutive
 // slots sized by weight: there the duty is the part of each period the
 // tenant runs, from a staggered offset, frozen for the rest.
 //
 // The package never decodes ioctls and never touches the GPU; measured
-// figures and the bars not met yet are in BENCHMARKS.md §4.
+// figures are in BENCHMARKS.md.
 package arbiter

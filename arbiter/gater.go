@@ -15,23 +15,32 @@ import (
 // stagger as the arbiter planned.
 //
 // A paced gater (SetRate) instead meters what the tenant submits: it may
-// submit GPU work at rate (GPU ns per ns) with a burst of one period, and
-// is frozen while it is in debt. Queued work cannot be recalled, so a
-// window gate is blind to a deep queue (a tenant frozen for less than its
-// queue takes to drain loses nothing); pacing admissions holds the
-// long-run share whatever the queue depth.
+// submit GPU work at rate (GPU ns per ns) with a burst of one period.
+// Queued work cannot be recalled, so a window gate is blind to a deep
+// queue (a tenant frozen for less than its queue takes to drain loses
+// nothing); pacing admissions holds the long-run share whatever the queue
+// depth. With a LaunchGate the pacing is exact to the launch: credit is
+// turned into an allowance of launches, the launch beyond it holds its
+// process, and held processes are released oldest first as credit comes
+// in. Without one, the tenant is frozen while its account is in debt,
+// which lets a batch of launches through before the freeze lands.
 type Gater struct {
 	gate   cgroup.Gate
 	period time.Duration
 	epoch  time.Time
+	// Launches, when set, paces a rate at the launch itself.
+	Launches LaunchGate
+	// LaunchCost returns the GPU ns one launch of the tenant costs, as the
+	// meter models it. Needed with Launches.
+	LaunchCost func() float64
 	// Submitted returns the GPU ns the tenant has submitted so far, as the
-	// meter estimates it (cumulative). Needed by SetRate.
+	// meter estimates it (cumulative). Needed by SetRate without Launches.
 	Submitted func() float64
 	// OnFreeze is told each frozen interval when it begins (to is zero)
 	// and again when it ends: the meter discounts sync waits that overlap
 	// one, also those that return just after the thaw.
 	OnFreeze func(from, to time.Time)
-	// OnError reports a failed freeze or thaw.
+	// OnError reports a failed freeze, thaw or gate operation.
 	OnError func(error)
 
 	mu        sync.Mutex
@@ -39,18 +48,46 @@ type Gater struct {
 	offset    float64
 	paced     bool
 	frozen    bool
+	heldSince time.Time // when the launch gate began holding a process (zero: none held)
 	thawedAt  time.Time
 	throttled time.Duration
 	wake      chan struct{}
 }
 
+// LaunchGate admits a tenant's launches up to an allowance; the launch
+// beyond it holds its process until Release.
+type LaunchGate interface {
+	// Counts returns the launches admitted and the processes held so far
+	// (both cumulative).
+	Counts() (admitted, holds uint64, err error)
+	// Allow lets admitted reach n (math.MaxUint64: no limit).
+	Allow(n uint64) error
+	// Held returns the processes held now, oldest first.
+	Held() ([]Held, error)
+	// Release continues a held process; its held launch runs then.
+	Release(Held) error
+}
+
+// Held is a process held at the launch gate.
+type Held struct {
+	PID   int
+	Since time.Time
+	// Token is the gate's own record of the hold, handed back to Release.
+	Token any
+}
+
 // paceTick is how often a paced gater settles its account: a freeze lands
-// at most this long after the submission that overdrew it.
+// at most this long after the submission that overdrew it, and a held
+// launch is released at most this late.
 const paceTick = 2 * time.Millisecond
 
 // maxDebt bounds a paced tenant's debt to this much wall time at its rate,
 // so an overestimated cost never freezes it for longer.
 const maxDebt = 2 * time.Second
+
+// defaultLaunchCost prices a launch before the meter has seen any of the
+// tenant's.
+const defaultLaunchCost = float64(time.Millisecond)
 
 // NewGater returns a gater over gate with periods of period since epoch.
 func NewGater(gate cgroup.Gate, period time.Duration, epoch time.Time) *Gater {
@@ -81,12 +118,16 @@ func (g *Gater) poke() {
 	}
 }
 
-// State reports whether the tenant is frozen now and its frozen time so
-// far.
+// State reports whether the tenant is frozen (or has a process held) now
+// and its frozen time so far, a hold in progress included.
 func (g *Gater) State() (frozen bool, throttled time.Duration) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.frozen, g.throttled
+	throttled = g.throttled
+	if !g.heldSince.IsZero() {
+		throttled += time.Since(g.heldSince)
+	}
+	return g.frozen, throttled
 }
 
 // HeldSince reports whether the gate held the tenant back at any time
@@ -105,9 +146,12 @@ func (g *Gater) Run(ctx context.Context) {
 		g.mu.Lock()
 		paced := g.paced
 		g.mu.Unlock()
-		if paced {
+		switch {
+		case paced && g.Launches != nil:
+			g.runAdmission(ctx)
+		case paced:
 			g.runPaced(ctx)
-		} else {
+		default:
 			g.runWindows(ctx)
 		}
 	}
@@ -159,6 +203,107 @@ func (g *Gater) runWindows(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
+	}
+}
+
+// runAdmission paces the tenant's launches: credit accrues at its rate up
+// to one period's worth; each admitted launch, and each held one as it is
+// released, is charged at the meter's launch cost; the allowance lets
+// through what the balance pays for, and held processes wait (oldest
+// first) until it pays for their launch. Ends (leaving the gate open and
+// nobody held) with ctx or when the gater stops pacing.
+func (g *Gater) runAdmission(ctx context.Context) {
+	tick := time.NewTicker(paceTick)
+	defer tick.Stop()
+	defer g.openGate()
+	last := time.Now()
+	admitted, holds, err := g.Launches.Counts()
+	g.report(err)
+	balance, released := 0.0, holds
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		case <-g.wake:
+		}
+		g.mu.Lock()
+		rate, paced := g.duty, g.paced
+		g.mu.Unlock()
+		if !paced {
+			return
+		}
+		now := time.Now()
+		n, h, err := g.Launches.Counts()
+		if err != nil {
+			g.report(err)
+			continue
+		}
+		cost := g.LaunchCost()
+		if cost <= 0 {
+			cost = defaultLaunchCost
+		}
+		burst := rate * float64(g.period)
+		balance += rate*float64(now.Sub(last)) - float64(n-admitted)*cost
+		last, admitted = now, n
+		var held []Held
+		if h != released || g.holding() {
+			held, err = g.Launches.Held()
+			g.report(err)
+			released = h
+		}
+		for len(held) > 0 && (rate >= 1 || balance >= 0) {
+			g.report(g.Launches.Release(held[0]))
+			balance -= cost
+			held = held[1:]
+		}
+		balance = math.Max(math.Min(balance, burst), -rate*float64(maxDebt))
+		allow := uint64(math.MaxUint64)
+		if rate < 1 {
+			allow = n // held processes go first
+			if len(held) == 0 && balance > 0 {
+				allow = n + uint64(balance/cost)
+			}
+		}
+		g.report(g.Launches.Allow(allow))
+		g.noteHeld(len(held) > 0, now)
+	}
+}
+
+// openGate lets every launch through and releases whoever is held.
+func (g *Gater) openGate() {
+	g.report(g.Launches.Allow(math.MaxUint64))
+	held, err := g.Launches.Held()
+	g.report(err)
+	for _, h := range held {
+		g.report(g.Launches.Release(h))
+	}
+	g.noteHeld(false, time.Now())
+}
+
+func (g *Gater) holding() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return !g.heldSince.IsZero()
+}
+
+// noteHeld keeps the state and throttled time of a launch-gated tenant:
+// frozen while any of its processes is held.
+func (g *Gater) noteHeld(held bool, now time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	switch {
+	case held && g.heldSince.IsZero():
+		g.heldSince, g.frozen = now, true
+	case !held && !g.heldSince.IsZero():
+		g.throttled += now.Sub(g.heldSince)
+		g.heldSince, g.frozen, g.thawedAt = time.Time{}, false, now
+	}
+}
+
+func (g *Gater) report(err error) {
+	if err != nil && g.OnError != nil {
+		g.OnError(err)
 	}
 }
 

@@ -35,8 +35,11 @@ const GateSlots = 4096
 // ErrNoGateSlot is returned when every gate slot is in use.
 var ErrNoGateSlot = errors.New("no free launch gate slot")
 
-// heldMap is the pinned name of the held-process table.
-const heldMap = "gpuarb_held"
+// Pinned names of the held-process table and the gate member table.
+const (
+	heldMap     = "gpuarb_held"
+	gateKeysMap = "gpuarb_gate_keys"
+)
 
 // HeldProcess is a process a launch gate stopped.
 type HeldProcess struct {
@@ -144,13 +147,14 @@ func (p *Probes) countMembers(delta int) {
 	_ = p.objs.GateMembers.Set(uint32(max(t.members, 0)))
 }
 
-// Admitted returns how many launches the gate has let through.
-func (g *LaunchGate) Admitted() (uint64, error) {
+// Counts returns how many launches the gate has let through and how many
+// times it has held a process.
+func (g *LaunchGate) Counts() (admitted, holds uint64, err error) {
 	var v gpuarbGate
 	if err := g.p.objs.GpuarbGates.Lookup(g.slot, &v); err != nil {
-		return 0, fmt.Errorf("launch gate %d: read: %w", g.slot, err)
+		return 0, 0, fmt.Errorf("launch gate %d: read: %w", g.slot, err)
 	}
-	return v.Admitted, nil
+	return v.Admitted, v.Holds, nil
 }
 
 // Allow lets admitted launches reach n; math.MaxUint64 opens the gate.
@@ -170,9 +174,10 @@ func (g *LaunchGate) Held() ([]HeldProcess, error) {
 	return slices.DeleteFunc(all, func(h HeldProcess) bool { return h.Gate != g.slot }), nil
 }
 
-// Forget removes a process from the held table, once the caller has
-// continued it.
-func (g *LaunchGate) Forget(h HeldProcess) error { return forgetHeld(g.p.objs.GpuarbHeld, h.PID) }
+// Forget removes a hold from the held table, before the caller continues
+// the process: once continued, the process may be held again under the
+// same pid, and that hold must stay.
+func (g *LaunchGate) Forget(h HeldProcess) error { return forgetHeld(g.p.objs.GpuarbHeld, h) }
 
 // Close removes the gate's members and opens it. Processes it still holds
 // stay held: the caller continues them (Held) first.
@@ -212,9 +217,20 @@ func readHeld(m *ebpf.Map) ([]HeldProcess, error) {
 	return out, nil
 }
 
-func forgetHeld(m *ebpf.Map, pid int) error {
-	if err := m.Delete(uint32(pid)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return fmt.Errorf("forget held pid %d: %w", pid, err)
+// forgetHeld deletes the hold h if the table still has it (not a later
+// hold of the same pid). The process is stopped while its hold stands, so
+// nothing replaces the entry between the check and the delete.
+func forgetHeld(m *ebpf.Map, h HeldProcess) error {
+	var cur gpuarbHeldProc
+	err := m.Lookup(uint32(h.PID), &cur)
+	if errors.Is(err, ebpf.ErrKeyNotExist) || (err == nil && cur.SinceNs != h.Since) {
+		return nil
+	}
+	if err == nil {
+		err = m.Delete(uint32(h.PID))
+	}
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("forget held pid %d: %w", h.PID, err)
 	}
 	return nil
 }
@@ -223,46 +239,63 @@ func forgetHeld(m *ebpf.Map, pid int) error {
 // an earlier daemon's gates left in reused pins.
 func (p *Probes) Held() ([]HeldProcess, error) { return readHeld(p.objs.GpuarbHeld) }
 
-// ForgetHeld removes a process from the held table, once the caller has
-// continued it.
-func (p *Probes) ForgetHeld(h HeldProcess) error { return forgetHeld(p.objs.GpuarbHeld, h.PID) }
+// ForgetHeld removes a hold from the held table, before the caller
+// continues the process.
+func (p *Probes) ForgetHeld(h HeldProcess) error { return forgetHeld(p.objs.GpuarbHeld, h) }
 
-// ReleasePinnedHeld hands every process held in the pinned table under
-// pinPath to release (which continues it) and forgets it: the cleanup
-// after a daemon that is gone. Without pins nothing is held.
+// ReleasePinnedHeld opens every launch gate pinned under pinPath (so that
+// probes still attached hold nobody again), hands every process held in
+// the pinned table to release (which continues it) and forgets it: the
+// cleanup after a daemon that is gone. Without pins nothing is held.
 func ReleasePinnedHeld(pinPath string, release func(HeldProcess) error) ([]HeldProcess, error) {
+	errOpen := openPinnedGates(pinPath)
 	m, err := ebpf.LoadPinnedMap(filepath.Join(pinPath, heldMap), nil)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
+		return nil, errOpen
 	}
 	if err != nil {
-		return nil, fmt.Errorf("open held processes: %w", err)
+		return nil, errors.Join(errOpen, fmt.Errorf("open held processes: %w", err))
 	}
 	defer m.Close()
 	held, err := readHeld(m)
 	if err != nil {
-		return nil, err
+		return nil, errors.Join(errOpen, err)
 	}
-	var errs []error
+	errs := []error{errOpen}
 	for _, h := range held {
-		if err := release(h); err != nil {
+		if err := forgetHeld(m, h); err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		errs = append(errs, forgetHeld(m, h.PID))
+		errs = append(errs, release(h))
 	}
 	return held, errors.Join(errs...)
 }
 
+// openPinnedGates removes every member of the pinned launch gates.
+func openPinnedGates(pinPath string) error {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(pinPath, gateKeysMap), nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("open launch gate members: %w", err)
+	}
+	defer m.Close()
+	return clearMembers(m)
+}
+
 // clearGateMembers drops members left in reused pins by an earlier daemon:
 // their slots mean nothing to this one.
-func (p *Probes) clearGateMembers() error {
+func (p *Probes) clearGateMembers() error { return clearMembers(p.objs.GpuarbGateKeys) }
+
+func clearMembers(m *ebpf.Map) error {
 	var (
 		k    gpuarbGateKey
 		slot uint32
 		keys []gpuarbGateKey
 	)
-	it := p.objs.GpuarbGateKeys.Iterate()
+	it := m.Iterate()
 	for it.Next(&k, &slot) {
 		keys = append(keys, k)
 	}
@@ -270,7 +303,7 @@ func (p *Probes) clearGateMembers() error {
 		return fmt.Errorf("read launch gate members: %w", err)
 	}
 	for _, k := range keys {
-		if err := p.objs.GpuarbGateKeys.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("clear launch gate members: %w", err)
 		}
 	}

@@ -246,3 +246,50 @@ func TestLedgerThawAll(t *testing.T) {
 		t.Errorf("remove: %v %v", l.Targets(), err)
 	}
 }
+
+// ContinueProcess resumes exactly one stopped process, and not a process
+// that reuses its pid; Exited sees a process end (zombie, not yet reaped).
+func TestContinueProcessAndExited(t *testing.T) {
+	cmd := exec.Command("sh", "-c", "while :; do :; done")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	start, err := cgroup.StartTime(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cgroup.Exited(pid, start) {
+		t.Fatal("a running process reads as exited")
+	}
+	if !cgroup.Exited(pid, start+1) {
+		t.Error("another start time (a reused pid) reads as the same process")
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	for !cgroup.Stopped(pid) {
+		time.Sleep(time.Millisecond)
+	}
+	if err := cgroup.ContinueProcess(pid, start+1); err != nil || !cgroup.Stopped(pid) {
+		t.Errorf("continued a process by a stale start time: %v", err)
+	}
+	if err := cgroup.ContinueProcess(pid, start); err != nil {
+		t.Fatal(err)
+	}
+	if !runs(t, pid, 100*time.Millisecond) {
+		t.Error("not running after ContinueProcess")
+	}
+	if err := cgroup.ContinueProcess(1, 0); err == nil {
+		t.Error("ContinueProcess accepted pid 1")
+	}
+	_ = cmd.Process.Kill()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cgroup.Exited(pid, start) { // a zombie until Wait reaps it
+		if time.Now().After(deadline) {
+			t.Fatal("a killed process never reads as exited")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

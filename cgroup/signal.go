@@ -51,6 +51,23 @@ func (g *SignalGate) Freeze() error { return g.signal(syscall.SIGSTOP) }
 // Thaw sends SIGCONT to the process and every descendant.
 func (g *SignalGate) Thaw() error { return g.signal(syscall.SIGCONT) }
 
+// ContinueProcess sends SIGCONT to one process (not its descendants) if it
+// is still the one that started at start (clock ticks since boot, as in
+// /proc/PID/stat): the release of a process gpuarb's launch gate stopped.
+// A process that is gone is not an error.
+func ContinueProcess(pid int, start uint64) error {
+	if pid <= 1 {
+		return fmt.Errorf("refusing to signal pid %d", pid)
+	}
+	if !SignalGateOf(pid, start).Alive() {
+		return nil
+	}
+	if err := unix.Kill(pid, syscall.SIGCONT); err != nil && !errors.Is(err, unix.ESRCH) {
+		return fmt.Errorf("continue pid %d: %w", pid, err)
+	}
+	return nil
+}
+
 // Target implements Gate.
 func (g *SignalGate) Target() Target { return Target{Kind: KindPID, PID: g.pid, Start: g.start} }
 
@@ -80,8 +97,12 @@ func (g *SignalGate) signal(sig syscall.Signal) error {
 type procStat struct {
 	ppid  int
 	state byte
+	flags uint64 // the kernel's task flags (PF_*)
 	start uint64
 }
+
+// pfExiting is PF_EXITING: the task is in do_exit.
+const pfExiting = 0x4
 
 // readStat parses /proc/PID/stat (the command may contain spaces and
 // parentheses; fields resume after the last ')').
@@ -99,8 +120,9 @@ func readStat(pid int) (procStat, error) {
 		return procStat{}, fmt.Errorf("pid %d: malformed stat", pid)
 	}
 	ppid, _ := strconv.Atoi(f[1])
+	flags, _ := strconv.ParseUint(f[6], 10, 64)
 	start, _ := strconv.ParseUint(f[19], 10, 64)
-	return procStat{ppid: ppid, state: f[0][0], start: start}, nil
+	return procStat{ppid: ppid, state: f[0][0], flags: flags, start: start}, nil
 }
 
 // Descendants returns pid and every process below it, parents first.
@@ -127,4 +149,20 @@ func Descendants(pid int) []int {
 func Stopped(pid int) bool {
 	st, err := readStat(pid)
 	return err == nil && (st.state == 'T' || st.state == 't')
+}
+
+// StartTime returns a process's start time in clock ticks since boot, as
+// /proc/PID/stat field 22 gives it.
+func StartTime(pid int) (uint64, error) {
+	st, err := readStat(pid)
+	return st.start, err
+}
+
+// Exited reports whether the process that started at start has ended or
+// is ending: it is gone, its main thread is exiting (PF_EXITING) or a
+// zombie — its threads run no more user code — or its pid now names
+// another process.
+func Exited(pid int, start uint64) bool {
+	st, err := readStat(pid)
+	return err != nil || st.state == 'Z' || st.state == 'X' || st.flags&pfExiting != 0 || st.start != start
 }

@@ -7,12 +7,15 @@ import (
 	"math"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/gpuarb/gpuarb/arbiter"
+	"github.com/gpuarb/gpuarb/bpf"
 	"github.com/gpuarb/gpuarb/cgroup"
 	"github.com/gpuarb/gpuarb/meter"
 	"github.com/gpuarb/gpuarb/policy"
@@ -33,11 +36,15 @@ type tenant struct {
 	totals    map[int]meter.Totals // per GPU, cumulative: the Prometheus counters
 	lastSeen  time.Time
 
-	gater   *arbiter.Gater
-	cancel  context.CancelFunc
-	done    chan struct{}
-	target  cgroup.Target
-	refused bool // no gate could be made (logged once)
+	// pids are its processes as the last control step classified them,
+	// read by its gater without the daemon's lock.
+	pids     atomic.Pointer[map[uint32]bool]
+	gater    *arbiter.Gater
+	launches *bpf.LaunchGate // nil: paced by freezing
+	cancel   context.CancelFunc
+	done     chan struct{}
+	target   cgroup.Target
+	refused  bool // no gate could be made (logged once)
 }
 
 // classifier assigns processes to tenants for one control step.
@@ -106,6 +113,10 @@ func processTree(pid int) map[int]bool {
 	return tree
 }
 
+// backloggedFraction is the part of the control window a process must
+// have had work on the GPU or queued for it to count as backlogged.
+const backloggedFraction = 0.9
+
 // controlWindow is the span of the shares the arbiter steers by: long
 // enough to average over a hog's deep queue, short enough to react
 // within a second, and never longer than the meter keeps.
@@ -135,6 +146,7 @@ func (d *Daemon) control(ctx context.Context) {
 	_, long := d.meter.Contexts(d.cfg.Window)
 
 	inputs := map[aggKey]*arbiter.Input{}
+	pids := map[string]map[uint32]bool{}
 	waits := map[aggKey][]uint64{}
 	syncs := map[aggKey]int{}
 	now := time.Now()
@@ -155,6 +167,10 @@ func (d *Daemon) control(ctx context.Context) {
 		}
 		t.rules, t.cgroup, t.pid, t.lastSeen = rules, cg, pid, now
 		t.cgroupIDs[c.CgroupID] = true
+		if pids[name] == nil {
+			pids[name] = map[uint32]bool{}
+		}
+		pids[name][c.PID] = true
 		if !c.Exited {
 			t.anyPID = int(c.PID)
 		}
@@ -171,6 +187,12 @@ func (d *Daemon) control(ctx context.Context) {
 		}
 		in.Share += c.Share
 		in.Busy = in.Busy || c.Busy || c.Launches > 0
+		in.Queued += float64(c.BacklogNS) / float64(window)
+		// Running or waiting for the GPU nearly all the window.
+		in.Backlogged = in.Backlogged || float64(c.GPUNS+c.QueueNS) >= backloggedFraction*float64(window)
+		if !c.Exited {
+			in.Processes++
+		}
 	}
 	var list []arbiter.Input
 	for k, in := range inputs {
@@ -196,6 +218,15 @@ func (d *Daemon) control(ctx context.Context) {
 			d.stopGate(t)
 			delete(d.tenants, name)
 			continue
+		}
+		if p := pids[name]; p != nil {
+			t.pids.Store(&p)
+		}
+		if t.launches != nil && t.pid != 0 {
+			// A pid tenant's tree changes as it forks.
+			if err := t.launches.SetMembers(nil, cgroup.Descendants(t.pid)); err != nil {
+				d.log.Warn("launch gate", "tenant", name, "err", err)
+			}
 		}
 		duty, offset, paced := 1.0, 0.0, true
 		for _, dec := range t.decisions {
@@ -269,6 +300,19 @@ func (d *Daemon) startGate(ctx context.Context, t *tenant, period time.Duration)
 		ids = append(ids, id)
 	}
 	t.gater.Submitted = func() float64 { return d.meter.SubmittedNS(ids) }
+	if lg, err := d.newLaunchGate(t); err != nil {
+		d.log.Warn("no launch gate: the tenant is paced by freezing", "tenant", t.name, "err", err)
+	} else {
+		t.launches = lg
+		t.gater.Launches = launchGate{gate: lg, meter: d.meter}
+		t.gater.LaunchCost = func() float64 {
+			pids := t.pids.Load()
+			if pids == nil {
+				return 0
+			}
+			return d.meter.LaunchCost(func(pid uint32, _ uint64) bool { return (*pids)[pid] })
+		}
+	}
 	t.gater.OnFreeze = func(from, to time.Time) {
 		mono := meter.MonotonicNow()
 		f, e := mono-uint64(time.Since(from)), uint64(math.MaxUint64)
@@ -289,14 +333,45 @@ func (d *Daemon) startGate(ctx context.Context, t *tenant, period time.Duration)
 	}(t.gater, t.done)
 }
 
-// stopGate ends a tenant's gater (which thaws it) and forgets its target.
-// Called with d.mu held.
+// newLaunchGate makes the launch gate of a tenant: its cgroup (and what is
+// below it), or the processes of its tree.
+func (d *Daemon) newLaunchGate(t *tenant) (*bpf.LaunchGate, error) {
+	if d.probes == nil {
+		return nil, errors.New("no probes")
+	}
+	var cgroups []uint64
+	var pids []int
+	if t.pid != 0 {
+		pids = cgroup.Descendants(t.pid)
+	} else {
+		id, err := cgroup.ID(filepath.Join(d.mount, t.cgroup))
+		if err != nil {
+			return nil, err
+		}
+		cgroups = []uint64{id}
+	}
+	lg, err := d.probes.NewLaunchGate()
+	if err != nil {
+		return nil, err
+	}
+	if err := lg.SetMembers(cgroups, pids); err != nil {
+		return nil, errors.Join(err, lg.Close())
+	}
+	return lg, nil
+}
+
+// stopGate ends a tenant's gater (which thaws it and releases what its
+// launch gate holds) and forgets its target. Called with d.mu held.
 func (d *Daemon) stopGate(t *tenant) {
 	if t.gater == nil {
 		return
 	}
 	t.cancel()
 	<-t.done
+	if err := t.launches.Close(); err != nil {
+		d.log.Warn("launch gate", "tenant", t.name, "err", err)
+	}
+	t.launches = nil
 	if err := d.ledger.Remove(t.target); err != nil {
 		d.log.Warn("ledger", "err", err)
 	}
@@ -339,14 +414,36 @@ func (d *Daemon) startGuardian() error {
 	return nil
 }
 
-// GuardLedger is the thaw guardian's body: it waits until fd closes (the
-// daemon is gone) and thaws everything the ledger lists.
-func GuardLedger(fd *os.File, ledger string) ([]cgroup.Target, error) {
-	buf := make([]byte, 64)
-	for {
-		if _, err := fd.Read(buf); err != nil {
-			break
+// Guard is the thaw guardian's body: it waits until the daemon is gone —
+// fd (its pipe) closes, or the daemon process (pid, started at start)
+// has exited — and resumes everything it may have left stopped
+// (ThawLeftovers). The pid is watched because an exiting process releases
+// its files last-in-first-out after every probe link is torn down (each
+// uprobe waits for a grace period): the pipe closes up to a second after
+// the daemon died, while ThawLeftovers first opens every launch gate, so
+// probes still attached hold nobody.
+func Guard(fd *os.File, pid int, start uint64, ledger, pinPath string) ([]string, error) {
+	closed := make(chan struct{})
+	go func() {
+		buf := make([]byte, 64)
+		for {
+			if _, err := fd.Read(buf); err != nil {
+				close(closed)
+				return
+			}
+		}
+	}()
+	tick := time.NewTicker(guardPoll)
+	defer tick.Stop()
+	for !cgroup.Exited(pid, start) {
+		select {
+		case <-closed:
+			return ThawLeftovers(ledger, pinPath)
+		case <-tick.C:
 		}
 	}
-	return cgroup.ThawAll(ledger)
+	return ThawLeftovers(ledger, pinPath)
 }
+
+// guardPoll is how often the guardian looks at the daemon's process.
+const guardPoll = 10 * time.Millisecond

@@ -151,11 +151,12 @@ func Start(cfg Config) (_ *Daemon, err error) {
 	}
 	d.policy, d.base = pol, pol
 	d.log.Info("policy", "path", cfg.PolicyPath, "found", found, "tenants", len(pol.Tenants), "period", pol.Period)
-	// A daemon that died may have left tenants frozen: thaw them first.
-	if thawed, err := cgroup.ThawAll(cfg.Ledger); err != nil {
-		d.log.Warn("thawing what an earlier daemon left", "err", err)
-	} else if len(thawed) > 0 {
-		d.log.Info("thawed what an earlier daemon left", "targets", len(thawed))
+	// A daemon that died may have left tenants frozen or held: resume
+	// them first.
+	if done, err := ThawLeftovers(cfg.Ledger, cfg.PinPath); err != nil {
+		d.log.Warn("resuming what an earlier daemon left", "err", err)
+	} else if len(done) > 0 {
+		d.log.Info("resumed what an earlier daemon left", "targets", len(done))
 	}
 	_ = os.Remove(cfg.Ledger)
 	if d.ledger, err = cgroup.OpenLedger(cfg.Ledger); err != nil {

@@ -21,8 +21,9 @@ import (
 // runningDaemon is a bin/gpuarb daemon a test started.
 type runningDaemon struct {
 	*api.Client
-	Proc   *testutil.Proc
-	Socket string
+	Proc    *testutil.Proc
+	Socket  string
+	PinPath string
 }
 
 // startDaemon starts bin/gpuarb daemon on the simulated GPU with a private
@@ -42,7 +43,7 @@ func startDaemonIn(t *testing.T, dir string, extra ...string) runningDaemon {
 		"--no-host-devices", "--device", "1:7=nvidia", "--libcuda", testutil.Bin(t, "libcuda.so.1")}, extra...)
 	p := testutil.Start(t, nil, exec.Command(testutil.Bin(t, "gpuarb"), args...))
 	waitAPI(t, sock, p)
-	return runningDaemon{Client: api.NewClient(sock), Proc: p, Socket: sock}
+	return runningDaemon{Client: api.NewClient(sock), Proc: p, Socket: sock, PinPath: pins}
 }
 
 type tenantSpec struct {

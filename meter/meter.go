@@ -151,6 +151,7 @@ type gpuContext struct {
 	// is released (Released, or its next event), not when they were seen.
 	deferred   []heldLaunch
 	releasedAt uint64
+	stopped    []span // when the launch gate held the process
 	// Smoothed shape of its launches, for LaunchCost.
 	avgBlocks, graphFrac float64
 	shapeN               float64 // launches the shape has seen
@@ -470,9 +471,10 @@ func (m *Meter) launchDeferred(c *gpuContext, t uint64) {
 	c.deferred = c.deferred[:0]
 }
 
-// Released records that the arbiter continued a process the launch gate
-// held, at t (CLOCK_MONOTONIC ns): its held launch runs from then.
-func (m *Meter) Released(pid uint32, t uint64) {
+// Released records that the arbiter continued at t a process the launch
+// gate held since `since` (CLOCK_MONOTONIC ns): its held launch runs from
+// t, and its syncs across the stop teach nothing.
+func (m *Meter) Released(pid uint32, since, t uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	c := m.ctxs[pid]
@@ -480,6 +482,7 @@ func (m *Meter) Released(pid uint32, t uint64) {
 		return
 	}
 	c.releasedAt = t
+	c.stopped = appendSpan(c.stopped, since, t)
 	if len(c.deferred) > 0 {
 		m.launchDeferred(c, t)
 	}
@@ -617,7 +620,7 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 		s.left, s.got, s.launched = 0, 0, false
 		s.drained = now
 	}
-	if !any || got <= 0 || m.pausedDuring(c.cgroup, h.Start, h.End) {
+	if !any || got <= 0 || m.pausedDuring(c, h.Start, h.End) {
 		return // a sync that spanned a freeze waited for the thaw, not the GPU
 	}
 	others := m.busyContexts(c.gpu) - 1
@@ -710,7 +713,7 @@ func (m *Meter) eventSync(c *gpuContext, h *ioctlspy.Header, event uint64, now u
 		}
 		s.passMarks(now)
 	}
-	if covered <= 0 || m.pausedDuring(c.cgroup, h.Start, h.End) {
+	if covered <= 0 || m.pausedDuring(c, h.Start, h.End) {
 		return
 	}
 	waited := h.DurationNS >= uint64(realWait)
@@ -761,8 +764,16 @@ func (m *Meter) Paused(cgroupID, from, to uint64) {
 	m.paused[cgroupID] = append(ps, span{from, to})
 }
 
-func (m *Meter) pausedDuring(cgroupID, from, to uint64) bool {
-	for _, p := range m.paused[cgroupID] {
+// pausedDuring reports whether the context's process was stopped by the
+// arbiter (its cgroup frozen, or the process held at the launch gate)
+// during [from, to).
+func (m *Meter) pausedDuring(c *gpuContext, from, to uint64) bool {
+	for _, p := range c.stopped {
+		if p.start < to && p.end > from {
+			return true
+		}
+	}
+	for _, p := range m.paused[c.cgroup] {
 		if p.start < to && p.end > from {
 			return true
 		}
@@ -858,6 +869,9 @@ func (m *Meter) prune(now uint64) {
 			i++
 		}
 		c.held = c.held[i:]
+		for len(c.stopped) > 0 && c.stopped[0].end < cut {
+			c.stopped = c.stopped[1:]
+		}
 		j := 0
 		for j < len(c.waited) && c.waited[j].end < cut {
 			j++
@@ -902,6 +916,8 @@ type ContextStats struct {
 	SyncWait []uint64
 	MemBytes int64
 	QueueNS  uint64
+	// BacklogNS is the modeled GPU work queued now, not yet run.
+	BacklogNS uint64
 	Busy     bool // work outstanding now
 	Exited   bool
 	// Total counts since the process entered its cgroup and GPU (they
@@ -925,7 +941,7 @@ func (m *Meter) Contexts(window time.Duration) (at uint64, out []ContextStats) {
 		held := c.heldIn(from, now)
 		cs := ContextStats{PID: c.pid, CgroupID: c.cgroup, GPU: c.gpu, GPUNS: uint64(held), Share: held / float64(w),
 			Launches: len(dropBefore(c.launches, from)), MemBytes: c.mem, QueueNS: uint64(sumIn(c.waited, from, now)),
-			Busy: c.left() > 0, Exited: c.exited, Total: c.total}
+			Busy: c.left() > 0, BacklogNS: uint64(c.left()), Exited: c.exited, Total: c.total}
 		for _, sp := range c.syncs {
 			if sp.end >= from {
 				cs.Syncs++

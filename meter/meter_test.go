@@ -332,11 +332,11 @@ func TestHeldLaunchRunsFromRelease(t *testing.T) {
 	}{
 		{"released", func(m *Meter) {
 			m.Observe(heldLaunchEv(1, 100, base, 7))
-			m.Released(1, base+600*ms)
+			m.Released(1, base, base+600*ms)
 		}},
 		{"release reported first", func(m *Meter) {
 			m.Observe(&ioctlspy.ContextCreated{Header: hdr(1, 100, base-ms, base-ms)})
-			m.Released(1, base+600*ms)
+			m.Released(1, base, base+600*ms)
 			m.Observe(heldLaunchEv(1, 100, base, 7))
 		}},
 		{"next event", func(m *Meter) {

@@ -15,7 +15,7 @@ pids=()
 cleanup() {
 	for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill "${pids[i]}" 2>/dev/null || true; wait "${pids[i]}" 2>/dev/null || true; done
 	rmdir "$CG/t" "$CG" 2>/dev/null || true
-	rm -rf "$RUN"
+	[ -n "${KEEP:-}" ] && cp "$RUN/daemon.log" /tmp/exp-daemon.log; rm -rf "$RUN"
 }
 trap cleanup EXIT INT TERM
 mkdir -p $CG/t
@@ -29,11 +29,13 @@ API=$RUN/gpuarb.sock
 "$BIN/gpuarb" daemon --socket "$API" --pin-path /sys/fs/bpf/gpuarb-exp --no-host-devices --policy $RUN/policy.yaml \
 	--device 1:7=nvidia --libcuda "$BIN/libcuda.so.1" 2> "$RUN/daemon.log" & pids+=($!)
 for _ in $(seq 100); do "$BIN/gpuarb" status --socket "$API" >/dev/null 2>&1 && break; sleep 0.1; done
-sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$CG/t" "$BIN/gpuwork" "$@" >/dev/null & pids+=($!)
+sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$CG/t" "$BIN/gpuwork" "$@" > "${WORKLOAD_OUT:-/dev/null}" & pids+=($!)
+WPID=$!
 sleep 2
 "$BIN/fakegpud" stats --socket "$FAKEGPU_SOCKET" --reset >/dev/null
 for i in $(seq ${SECS:-8}); do
 	sleep 1
 	"$BIN/fakegpud" stats --json --socket "$FAKEGPU_SOCKET" --reset | python3 -c 'import json,sys; s=json.load(sys.stdin); g=s["gpus"][0]; print("true %.1f%%" % (100*g["busy_ns"]/s["elapsed_ns"]))' | tr '\n' ' '
 	"$BIN/gpuarb" status --json --socket "$API" | python3 -c 'import json,sys; s=json.load(sys.stdin); print(" ".join("%s est %.1f%% duty %.3f %s" % (t["name"], 100*t["share"], t["duty"], t["reason"]) for t in s["tenants"]))'
+	ps -o pid,stat,comm --ppid $WPID -p $WPID | tail -n +2 | tr "\n" " "; echo
 done

@@ -5,12 +5,14 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/gpuarb/gpuarb/api"
 	"github.com/gpuarb/gpuarb/bpf"
+	"github.com/gpuarb/gpuarb/cgroup"
 	"github.com/gpuarb/gpuarb/daemon"
 	"github.com/gpuarb/gpuarb/policy"
 )
@@ -24,22 +26,33 @@ func ledgerPath(c *cli.Context) string {
 }
 
 // guardianCommand runs this executable's hidden guardian command.
-func guardianCommand(ledger string) []string {
+func guardianCommand(ledger, pinPath string) []string {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil
 	}
-	return []string{exe, "guardian", "--ledger", ledger}
+	start, err := cgroup.StartTime(os.Getpid())
+	if err != nil {
+		return nil
+	}
+	return []string{exe, "guardian", "--ledger", ledger, "--pin-path", pinPath,
+		"--daemon-pid", strconv.Itoa(os.Getpid()), "--daemon-start", strconv.FormatUint(start, 10)}
 }
 
 func guardianCommandDef() *cli.Command {
 	return &cli.Command{
 		Name:   "guardian",
-		Usage:  "thaw every tenant in the ledger when the daemon's pipe (fd 3) closes",
+		Usage:  "resume every tenant in the ledger and every process held at a launch gate when the daemon's pipe (fd 3) closes",
 		Hidden: true,
-		Flags:  []cli.Flag{&cli.StringFlag{Name: "ledger", Required: true}},
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "ledger", Required: true},
+			&cli.StringFlag{Name: "pin-path", Value: bpf.DefaultPinPath},
+			&cli.IntFlag{Name: "daemon-pid", Required: true},
+			&cli.Uint64Flag{Name: "daemon-start", Required: true},
+		},
 		Action: func(c *cli.Context) error {
-			_, err := daemon.GuardLedger(os.NewFile(3, "daemon-pipe"), c.String("ledger"))
+			_, err := daemon.Guard(os.NewFile(3, "daemon-pipe"), c.Int("daemon-pid"), c.Uint64("daemon-start"),
+				c.String("ledger"), c.String("pin-path"))
 			return err
 		},
 	}
@@ -88,7 +101,7 @@ or SIGTERM stop it cleanly (tenants thawed; pins, socket and lock removed).`,
 				Libcudas: c.StringSlice("libcuda"), Window: c.Duration("window"), Version: version, Log: log,
 				PolicyPath: c.String("policy"), Ledger: ledgerPath(c), ObserveOnly: c.Bool("observe-only"),
 				MetricsAddr: c.String("metrics-addr"),
-				Guardian:    guardianCommand(ledgerPath(c)),
+				Guardian:    guardianCommand(ledgerPath(c), c.String("pin-path")),
 			})
 			if errors.Is(err, daemon.ErrAlreadyRunning) {
 				return cli.Exit("gpuarb: "+err.Error(), 3)

@@ -11,7 +11,8 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/gpuarb/gpuarb/api"
-	"github.com/gpuarb/gpuarb/cgroup"
+	"github.com/gpuarb/gpuarb/bpf"
+	"github.com/gpuarb/gpuarb/daemon"
 	"github.com/gpuarb/gpuarb/policy"
 )
 
@@ -153,10 +154,12 @@ func thawCommand() *cli.Command {
 		Usage: "resume every tenant gpuarb may have frozen or stopped",
 		Description: `With the daemon running, it thaws everything and pauses enforcement until a
 policy is applied again (gpuarb policy apply, attach, or SIGHUP). Without a
-daemon it thaws what the ledger lists.`,
+daemon it thaws what the ledger lists and continues the processes that the
+pinned held table (under --pin-path) says a launch gate stopped.`,
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "all", Required: true, Usage: "every tenant"},
 			&cli.StringFlag{Name: "ledger", Usage: "thaw ledger `FILE` (default: gated.json beside the socket)"},
+			&cli.StringFlag{Name: "pin-path", Value: bpf.DefaultPinPath, Usage: "bpffs `DIR` of the daemon's pinned maps"},
 			socketFlag(),
 		},
 		Action: func(c *cli.Context) error {
@@ -168,14 +171,14 @@ daemon it thaws what the ledger lists.`,
 			if !errors.Is(err, api.ErrNoDaemon) {
 				return cli.Exit("gpuarb thaw: "+err.Error(), 1)
 			}
-			thawed, err := cgroup.ThawAll(ledgerPath(c))
-			for _, t := range thawed {
-				fmt.Fprintf(c.App.Writer, "thawed %s\n", t)
+			done, err := daemon.ThawLeftovers(ledgerPath(c), c.String("pin-path"))
+			for _, line := range done {
+				fmt.Fprintln(c.App.Writer, line)
 			}
 			if err != nil {
 				return cli.Exit("gpuarb thaw: "+err.Error(), 1)
 			}
-			fmt.Fprintf(c.App.Writer, "no daemon; thawed %d targets from %s\n", len(thawed), ledgerPath(c))
+			fmt.Fprintf(c.App.Writer, "no daemon; resumed %d targets from %s and %s\n", len(done), ledgerPath(c), c.String("pin-path"))
 			return nil
 		},
 	}

@@ -1,0 +1,112 @@
+package arbiter
+
+import (
+	"context"
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gpuarb/gpuarb/cgroup"
+)
+
+// fakeLaunches is a launch gate with one process that launches as fast as
+// the gate lets it: beyond the allowance it is held until released.
+type fakeLaunches struct {
+	mu                       sync.Mutex
+	admitted, holds, allowed uint64
+	launched                 int // launches that ran, held ones included once released
+	held                     bool
+}
+
+func (f *fakeLaunches) launch() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.held {
+		return
+	}
+	if f.admitted < f.allowed {
+		f.admitted++
+		f.launched++
+		return
+	}
+	f.holds++
+	f.held = true
+}
+
+func (f *fakeLaunches) Counts() (uint64, uint64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.admitted, f.holds, nil
+}
+
+func (f *fakeLaunches) Allow(n uint64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.allowed = n
+	return nil
+}
+
+func (f *fakeLaunches) Held() ([]Held, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.held {
+		return nil, nil
+	}
+	return []Held{{PID: 42}}, nil
+}
+
+func (f *fakeLaunches) Release(Held) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.held = false
+	f.launched++ // the held launch runs now
+	return nil
+}
+
+type nopGate struct{}
+
+func (nopGate) Freeze() error         { return nil }
+func (nopGate) Thaw() error           { return nil }
+func (nopGate) Target() cgroup.Target { return cgroup.Target{} }
+
+// Paced at a rate, a tenant that would launch without end gets that rate
+// of GPU time at the meter's launch cost, and is left free of the gate.
+func TestAdmissionPacesLaunches(t *testing.T) {
+	const (
+		rate = 0.25
+		cost = float64(time.Millisecond)
+		run  = time.Second
+	)
+	f := &fakeLaunches{allowed: math.MaxUint64}
+	g := NewGater(nopGate{}, 100*time.Millisecond, time.Now())
+	g.Launches = f
+	g.LaunchCost = func() float64 { return cost }
+	g.SetRate(rate)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { g.Run(ctx); close(done) }()
+	stop := time.Now().Add(run)
+	for time.Now().Before(stop) {
+		f.launch()
+		time.Sleep(50 * time.Microsecond)
+	}
+	cancel()
+	<-done
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	// rate × run / cost = 250 launches, plus at most one period's burst.
+	if f.launched < 225 || f.launched > 300 {
+		t.Errorf("%d launches in %v at rate %.2f of 1 ms each, want about 250", f.launched, run, rate)
+	}
+	if f.holds < 100 {
+		t.Errorf("held %d times: the gate did not pace at the launch", f.holds)
+	}
+	if f.held || f.allowed != math.MaxUint64 {
+		t.Errorf("after the gater ended: held %v, allowance %d", f.held, f.allowed)
+	}
+	frozen, throttled := g.State()
+	if frozen || throttled < run/4 {
+		t.Errorf("state after run: frozen %v, throttled %v (held a large part of the time)", frozen, throttled)
+	}
+}

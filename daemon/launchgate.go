@@ -1,0 +1,71 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/gpuarb/gpuarb/arbiter"
+	"github.com/gpuarb/gpuarb/bpf"
+	"github.com/gpuarb/gpuarb/cgroup"
+	"github.com/gpuarb/gpuarb/meter"
+)
+
+// launchGate is a probes' launch gate as the arbiter's gater uses it: held
+// processes are continued by pid and start time, and the meter learns when
+// their held launch ran.
+type launchGate struct {
+	gate  *bpf.LaunchGate
+	meter *meter.Meter
+}
+
+func (l launchGate) Counts() (admitted, holds uint64, err error) { return l.gate.Counts() }
+
+func (l launchGate) Allow(n uint64) error { return l.gate.Allow(n) }
+
+func (l launchGate) Held() ([]arbiter.Held, error) {
+	held, err := l.gate.Held()
+	if err != nil {
+		return nil, err
+	}
+	now, mono := time.Now(), meter.MonotonicNow()
+	out := make([]arbiter.Held, len(held))
+	for i, h := range held {
+		out[i] = arbiter.Held{PID: h.PID, Since: now.Add(-time.Duration(mono - min(h.Since, mono))), Token: h}
+	}
+	return out, nil
+}
+
+func (l launchGate) Release(h arbiter.Held) error {
+	hp, ok := h.Token.(bpf.HeldProcess)
+	if !ok {
+		return fmt.Errorf("release pid %d: not held by a launch gate", h.PID)
+	}
+	// Forget first: once continued, the process may be held again.
+	if err := l.gate.Forget(hp); err != nil {
+		return err
+	}
+	err := cgroup.ContinueProcess(hp.PID, hp.StartTicks)
+	l.meter.Released(uint32(hp.PID), hp.Since, meter.MonotonicNow())
+	return err
+}
+
+// ThawLeftovers resumes what a daemon that is gone may have left stopped:
+// the cgroups and processes of its ledger, and the processes its launch
+// gates hold in the pinned table under pinPath. It returns a line per
+// thing it resumed. The guardian, a starting daemon and `gpuarb thaw
+// --all` without a daemon call it.
+func ThawLeftovers(ledger, pinPath string) ([]string, error) {
+	var out []string
+	thawed, errLedger := cgroup.ThawAll(ledger)
+	for _, t := range thawed {
+		out = append(out, "thawed "+t.String())
+	}
+	held, errHeld := bpf.ReleasePinnedHeld(pinPath, func(h bpf.HeldProcess) error {
+		return cgroup.ContinueProcess(h.PID, h.StartTicks)
+	})
+	for _, h := range held {
+		out = append(out, fmt.Sprintf("released pid %d (held at a launch)", h.PID))
+	}
+	return out, errors.Join(errLedger, errHeld)
+}
