@@ -918,8 +918,8 @@ type ContextStats struct {
 	QueueNS  uint64
 	// BacklogNS is the modeled GPU work queued now, not yet run.
 	BacklogNS uint64
-	Busy     bool // work outstanding now
-	Exited   bool
+	Busy      bool // work outstanding now
+	Exited    bool
 	// Total counts since the process entered its cgroup and GPU (they
 	// start again from zero when it moves).
 	Total Totals
