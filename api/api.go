@@ -35,6 +35,9 @@ type Tenant struct {
 	MemBytes     int64   `json:"mem_bytes"`
 	QueueNS      uint64  `json:"queue_ns"` // estimated time with work queued behind others, in the window
 	Processes    int     `json:"processes"`
+	// LaunchNS is the GPU time one launch costs as the meter has learned
+	// it: what pacing charges a launch.
+	LaunchNS float64 `json:"launch_ns,omitempty"`
 	// Cumulative counts since the tenant appeared (Prometheus counters).
 	GPUNSTotal    uint64 `json:"gpu_ns_total"`
 	LaunchesTotal uint64 `json:"launches_total"`

@@ -23,11 +23,16 @@ type Params struct {
 	// left alone (default 0.01), so measurement noise does not make it
 	// oscillate.
 	Tolerance float64
+	// Settle is how many periods a paced tenant's queue must have stayed
+	// drained before its settled share is trusted to correct its rate
+	// (default 10: the daemon's 1 s window at 100 ms periods); until then
+	// that share still shows work admitted before.
+	Settle int
 }
 
 // DefaultParams are the defaults documented on Params.
 func DefaultParams() Params {
-	return Params{MinDuty: 0.05, Increase: 0.05, Decrease: 0.8, Tolerance: 0.01}
+	return Params{MinDuty: 0.05, Increase: 0.05, Decrease: 0.8, Tolerance: 0.01, Settle: 10}
 }
 
 // Input is what the arbiter knows of one tenant on one GPU in a period.
@@ -35,8 +40,11 @@ type Input struct {
 	Name  string
 	GPU   int
 	Rules policy.Rules
-	// Share is the measured fraction of the GPU over the control window.
-	Share float64
+	// Share is the measured fraction of the GPU over the control window,
+	// SettledShare over the meter's longer window: the short one reacts,
+	// the long one steers a paced tenant's rate without chasing the
+	// granularity of its kernels.
+	Share, SettledShare float64
 	// Busy tells whether the tenant has work outstanding or launched some
 	// in the control window.
 	Busy bool
@@ -47,10 +55,15 @@ type Input struct {
 	// control window: while that is more than its target, its share still
 	// shows work admitted before, not its rate.
 	Queued float64
-	// Processes is how many processes it has on the GPU: the GPU
-	// time-slices per process, so the unpaced tenant is best the one with
-	// the fewest.
+	// Processes is how many processes it has on the GPU, and LaunchNS
+	// the GPU time of one of its launches: the GPU time-slices per process
+	// and, if it does not preempt, runs each kernel to its end, so the
+	// unpaced tenant is best the one with the fewest and the shortest.
 	Processes int
+	LaunchNS  float64
+	// Costed tells whether the meter has learned what its launches cost.
+	// Pacing needs that: a tenant is not paced on a guess.
+	Costed bool
 	// SyncP99MS and FPS are the measured SLO figures (0: none seen).
 	SyncP99MS float64
 	FPS       float64
@@ -83,8 +96,10 @@ type key struct {
 // Arbiter keeps the duty cycles between periods. It is not safe for
 // concurrent use.
 type Arbiter struct {
-	p    Params
-	duty map[key]float64
+	p        Params
+	duty     map[key]float64
+	drained  map[key]int  // periods a paced tenant's queue has stayed drained
+	draining map[key]bool // paced, still draining what it queued unpaced
 }
 
 // New returns an arbiter.
@@ -102,7 +117,17 @@ func New(p Params) *Arbiter {
 	if p.Tolerance <= 0 {
 		p.Tolerance = d.Tolerance
 	}
-	return &Arbiter{p: p, duty: map[key]float64{}}
+	if p.Settle <= 0 {
+		p.Settle = d.Settle
+	}
+	return &Arbiter{p: p, duty: map[key]float64{}, drained: map[key]int{}, draining: map[key]bool{}}
+}
+
+// SetSettle sets Params.Settle: the periods one control window spans.
+func (a *Arbiter) SetSettle(periods int) {
+	if periods > 0 {
+		a.p.Settle = periods
+	}
 }
 
 // Step runs one control period over every tenant of every GPU. mode gives
@@ -136,6 +161,8 @@ func (a *Arbiter) Step(in []Input, mode func(gpu int) policy.Mode) []Decision {
 	for k := range a.duty {
 		if !seen[k] {
 			delete(a.duty, k)
+			delete(a.drained, k)
+			delete(a.draining, k)
 		}
 	}
 	return out
@@ -256,17 +283,34 @@ func (a *Arbiter) share(ts []Input) []Decision {
 		case !competing:
 			// It wants no more than its target: let it grow back.
 			d, dec.Reason = d+a.p.Increase, "below target"
-		case d >= 1:
+		case (d >= 1 || a.draining[k]) && t.Queued > target:
+			// It has work queued from before it was paced, which the GPU
+			// serves at its round-robin share: admit nothing new until
+			// that is gone.
+			d, dec.Reason = a.p.MinDuty, "draining its queue"
+			a.drained[k], a.draining[k] = 0, true
+		case d >= 1 || a.draining[k]:
 			// The rate of an admission-paced tenant is its long-run share:
 			// start at the target.
 			d, dec.Reason = target, "paced at target"
-		case t.Queued > target:
-			// Its share still shows work queued before it was paced.
-			dec.Reason = "draining its queue"
-		case t.Share > target+a.p.Tolerance:
-			d, dec.Reason = math.Max(d*math.Max(a.p.Decrease, target/t.Share), target/2), "above target"
-		case t.Share < target-a.p.Tolerance:
-			d, dec.Reason = d+math.Min(a.p.Increase, target-t.Share), "below target"
+			a.drained[k], a.draining[k] = 0, false
+		case a.drained[k] < a.p.Settle && d < target:
+			// Pushed below its target (a latency SLO): recover additively.
+			d, dec.Reason = math.Min(target, d+a.p.Increase), "recovering"
+			a.drained[k]++
+		case a.drained[k] < a.p.Settle:
+			// Drained, but the settled window still holds the drain: run
+			// at the target until it shows the rate.
+			d, dec.Reason = target, "settling"
+			a.drained[k]++
+		case t.SettledShare > target+a.p.Tolerance:
+			// The settled share lags the rate by its window: a correction
+			// is spread over the Settle periods it spans, or the loop
+			// would overshoot and oscillate.
+			step := math.Pow(math.Max(a.p.Decrease, target/t.SettledShare), 1/float64(a.p.Settle))
+			d, dec.Reason = math.Max(d*step, target/2), "above target"
+		case t.SettledShare < target-a.p.Tolerance:
+			d, dec.Reason = d+math.Min(a.p.Increase, target-t.SettledShare)/float64(a.p.Settle), "below target"
 		default:
 			dec.Reason = "on target"
 		}
@@ -284,14 +328,14 @@ func (a *Arbiter) share(ts []Input) []Decision {
 	return out
 }
 
-// crowdedOut tells whether a paced tenant gets less than its target while
-// its rate is at least its target: the unpaced one takes its time (the GPU
-// time-slices per process), so it must be paced too.
+// crowdedOut tells whether a paced tenant's admitted work piles up
+// unserved (more than its target's worth of the window queued, not left
+// from before it was paced): the unpaced tenant takes its time — the GPU
+// time-slices per process — so it must be paced too.
 func (a *Arbiter) crowdedOut(ts []Input, targets []float64, free int) bool {
 	for j, t := range ts {
-		d := a.dutyOf(key{t.Name, t.GPU})
-		if j != free && t.Busy && d < 1 && d >= targets[j] && t.Queued <= targets[j] &&
-			t.Share < targets[j]-a.p.Tolerance && wants(t, d) > targets[j] {
+		k := key{t.Name, t.GPU}
+		if d := a.dutyOf(k); j != free && t.Busy && d < 1 && !a.draining[k] && t.Queued > targets[j] {
 			return true
 		}
 	}
@@ -300,18 +344,30 @@ func (a *Arbiter) crowdedOut(ts []Input, targets []float64, free int) bool {
 
 // slackTaker picks, among the tenants that want more than their target,
 // the one left unpaced so that the GPU time others leave unused goes to
-// it (work conservation): the largest target, then the fewest processes
-// (the GPU time-slices per process, so a tenant with many would crowd the
-// paced ones out), then the name. -1 when none competes or one has a limit
-// it must not pass.
+// it (work conservation): one whose costs are not learned yet (it cannot
+// be paced), then the largest target, then the fewest processes and the
+// shortest launches (one with many processes, or long kernels on
+// a GPU that does not preempt, would crowd the paced ones out), then the
+// name. -1 when none competes; a tenant with a limit is never unpaced.
 func slackTaker(ts []Input, targets []float64, duty func(Input) float64) int {
 	best := -1
 	for i, t := range ts {
 		if !t.Busy || t.Rules.Priority == policy.Latency || t.Rules.Limit > 0 || demandOf(t, duty(t)) <= targets[i] {
 			continue
 		}
-		if best < 0 || targets[i] > targets[best]+1e-9 ||
-			(math.Abs(targets[i]-targets[best]) <= 1e-9 && t.Processes < ts[best].Processes) {
+		if best < 0 || (!t.Costed && ts[best].Costed) {
+			best = i
+			continue
+		}
+		if t.Costed != ts[best].Costed {
+			continue
+		}
+		if targets[i] > targets[best]+1e-9 {
+			best = i
+			continue
+		}
+		if b := ts[best]; math.Abs(targets[i]-targets[best]) <= 1e-9 &&
+			(t.Processes < b.Processes || (t.Processes == b.Processes && t.LaunchNS < b.LaunchNS)) {
 			best = i
 		}
 	}

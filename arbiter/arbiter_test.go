@@ -44,32 +44,48 @@ func TestTargets(t *testing.T) {
 	}
 }
 
+// hog is a backlogged tenant with learned costs using share of the GPU.
+func hog(name string, share float64, processes int) Input {
+	return Input{Name: name, Rules: rules(100), Busy: true, Backlogged: true, Costed: true,
+		Share: share, SettledShare: share, Processes: processes}
+}
+
+// setShare sets both measured shares of a tenant.
+func setShare(in *Input, share float64) { in.Share, in.SettledShare = share, share }
+
 func TestAIMD(t *testing.T) {
-	a := New(Params{})
+	a := New(Params{Settle: 3})
 	// Two backlogged tenants, equal weights: the one with more processes
-	// is paced at its target at once; the other takes the slack.
-	in := []Input{
-		{Name: "a", Rules: rules(100), Busy: true, Backlogged: true, Share: 0.8, Queued: 1.2, Processes: 4},
-		{Name: "b", Rules: rules(100), Busy: true, Backlogged: true, Share: 0.2, Processes: 1},
-	}
+	// is paced; the other takes the slack. With 1.2 windows of work queued
+	// from before, it admits nothing new until that has run.
+	in := []Input{hog("a", 0.8, 4), hog("b", 0.2, 1)}
+	in[0].Queued = 1.2
 	ds := a.Step(in, share)
-	if ds[0].Duty != 0.5 || ds[0].Reason != "paced at target" || !ds[0].Paced || ds[1].Duty != 1 || ds[1].Reason != "takes the slack" {
+	if ds[0].Duty != 0.05 || ds[0].Reason != "draining its queue" || !ds[0].Paced || ds[1].Duty != 1 || ds[1].Reason != "takes the slack" {
 		t.Fatalf("%+v", ds)
 	}
-	// Its queue still drains: its share shows work admitted before.
-	ds = a.Step(in, share)
-	if ds[0].Duty != 0.5 || ds[0].Reason != "draining its queue" {
-		t.Errorf("draining: %+v", ds[0])
+	// Drained: paced at its target, and held there while the settled
+	// window still shows the drain (Settle periods)...
+	in[0].Queued = 0.05
+	setShare(&in[0], 0.55)
+	setShare(&in[1], 0.45)
+	if ds = a.Step(in, share); ds[0].Duty != 0.5 || ds[0].Reason != "paced at target" {
+		t.Fatalf("drained: %+v", ds[0])
 	}
-	// Drained and still above target: multiplicative decrease by what the
-	// excess needs, at most ×0.8.
-	in[0].Queued, in[0].Share, in[1].Share = 0.05, 0.55, 0.45
+	for i := 0; i < 3; i++ {
+		if ds = a.Step(in, share); ds[0].Duty != 0.5 || ds[0].Reason != "settling" {
+			t.Fatalf("settling period %d: %+v", i, ds[0])
+		}
+	}
+	// ...then a multiplicative decrease by what the excess needs, at most
+	// ×0.8, from the settled share, spread over the 3 periods it spans.
+	in[0].Share = 0.9 // the short window is not what steers it
 	ds = a.Step(in, share)
-	if want := 0.5 * 0.5 / 0.55; math.Abs(ds[0].Duty-want) > 1e-9 || ds[0].Reason != "above target" {
+	if want := 0.5 * math.Pow(0.5/0.55, 1.0/3); math.Abs(ds[0].Duty-want) > 1e-9 || ds[0].Reason != "above target" {
 		t.Errorf("decrease: %+v, want duty %.4f", ds[0], want)
 	}
 	// Never below half the target.
-	in[0].Share = 0.9
+	setShare(&in[0], 0.9)
 	for i := 0; i < 20; i++ {
 		ds = a.Step(in, share)
 	}
@@ -77,37 +93,39 @@ func TestAIMD(t *testing.T) {
 		t.Errorf("rate floor %v, want half the target", ds[0].Duty)
 	}
 	// Below target: additive increase by the gap, at most Increase.
-	in[0].Share, in[1].Share = 0.48, 0.52
+	setShare(&in[0], 0.47)
+	setShare(&in[1], 0.53)
 	ds = a.Step(in, share)
-	if math.Abs(ds[0].Duty-0.27) > 1e-9 || ds[0].Reason != "below target" {
+	if math.Abs(ds[0].Duty-0.26) > 1e-9 || ds[0].Reason != "below target" {
 		t.Errorf("increase: %+v", ds[0])
 	}
-	in[0].Share = 0.3
+	setShare(&in[0], 0.3)
 	ds = a.Step(in, share)
-	if math.Abs(ds[0].Duty-0.32) > 1e-9 {
-		t.Errorf("increase capped at 0.05: %+v", ds[0])
+	if want := 0.26 + 0.05/3; math.Abs(ds[0].Duty-want) > 1e-9 {
+		t.Errorf("increase capped at 0.05 a window: %+v, want %.4f", ds[0], want)
 	}
 	// The slack taker keeps running free while the paced tenant's own
 	// rate keeps it below target...
 	if ds[1].Duty != 1 {
 		t.Errorf("slack taker paced: %+v", ds[1])
 	}
-	// ...and is paced too once that tenant is crowded out: paced at or
-	// above its target, drained, and still below it.
-	a.duty[key{"a", 0}] = 0.5
-	in[0].Share, in[1].Share = 0.3, 0.7
+	// ...and is paced too once that tenant is crowded out: what it is
+	// admitted piles up unserved.
+	setShare(&in[1], 0.7)
+	in[0].Queued = 0.6
 	ds = a.Step(in, share)
 	if ds[1].Duty != 0.5 || ds[1].Reason != "paced at target" {
 		t.Errorf("crowding slack taker: %+v", ds[1])
 	}
 	// Alone: full duty at once.
-	in[1].Busy = false
+	in[1].Busy, in[0].Queued = false, 0
 	ds = a.Step(in, share)
 	if ds[0].Duty != 1 || ds[1].Duty != 1 || ds[1].Reason != "idle" || ds[0].Reason != "alone on the GPU" {
 		t.Errorf("alone: %+v", ds)
 	}
 	// A limit applies even alone, and a limited tenant never takes the slack.
-	in[0].Rules.Limit, in[0].Share = 0.3, 0.9
+	in[0].Rules.Limit = 0.3
+	setShare(&in[0], 0.9)
 	ds = a.Step(in, share)
 	if ds[0].Duty != 0.3 || ds[0].Target != 0.3 || ds[0].Reason != "paced at target" {
 		t.Errorf("limit alone: %+v", ds[0])
@@ -119,36 +137,33 @@ func TestAIMD(t *testing.T) {
 	}
 }
 
-// A tenant that wants less than its target is not paced, and one that
-// no longer wants more grows back to a free run additively.
+// A tenant whose costs the meter has not learned is never paced on a
+// guess: it takes the slack, whatever the tie-breaks say.
+func TestUncostedTakesTheSlack(t *testing.T) {
+	in := []Input{hog("learned", 0.5, 1), hog("new", 0.5, 4)}
+	in[1].Costed = false
+	ds := New(Params{}).Step(in, share)
+	if ds[0].Duty != 0.5 || ds[1].Duty != 1 || ds[1].Reason != "takes the slack" {
+		t.Errorf("%+v", ds)
+	}
+}
+
+// A tenant that wants less than its target is not paced.
 func TestNotCompeting(t *testing.T) {
 	a := New(Params{})
-	in := []Input{
-		{Name: "hog", Rules: rules(100), Busy: true, Backlogged: true, Share: 0.8, Processes: 1},
-		{Name: "light", Rules: rules(100), Busy: true, Share: 0.2, Processes: 1},
-	}
+	in := []Input{hog("hog", 0.8, 1), hog("light", 0.2, 1)}
+	in[1].Backlogged = false
 	ds := a.Step(in, share)
 	// light wants 0.2×1.1+0.02 = 0.24; hog gets the rest and takes the slack.
-	if math.Abs(ds[1].Target-0.24) > 1e-9 || ds[1].Duty != 1 || ds[0].Duty != 1 {
+	if math.Abs(ds[1].Target-0.24) > 1e-9 || ds[1].Duty != 1 || ds[0].Duty != 1 || ds[0].Reason != "takes the slack" {
 		t.Fatalf("%+v", ds)
-	}
-	// A tenant left paced (0.5) whose demand fell below its target.
-	a.duty[key{"light", 0}] = 0.5
-	in[1].Share = 0.1
-	ds = a.Step(in, share)
-	if math.Abs(ds[1].Duty-0.55) > 1e-9 || ds[1].Reason != "below target" {
-		t.Errorf("grow back: %+v", ds[1])
 	}
 }
 
 func TestLatencySLO(t *testing.T) {
 	a := New(Params{})
 	lat := policy.Rules{Weight: 100, Priority: policy.Latency, SLO: policy.SLO{P99SyncMS: 10}}
-	in := []Input{
-		{Name: "hog", Rules: rules(100), Busy: true, Backlogged: true, Share: 0.45, Processes: 1},
-		{Name: "infer", Rules: lat, Busy: true, Share: 0.1, SyncP99MS: 30},
-		{Name: "hog2", Rules: rules(100), Busy: true, Backlogged: true, Share: 0.45, Processes: 1},
-	}
+	in := []Input{hog("hog", 0.45, 1), {Name: "infer", Rules: lat, Busy: true, Costed: true, Share: 0.1, SettledShare: 0.1, SyncP99MS: 30}, hog("hog2", 0.45, 1)}
 	ds := a.Step(in, share) // sorted by name: hog, hog2, infer
 	if ds[2].Duty != 1 || !ds[2].SLOMissed {
 		t.Errorf("latency tenant %+v", ds[2])
@@ -156,12 +171,18 @@ func TestLatencySLO(t *testing.T) {
 	if math.Abs(ds[0].Duty-0.36) > 1e-9 || math.Abs(ds[1].Duty-0.36) > 1e-9 || ds[0].Reason != "a latency SLO is missed" {
 		t.Errorf("others while the SLO is missed: %+v %+v", ds[0], ds[1])
 	}
-	// Held again: the others recover additively — the paced one by at
-	// most the gap to its target (43%), the slack taker by Increase.
-	in[1].SyncP99MS, in[0].Share, in[2].Share = 5, 0.4, 0.4
+	// Held again: the others recover additively, by Increase a period, to
+	// their targets (43%).
+	in[1].SyncP99MS = 5
+	setShare(&in[0], 0.4)
+	setShare(&in[2], 0.4)
 	ds = a.Step(in, share)
-	if ds[2].SLOMissed || math.Abs(ds[0].Duty-0.41) > 1e-9 || ds[0].Reason != "recovering" || math.Abs(ds[1].Duty-0.39) > 1e-9 {
+	if ds[2].SLOMissed || math.Abs(ds[0].Duty-0.41) > 1e-9 || ds[0].Reason != "recovering" || math.Abs(ds[1].Duty-0.41) > 1e-9 {
 		t.Errorf("after the SLO holds: %+v", ds)
+	}
+	ds = a.Step(in, share)
+	if math.Abs(ds[1].Duty-0.43) > 1e-9 {
+		t.Errorf("recovery capped at the target: %+v", ds[1])
 	}
 }
 

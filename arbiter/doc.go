@@ -22,12 +22,17 @@
 // starts at its target (feed-forward) and AIMD only corrects what the
 // cost model gets wrong:
 //   - a tenant that wants more than its target is paced at the target;
-//   - above target + Tolerance (default 1 pp), once its queue has drained
-//     (Input.Queued at most its target), the rate falls multiplicatively
-//     by what the excess needs, at most ×Decrease (0.8) a period, never
-//     below half the target: the share lags the rate by the queue;
-//   - below target − Tolerance it rises additively by the gap, at most
-//     Increase (0.05) a period;
+//   - a tenant entering pacing with work queued from before admits
+//     nothing (MinDuty) until that has run, then runs at its target;
+//   - once its queue has stayed drained for a whole settled window
+//     (Settle periods, the meter's 1 s window), its settled share steers
+//     the rate: above target + Tolerance (default 1 pp) it falls
+//     multiplicatively by what the excess needs, at most ×Decrease (0.8)
+//     per window, never below half the target; below target − Tolerance it
+//     rises additively by the gap, at most Increase (0.05) per window. Each
+//     correction is spread over the Settle periods of the window it was
+//     measured on: applied whole every period, it would act on the same
+//     lagging error ten times and oscillate;
 //   - one competing tenant per GPU runs unpaced and takes the slack (the
 //     largest target, then the fewest processes, since the GPU time-slices
 //     per process): what paced tenants leave unused is not lost. It is

@@ -33,6 +33,7 @@ type tenant struct {
 	anyPID    int             // one of its processes
 	decisions map[int]arbiter.Decision
 	syncP99MS map[int]float64
+	launchNS  map[int]float64
 	totals    map[int]meter.Totals // per GPU, cumulative: the Prometheus counters
 	lastSeen  time.Time
 
@@ -117,6 +118,10 @@ func processTree(pid int) map[int]bool {
 // have had work on the GPU or queued for it to count as backlogged.
 const backloggedFraction = 0.9
 
+// minActive is the shortest time on the GPU over which a process can
+// count as backlogged.
+const minActive = 20 * time.Millisecond
+
 // controlWindow is the span of the shares the arbiter steers by: long
 // enough to average over a hog's deep queue, short enough to react
 // within a second, and never longer than the meter keeps.
@@ -156,8 +161,10 @@ func (d *Daemon) control(ctx context.Context) {
 		name, rules, cg, pid := cl.classify(c.PID, c.CgroupID)
 		k := aggKey{name, c.GPU}
 		if inputs[k] == nil {
-			inputs[k] = &arbiter.Input{Name: name, GPU: c.GPU, Rules: rules}
+			inputs[k] = &arbiter.Input{Name: name, GPU: c.GPU, Rules: rules, Costed: true}
 		}
+		inputs[k].SettledShare += c.Share
+		inputs[k].Costed = inputs[k].Costed && (c.Learned || c.Exited)
 		waits[k] = append(waits[k], c.SyncWait...)
 		syncs[k] += c.Syncs
 		t := d.tenants[name]
@@ -188,14 +195,20 @@ func (d *Daemon) control(ctx context.Context) {
 		in.Share += c.Share
 		in.Busy = in.Busy || c.Busy || c.Launches > 0
 		in.Queued += float64(c.BacklogNS) / float64(window)
-		// Running or waiting for the GPU nearly all the window.
-		in.Backlogged = in.Backlogged || float64(c.GPUNS+c.QueueNS) >= backloggedFraction*float64(window)
+		// Running or waiting for the GPU nearly all the window, or all the
+		// time since it appeared: a tenant that has just arrived wants its
+		// share at once, not after a window.
+		active := max(c.ActiveNS, uint64(minActive))
+		in.Backlogged = in.Backlogged || float64(c.GPUNS+c.QueueNS) >= backloggedFraction*float64(active)
 		if !c.Exited {
 			in.Processes++
 		}
 	}
 	var list []arbiter.Input
 	for k, in := range inputs {
+		if p := pids[k.name]; p != nil {
+			in.LaunchNS = d.meter.LaunchCost(func(pid uint32, _ uint64) bool { return p[pid] })
+		}
 		if t := d.tenants[k.name]; t != nil && t.gater != nil && t.gater.HeldSince(now.Add(-window)) {
 			in.Busy = true // held back, so its queue may be empty: it has work
 		}
@@ -203,15 +216,18 @@ func (d *Daemon) control(ctx context.Context) {
 		in.FPS = float64(syncs[k]) / d.cfg.Window.Seconds()
 		list = append(list, *in)
 	}
+	d.arb.SetSettle(int(math.Ceil(float64(d.cfg.Window) / float64(cfg.Period))))
 	decisions := d.arb.Step(list, cfg.ModeOf)
 	for _, t := range d.tenants {
 		t.decisions = map[int]arbiter.Decision{}
 		t.syncP99MS = map[int]float64{}
+		t.launchNS = map[int]float64{}
 	}
 	for _, dec := range decisions {
 		t := d.tenants[dec.Name]
 		t.decisions[dec.GPU] = dec
 		t.syncP99MS[dec.GPU] = inputs[aggKey{dec.Name, dec.GPU}].SyncP99MS
+		t.launchNS[dec.GPU] = inputs[aggKey{dec.Name, dec.GPU}].LaunchNS
 	}
 	for name, t := range d.tenants {
 		if now.Sub(t.lastSeen) > 2*d.cfg.Window {

@@ -150,6 +150,7 @@ func Start(cfg Config) (_ *Daemon, err error) {
 		return nil, err
 	}
 	d.policy, d.base = pol, pol
+	d.meter.SetScheduling(pol.Scheduling)
 	d.log.Info("policy", "path", cfg.PolicyPath, "found", found, "tenants", len(pol.Tenants), "period", pol.Period)
 	// A daemon that died may have left tenants frozen or held: resume
 	// them first.
@@ -453,6 +454,7 @@ func (d *Daemon) Status() api.Status {
 			if dec, ok := tn.decisions[k.gpu]; ok {
 				t.TargetShare, t.Duty, t.Reason, t.SLOMissed = dec.Target, dec.Duty, dec.Reason, dec.SLOMissed
 				t.SyncP99MS = tn.syncP99MS[k.gpu]
+				t.LaunchNS = tn.launchNS[k.gpu]
 			}
 			tot := tn.totals[k.gpu]
 			t.GPUNSTotal, t.LaunchesTotal, t.SyncsTotal = tot.GPUNS, tot.Launches, tot.Syncs

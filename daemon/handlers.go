@@ -178,6 +178,7 @@ func (d *Daemon) setPolicy(cfg *policy.Config, why string) {
 	d.policy = cfg
 	d.enforcing = !d.cfg.ObserveOnly
 	d.mu.Unlock()
+	d.meter.SetScheduling(cfg.Scheduling)
 	d.log.Info("policy changed", "by", why, "tenants", len(cfg.Tenants), "period", cfg.Period)
 }
 

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"math"
 	"os"
 	"os/exec"
@@ -285,7 +286,172 @@ func logStatus(t *testing.T, d runningDaemon) {
 		t.Fatal(err)
 	}
 	for _, tn := range st.Tenants {
-		t.Logf("gpuarb: %s share %.1f%% target %.1f%% duty %.2f state %s throttled %v (%s)", tn.Name, 100*tn.Share,
-			100*tn.TargetShare, tn.Duty, tn.State, time.Duration(tn.ThrottledNS), tn.Reason)
+		t.Logf("gpuarb: %s share %.1f%% target %.1f%% duty %.2f state %s throttled %v launch %v (%s)", tn.Name, 100*tn.Share,
+			100*tn.TargetShare, tn.Duty, tn.State, time.Duration(tn.ThrottledNS), time.Duration(tn.LaunchNS), tn.Reason)
 	}
+}
+
+// summary parses the JSON summary a gpuwork process prints last.
+func summary(t *testing.T, p *testutil.Proc) map[string]float64 {
+	t.Helper()
+	if err := p.Wait(t, 60*time.Second); err != nil {
+		t.Fatalf("%s: %v: %s", p.Cmd.Args, err, p.Stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(p.Stdout.String()), "\n")
+	var raw map[string]any
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &raw); err != nil {
+		t.Fatalf("summary of %s: %v", p.Cmd.Args, err)
+	}
+	out := map[string]float64{}
+	for k, v := range raw {
+		if f, ok := v.(float64); ok {
+			out[k] = f
+		}
+	}
+	return out
+}
+
+// Bar 2: a non-preemptive GPU, 20 ms kernels against 2 ms kernels, equal
+// weights: median unfairness over 1 s windows within 2%.
+func TestArbiterNonPreemptive(t *testing.T) {
+	gpu := testutil.StartFakeGPU(t, "--no-preempt")
+	d := startDaemon(t)
+	// The operator tells gpuarb the GPU runs kernels to completion.
+	if err := d.ApplyPolicy(t.Context(), []byte("gpus: [{index: 0, preemptive: false}]\n")); err != nil {
+		t.Fatal(err)
+	}
+	cgs := map[string]*testutil.Cgroup{"a": testutil.NewCgroup(t, "long"), "b": testutil.NewCgroup(t, "short")}
+	// b arrives a second after a. Had both started together, each would
+	// finish a batch every 176 ms whether their kernels took 20 and 2 ms
+	// or 11 ms each on a fair GPU: launches and syncs could not tell the
+	// two apart (meter.TestHogsOnEitherScheduler).
+	testutil.Start(t, cgs["a"], gpu.Workload(t, "hog", "--kernel-ms", "20", "--duration", "20"))
+	time.Sleep(time.Second)
+	testutil.Start(t, cgs["b"], gpu.Workload(t, "hog", "--kernel-ms", "2", "--duration", "20"))
+	ws := trueShares(t, gpu, cgs, 4*time.Second, 6)
+	logStatus(t, d)
+	u := col(ws, unfairness)
+	t.Logf("true shares a (20 ms) %s  b (2 ms) %s  unfairness %s", pcts(col(ws, func(w map[string]float64) float64 { return w["a"] })),
+		pcts(col(ws, func(w map[string]float64) float64 { return w["b"] })), pcts(u))
+	if m := median(u); m > 0.02 {
+		t.Errorf("median unfairness %.1f%%, want ≤ 2%%", 100*m)
+	}
+}
+
+// Bar 7: a tenant arriving mid-run beside a hog, with three times its
+// weight, is within 5 pp of its target (75%) within 1 s.
+func TestArbiterArrival(t *testing.T) {
+	gpu := testutil.StartFakeGPU(t)
+	cgs := map[string]*testutil.Cgroup{"a": testutil.NewCgroup(t, "first"), "b": testutil.NewCgroup(t, "arriving")}
+	d := startDaemon(t)
+	pol := "tenants:\n  - {name: a, cgroup: " + cgs["a"].Rel + ", weight: 100}\n  - {name: b, cgroup: " + cgs["b"].Rel + ", weight: 300}\n"
+	if err := d.ApplyPolicy(t.Context(), []byte(pol)); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Start(t, cgs["a"], gpu.Workload(t, "hog", "--duration", "20"))
+	time.Sleep(3 * time.Second) // a alone, with a full queue
+	if _, err := fakegpu.ReadStats(gpu.Socket, true); err != nil {
+		t.Fatal(err)
+	}
+	arrived := time.Now()
+	testutil.Start(t, cgs["b"], gpu.Workload(t, "hog", "--duration", "20"))
+	// 100 ms windows of the truth for 3 s.
+	var b []float64
+	for i := 0; i < 30; i++ {
+		time.Sleep(time.Until(arrived.Add(time.Duration(i+1) * 100 * time.Millisecond)))
+		st, err := fakegpu.ReadStats(gpu.Socket, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ns uint64
+		for _, c := range st.GPUs[0].Contexts {
+			if c.Cgroup == cgs["b"].Rel {
+				ns += c.BusyNS
+			}
+		}
+		b = append(b, float64(ns)/float64(st.ElapsedNS))
+	}
+	// Reached at S: every 500 ms window starting at S or later is within
+	// 5 pp (shorter windows swing with the paced tenant's 20 ms kernels).
+	const span = 5
+	reached := -1
+	for i := len(b) - span; i >= 0; i-- {
+		var sum float64
+		for _, x := range b[i : i+span] {
+			sum += x
+		}
+		if math.Abs(sum/span-0.75) > 0.05 {
+			break
+		}
+		reached = i
+	}
+	t.Logf("arriving tenant, 100 ms windows: %s", pcts(b))
+	logStatus(t, d)
+	if reached < 0 {
+		t.Fatalf("never settled within 5 pp of 75%%")
+	}
+	after := time.Duration(reached) * 100 * time.Millisecond
+	t.Logf("every 500 ms window from %v after arriving within 5 pp of its target", after)
+	if after > time.Second {
+		t.Errorf("reached its target %v after arriving, want ≤ 1 s", after)
+	}
+}
+
+// Bar 6: two frame loops with an fps SLO beside a hog hold their target
+// FPS within 5%.
+func TestArbiterFrameSLO(t *testing.T) {
+	gpu := testutil.StartFakeGPU(t)
+	cgs := map[string]*testutil.Cgroup{"f1": testutil.NewCgroup(t, "game1"), "f2": testutil.NewCgroup(t, "game2"), "hog": testutil.NewCgroup(t, "batch")}
+	d := startDaemon(t)
+	pol := "tenants:\n" +
+		"  - {name: f1, cgroup: " + cgs["f1"].Rel + ", priority: latency, slo: {fps: 60}}\n" +
+		"  - {name: f2, cgroup: " + cgs["f2"].Rel + ", priority: latency, slo: {fps: 60}}\n"
+	if err := d.ApplyPolicy(t.Context(), []byte(pol)); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Start(t, cgs["hog"], gpu.Workload(t, "hog", "--duration", "14"))
+	time.Sleep(time.Second)
+	var frames []*testutil.Proc
+	for _, n := range []string{"f1", "f2"} {
+		frames = append(frames, testutil.Start(t, cgs[n], gpu.Workload(t, "frames", "--fps", "60", "--frame-ms", "7", "--duration", "10")))
+	}
+	ws := trueShares(t, gpu, cgs, 4*time.Second, 5)
+	logStatus(t, d)
+	t.Logf("true shares f1 %s f2 %s hog %s busy %s", pcts(col(ws, func(w map[string]float64) float64 { return w["f1"] })),
+		pcts(col(ws, func(w map[string]float64) float64 { return w["f2"] })), pcts(col(ws, func(w map[string]float64) float64 { return w["hog"] })),
+		pcts(col(ws, func(w map[string]float64) float64 { return w["busy"] })))
+	for i, p := range frames {
+		s := summary(t, p)
+		t.Logf("frames %d: %.1f fps (target 60), p99 frame %.1f ms, over 34 ms %.1f%%", i+1, s["fps"], s["frame_p99_ms"], 100*s["over_34ms"])
+		if s["fps"] < 57 {
+			t.Errorf("frames %d at %.1f fps, want 60 ± 5%%", i+1, s["fps"])
+		}
+	}
+}
+
+// Bar 5: a latency tenant (infer) beside two greedy tenants: its p99
+// against its p99 alone, and the GPU kept busy.
+func TestArbiterLatencyTenant(t *testing.T) {
+	gpu := testutil.StartFakeGPU(t)
+	cgs := map[string]*testutil.Cgroup{"infer": testutil.NewCgroup(t, "infer"), "g1": testutil.NewCgroup(t, "greedy1"), "g2": testutil.NewCgroup(t, "greedy2")}
+	d := startDaemon(t)
+	pol := "tenants:\n  - {name: infer, cgroup: " + cgs["infer"].Rel + ", priority: latency, slo: {p99_sync_ms: 3}}\n"
+	if err := d.ApplyPolicy(t.Context(), []byte(pol)); err != nil {
+		t.Fatal(err)
+	}
+	infer := func(secs string) *testutil.Proc {
+		return testutil.Start(t, cgs["infer"], gpu.Workload(t, "infer", "--rate", "200", "--duration", secs))
+	}
+	alone := summary(t, infer("4"))
+	testutil.Start(t, cgs["g1"], gpu.Workload(t, "greedy", "--duration", "14"))
+	testutil.Start(t, cgs["g2"], gpu.Workload(t, "greedy", "--duration", "14"))
+	time.Sleep(2 * time.Second)
+	p := infer("8")
+	ws := trueShares(t, gpu, cgs, 3*time.Second, 4)
+	shared := summary(t, p)
+	logStatus(t, d)
+	busy := median(col(ws, func(w map[string]float64) float64 { return w["busy"] }))
+	t.Logf("infer p99 alone %.2f ms, beside two greedy tenants %.2f ms (%.2f×), p50 %.2f → %.2f ms; GPU busy %s (median %.1f%%)",
+		alone["latency_p99_ms"], shared["latency_p99_ms"], shared["latency_p99_ms"]/alone["latency_p99_ms"],
+		alone["latency_p50_ms"], shared["latency_p50_ms"], pcts(col(ws, func(w map[string]float64) float64 { return w["busy"] })), 100*busy)
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpuarb/gpuarb/cgroup"
 	"github.com/gpuarb/gpuarb/internal/testutil"
 	libvirthook "github.com/gpuarb/gpuarb/libvirt-hook"
 )
@@ -66,7 +67,7 @@ func TestLibvirtHookVM(t *testing.T) {
 	if q.Done() {
 		t.Fatalf("qemu exited: %s", q.Stderr)
 	}
-	testutil.Start(t, emulator, gpu.Workload(t, "hog", "--duration", "14"))
+	renderer := testutil.Start(t, emulator, gpu.Workload(t, "hog", "--duration", "14")).Cmd.Process.Pid
 	testutil.Start(t, other, gpu.Workload(t, "hog", "--duration", "14"))
 
 	// prepare and start come before QEMU exists: nothing to do.
@@ -84,14 +85,15 @@ func TestLibvirtHookVM(t *testing.T) {
 		t.Fatalf("the VM is not in the policy with its scope and limit: %v\n%s", err, pol)
 	}
 
-	// The whole scope is frozen at times: QEMU's threads with the renderer.
-	frozenSeen := false
-	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline) && !frozenSeen; time.Sleep(time.Millisecond) {
-		ev, err := os.ReadFile(filepath.Join(vm.Path, "cgroup.events"))
-		frozenSeen = err == nil && bytes.Contains(ev, []byte("frozen 1"))
+	// The renderer is held at its launches at times; QEMU (its vCPU
+	// threads) never stops: only GPU submission is paced.
+	heldSeen, qemuStopped := false, false
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		heldSeen = heldSeen || cgroup.Stopped(renderer)
+		qemuStopped = qemuStopped || cgroup.Stopped(q.Cmd.Process.Pid)
 	}
-	if !frozenSeen {
-		t.Error("the VM's scope was never frozen")
+	if !heldSeen || qemuStopped {
+		t.Errorf("renderer held at times: %v (want true); QEMU stopped at times: %v (want false)", heldSeen, qemuStopped)
 	}
 	cgs := map[string]*testutil.Cgroup{"vm": vm, "other": other}
 	ws := trueShares(t, gpu, cgs, 1*time.Second, 5)
@@ -99,8 +101,8 @@ func TestLibvirtHookVM(t *testing.T) {
 	t.Logf("true shares: vm %s, other %s (unarbitrated 50/50, limit 25%%)", pcts(a), pcts(b))
 	logStatus(t, d)
 	requireThrottled(t, d, vm.Rel)
-	if median(a) > 0.40 || median(a) >= median(b) {
-		t.Errorf("the VM got %.1f%%, the other tenant %.1f%%", 100*median(a), 100*median(b))
+	if median(a) > 0.26 || median(b) < 0.70 {
+		t.Errorf("the VM got %.1f%% (limit 25%%), the other tenant %.1f%%", 100*median(a), 100*median(b))
 	}
 	if tn := tenantByName(st, "vm-"+dom.Name); tn != nil && tn.Priority != "batch" {
 		t.Errorf("status: %+v", *tn)
@@ -119,7 +121,7 @@ func TestLibvirtHookVM(t *testing.T) {
 		t.Errorf("after stopped: %s, qemu done %v", ev, q.Done())
 	}
 	status, _ := os.ReadFile("/proc/" + strconv.Itoa(q.Cmd.Process.Pid) + "/status")
-	if bytes.Contains(status, []byte("State:\tT")) {
-		t.Error("qemu left stopped")
+	if bytes.Contains(status, []byte("State:\tT")) || cgroup.Stopped(renderer) {
+		t.Error("qemu or the renderer left stopped")
 	}
 }

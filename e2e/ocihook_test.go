@@ -85,8 +85,8 @@ func TestContainerAttachedByHook(t *testing.T) {
 	t.Logf("true shares: capped %s, other %s (unarbitrated 50/50)", pcts(a), pcts(b))
 	logStatus(t, d)
 	requireThrottled(t, d, parent.Rel+"/capped")
-	if median(a) >= median(b) {
-		t.Errorf("the capped container got %.1f%%, the other %.1f%%", 100*median(a), 100*median(b))
+	if median(a) > 0.26 || median(b) < 0.70 {
+		t.Errorf("the capped container got %.1f%% (limit 25%%), the other %.1f%%", 100*median(a), 100*median(b))
 	}
 
 	// Unregistered at exit: poststop removed both from the policy.

@@ -18,8 +18,8 @@ type Config struct {
 	Window time.Duration
 	// HalfLife is the decay of the long-run share (default 30s).
 	HalfLife time.Duration
-	// Timeslice is the GPU's channel-group timeslice the replay uses
-	// (default 2ms).
+	// Timeslice is the GPUs' channel-group timeslice the replay uses
+	// (default 2ms); SetScheduling sets it per GPU.
 	Timeslice time.Duration
 	// Lag keeps the replay this far behind the clock so that events still
 	// in the ring buffer land before their time is settled (the daemon
@@ -84,7 +84,7 @@ const (
 	realWait = 100 * time.Microsecond
 	// learnRate smooths cost corrections after the first one.
 	learnRate = 0.3
-	// maxStep bounds one upward correction.
+	// maxStep bounds one correction of learned costs, either way.
 	maxStep = 2.0
 	// phaseAllowance is the part of a timeslice by which a sync may end
 	// later than the replay drained its streams before the difference
@@ -107,6 +107,22 @@ type stream struct {
 	// last sync or synchronized event).
 	enq, ran, proven float64
 	marks            []mark // recorded events not yet synchronized, by position
+	// bounds are where its queued kernels end (positions, ascending): a
+	// GPU that does not preempt switches contexts only there.
+	bounds []float64
+}
+
+// maxBounds bounds the kernel ends remembered per stream; beyond it, the
+// oldest queued kernels merge into one.
+const maxBounds = 4096
+
+// passBounds forgets the kernel ends the replay has run past.
+func (s *stream) passBounds() {
+	i := 0
+	for i < len(s.bounds) && s.bounds[i] <= s.ran+1 {
+		i++
+	}
+	s.bounds = s.bounds[i:]
 }
 
 // mark is a cuEventRecord: the event completes when the stream's work up
@@ -149,6 +165,7 @@ type gpuContext struct {
 	total      Totals // since the context appeared in its cgroup and on its GPU
 	// Launches the launch gate held: they reach the GPU when the process
 	// is released (Released, or its next event), not when they were seen.
+	since      uint64 // its first event
 	deferred   []heldLaunch
 	releasedAt uint64
 	stopped    []span // when the launch gate held the process
@@ -226,10 +243,37 @@ func (c *gpuContext) run(t, dt uint64) {
 				s.drained = t + dt
 			}
 			s.passMarks(t + dt)
+			s.passBounds()
 		}
 	}
 	c.held = appendSpan(c.held, t, t+dt)
 	c.total.GPUNS += dt
+}
+
+// backlog is the modeled work queued now, once costs are learned.
+func (c *gpuContext) backlog() uint64 {
+	if !c.learned {
+		return 0
+	}
+	return uint64(c.left())
+}
+
+// toBoundary is the replay time until one of the context's busy streams
+// finishes its running kernel (the GPU time is split among them).
+func (c *gpuContext) toBoundary() float64 {
+	busy := 0
+	for _, s := range c.streams {
+		if s.left > 0 {
+			busy++
+		}
+	}
+	next := c.left()
+	for _, s := range c.streams {
+		if s.left > 0 && len(s.bounds) > 0 {
+			next = min(next, (s.bounds[0]-s.ran)*float64(busy))
+		}
+	}
+	return max(next, 1)
 }
 
 // appendSpan adds [s, e) to spans, merging with the last one when they touch.
@@ -248,6 +292,12 @@ type replay struct {
 	holder   *gpuContext
 	sliceEnd uint64
 	runlist  []*gpuContext
+	// The GPU's scheduling: its timeslice, and whether it preempts a
+	// running kernel at the end of one; midKernel is set while the holder
+	// of a GPU that does not is inside a kernel.
+	slice      uint64
+	preemptive bool
+	midKernel  bool
 }
 
 // Meter estimates GPU time per tenant from the event stream. Observe is
@@ -264,6 +314,7 @@ type Meter struct {
 	// submitted is the work launched per cgroup, cumulative, at the costs
 	// known when it was launched.
 	submitted map[uint64]float64
+	sched     func(gpu int) (time.Duration, bool)
 }
 
 // New returns a Meter.
@@ -288,16 +339,39 @@ func (m *Meter) replayOf(gpu int) *replay {
 	r := m.gpus[gpu]
 	if r == nil {
 		r = &replay{}
+		r.slice, r.preemptive = m.scheduling(gpu)
 		m.gpus[gpu] = r
 	}
 	return r
+}
+
+// scheduling is what the meter knows of a GPU's scheduler.
+func (m *Meter) scheduling(gpu int) (slice uint64, preemptive bool) {
+	if m.sched != nil {
+		if ts, pre := m.sched(gpu); ts > 0 {
+			return uint64(ts), pre
+		}
+	}
+	return uint64(m.cfg.Timeslice), true
+}
+
+// SetScheduling tells the meter each GPU's timeslice and whether it
+// preempts running kernels (the policy's GPU entries); the replay models
+// them from now on.
+func (m *Meter) SetScheduling(sched func(gpu int) (timeslice time.Duration, preemptive bool)) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.sched = sched
+	for gpu, r := range m.gpus {
+		r.slice, r.preemptive = m.scheduling(gpu)
+	}
 }
 
 func (m *Meter) context(h *ioctlspy.Header) *gpuContext {
 	c := m.ctxs[h.PID]
 	if c == nil || c.exited {
 		c = &gpuContext{pid: h.PID, streams: map[uint64]*stream{}, allocs: map[uint64]uint64{},
-			nsPerBlock: initialNSPerBlock, nsPerGraph: initialNSPerGraph}
+			nsPerBlock: initialNSPerBlock, nsPerGraph: initialNSPerGraph, since: h.Start}
 		m.ctxs[h.PID] = c
 		r := m.replayOf(0)
 		r.runlist = append(r.runlist, c)
@@ -355,10 +429,12 @@ func (r *replay) next(after *gpuContext) *gpuContext {
 }
 
 // advance re-enacts the GPU from r.t to `to`.
-func (r *replay) advance(to uint64, slice uint64) {
+func (r *replay) advance(to uint64) {
+	slice := r.slice
 	for r.t < to {
 		if r.holder == nil || r.holder.left() <= 0 {
 			r.holder = r.next(r.holder)
+			r.midKernel = false
 			if r.holder == nil {
 				r.t = to
 				return
@@ -366,15 +442,26 @@ func (r *replay) advance(to uint64, slice uint64) {
 			r.sliceEnd = r.t + slice
 		}
 		others := r.next(r.holder) != r.holder
-		if others && r.t >= r.sliceEnd {
+		switch {
+		case others && r.t >= r.sliceEnd && (r.preemptive || !r.midKernel):
 			r.holder = r.next(r.holder)
 			r.sliceEnd = r.t + slice
-		} else if r.t >= r.sliceEnd {
+			r.midKernel = false
+		case !others && r.t >= r.sliceEnd:
 			r.sliceEnd = r.t + slice
 		}
 		end := min(to, r.t+uint64(math.Ceil(r.holder.left())))
-		if others {
+		boundary := r.t + uint64(math.Ceil(r.holder.toBoundary()))
+		switch {
+		case others && r.t < r.sliceEnd:
 			end = min(end, r.sliceEnd)
+		case others && !r.preemptive && r.holder.learned:
+			// The slice is over: finish the kernel. A kernel of guessed
+			// cost is cut at the slice, or the guess would hold the GPU.
+			end = min(end, boundary)
+		}
+		if !r.preemptive && r.holder.learned {
+			end = min(end, boundary)
 		}
 		if end <= r.t {
 			end = r.t + 1
@@ -387,6 +474,7 @@ func (r *replay) advance(to uint64, slice uint64) {
 			}
 		}
 		r.holder.run(r.t, end-r.t)
+		r.midKernel = !r.preemptive && r.holder.learned && end < boundary && r.holder.left() > 0
 		r.t = end
 	}
 }
@@ -397,7 +485,7 @@ func (m *Meter) settle(t uint64) {
 		if r.t == 0 {
 			r.t = t
 		}
-		r.advance(t, uint64(m.cfg.Timeslice))
+		r.advance(t)
 	}
 }
 
@@ -432,6 +520,10 @@ func (m *Meter) enqueue(c *gpuContext, streamID uint64, t uint64, work float64) 
 	s.left += work
 	s.enq += work
 	s.launched = true
+	if len(s.bounds) == maxBounds {
+		s.bounds = s.bounds[1:]
+	}
+	s.bounds = append(s.bounds, s.enq)
 	if !c.learned {
 		// Costs not learned yet are guesses meant to read as backlogged;
 		// charged whole they would freeze a paced tenant for seconds.
@@ -504,7 +596,7 @@ func (m *Meter) LaunchCost(member func(pid uint32, cgroup uint64) bool) float64 
 		if c.exited || c.total.Launches == 0 || !member(c.pid, c.cgroup) {
 			continue
 		}
-		cost := (1-c.graphFrac)*c.avgBlocks*c.nsPerBlock + c.graphFrac*c.nsPerGraph
+		cost := c.launchCost()
 		if !c.learned {
 			cost = min(cost, unlearnedCharge)
 		}
@@ -617,6 +709,7 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 		s.ran += s.left
 		s.proven = s.enq
 		s.marks = s.marks[:0]
+		s.bounds = s.bounds[:0]
 		s.left, s.got, s.launched = 0, 0, false
 		s.drained = now
 	}
@@ -627,7 +720,7 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 	// The replay's slice phase is not the GPU's: while others are busy, a
 	// wait may end up to a slice later than the replay says without any
 	// work of the context's own. Only the excess is evidence.
-	early -= float64(min(others, 1)) * phaseAllowance * float64(m.cfg.Timeslice)
+	early -= float64(min(others, 1)) * phaseAllowance * m.phaseSpan(c)
 	factor := 1.0
 	switch {
 	case !c.learned && waited:
@@ -635,9 +728,11 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 		// is less; a context of tiny kernels must not start at its
 		// round-robin share.
 		factor = min(got, float64(h.DurationNS)) / (got + left)
+	case !c.learned:
+		// A sync that did not wait teaches a guess nothing (see eventSync).
 	case left > 0:
 		factor = got / (got + left)
-	case early > 0:
+	case early > 0 && m.latenessTeaches(c):
 		factor = min((got+early/float64(others+1))/got, maxStep)
 	}
 	c.learn(factor)
@@ -650,7 +745,9 @@ func (c *gpuContext) learn(factor float64) {
 	if !c.learned {
 		c.learned = true
 	} else {
-		factor = math.Pow(factor, learnRate)
+		// One sync is one piece of evidence: an outlier (a sync the replay
+		// got badly out of phase) moves learned costs by a bounded step.
+		factor = math.Pow(min(max(factor, 1/maxStep), maxStep), learnRate)
 	}
 	c.nsPerBlock *= factor
 	c.nsPerGraph *= factor
@@ -664,6 +761,9 @@ func (c *gpuContext) learn(factor float64) {
 			if s.marks[i].pos > s.ran {
 				s.marks[i].pos = s.ran + (s.marks[i].pos-s.ran)*factor
 			}
+		}
+		for i := range s.bounds {
+			s.bounds[i] = s.ran + (s.bounds[i]-s.ran)*factor
 		}
 	}
 }
@@ -712,6 +812,7 @@ func (m *Meter) eventSync(c *gpuContext, h *ioctlspy.Header, event uint64, now u
 			s.drained = now
 		}
 		s.passMarks(now)
+		s.passBounds()
 	}
 	if covered <= 0 || m.pausedDuring(c, h.Start, h.End) {
 		return
@@ -721,11 +822,16 @@ func (m *Meter) eventSync(c *gpuContext, h *ioctlspy.Header, event uint64, now u
 	switch {
 	case behind > 0 && !c.learned && waited:
 		factor = max(min(ran, float64(h.DurationNS)), 1) / covered
+	case !c.learned:
+		// A sync that did not wait proves the work done, not how long it
+		// took: scaled by what the replay ran of a guess, the costs would
+		// collapse (a paced tenant, whose kernels finish between its
+		// spaced launches, never waits).
 	case behind > 0:
 		factor = max(ran, 1) / covered
-	case waited && k.crossed > 0 && k.crossed+uint64(realWait) < now:
+	case waited && k.crossed > 0 && k.crossed+uint64(realWait) < now && m.latenessTeaches(c):
 		others := m.busyContexts(c.gpu) - 1
-		early := float64(now-max(k.crossed, h.Start)) - float64(min(others, 1))*phaseAllowance*float64(m.cfg.Timeslice)
+		early := float64(now-max(k.crossed, h.Start)) - float64(min(others, 1))*phaseAllowance*m.phaseSpan(c)
 		if early > 0 && ran > 0 {
 			factor = min((ran+early/float64(others+1))/ran, maxStep)
 		}
@@ -779,6 +885,48 @@ func (m *Meter) pausedDuring(c *gpuContext, from, to uint64) bool {
 		}
 	}
 	return false
+}
+
+// latenessTeaches tells whether a drain later than the replay's says the
+// context's costs are too low. On a GPU that does not preempt, only when
+// no other context has work: there the replay fits whole kernels into
+// slices, and a cost just under a slice lets it run two where the GPU ran
+// one, so a drain late against others proves nothing (costs would climb
+// past the slice).
+func (m *Meter) latenessTeaches(c *gpuContext) bool {
+	return m.replayOf(c.gpu).preemptive || m.othersIdle(c)
+}
+
+// othersIdle tells whether no context but c has work in the replay.
+func (m *Meter) othersIdle(c *gpuContext) bool {
+	for _, o := range m.replayOf(c.gpu).runlist {
+		if o != c && o.left() > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// phaseSpan is how far the replay's phase may be off the GPU's for a
+// context's drain: one timeslice, or on a GPU that does not preempt the
+// longest running kernel of another context with work.
+func (m *Meter) phaseSpan(c *gpuContext) float64 {
+	r := m.replayOf(c.gpu)
+	span := float64(r.slice)
+	if r.preemptive {
+		return span
+	}
+	for _, o := range r.runlist {
+		if o != c && o.learned && o.left() > 0 {
+			span = max(span, o.launchCost())
+		}
+	}
+	return span
+}
+
+// launchCost is the modeled GPU time of one of the context's launches.
+func (c *gpuContext) launchCost() float64 {
+	return (1-c.graphFrac)*c.avgBlocks*c.nsPerBlock + c.graphFrac*c.nsPerGraph
 }
 
 func (m *Meter) busyContexts(gpu int) int {
@@ -916,10 +1064,16 @@ type ContextStats struct {
 	SyncWait []uint64
 	MemBytes int64
 	QueueNS  uint64
-	// BacklogNS is the modeled GPU work queued now, not yet run.
+	// BacklogNS is the modeled GPU work queued now, not yet run (0 until
+	// the context's costs are learned: a guess would read as seconds).
 	BacklogNS uint64
-	Busy      bool // work outstanding now
-	Exited    bool
+	// ActiveNS is the part of the window since the process's first event
+	// (the whole window for an older process).
+	ActiveNS uint64
+	// Learned tells whether a sync has taught the meter its costs yet.
+	Learned bool
+	Busy    bool // work outstanding now
+	Exited  bool
 	// Total counts since the process entered its cgroup and GPU (they
 	// start again from zero when it moves).
 	Total Totals
@@ -941,7 +1095,8 @@ func (m *Meter) Contexts(window time.Duration) (at uint64, out []ContextStats) {
 		held := c.heldIn(from, now)
 		cs := ContextStats{PID: c.pid, CgroupID: c.cgroup, GPU: c.gpu, GPUNS: uint64(held), Share: held / float64(w),
 			Launches: len(dropBefore(c.launches, from)), MemBytes: c.mem, QueueNS: uint64(sumIn(c.waited, from, now)),
-			Busy: c.left() > 0, BacklogNS: uint64(c.left()), Exited: c.exited, Total: c.total}
+			Busy: c.left() > 0, BacklogNS: c.backlog(), ActiveNS: now - max(from, min(c.since, now)), Learned: c.learned,
+			Exited: c.exited, Total: c.total}
 		for _, sp := range c.syncs {
 			if sp.end >= from {
 				cs.Syncs++

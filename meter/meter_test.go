@@ -1,6 +1,7 @@
 package meter
 
 import (
+	"fmt"
 	"math"
 	"sort"
 	"testing"
@@ -384,5 +385,206 @@ func TestLaunchCost(t *testing.T) {
 	m.Observe(launch(2, 200, base+200*ms, 7))
 	if c := m.LaunchCost(func(_ uint32, cg uint64) bool { return cg == 200 }); c != unlearnedCharge {
 		t.Errorf("unlearned cost %.0f, want %.0f", c, unlearnedCharge)
+	}
+}
+
+// On a GPU that does not preempt, a context of 20 ms kernels beside one of
+// 2 ms kernels holds the GPU 20 ms for every 2 ms of the other (a 2 ms
+// slice fits one short kernel): 90.9% / 9.1%, where a preemptive GPU
+// splits it evenly.
+func TestRunToCompletion(t *testing.T) {
+	base := 10 * 1000 * ms
+	for _, tc := range []struct {
+		preemptive bool
+		long       float64
+	}{{true, 0.5}, {false, 20.0 / 22}} {
+		clk := &clock{t: base + 1000*ms}
+		m := New(Config{Now: clk.now})
+		m.SetScheduling(func(int) (time.Duration, bool) { return 2 * time.Millisecond, tc.preemptive })
+		kernel := func(pid uint32, cg uint64, cost time.Duration) ioctlspy.Event {
+			c := m.context(&ioctlspy.Header{PID: pid, CgroupID: cg})
+			c.nsPerBlock, c.learned = float64(cost), true
+			return &ioctlspy.Launch{Header: hdr(pid, cg, base, base), Stream: 7, Grid: [3]uint32{1, 1, 1}}
+		}
+		for i := 0; i < 60; i++ {
+			m.Observe(kernel(1, 100, 20*time.Millisecond))
+		}
+		for i := 0; i < 600; i++ {
+			m.Observe(kernel(2, 200, 2*time.Millisecond))
+		}
+		got := byCgroup(m.Snapshot())
+		if math.Abs(got[100].Share-tc.long) > 0.01 || math.Abs(got[100].Share+got[200].Share-1) > 0.01 {
+			t.Errorf("preemptive %v: long kernels %.3f, short %.3f, want %.3f", tc.preemptive, got[100].Share, got[200].Share, tc.long)
+		}
+	}
+}
+
+// simStep is one thing the meter learns from a simulated run: a probe
+// event, or (pid != 0) the release of a process the launch gate held.
+type simStep struct {
+	ev                ioctlspy.Event
+	pid               uint32
+	heldSince, freeAt uint64
+}
+
+// twoHogs plays two double-buffered hogs (batches of 8 kernels, an event
+// after each, a sync on the previous one) on a simulated GPU that
+// time-slices contexts in 2 ms slices (a 20 µs switch charged to the
+// incoming one), preemptively or running each kernel to completion, and
+// returns what the meter would learn in time order, with the true GPU
+// time of each process over the last second. The second starts late;
+// from then on the first is paced at rate (0: not) by a launch gate
+// charging the true kernel cost, as the arbiter would pace it.
+func twoHogs(kernel [2]time.Duration, preemptive bool, seconds int, late time.Duration, rate float64) (steps []simStep, truth [2]float64, end uint64) {
+	const (
+		step  = uint64(50 * time.Microsecond)
+		slice = uint64(2 * time.Millisecond)
+		wake  = uint64(100 * time.Microsecond)
+	)
+	type proc struct {
+		queue        []int // batch of each queued kernel
+		left         uint64
+		batch, k     int         // batch being launched, kernels launched of it
+		waitingSince uint64      // sync start; 0: not waiting
+		heldSince    uint64      // held at a launch; 0: not held
+		resume       uint64      // when it runs again after a sync
+		done         map[int]int // completed kernels per batch
+		busy         uint64
+		credit       float64 // launch gate balance, ns
+	}
+	base := 10 * 1000 * ms
+	ps := [2]*proc{{done: map[int]int{}}, {done: map[int]int{}, resume: base + uint64(late)}}
+	holder, sliceEnd, last := -1, uint64(0), -1
+	endT := base + uint64(seconds)*1000*ms
+	for t := base; t < endT; t += step {
+		for i, p := range ps {
+			pid, cg := uint32(i+1), uint64(100*(i+1))
+			cost := float64(kernel[i])
+			gated := i == 0 && rate > 0 && t >= base+uint64(late)
+			if gated {
+				p.credit = min(p.credit+rate*float64(step), rate*float64(100*ms))
+			}
+			if p.waitingSince != 0 && p.done[p.batch-2] == 8 {
+				steps = append(steps, simStep{ev: syncEv(pid, cg, "cuEventSynchronize", uint64(0xe0+(p.batch-2)%2), p.waitingSince, t+wake)})
+				p.waitingSince, p.resume = 0, t+wake
+			}
+			if p.heldSince != 0 && p.credit >= 0 {
+				steps = append(steps, simStep{pid: pid, heldSince: p.heldSince, freeAt: t})
+				p.credit -= cost
+				p.heldSince = 0
+				p.queue = append(p.queue, p.batch)
+				p.k++
+			}
+			for p.waitingSince == 0 && p.heldSince == 0 && t >= p.resume {
+				if p.k == 8 {
+					steps = append(steps, simStep{ev: &ioctlspy.EventRecord{Header: hdr(pid, cg, t, t), Event: uint64(0xe0 + p.batch%2), Stream: 7}})
+					p.batch, p.k = p.batch+1, 0
+					if p.batch > 1 {
+						p.waitingSince = t
+					}
+					continue
+				}
+				l := &ioctlspy.Launch{Header: hdr(pid, cg, t, t), Stream: 7, Grid: [3]uint32{uint32(kernel[i] / time.Microsecond), 1, 1}}
+				steps = append(steps, simStep{ev: l})
+				if gated && p.credit < cost {
+					l.Held, p.heldSince = true, t
+					break
+				}
+				if gated {
+					p.credit -= cost
+				}
+				p.queue = append(p.queue, p.batch)
+				p.k++
+			}
+		}
+		// The GPU: switch at a slice end when another context waits (at a
+		// kernel boundary when it does not preempt), run the holder.
+		pending := func(i int) bool { return len(ps[i].queue) > 0 }
+		other := 1 - max(holder, 0)
+		atBoundary := holder < 0 || ps[holder].left == 0
+		if holder < 0 || !pending(holder) || (t >= sliceEnd && pending(other) && (preemptive || atBoundary)) {
+			switch {
+			case holder >= 0 && pending(other):
+				holder = other
+			case holder < 0 && pending(0):
+				holder = 0
+			case holder < 0 && pending(1):
+				holder = 1
+			}
+			sliceEnd = t + slice
+		}
+		if holder < 0 || !pending(holder) {
+			continue
+		}
+		p := ps[holder]
+		if p.left == 0 {
+			p.left = uint64(kernel[holder])
+			if holder != last {
+				p.left += uint64(20 * time.Microsecond) // a context switch, charged to the incoming context
+			}
+			last = holder
+		}
+		run := min(step, p.left)
+		p.left -= run
+		if t >= endT-1000*ms {
+			p.busy += run
+		}
+		if p.left == 0 {
+			p.done[p.queue[0]]++
+			p.queue = p.queue[1:]
+		}
+	}
+	for i, p := range ps {
+		truth[i] = float64(p.busy) / float64(1000*ms)
+	}
+	return steps, truth, endT
+}
+
+// replaySim feeds a simulated run to a meter that knows the GPU's
+// scheduling and returns it.
+func replaySim(steps []simStep, end uint64, preemptive bool) *Meter {
+	clk := &clock{}
+	m := New(Config{Now: clk.now})
+	m.SetScheduling(func(int) (time.Duration, bool) { return 2 * time.Millisecond, preemptive })
+	for _, s := range steps {
+		if s.ev == nil {
+			clk.t = s.freeAt
+			m.Released(s.pid, s.heldSince, s.freeAt)
+			continue
+		}
+		clk.t = s.ev.Hdr().End
+		m.Observe(s.ev)
+	}
+	clk.t = end
+	return m
+}
+
+// The meter follows the GPU's scheduling: two hogs of 20 ms and 2 ms
+// kernels split a preemptive GPU evenly and a run-to-completion one about
+// 91/9, and the meter reads both within 3 pp once told which it is. The
+// second hog starts a second later: had both started together, each would
+// finish a batch every 176 ms whether its kernels took 20 and 2 ms on a GPU
+// that runs them to completion or 11 ms each on a fair one — launches and
+// syncs could not tell the two apart.
+func TestHogsOnEitherScheduler(t *testing.T) {
+	for _, preemptive := range []bool{true, false} {
+		for _, late := range []time.Duration{300 * time.Millisecond, 700 * time.Millisecond, time.Second, 1300 * time.Millisecond} {
+			for _, rate := range []float64{0, 0.5} {
+				t.Run(fmt.Sprintf("preemptive %v, second %v late, first paced at %.1f", preemptive, late, rate), func(t *testing.T) {
+					twoHogsRead(t, preemptive, late, rate)
+				})
+			}
+		}
+	}
+}
+
+func twoHogsRead(t *testing.T, preemptive bool, late time.Duration, rate float64) {
+	{
+		steps, truth, end := twoHogs([2]time.Duration{20 * time.Millisecond, 2 * time.Millisecond}, preemptive, 6, late, rate)
+		got := byCgroup(replaySim(steps, end, preemptive).Snapshot())
+		t.Logf("preemptive %v: true %.3f / %.3f, estimated %.3f / %.3f", preemptive, truth[0], truth[1], got[100].Share, got[200].Share)
+		if math.Abs(got[100].Share-truth[0]) > 0.03 || math.Abs(got[200].Share-truth[1]) > 0.03 {
+			t.Errorf("preemptive %v: estimated %.3f / %.3f, true %.3f / %.3f", preemptive, got[100].Share, got[200].Share, truth[0], truth[1])
+		}
 	}
 }

@@ -139,11 +139,22 @@ type Tenant struct {
 	Rules    `yaml:",inline" json:",inline"`
 }
 
-// GPU sets one GPU's sharing mode.
+// GPU sets one GPU's sharing mode and the scheduling facts of the GPU
+// that the meter's model needs.
 type GPU struct {
 	Index int  `yaml:"index" json:"index"`
-	Mode  Mode `yaml:"mode" json:"mode"`
+	Mode  Mode `yaml:"mode,omitempty" json:"mode"`
+	// Preemptive says whether the GPU preempts a running kernel when its
+	// timeslice ends (default true, as compute preemption on NVIDIA since
+	// Pascal); false models run to completion.
+	Preemptive *bool `yaml:"preemptive,omitempty" json:"preemptive,omitempty"`
+	// Timeslice is the GPU's per-context timeslice (default 2ms,
+	// 100µs–1s).
+	Timeslice time.Duration `yaml:"timeslice,omitempty" json:"timeslice,omitempty"`
 }
+
+// DefaultTimeslice is the GPU timeslice the meter models by default.
+const DefaultTimeslice = 2 * time.Millisecond
 
 // Config is a whole policy.
 type Config struct {
@@ -152,7 +163,7 @@ type Config struct {
 	// Defaults apply to tenants no entry names, and fill what entries
 	// leave out.
 	Defaults Rules `yaml:"defaults,omitempty" json:"defaults"`
-	// GPUs lists GPUs whose mode is not the default "share".
+	// GPUs lists GPUs whose mode or scheduling is not the default.
 	GPUs []GPU `yaml:"gpus,omitempty" json:"gpus,omitempty"`
 	// Tenants are the named tenants.
 	Tenants []Tenant `yaml:"tenants,omitempty" json:"tenants,omitempty"`
@@ -215,6 +226,14 @@ func (c *Config) fill() {
 		c.Period = DefaultPeriod
 	}
 	c.Defaults.fillFrom(Rules{Weight: DefaultWeight, Priority: Normal})
+	for i := range c.GPUs {
+		if c.GPUs[i].Mode == "" {
+			c.GPUs[i].Mode = ModeShare
+		}
+		if c.GPUs[i].Timeslice == 0 {
+			c.GPUs[i].Timeslice = DefaultTimeslice
+		}
+	}
 	for i := range c.Tenants {
 		c.Tenants[i].Rules.fillFrom(c.Defaults)
 	}
@@ -248,6 +267,9 @@ func (c *Config) Validate() error {
 		seen[g.Index] = true
 		if g.Mode != ModeShare && g.Mode != ModeTimeslice {
 			return &FieldError{f + ".mode", fmt.Sprintf("%q is not share or timeslice", g.Mode)}
+		}
+		if g.Timeslice < 100*time.Microsecond || g.Timeslice > time.Second {
+			return &FieldError{f + ".timeslice", fmt.Sprintf("%v out of range 100µs–1s", g.Timeslice)}
 		}
 	}
 	names := map[string]bool{}
@@ -324,6 +346,17 @@ func (c *Config) ModeOf(gpu int) Mode {
 		}
 	}
 	return ModeShare
+}
+
+// Scheduling returns what a GPU's scheduler does, as the policy declares
+// it: its timeslice and whether it preempts running kernels.
+func (c *Config) Scheduling(gpu int) (timeslice time.Duration, preemptive bool) {
+	for _, g := range c.GPUs {
+		if g.Index == gpu {
+			return g.Timeslice, g.Preemptive == nil || *g.Preemptive
+		}
+	}
+	return DefaultTimeslice, true
 }
 
 // Tenant returns the named tenant.

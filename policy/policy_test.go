@@ -15,6 +15,7 @@ period: 200ms
 defaults: {weight: 50, priority: batch}
 gpus:
   - {index: 1, mode: timeslice}
+  - {index: 2, preemptive: false, timeslice: 4ms}
 tenants:
   - name: train
     cgroup: /kubepods/pod1/ctr
@@ -33,6 +34,14 @@ tenants:
 	}
 	if c.Period != 200*time.Millisecond || c.ModeOf(1) != ModeTimeslice || c.ModeOf(0) != ModeShare {
 		t.Errorf("period %v modes %v %v", c.Period, c.ModeOf(0), c.ModeOf(1))
+	}
+	for gpu, want := range map[int]struct {
+		slice time.Duration
+		pre   bool
+	}{0: {2 * time.Millisecond, true}, 1: {2 * time.Millisecond, true}, 2: {4 * time.Millisecond, false}} {
+		if slice, pre := c.Scheduling(gpu); slice != want.slice || pre != want.pre || c.ModeOf(2) != ModeShare {
+			t.Errorf("GPU %d: timeslice %v preemptive %v mode %v, want %v %v share", gpu, slice, pre, c.ModeOf(2), want.slice, want.pre)
+		}
 	}
 	train, _ := c.Tenant("train")
 	if train.Weight != 300 || train.Limit != 0.5 || train.Priority != Batch || train.Cgroup != "/kubepods/pod1/ctr" {
@@ -92,6 +101,7 @@ func TestRejects(t *testing.T) {
 		{"tenants: [{name: 'a b', cgroup: /a}]", "tenants[0].name"},
 		{"tenants: [{name: a, cgroup: /a}, {name: a, cgroup: /b}]", "tenants[1].name"},
 		{"gpus: [{index: 0, mode: fifo}]", "gpus[0].mode"},
+		{"gpus: [{index: 0, timeslice: 10us}]", "gpus[0].timeslice"},
 		{"period: 1ms", "period"},
 		{"defaults: {weight: -3}", "defaults.weight"},
 	} {
