@@ -98,8 +98,10 @@ type key struct {
 type Arbiter struct {
 	p        Params
 	duty     map[key]float64
-	drained  map[key]int  // periods a paced tenant's queue has stayed drained
-	draining map[key]bool // paced, still draining what it queued unpaced
+	// settled counts the periods a paced tenant's queue has stayed
+	// drained; it is steady at Settle. A queue before then is work from
+	// before it was paced (or costs learned since), drained first.
+	settled map[key]int
 }
 
 // New returns an arbiter.
@@ -120,7 +122,7 @@ func New(p Params) *Arbiter {
 	if p.Settle <= 0 {
 		p.Settle = d.Settle
 	}
-	return &Arbiter{p: p, duty: map[key]float64{}, drained: map[key]int{}, draining: map[key]bool{}}
+	return &Arbiter{p: p, duty: map[key]float64{}, settled: map[key]int{}}
 }
 
 // SetSettle sets Params.Settle: the periods one control window spans.
@@ -161,8 +163,7 @@ func (a *Arbiter) Step(in []Input, mode func(gpu int) policy.Mode) []Decision {
 	for k := range a.duty {
 		if !seen[k] {
 			delete(a.duty, k)
-			delete(a.drained, k)
-			delete(a.draining, k)
+			delete(a.settled, k)
 		}
 	}
 	return out
@@ -279,30 +280,35 @@ func (a *Arbiter) share(ts []Input) []Decision {
 		case i == free && d >= 1:
 			d, dec.Reason = 1, "takes the slack"
 		case i == free:
-			d, dec.Reason = d+a.p.Increase, "recovering" // from SLO pressure
+			d, dec.Reason = d+a.p.Increase/float64(a.p.Settle), "recovering" // from SLO pressure
 		case !competing:
 			// It wants no more than its target: let it grow back.
 			d, dec.Reason = d+a.p.Increase, "below target"
-		case (d >= 1 || a.draining[k]) && t.Queued > target:
+		case (d >= 1 || a.settled[k] < a.p.Settle) && t.Queued > target:
 			// It has work queued from before it was paced, which the GPU
 			// serves at its round-robin share: admit nothing new until
 			// that is gone.
 			d, dec.Reason = a.p.MinDuty, "draining its queue"
-			a.drained[k], a.draining[k] = 0, true
-		case d >= 1 || a.draining[k]:
+			a.settled[k] = 0
+		case d >= 1:
 			// The rate of an admission-paced tenant is its long-run share:
 			// start at the target.
 			d, dec.Reason = target, "paced at target"
-			a.drained[k], a.draining[k] = 0, false
-		case a.drained[k] < a.p.Settle && d < target:
-			// Pushed below its target (a latency SLO): recover additively.
-			d, dec.Reason = math.Min(target, d+a.p.Increase), "recovering"
-			a.drained[k]++
-		case a.drained[k] < a.p.Settle:
+			a.settled[k] = 1
+		case a.settled[k] < a.p.Settle && d <= a.p.MinDuty && target > a.p.MinDuty:
+			// Drained (it ran at MinDuty): resume at the target.
+			d, dec.Reason = target, "paced at target"
+			a.settled[k]++
+		case a.settled[k] < a.p.Settle && d < target:
+			// Pushed below its target by a latency SLO: recover additively,
+			// by Increase per settled window, the span the SLO is measured
+			// over (faster, it would miss the SLO again before it shows).
+			d, dec.Reason = math.Min(target, d+a.p.Increase/float64(a.p.Settle)), "recovering"
+		case a.settled[k] < a.p.Settle:
 			// Drained, but the settled window still holds the drain: run
 			// at the target until it shows the rate.
 			d, dec.Reason = target, "settling"
-			a.drained[k]++
+			a.settled[k]++
 		case t.SettledShare > target+a.p.Tolerance:
 			// The settled share lags the rate by its window: a correction
 			// is spread over the Settle periods it spans, or the loop
@@ -328,14 +334,14 @@ func (a *Arbiter) share(ts []Input) []Decision {
 	return out
 }
 
-// crowdedOut tells whether a paced tenant's admitted work piles up
-// unserved (more than its target's worth of the window queued, not left
-// from before it was paced): the unpaced tenant takes its time — the GPU
-// time-slices per process — so it must be paced too.
+// crowdedOut tells whether a steady paced tenant's admitted work piles up
+// unserved (more than its target's worth of the window queued): the
+// unpaced tenant takes its time — the GPU time-slices per process — so it
+// must be paced too.
 func (a *Arbiter) crowdedOut(ts []Input, targets []float64, free int) bool {
 	for j, t := range ts {
 		k := key{t.Name, t.GPU}
-		if d := a.dutyOf(k); j != free && t.Busy && d < 1 && !a.draining[k] && t.Queued > targets[j] {
+		if d := a.dutyOf(k); j != free && t.Busy && d < 1 && a.settled[k] >= a.p.Settle && t.Queued > targets[j] {
 			return true
 		}
 	}

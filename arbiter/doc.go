@@ -48,8 +48,9 @@
 // tenant that needs little leaves the rest to the others.
 //
 // Latency tenants are never throttled; while one's SLO (p99 sync wait or
-// frames/s) is missed, every other tenant's rate falls ×Decrease per
-// period from what it uses, and recovers additively once the SLO holds.
+// frames/s, over the meter's 1 s window) is missed, every other tenant's
+// rate falls ×Decrease per period from what it uses, and recovers
+// additively once the SLO holds, by Increase per window.
 //
 // # Timeslice mode
 //

@@ -398,7 +398,8 @@ func TestArbiterArrival(t *testing.T) {
 }
 
 // Bar 6: two frame loops with an fps SLO beside a hog hold their target
-// FPS within 5%.
+// FPS within 5%. Each needs 6 ms of GPU a frame at 60 fps (36%); beside
+// the hog, unarbitrated, both run at 49.6 fps.
 func TestArbiterFrameSLO(t *testing.T) {
 	gpu := testutil.StartFakeGPU(t)
 	cgs := map[string]*testutil.Cgroup{"f1": testutil.NewCgroup(t, "game1"), "f2": testutil.NewCgroup(t, "game2"), "hog": testutil.NewCgroup(t, "batch")}
@@ -413,7 +414,7 @@ func TestArbiterFrameSLO(t *testing.T) {
 	time.Sleep(time.Second)
 	var frames []*testutil.Proc
 	for _, n := range []string{"f1", "f2"} {
-		frames = append(frames, testutil.Start(t, cgs[n], gpu.Workload(t, "frames", "--fps", "60", "--frame-ms", "7", "--duration", "10")))
+		frames = append(frames, testutil.Start(t, cgs[n], gpu.Workload(t, "frames", "--fps", "60", "--frame-ms", "6", "--duration", "10", "--interval", "1")))
 	}
 	ws := trueShares(t, gpu, cgs, 4*time.Second, 5)
 	logStatus(t, d)
@@ -422,9 +423,22 @@ func TestArbiterFrameSLO(t *testing.T) {
 		pcts(col(ws, func(w map[string]float64) float64 { return w["busy"] })))
 	for i, p := range frames {
 		s := summary(t, p)
-		t.Logf("frames %d: %.1f fps (target 60), p99 frame %.1f ms, over 34 ms %.1f%%", i+1, s["fps"], s["frame_p99_ms"], 100*s["over_34ms"])
-		if s["fps"] < 57 {
-			t.Errorf("frames %d at %.1f fps, want 60 ± 5%%", i+1, s["fps"])
+		// Frames per second in each 1 s interval after the first four (the
+		// settled state, as the shares above).
+		var fps []float64
+		for _, line := range strings.Split(p.Stdout.String(), "\n") {
+			var iv struct {
+				T     float64 `json:"t"`
+				Count float64 `json:"count"`
+			}
+			if json.Unmarshal([]byte(line), &iv) == nil && iv.T > 4 && iv.Count > 0 {
+				fps = append(fps, iv.Count)
+			}
+		}
+		t.Logf("frames %d: %v fps per second after 4 s (target 60); whole run %.1f fps, p99 frame %.1f ms, over 34 ms %.1f%%",
+			i+1, fps, s["fps"], s["frame_p99_ms"], 100*s["over_34ms"])
+		if len(fps) < 3 || median(fps) < 57 {
+			t.Errorf("frames %d at a median %.1f fps, want 60 ± 5%%", i+1, median(fps))
 		}
 	}
 }
