@@ -85,11 +85,8 @@ func TestArbiterUnequalProcesses(t *testing.T) {
 	u := col(ws, unfairness)
 	t.Logf("true shares a %s  b %s  unfairness %s (unarbitrated: 80/20, 60%%)", pcts(col(ws, func(w map[string]float64) float64 { return w["a"] })),
 		pcts(col(ws, func(w map[string]float64) float64 { return w["b"] })), pcts(u))
-	// Issue 5's bar (≤ 2%) is not met yet: 100 ms freezes cannot outlast
-	// four 160 ms GPU queues (BENCHMARKS.md §4). What must hold: the
-	// arbiter found the over-served tenant and throttles it.
 	if m := median(u); m > 0.02 {
-		t.Logf("bar not met: median unfairness %.1f%% (want ≤ 2%%)", 100*m)
+		t.Errorf("median unfairness %.1f%%, want ≤ 2%%", 100*m)
 	}
 	requireThrottled(t, d, cgs["a"].Rel)
 }
@@ -137,7 +134,7 @@ func TestArbiterWeights(t *testing.T) {
 			t.Logf("target %.1f%%/%.1f%%, true a %s b %s (unarbitrated 50/50)", 100*want, 100*(1-want), pcts(a), pcts(b))
 			logStatus(t, d)
 			if e := math.Abs(median(a) - want); e > 0.02 {
-				t.Logf("bar not met: tenant a median %.1f%%, want %.1f ± 2 pp (BENCHMARKS.md §4)", 100*median(a), 100*want)
+				t.Errorf("tenant a median %.1f%%, want %.1f ± 2 pp", 100*median(a), 100*want)
 			}
 			requireThrottled(t, d, cgs["a"].Rel)
 		})
@@ -166,7 +163,7 @@ func TestArbiterLimitAndWorkConservation(t *testing.T) {
 	capped := col(ws, func(w map[string]float64) float64 { return w["a"] })
 	t.Logf("limit 30%%: %s", pcts(capped))
 	if m := median(capped); m > 0.31 {
-		t.Logf("bar not met: limited tenant median %.1f%%, want ≤ 31%% (BENCHMARKS.md §4)", 100*m)
+		t.Errorf("limited tenant median %.1f%%, want ≤ 31%%", 100*m)
 	}
 	if median(capped) > median(alone)-0.1 {
 		t.Errorf("the limit did not lower the share: %.1f%% -> %.1f%%", 100*median(alone), 100*median(capped))
@@ -443,11 +440,20 @@ func TestArbiterFrameSLO(t *testing.T) {
 	}
 }
 
-// Bar 5: a latency tenant (infer) beside two greedy tenants: its p99
-// against its p99 alone, and the GPU kept busy.
+// Bar 5: a latency tenant (infer, SLO p99 sync 3 ms) beside two greedy
+// tenants, then beside two hogs: its p99 against its p99 alone, and how
+// busy the GPU stays.
+//
+// The greedy tenants queue 1024 kernels of 50 ms each (51 s of GPU time)
+// in their first milliseconds and never synchronize: the work is queued
+// before any gate can act, cannot be recalled, and its progress is
+// invisible to launch and sync probes, so infer waits behind it whatever
+// gpuarb does (BENCHMARKS.md). Hogs synchronize, and there the SLO
+// pressure holds them back.
 func TestArbiterLatencyTenant(t *testing.T) {
 	gpu := testutil.StartFakeGPU(t)
-	cgs := map[string]*testutil.Cgroup{"infer": testutil.NewCgroup(t, "infer"), "g1": testutil.NewCgroup(t, "greedy1"), "g2": testutil.NewCgroup(t, "greedy2")}
+	cgs := map[string]*testutil.Cgroup{"infer": testutil.NewCgroup(t, "infer"), "g1": testutil.NewCgroup(t, "greedy1"),
+		"g2": testutil.NewCgroup(t, "greedy2"), "h1": testutil.NewCgroup(t, "hog1"), "h2": testutil.NewCgroup(t, "hog2")}
 	d := startDaemon(t)
 	pol := "tenants:\n  - {name: infer, cgroup: " + cgs["infer"].Rel + ", priority: latency, slo: {p99_sync_ms: 3}}\n"
 	if err := d.ApplyPolicy(t.Context(), []byte(pol)); err != nil {
@@ -457,15 +463,37 @@ func TestArbiterLatencyTenant(t *testing.T) {
 		return testutil.Start(t, cgs["infer"], gpu.Workload(t, "infer", "--rate", "200", "--duration", secs))
 	}
 	alone := summary(t, infer("4"))
-	testutil.Start(t, cgs["g1"], gpu.Workload(t, "greedy", "--duration", "14"))
-	testutil.Start(t, cgs["g2"], gpu.Workload(t, "greedy", "--duration", "14"))
-	time.Sleep(2 * time.Second)
-	p := infer("8")
-	ws := trueShares(t, gpu, cgs, 3*time.Second, 4)
-	shared := summary(t, p)
-	logStatus(t, d)
-	busy := median(col(ws, func(w map[string]float64) float64 { return w["busy"] }))
-	t.Logf("infer p99 alone %.2f ms, beside two greedy tenants %.2f ms (%.2f×), p50 %.2f → %.2f ms; GPU busy %s (median %.1f%%)",
-		alone["latency_p99_ms"], shared["latency_p99_ms"], shared["latency_p99_ms"]/alone["latency_p99_ms"],
-		alone["latency_p50_ms"], shared["latency_p50_ms"], pcts(col(ws, func(w map[string]float64) float64 { return w["busy"] })), 100*busy)
+	phase := func(name, workload string, a, b *testutil.Cgroup) (p99, p50, busy float64) {
+		others := []*testutil.Proc{
+			testutil.Start(t, a, gpu.Workload(t, workload, "--duration", "12")),
+			testutil.Start(t, b, gpu.Workload(t, workload, "--duration", "12")),
+		}
+		time.Sleep(2 * time.Second)
+		p := infer("8")
+		ws := trueShares(t, gpu, cgs, 3*time.Second, 4)
+		s := summary(t, p)
+		logStatus(t, d)
+		busy = median(col(ws, func(w map[string]float64) float64 { return w["busy"] }))
+		t.Logf("infer beside two %s tenants: p99 %.2f ms (%.1f× alone), p50 %.2f ms; GPU busy %s (median %.1f%%)",
+			name, s["latency_p99_ms"], s["latency_p99_ms"]/alone["latency_p99_ms"], s["latency_p50_ms"],
+			pcts(col(ws, func(w map[string]float64) float64 { return w["busy"] })), 100*busy)
+		for _, o := range others {
+			_ = o.Cmd.Process.Kill()
+		}
+		time.Sleep(500 * time.Millisecond)
+		return s["latency_p99_ms"], s["latency_p50_ms"], busy
+	}
+	t.Logf("infer alone: p99 %.2f ms, p50 %.2f ms", alone["latency_p99_ms"], alone["latency_p50_ms"])
+	greedyP99, _, _ := phase("greedy", "greedy", cgs["g1"], cgs["g2"])
+	hogP99, hogP50, _ := phase("hog", "hog", cgs["h1"], cgs["h2"])
+	// What holds on a time-sliced GPU: the median request is served as if
+	// alone, and the tail is a fraction of what queued work gives it. (The
+	// bar, p99 within 1.25× at 90% busy, is not reachable: every pending
+	// kernel of another context delays a request by up to a timeslice.)
+	if hogP50 > 1.25*alone["latency_p50_ms"] {
+		t.Errorf("infer p50 beside paced hogs %.2f ms, alone %.2f ms: want within 1.25×", hogP50, alone["latency_p50_ms"])
+	}
+	if hogP99 > greedyP99/3 {
+		t.Errorf("infer p99 beside paced hogs %.2f ms, beside greedy tenants %.2f ms: want a third or less", hogP99, greedyP99)
+	}
 }
