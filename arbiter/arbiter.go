@@ -96,8 +96,8 @@ type key struct {
 // Arbiter keeps the duty cycles between periods. It is not safe for
 // concurrent use.
 type Arbiter struct {
-	p        Params
-	duty     map[key]float64
+	p    Params
+	duty map[key]float64
 	// settled counts the periods a paced tenant's queue has stayed
 	// drained; it is steady at Settle. A queue before then is work from
 	// before it was paced (or costs learned since), drained first.

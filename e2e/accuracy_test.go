@@ -16,6 +16,7 @@ import (
 	"github.com/gpuarb/gpuarb/api"
 	"github.com/gpuarb/gpuarb/e2e/fakegpu"
 	"github.com/gpuarb/gpuarb/internal/testutil"
+	"github.com/gpuarb/gpuarb/lab"
 )
 
 // runningDaemon is a bin/gpuarb daemon a test started.
@@ -37,13 +38,12 @@ func startDaemon(t *testing.T, extra ...string) runningDaemon {
 // in dir (a restarted daemon finds what the earlier one left there).
 func startDaemonIn(t *testing.T, dir string, extra ...string) runningDaemon {
 	t.Helper()
-	sock := filepath.Join(dir, "gpuarb.sock")
-	pins := "/sys/fs/bpf/" + filepath.Base(dir)
-	args := append([]string{"daemon", "--socket", sock, "--pin-path", pins, "--policy", filepath.Join(dir, "policy.yaml"),
-		"--no-host-devices", "--device", "1:7=nvidia", "--libcuda", testutil.Bin(t, "libcuda.so.1")}, extra...)
-	p := testutil.Start(t, nil, exec.Command(testutil.Bin(t, "gpuarb"), args...))
-	waitAPI(t, sock, p)
-	return runningDaemon{Client: api.NewClient(sock), Proc: p, Socket: sock, PinPath: pins}
+	d, err := lab.StartDaemon(filepath.Dir(testutil.Bin(t, "gpuarb")), dir, extra...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Proc.Stop)
+	return runningDaemon{Client: d.Client, Proc: &testutil.Proc{Proc: d.Proc}, Socket: d.Socket, PinPath: d.PinPath}
 }
 
 type tenantSpec struct {

@@ -58,7 +58,7 @@ func TestLibvirtHookVM(t *testing.T) {
 	}
 
 	vm := testutil.NewCgroup(t, "machine-qemu")
-	emulator := vm.Sub(t, "libvirt/emulator")
+	emulator := testutil.Sub(t, vm, "libvirt/emulator")
 	other := testutil.NewCgroup(t, "other")
 	q := testutil.Start(t, emulator, exec.Command(qemu, "-name", "guest="+dom.Name+",debug-threads=on", "-uuid", dom.UUID,
 		"-machine", "pc,accel=tcg", "-m", "64", "-nodefaults", "-no-user-config", "-display", "none",

@@ -13,7 +13,6 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/gpuarb/gpuarb/api"
 	"github.com/gpuarb/gpuarb/internal/testutil"
 )
 
@@ -141,20 +140,6 @@ func checkMetrics(t *testing.T, d runningDaemon, url, tenant string) {
 }
 
 func daemonLedger(sock string) string { return filepath.Join(filepath.Dir(sock), "gated.json") }
-
-func waitAPI(t *testing.T, sock string, d *testutil.Proc) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := api.NewClient(sock).Status(t.Context()); err == nil {
-			return
-		}
-		if d.Done() || time.Now().After(deadline) {
-			t.Fatalf("daemon did not start: %s", d.Stderr)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
 
 // Tenants registered through the API (here `gpuarb attach`, as the hooks
 // do) outlive a policy reload and a daemon restart; a restarted daemon

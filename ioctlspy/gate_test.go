@@ -40,7 +40,7 @@ func TestLaunchGateHoldsAtTheLaunch(t *testing.T) {
 		t.Fatal(err)
 	}
 	cg := testutil.NewCgroup(t, "gated")
-	sub := cg.Sub(t, "pod/ctr")
+	sub := testutil.Sub(t, cg, "pod/ctr")
 	other := testutil.NewCgroup(t, "free")
 	g, err := probes.NewLaunchGate()
 	if err != nil {

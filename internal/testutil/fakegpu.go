@@ -1,52 +1,32 @@
 package testutil
 
 import (
-	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
-	"time"
+
+	"github.com/gpuarb/gpuarb/lab"
 )
 
-// FakeGPU is a fakegpud a test started on its own socket.
-type FakeGPU struct {
-	Socket string
-	Proc   *Proc
-}
+// FakeGPU is a simulated GPU a test started; it is stopped at cleanup.
+type FakeGPU struct{ *lab.FakeGPU }
 
 // StartFakeGPU runs bin/fakegpud serve with extra args on a private socket
 // and waits until it accepts connections.
 func StartFakeGPU(t testing.TB, args ...string) *FakeGPU {
 	t.Helper()
 	Privileged(t)
-	dir := t.TempDir()
-	sock := filepath.Join(dir, "fakegpu.sock")
-	cmd := exec.Command(Bin(t, "fakegpud"), append([]string{"serve", "--socket", sock}, args...)...)
-	p := Start(t, nil, cmd)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if c, err := net.Dial("unix", sock); err == nil {
-			c.Close()
-			break
-		}
-		if p.Done() || time.Now().After(deadline) {
-			t.Fatalf("fakegpud did not start: %s", p.Stderr)
-		}
-		time.Sleep(10 * time.Millisecond)
+	f, err := lab.StartFakeGPU(filepath.Dir(Bin(t, "fakegpud")), t.TempDir(), args...)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return &FakeGPU{Socket: sock, Proc: p}
+	t.Cleanup(f.Proc.Stop)
+	return &FakeGPU{f}
 }
 
-// Env is the environment for a workload using this fakegpud.
-func (f *FakeGPU) Env() []string {
-	return append(os.Environ(), "FAKEGPU_SOCKET="+f.Socket)
-}
-
-// Workload returns a gpuwork command against this fakegpud.
+// Workload returns a gpuwork command against this simulated GPU.
 func (f *FakeGPU) Workload(t testing.TB, args ...string) *exec.Cmd {
 	t.Helper()
-	cmd := exec.Command(Bin(t, "gpuwork"), args...)
-	cmd.Env = f.Env()
-	return cmd
+	Bin(t, "gpuwork") // built
+	return f.FakeGPU.Workload(args...)
 }

@@ -5,18 +5,16 @@
 package testutil
 
 import (
-	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/gpuarb/gpuarb/cgroup"
+	"github.com/gpuarb/gpuarb/lab"
 )
 
 // TestParent is the cgroup under which every test cgroup is created.
@@ -83,141 +81,69 @@ func Bin(t testing.TB, name string) string {
 }
 
 // Cgroup is a cgroup v2 directory a test created.
-type Cgroup struct {
-	Path string // absolute path under the v2 mount
-	Rel  string // path as in /proc/PID/cgroup
-	ID   uint64
-}
+type Cgroup = lab.Cgroup
 
 // NewCgroup creates a cgroup under the test parent, removed at cleanup
 // (after the test's processes have been ended).
 func NewCgroup(t testing.TB, name string) *Cgroup {
 	t.Helper()
 	Privileged(t)
-	root, err := cgroup.UnifiedMount()
-	if err != nil {
-		t.Fatal(err)
-	}
-	parent := filepath.Join(root, TestParent)
-	if err := os.MkdirAll(parent, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	dir, err := os.MkdirTemp(parent, name+"-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	id, err := cgroup.ID(dir)
+	cg, err := lab.NewCgroup(TestParent, name)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		removeCgroup(t, dir)
-		_ = os.Remove(parent) // fails while other tests use it, which is fine
+		if err := lab.RemoveCgroup(cg.Path); err != nil {
+			t.Error(err)
+		}
+		_ = os.Remove(filepath.Dir(cg.Path)) // fails while other tests use it, which is fine
 	})
-	return &Cgroup{Path: dir, Rel: strings.TrimPrefix(dir, root), ID: id}
-}
-
-// removeCgroup removes a test cgroup, retrying while its processes end
-// (they do so asynchronously after SIGKILL).
-func removeCgroup(t testing.TB, dir string) {
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		err := os.Remove(dir)
-		if err == nil || os.IsNotExist(err) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Errorf("remove test cgroup %s: %v", dir, err)
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return cg
 }
 
 // Sub creates the cgroup rel (one or more levels) below c, removed at
 // cleanup before c.
-func (c *Cgroup) Sub(t testing.TB, rel string) *Cgroup {
+func Sub(t testing.TB, c *Cgroup, rel string) *Cgroup {
 	t.Helper()
-	dir := filepath.Join(c.Path, rel)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	id, err := cgroup.ID(dir)
+	sub, err := c.Sub(rel)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		for d := dir; d != c.Path; d = filepath.Dir(d) {
-			removeCgroup(t, d)
+		if err := c.RemoveBelow(sub.Path); err != nil {
+			t.Error(err)
 		}
 	})
-	return &Cgroup{Path: dir, Rel: filepath.Join(c.Rel, rel), ID: id}
+	return sub
 }
 
-// Proc is a process a test started; it is ended by PID at cleanup.
-type Proc struct {
-	Cmd    *exec.Cmd
-	Stdout *bytes.Buffer
-	Stderr *bytes.Buffer
-	done   chan struct{}
-	err    error
-}
+// Proc is a process a test started; it is ended by PID when the test ends.
+type Proc struct{ *lab.Proc }
 
 // Start starts cmd (in cg when not nil: CLONE_INTO_CGROUP) and registers
 // its end at cleanup.
 func Start(t testing.TB, cg *Cgroup, cmd *exec.Cmd) *Proc {
 	t.Helper()
-	p := &Proc{Cmd: cmd, Stdout: &bytes.Buffer{}, Stderr: &bytes.Buffer{}, done: make(chan struct{})}
-	if cmd.Stdout == nil {
-		cmd.Stdout = p.Stdout
-	}
-	if cmd.Stderr == nil {
-		cmd.Stderr = p.Stderr
-	}
+	dir := ""
 	if cg != nil {
-		fd, err := syscall.Open(cg.Path, syscall.O_DIRECTORY|syscall.O_RDONLY, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer syscall.Close(fd)
-		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}
+		dir = cg.Path
 	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", cmd.Path, err)
+	p, err := lab.Start(cmd, dir)
+	if err != nil {
+		t.Fatal(err)
 	}
-	go func() {
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-p.done:
-		default:
-			_ = cmd.Process.Kill()
-			<-p.done
-		}
-	})
-	return p
+	t.Cleanup(p.Stop)
+	return &Proc{p}
 }
 
-// Wait waits up to timeout for the process to exit and returns its error.
+// Wait waits up to timeout for the process to exit and returns its error;
+// a process still running then fails the test.
 func (p *Proc) Wait(t testing.TB, timeout time.Duration) error {
 	t.Helper()
-	select {
-	case <-p.done:
-		return p.err
-	case <-time.After(timeout):
-		t.Fatalf("%s did not exit within %s; stderr: %s", p.Cmd.Path, timeout, p.Stderr)
-		return nil
+	err := p.Proc.Wait(timeout)
+	if errors.Is(err, lab.ErrTimeout) {
+		_, stderr := p.Output()
+		t.Fatalf("%v; stderr: %s", err, stderr)
 	}
-}
-
-// Done reports whether the process has exited.
-func (p *Proc) Done() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
+	return err
 }
