@@ -86,6 +86,9 @@ type Status struct {
 	Enforcing bool `json:"enforcing"`
 	// ExactSource names the exact per-process source in use, if any.
 	ExactSource string `json:"exact_source,omitempty"`
+	// ControlNS is the mean time of one control step (measure, decide,
+	// gate) over the last window.
+	ControlNS uint64 `json:"control_ns"`
 }
 
 // Endpoints that change the daemon's state; they require root.

@@ -102,6 +102,9 @@ type Arbiter struct {
 	// drained; it is steady at Settle. A queue before then is work from
 	// before it was paced (or costs learned since), drained first.
 	settled map[key]int
+	// pressed marks tenants a latency SLO pushed down: they recover
+	// additively, the others at once.
+	pressed map[key]bool
 }
 
 // New returns an arbiter.
@@ -122,7 +125,7 @@ func New(p Params) *Arbiter {
 	if p.Settle <= 0 {
 		p.Settle = d.Settle
 	}
-	return &Arbiter{p: p, duty: map[key]float64{}, settled: map[key]int{}}
+	return &Arbiter{p: p, duty: map[key]float64{}, settled: map[key]int{}, pressed: map[key]bool{}}
 }
 
 // SetSettle sets Params.Settle: the periods one control window spans.
@@ -164,6 +167,7 @@ func (a *Arbiter) Step(in []Input, mode func(gpu int) policy.Mode) []Decision {
 		if !seen[k] {
 			delete(a.duty, k)
 			delete(a.settled, k)
+			delete(a.pressed, k)
 		}
 	}
 	return out
@@ -275,12 +279,13 @@ func (a *Arbiter) share(ts []Input) []Decision {
 		case missed:
 			// From what it uses, not from a rate it does not reach.
 			d, dec.Reason = math.Min(d, math.Max(t.Share, a.p.MinDuty))*a.p.Decrease, "a latency SLO is missed"
+			a.pressed[k] = true
 		case busy == 1 && t.Rules.Limit == 0:
 			d, dec.Reason = 1, "alone on the GPU"
-		case i == free && d >= 1:
-			d, dec.Reason = 1, "takes the slack"
-		case i == free:
+		case i == free && a.pressed[k]:
 			d, dec.Reason = d+a.p.Increase/float64(a.p.Settle), "recovering" // from SLO pressure
+		case i == free:
+			d, dec.Reason = 1, "takes the slack"
 		case !competing:
 			// It wants no more than its target: let it grow back.
 			d, dec.Reason = d+a.p.Increase, "below target"
@@ -299,7 +304,7 @@ func (a *Arbiter) share(ts []Input) []Decision {
 			// Drained (it ran at MinDuty): resume at the target.
 			d, dec.Reason = target, "paced at target"
 			a.settled[k]++
-		case a.settled[k] < a.p.Settle && d < target:
+		case a.settled[k] < a.p.Settle && d < target && a.pressed[k]:
 			// Pushed below its target by a latency SLO: recover additively,
 			// by Increase per settled window, the span the SLO is measured
 			// over (faster, it would miss the SLO again before it shows).
@@ -321,6 +326,9 @@ func (a *Arbiter) share(ts []Input) []Decision {
 			dec.Reason = "on target"
 		}
 		d = math.Max(a.p.MinDuty, math.Min(1, d))
+		if !missed && (d >= 1 || d >= target) {
+			delete(a.pressed, k) // recovered
+		}
 		a.duty[k] = d
 		dec.Duty = d
 		if d < 1 {

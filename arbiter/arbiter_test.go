@@ -196,3 +196,21 @@ func TestTimeslice(t *testing.T) {
 		t.Errorf("%+v", ds)
 	}
 }
+
+// A paced tenant left alone to compete takes the slack at once; only one
+// a latency SLO pushed down recovers step by step.
+func TestSlackTakerNotPressed(t *testing.T) {
+	a := New(Params{})
+	in := []Input{hog("a", 0.2, 1), hog("b", 0.8, 1)}
+	in[0].Rules.Weight, in[1].Rules.Weight = 100, 300
+	ds := a.Step(in, share) // b takes the slack, a is paced at 25%
+	if ds[0].Duty != 0.25 || ds[1].Duty != 1 {
+		t.Fatalf("%+v", ds)
+	}
+	lat := policy.Rules{Weight: 100, Priority: policy.Latency}
+	in[1] = Input{Name: "b", Rules: lat, Busy: true, Costed: true, Share: 0.2, SettledShare: 0.2}
+	ds = a.Step(in, share)
+	if ds[0].Duty != 1 || ds[0].Reason != "takes the slack" {
+		t.Errorf("a, no longer paced against anyone: %+v", ds[0])
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 	"unsafe"
@@ -81,6 +82,9 @@ func Load(opts Options) (_ *Probes, err error) {
 
 	var collOpts ebpf.CollectionOptions
 	if opts.PinPath != "" {
+		if strings.Contains(filepath.Base(opts.PinPath), ".") {
+			return nil, fmt.Errorf("pin path %s: bpffs does not allow '.' in names", opts.PinPath)
+		}
 		if err := os.MkdirAll(opts.PinPath, 0o700); err != nil {
 			return nil, fmt.Errorf("create pin path: %w", err)
 		}

@@ -101,6 +101,8 @@ type Daemon struct {
 	exactPrev   exact.Sample
 	exactAt     time.Time
 	exactShares map[string]float64
+
+	controlTimes []time.Duration // the control steps of the last window, under mu
 }
 
 func (c *Config) setDefaults() {
@@ -318,8 +320,10 @@ loop:
 		case <-ctx.Done():
 			break loop
 		case <-tick.C:
+			began := time.Now()
 			d.meter.Tick()
 			d.control(ctx)
+			d.noteControl(time.Since(began))
 			if p := d.period(); p != period {
 				period = p
 				tick.Reset(p)
@@ -333,6 +337,16 @@ loop:
 	}
 	cancel()
 	return errors.Join(runErr, d.Stop())
+}
+
+// noteControl keeps the durations of the control steps of the last window.
+func (d *Daemon) noteControl(took time.Duration) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.controlTimes = append(d.controlTimes, took)
+	if n := int(d.cfg.Window / d.policy.Period); len(d.controlTimes) > max(n, 1) {
+		d.controlTimes = d.controlTimes[len(d.controlTimes)-max(n, 1):]
+	}
 }
 
 // sampleExact reads the exact source and turns the interval since the last
@@ -472,6 +486,13 @@ func (d *Daemon) Status() api.Status {
 		st.Tenants = append(st.Tenants, *t)
 	}
 	st.Enforcing = d.enforcing
+	var sum time.Duration
+	for _, c := range d.controlTimes {
+		sum += c
+	}
+	if len(d.controlTimes) > 0 {
+		st.ControlNS = uint64(sum) / uint64(len(d.controlTimes))
+	}
 	d.mu.Unlock()
 	sort.SliceStable(st.Tenants, func(i, j int) bool {
 		if st.Tenants[i].Share != st.Tenants[j].Share {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/gpuarb/gpuarb/api"
@@ -71,7 +72,7 @@ type Daemon struct {
 // bpffs named after dir, and waits for its API. extra adds flags.
 func StartDaemon(bins, dir string, extra ...string) (*Daemon, error) {
 	sock := filepath.Join(dir, "gpuarb.sock")
-	pins := "/sys/fs/bpf/" + filepath.Base(dir)
+	pins := "/sys/fs/bpf/" + strings.ReplaceAll(filepath.Base(dir), ".", "-") // bpffs refuses dots in names
 	args := append([]string{"daemon", "--socket", sock, "--pin-path", pins, "--policy", filepath.Join(dir, "policy.yaml"),
 		"--no-host-devices", "--device", "1:7=nvidia", "--libcuda", filepath.Join(bins, "libcuda.so.1")}, extra...)
 	p, err := Start(exec.Command(filepath.Join(bins, "gpuarb"), args...), "")
