@@ -11,14 +11,18 @@ PREFIX    ?= /usr/local
 LIBCUDA_SRC := e2e/fakegpu/libcuda/libcuda.c e2e/fakegpu/libcuda/fakegpu_abi.h
 GO_SRC      := $(shell find . -name '*.go' -not -path './bin/*') go.mod go.sum
 
-.PHONY: all build generate check-generate test test-unit test-e2e lint demo bench clean deps install
+.PHONY: all build generate check-generate test test-unit lint demo bench clean deps install
 
 all: build
 
-build: $(BIN)/gpuarb $(BIN)/fakegpud $(BIN)/libcuda.so.1 $(BIN)/gpuwork
+build: $(BIN)/gpuarb $(BIN)/fakegpud $(BIN)/libcuda.so.1 $(BIN)/gpuwork $(BIN)/gpuarb-lab
 
 $(BIN)/gpuarb: $(GO_SRC)
 	$(GO) build $(GOFLAGS_B) -o $@ ./cmd/gpuarb
+
+# The demo and the benchmarks on the simulated GPU.
+$(BIN)/gpuarb-lab: $(GO_SRC)
+	$(GO) build $(GOFLAGS_B) -o $@ ./cmd/gpuarb-lab
 
 $(BIN)/fakegpud: $(GO_SRC)
 	$(GO) build $(GOFLAGS_B) -o $@ ./e2e/fakegpu/cmd/fakegpud
@@ -54,8 +58,14 @@ test: build lint
 test-unit:
 	$(GOTEST) -count=1 -short ./...
 
+# Three runc containers attached by the OCI hook, unarbitrated then under
+# gpuarb; writes gpuarb-demo.png. Needs root.
 demo: deps build
-	./scripts/demo.sh
+	$(BIN)/gpuarb-lab demo
+
+# Regenerates BENCHMARKS.md and its charts (about 15 minutes). Needs root.
+bench: deps build
+	$(BIN)/gpuarb-lab bench --out BENCHMARKS.md
 
 # Installs gpuarb and its systemd unit (enable with systemctl enable --now gpuarb).
 install: $(BIN)/gpuarb

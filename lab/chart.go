@@ -17,8 +17,9 @@ type Line struct {
 	Color  int  // index into the chart palette; lines with the same index share a color
 }
 
-// LineChart writes a PNG line chart to path.
-func LineChart(path, title, xlabel, ylabel string, lines []Line) error {
+// LineChart writes a PNG line chart to path. ymax, when not 0, fixes the
+// top of the y axis (room for the legend above the data).
+func LineChart(path, title, xlabel, ylabel string, ymax float64, lines []Line) error {
 	p := plot.New()
 	p.Title.Text, p.X.Label.Text, p.Y.Label.Text = title, xlabel, ylabel
 	p.Legend.Top = true
@@ -41,31 +42,9 @@ func LineChart(path, title, xlabel, ylabel string, lines []Line) error {
 		p.Legend.Add(l.Name, line)
 	}
 	p.Add(plotter.NewGrid())
-	return save(p, path)
-}
-
-// Box is one group of a box chart.
-type Box struct {
-	Name   string
-	Values []float64
-}
-
-// BoxChart writes a PNG box plot (median, quartiles, whiskers) to path.
-func BoxChart(path, title, ylabel string, boxes []Box) error {
-	p := plot.New()
-	p.Title.Text, p.Y.Label.Text = title, ylabel
-	names := make([]string, len(boxes))
-	for i, b := range boxes {
-		bp, err := plotter.NewBoxPlot(vg.Points(30), float64(i), plotter.Values(b.Values))
-		if err != nil {
-			return fmt.Errorf("chart %s: %s: %w", path, b.Name, err)
-		}
-		bp.FillColor = plotutil.Color(i)
-		p.Add(bp)
-		names[i] = b.Name
+	if ymax != 0 {
+		p.Y.Min, p.Y.Max = 0, ymax
 	}
-	p.NominalX(names...)
-	p.Add(plotter.NewGrid())
 	return save(p, path)
 }
 
@@ -75,8 +54,8 @@ type Bars struct {
 	Values []float64 // one per category
 }
 
-// BarChart writes a PNG grouped bar chart to path.
-func BarChart(path, title, ylabel string, categories []string, series []Bars) error {
+// BarChart writes a PNG grouped bar chart to path; ymax as LineChart's.
+func BarChart(path, title, ylabel string, ymax float64, categories []string, series []Bars) error {
 	p := plot.New()
 	p.Title.Text, p.Y.Label.Text = title, ylabel
 	p.Legend.Top = true
@@ -94,6 +73,9 @@ func BarChart(path, title, ylabel string, categories []string, series []Bars) er
 	}
 	p.NominalX(categories...)
 	p.Add(plotter.NewGrid())
+	if ymax != 0 {
+		p.Y.Min, p.Y.Max = 0, ymax
+	}
 	return save(p, path)
 }
 

@@ -211,6 +211,25 @@ func RemoveCgroup(dir string) error {
 	}
 }
 
+// RemoveTree removes a cgroup and every cgroup below it (a runtime may
+// have made some), deepest first.
+func RemoveTree(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if os.IsNotExist(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("remove cgroup %s: %w", dir, err)
+	}
+	var errs []error
+	for _, e := range entries {
+		if e.IsDir() {
+			errs = append(errs, RemoveTree(filepath.Join(dir, e.Name())))
+		}
+	}
+	return errors.Join(append(errs, RemoveCgroup(dir))...)
+}
+
 // RemoveBelow removes dir and the cgroups below c.Path down to dir (for a
 // cgroup made with Sub), deepest first.
 func (c *Cgroup) RemoveBelow(dir string) error {

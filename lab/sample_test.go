@@ -51,13 +51,10 @@ func TestCharts(t *testing.T) {
 	x := []float64{0, 1, 2}
 	for name, write := range map[string]func(string) error{
 		"line.png": func(p string) error {
-			return LineChart(p, "shares", "s", "share", []Line{{Name: "a", X: x, Y: []float64{0.2, 0.5, 0.5}}, {Name: "a target", X: x, Y: []float64{0.5, 0.5, 0.5}, Dashed: true}})
-		},
-		"box.png": func(p string) error {
-			return BoxChart(p, "unfairness", "", []Box{{"without", []float64{0.5, 0.6, 0.7}}, {"with", []float64{0.01, 0.02, 0.03}}})
+			return LineChart(p, "shares", "s", "share", 0, []Line{{Name: "a", X: x, Y: []float64{0.2, 0.5, 0.5}}, {Name: "a target", X: x, Y: []float64{0.5, 0.5, 0.5}, Dashed: true}})
 		},
 		"bars.png": func(p string) error {
-			return BarChart(p, "weights", "share", []string{"1:1", "1:3"}, []Bars{{"target", []float64{0.5, 0.25}}, {"achieved", []float64{0.5, 0.26}}})
+			return BarChart(p, "weights", "share", 100, []string{"1:1", "1:3"}, []Bars{{"target", []float64{0.5, 0.25}}, {"achieved", []float64{0.5, 0.26}}})
 		},
 	} {
 		p := filepath.Join(dir, name)

@@ -348,5 +348,5 @@ func demoChart(path string, samples []lab.Sample, tl demoTimeline) error {
 			lab.Line{Name: name + " target", X: tx, Y: ty, Dashed: true, Color: i})
 	}
 	title := fmt.Sprintf("gpuarb demo: unarbitrated until %.0f s, then arbitrated; train-b ends at %.0f s", tl.enforce.Seconds(), tl.stopB.Seconds())
-	return lab.LineChart(path, title, "seconds", "share of the GPU (%)", lines)
+	return lab.LineChart(path, title, "seconds", "share of the GPU (%)", 115, lines)
 }

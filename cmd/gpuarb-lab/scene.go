@@ -51,7 +51,9 @@ func newScene(bins, name string, mode daemonMode, gpuArgs ...string) (_ *scene, 
 		return nil, err
 	}
 	s.Add(func() {
-		_ = lab.RemoveCgroup(s.cgroup.Path)
+		if err := lab.RemoveTree(s.cgroup.Path); err != nil {
+			fmt.Fprintln(os.Stderr, "gpuarb-lab:", err)
+		}
 		_ = os.Remove(filepath.Dir(s.cgroup.Path)) // fails while another scene uses it
 	})
 	if s.gpu, err = lab.StartFakeGPU(bins, s.dir, gpuArgs...); err != nil {

@@ -1,0 +1,293 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/gpuarb/gpuarb/lab"
+)
+
+// fairCase is a two-tenant unfairness scenario.
+type fairCase struct {
+	name, short string
+	gpuArgs     []string
+	policy      string
+	setup       func(*scene) error
+}
+
+var fairCases = []fairCase{
+	{"4 processes vs 1, equal weights", "4 vs 1", nil, "", func(sc *scene) error {
+		if _, err := sc.tenant("a", 4, "hog", "--duration", "60"); err != nil {
+			return err
+		}
+		_, err := sc.tenant("b", 1, "hog", "--duration", "60")
+		return err
+	}},
+	{"20 ms vs 2 ms kernels on a non-preemptive GPU, equal weights", "20 vs 2 ms", []string{"--no-preempt"},
+		"gpus: [{index: 0, preemptive: false}]\n", func(sc *scene) error {
+			if _, err := sc.tenant("a", 1, "hog", "--kernel-ms", "20", "--duration", "60"); err != nil {
+				return err
+			}
+			time.Sleep(time.Second) // identifiable costs: meter.TestHogsOnEitherScheduler
+			_, err := sc.tenant("b", 1, "hog", "--kernel-ms", "2", "--duration", "60")
+			return err
+		}},
+}
+
+// benchFairness: unfairness per 1 s window with and without gpuarb.
+func benchFairness(ctx context.Context, b *bench) (string, error) {
+	var s strings.Builder
+	s.WriteString("Two tenants with equal weights: unfairness |a − b| / (a + b) of their true shares per 1 s window (0 is fair; the bar is a median ≤ 2%).\n\n")
+	s.WriteString("| scenario | run | median | p95 | max | shares a / b (median) | GPU busy |\n|---|---|---|---|---|---|---|\n")
+	var cats []string
+	var med, p95, mx []float64
+	for _, fc := range fairCases {
+		var busy [2]float64
+		for i, m := range modes {
+			b.logf("%s, %s", fc.name, m.name)
+			ss, bz, err := b.measured(ctx, "fair", m.mode, fc.gpuArgs, func(sc *scene) error {
+				if err := sc.policy(ctx, fc.policy); err != nil {
+					return err
+				}
+				return fc.setup(sc)
+			})
+			if err != nil {
+				return "", err
+			}
+			busy[i] = bz
+			u := lab.Series(ss, 0, func(s lab.Sample) float64 { return lab.Unfairness(s.True["a"], s.True["b"]) })
+			a := lab.Median(lab.Series(ss, 0, func(s lab.Sample) float64 { return s.True["a"] }))
+			bb := lab.Median(lab.Series(ss, 0, func(s lab.Sample) float64 { return s.True["b"] }))
+			fmt.Fprintf(&s, "| %s | %s | %s | %s | %s | %s / %s | %s |\n", fc.name, m.name, pct(lab.Median(u)), pct(lab.Percentile(u, 95)),
+				pct(lab.Max(u)), pct(a), pct(bb), pct(bz))
+			cats = append(cats, fc.short+", "+strings.TrimSuffix(m.name, " gpuarb"))
+			med, p95, mx = append(med, 100*lab.Median(u)), append(p95, 100*lab.Percentile(u, 95)), append(mx, 100*lab.Max(u))
+		}
+		b.busy = append(b.busy, busyFigure{fc.name, busy[0], busy[1]})
+	}
+	path, link := b.chart("bench-fairness.png")
+	if err := lab.BarChart(path, "Unfairness per 1 s window, without and with gpuarb", "unfairness (%)", 110, cats,
+		[]lab.Bars{{Name: "median", Values: med}, {Name: "p95", Values: p95}, {Name: "max", Values: mx}}); err != nil {
+		return "", err
+	}
+	fmt.Fprintf(&s, "\n![unfairness per window, without and with gpuarb](%s)\n\n", link)
+	s.WriteString("The GPU time-slices per process, so a tenant with four processes takes four slices to the other's one; a GPU that runs kernels to completion gives a 20 ms kernel ten times a 2 ms one's time. gpuarb paces the over-served tenant's launches at its target rate through the launch gate; the non-preemptive case is declared in the policy (`gpus: [{index: 0, preemptive: false}]`) so the meter models it, and the second tenant starts a second later: started together, the two would complete batches at the same rate under either hypothesis, and launch and sync timings could not tell their kernels' costs apart.\n")
+	return s.String(), nil
+}
+
+// benchWeights: two hogs with weights 1:1, 1:3, 1:9.
+func benchWeights(ctx context.Context, b *bench) (string, error) {
+	var s strings.Builder
+	s.WriteString("Two hogs (one process each) with weights 1:w; the unarbitrated GPU splits 50/50 whatever the weights. Shares are medians over 1 s windows.\n\n")
+	s.WriteString("| weights | target a / b | unarbitrated a / b | with gpuarb a / b | \\|error\\| of a | GPU busy with gpuarb |\n|---|---|---|---|---|---|\n")
+	var cats []string
+	var target, without, with []float64
+	for _, w := range []int{1, 3, 9} {
+		var got [2][2]float64
+		var busy [2]float64
+		for i, m := range modes {
+			b.logf("weights 1:%d, %s", w, m.name)
+			ss, bz, err := b.measured(ctx, "weights", m.mode, nil, func(sc *scene) error {
+				for _, t := range []string{"a", "b"} {
+					if _, err := sc.tenant(t, 1, "hog", "--duration", "60"); err != nil {
+						return err
+					}
+				}
+				return sc.policy(ctx, fmt.Sprintf("tenants:\n  - {name: a, cgroup: %s, weight: 100}\n  - {name: b, cgroup: %s, weight: %d}\n",
+					sc.cgroupOf("a"), sc.cgroupOf("b"), 100*w))
+			})
+			if err != nil {
+				return "", err
+			}
+			busy[i] = bz
+			for j, t := range []string{"a", "b"} {
+				got[i][j] = lab.Median(lab.Series(ss, 0, func(s lab.Sample) float64 { return s.True[t] }))
+			}
+		}
+		ta := 1 / float64(1+w)
+		fmt.Fprintf(&s, "| 1:%d | %s / %s | %s / %s | %s / %s | %.1f pp | %s |\n", w, pct(ta), pct(1-ta), pct(got[0][0]), pct(got[0][1]),
+			pct(got[1][0]), pct(got[1][1]), 100*abs(got[1][0]-ta), pct(busy[1]))
+		cats = append(cats, fmt.Sprintf("1:%d", w))
+		target, without, with = append(target, 100*ta), append(without, 100*got[0][0]), append(with, 100*got[1][0])
+		b.busy = append(b.busy, busyFigure{fmt.Sprintf("two hogs, weights 1:%d", w), busy[0], busy[1]})
+	}
+	path, link := b.chart("bench-weights.png")
+	if err := lab.BarChart(path, "Share of the weight-1 tenant", "share of the GPU (%)", 75, cats,
+		[]lab.Bars{{Name: "target", Values: target}, {Name: "without gpuarb", Values: without}, {Name: "with gpuarb", Values: with}}); err != nil {
+		return "", err
+	}
+	fmt.Fprintf(&s, "\n![target and achieved shares of the weight-1 tenant](%s)\n", link)
+	return s.String(), nil
+}
+
+func abs(x float64) float64 { return max(x, -x) }
+
+// latencyCase is one run of the inference service.
+type latencyCase struct {
+	name    string
+	mode    daemonMode
+	others  string // workload of the two other tenants ("": alone)
+	sloP99  string // the inference tenant's SLO (latency priority), "": none
+	comment string
+}
+
+var latencyCases = []latencyCase{
+	{"alone", noDaemon, "", "", ""},
+	{"beside two hogs, without gpuarb", noDaemon, "hog", "", ""},
+	{"beside two hogs, with gpuarb (SLO p99 8 ms)", enforcing, "hog", "8", "the demo's setting"},
+	{"beside two hogs, with gpuarb (SLO p99 3 ms)", enforcing, "hog", "3", "tighter than a timeslice allows at full load"},
+	{"beside two greedy tenants, without gpuarb", noDaemon, "greedy", "", ""},
+	{"beside two greedy tenants, with gpuarb (SLO p99 8 ms)", enforcing, "greedy", "8", "work queued before any gate acts"},
+}
+
+// benchLatency: an inference service's latency alone, beside two hogs or
+// two greedy tenants, without and with gpuarb.
+func benchLatency(ctx context.Context, b *bench) (string, error) {
+	var s strings.Builder
+	s.WriteString("An inference service (`gpuwork infer --rate 200`: requests of 4 × 0.25 ms kernels and a sync, open loop, latency from the scheduled arrival), with priority latency and an SLO on its p99 sync wait when gpuarb runs. The others start 2 s before it is measured; p50 and p99 are over the whole measured run, the per-second p99 is the steady state. The SLO is on what the probes see, the wait in the sync call: a request that starts behind its schedule (the previous one still running) is longer than its sync, so request p99 can exceed an SLO that reads as held.\n\n")
+	s.WriteString("| case | p50 | p99 | p99 per second after 4 s (median) | GPU busy | others' share |\n|---|---|---|---|---|---|\n")
+	measure := 10 * time.Second
+	if b.quick {
+		measure = 4 * time.Second
+	}
+	busyOf := map[string]float64{}
+	for _, lc := range latencyCases {
+		b.logf("inference %s", lc.name)
+		sc, err := newScene(b.bins, "latency", lc.mode)
+		if err != nil {
+			return "", err
+		}
+		row, bz, err := b.latencyRun(ctx, sc, lc, measure)
+		sc.close()
+		if err != nil {
+			return "", err
+		}
+		busyOf[lc.name] = bz
+		comment := ""
+		if lc.comment != "" {
+			comment = " (" + lc.comment + ")"
+		}
+		fmt.Fprintf(&s, "| %s%s | %s |\n", lc.name, comment, row)
+	}
+	b.busy = append(b.busy, busyFigure{"inference beside two hogs (SLO p99 8 ms)", busyOf[latencyCases[1].name], busyOf[latencyCases[2].name]})
+	s.WriteString("\nOn a GPU that time-slices per process, a request that arrives while another tenant's kernel is pending waits for that kernel's slice: gpuarb removes the queueing (paced tenants keep shallow queues) but not that wait, so a p99 close to the tenant's own is reachable only by slowing the others until they rarely have a kernel pending, which costs utilisation (compare the two SLOs). Greedy tenants queue 1024 kernels of 50 ms (51 s of GPU time) in their first milliseconds and never synchronize: that work is on the GPU before any gate can act and cannot be recalled, and its progress is invisible to launch and sync probes. Holding a latency bar there needs the GPU's own priorities (per-channel-group timeslice and preemption, set through the driver), which gpuarb does not drive.\n")
+	return s.String(), nil
+}
+
+// latencyRun runs one latency case in sc and returns its table cells.
+func (b *bench) latencyRun(ctx context.Context, sc *scene, lc latencyCase, measure time.Duration) (string, float64, error) {
+	if lc.others != "" {
+		for _, t := range []string{"x", "y"} {
+			if _, err := sc.tenant(t, 1, lc.others, "--duration", fmt.Sprint((measure + 6*time.Second).Seconds())); err != nil {
+				return "", 0, err
+			}
+		}
+		if err := sleep(ctx, 2*time.Second); err != nil {
+			return "", 0, err
+		}
+	}
+	if _, err := sc.tenant("infer", 0); err != nil { // its cgroup, for the policy
+		return "", 0, err
+	}
+	if lc.sloP99 != "" {
+		if err := sc.policy(ctx, fmt.Sprintf("tenants:\n  - {name: infer, cgroup: %s, priority: latency, slo: {p99_sync_ms: %s}}\n",
+			sc.cgroupOf("infer"), lc.sloP99)); err != nil {
+			return "", 0, err
+		}
+	}
+	sampler := &lab.Sampler{GPU: sc.gpu, Tenants: sc.tenants, Interval: time.Second}
+	sctx, stop := context.WithCancel(ctx)
+	defer stop()
+	sampled := make(chan error, 1)
+	go func() { sampled <- sampler.Run(sctx) }()
+	p, err := lab.Start(sc.gpu.Workload("infer", "--rate", "200", "--duration", fmt.Sprint(measure.Seconds()), "--interval", "1"), sc.cgroup.Path+"/infer")
+	if err != nil {
+		return "", 0, err
+	}
+	sc.Add(p.Stop)
+	res, err := finished(ctx, p, measure+30*time.Second)
+	if err != nil {
+		return "", 0, err
+	}
+	stop()
+	if err := <-sampled; err != nil {
+		return "", 0, err
+	}
+	ss := sampler.Samples()
+	busy := lab.Median(lab.Series(ss, 0, func(s lab.Sample) float64 { return s.Busy }))
+	others := "—"
+	if lc.others != "" {
+		others = pct(lab.Median(lab.Series(ss, 0, func(s lab.Sample) float64 { return s.True["x"] + s.True["y"] })))
+	}
+	steady := "—"
+	if xs := intervals(p, "latency_p99_ms", 4); len(xs) > 0 {
+		steady = fmt.Sprintf("%.2f ms", lab.Median(xs))
+	}
+	return fmt.Sprintf("%.2f ms | %.2f ms | %s | %s | %s", res["latency_p50_ms"], res["latency_p99_ms"], steady, pct(busy), others), busy, nil
+}
+
+// benchFrames: two frame loops with an FPS SLO beside a hog.
+func benchFrames(ctx context.Context, b *bench) (string, error) {
+	var s strings.Builder
+	s.WriteString("Two render loops (`gpuwork frames --fps 60 --frame-ms 6`: 6 ms of GPU work per frame, 36% of the GPU each) beside a hog — the cloud-gaming case. With gpuarb both have priority latency and an SLO of 60 frames/s. FPS is the median of per-second counts after the first 4 s; frames over 34 and 60 ms are over the whole run.\n\n")
+	s.WriteString("| run | FPS (loop 1, loop 2) | frames over 34 ms | over 60 ms | hog's share | GPU busy |\n|---|---|---|---|---|---|\n")
+	d := 14.0
+	if b.quick {
+		d = 8
+	}
+	var busy [2]float64
+	for i, m := range modes {
+		b.logf("frames, %s", m.name)
+		sc, err := newScene(b.bins, "frames", m.mode)
+		if err != nil {
+			return "", err
+		}
+		row, bz, err := b.framesRun(ctx, sc, d)
+		sc.close()
+		if err != nil {
+			return "", err
+		}
+		busy[i] = bz
+		fmt.Fprintf(&s, "| %s | %s |\n", m.name, row)
+	}
+	b.busy = append(b.busy, busyFigure{"two frame loops beside a hog", busy[0], busy[1]})
+	return s.String(), nil
+}
+
+func (b *bench) framesRun(ctx context.Context, sc *scene, d float64) (string, float64, error) {
+	if _, err := sc.tenant("hog", 1, "hog", "--duration", fmt.Sprint(d+2)); err != nil {
+		return "", 0, err
+	}
+	var loops []*lab.Proc
+	pol := "tenants:\n"
+	for _, n := range []string{"f1", "f2"} {
+		ps, err := sc.tenant(n, 1, "frames", "--fps", "60", "--frame-ms", "6", "--duration", fmt.Sprint(d), "--interval", "1")
+		if err != nil {
+			return "", 0, err
+		}
+		loops = append(loops, ps[0])
+		pol += fmt.Sprintf("  - {name: %s, cgroup: %s, priority: latency, slo: {fps: 60}}\n", n, sc.cgroupOf(n))
+	}
+	if err := sc.policy(ctx, pol); err != nil {
+		return "", 0, err
+	}
+	ss, err := sc.sample(ctx, settle, time.Second, time.Duration(d-settle.Seconds()-1)*time.Second)
+	if err != nil {
+		return "", 0, err
+	}
+	var fps []string
+	var over34, over60 float64
+	for _, p := range loops {
+		res, err := finished(ctx, p, 30*time.Second)
+		if err != nil {
+			return "", 0, err
+		}
+		fps = append(fps, fmt.Sprintf("%.0f", lab.Median(intervals(p, "count", 4))))
+		over34, over60 = max(over34, res["over_34ms"]), max(over60, res["over_60ms"])
+	}
+	busy := lab.Median(lab.Series(ss, 0, func(s lab.Sample) float64 { return s.Busy }))
+	hog := lab.Median(lab.Series(ss, 0, func(s lab.Sample) float64 { return s.True["hog"] }))
+	return fmt.Sprintf("%s | %s | %s | %s | %s", strings.Join(fps, ", "), pct(over34), pct(over60), pct(hog), pct(busy)), busy, nil
+}
