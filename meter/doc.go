@@ -31,6 +31,28 @@
 // a drain up to 3/4 of a slice late is not counted while others are busy
 // (phaseAllowance, chosen between the two failure modes it names).
 //
+// A GPU the policy declares non-preemptive runs each kernel to its end:
+// the replay keeps where each queued kernel ends and switches contexts only
+// there once a slice is over (a kernel of still-guessed cost is cut at the
+// slice, or the guess would hold the GPU). Its phase may then be off by a
+// whole kernel of another context, so a late drain teaches only while no
+// other context has work; fitting whole kernels into slices, the replay
+// would otherwise push a cost just under a slice above it. Two tenants
+// that start together and never run alone are not identifiable there:
+// each finishes a batch at the same rate whether their kernels take 20 and
+// 2 ms or 11 ms each (TestHogsOnEitherScheduler starts one late).
+//
+// A launch the arbiter's launch gate held (its process stopped before the
+// launch ran) enters the replay when the process is released (Released),
+// or at its next event; Released also marks the stop, so syncs across it
+// teach nothing.
+//
+// Learning is guarded: a context whose costs are still a guess learns only
+// from a sync that waited (one that returns at once proves the work done,
+// not how long it took: a paced tenant's kernels finish between its spaced
+// launches), and one sync moves learned costs by at most a factor of two
+// before smoothing.
+//
 // Assumptions and error sources (measured figures in BENCHMARKS.md):
 //   - Completion is known only at syncs. A cuEventSynchronize teaches
 //     through the cuEventRecord that preceded it: the record marks how far

@@ -130,7 +130,9 @@ func (b *bench) chart(name string) (path, link string) {
 }
 
 // logf reports progress on stderr.
-func (b *bench) logf(format string, args ...any) { fmt.Fprintf(b.log, "bench:   "+format+"\n", args...) }
+func (b *bench) logf(format string, args ...any) {
+	fmt.Fprintf(b.log, "bench:   "+format+"\n", args...)
+}
 
 func benchPreface(b *bench, took time.Duration) string {
 	var s strings.Builder
