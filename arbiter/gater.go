@@ -221,16 +221,8 @@ func (g *Gater) runAdmission(ctx context.Context) {
 	g.report(err)
 	balance, released := 0.0, holds
 	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		case <-g.wake:
-		}
-		g.mu.Lock()
-		rate, paced := g.duty, g.paced
-		g.mu.Unlock()
-		if !paced {
+		rate, ok := g.await(ctx, tick)
+		if !ok {
 			return
 		}
 		now := time.Now()
@@ -268,6 +260,20 @@ func (g *Gater) runAdmission(ctx context.Context) {
 		g.report(g.Launches.Allow(allow))
 		g.noteHeld(len(held) > 0, now)
 	}
+}
+
+// await waits for the next tick of a paced loop, or a new rate, and
+// returns the rate; false when ctx ended or the gater no longer paces.
+func (g *Gater) await(ctx context.Context, tick *time.Ticker) (rate float64, ok bool) {
+	select {
+	case <-ctx.Done():
+		return 0, false
+	case <-tick.C:
+	case <-g.wake:
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.duty, g.paced
 }
 
 // openGate lets every launch through and releases whoever is held.
@@ -318,16 +324,8 @@ func (g *Gater) runPaced(ctx context.Context) {
 	balance := 0.0
 	var frozenAt time.Time
 	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		case <-g.wake:
-		}
-		g.mu.Lock()
-		rate, paced := g.duty, g.paced
-		g.mu.Unlock()
-		if !paced {
+		rate, ok := g.await(ctx, tick)
+		if !ok {
 			g.thaw(frozenAt)
 			return
 		}

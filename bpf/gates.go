@@ -235,14 +235,6 @@ func forgetHeld(m *ebpf.Map, h HeldProcess) error {
 	return nil
 }
 
-// Held returns every process the gates hold, oldest first: at start, what
-// an earlier daemon's gates left in reused pins.
-func (p *Probes) Held() ([]HeldProcess, error) { return readHeld(p.objs.GpuarbHeld) }
-
-// ForgetHeld removes a hold from the held table, before the caller
-// continues the process.
-func (p *Probes) ForgetHeld(h HeldProcess) error { return forgetHeld(p.objs.GpuarbHeld, h) }
-
 // ReleasePinnedHeld opens every launch gate pinned under pinPath (so that
 // probes still attached hold nobody again), hands every process held in
 // the pinned table to release (which continues it) and forgets it: the

@@ -15,6 +15,7 @@ import (
 	"github.com/gpuarb/gpuarb/api"
 	"github.com/gpuarb/gpuarb/cgroup"
 	"github.com/gpuarb/gpuarb/internal/testutil"
+	"github.com/gpuarb/gpuarb/lab"
 	ocihook "github.com/gpuarb/gpuarb/oci-hook"
 )
 
@@ -44,13 +45,13 @@ func TestContainerAttachedByHook(t *testing.T) {
 	d := startDaemon(t)
 	parent := testutil.NewCgroup(t, "runc")
 	work := []string{"/gpuarb-bin/gpuwork", "hog", "--duration", "12"}
-	capped := r.Bundle(t, testutil.ContainerSpec{
-		ID: "gpuarb-e2e-capped", Args: work, GPU: gpu, CgroupsPath: parent.Rel + "/capped",
+	capped := r.Bundle(t, lab.ContainerSpec{
+		ID: "gpuarb-e2e-capped", Args: work, GPU: gpu.FakeGPU, CgroupsPath: parent.Rel + "/capped",
 		Annotations: map[string]string{ocihook.AnnotationLimit: "25%", ocihook.AnnotationName: "capped"},
 		Hooks:       hooksFor(t, d.Socket, false),
 	})
-	other := r.Bundle(t, testutil.ContainerSpec{
-		ID: "gpuarb-e2e-other", Args: work, GPU: gpu, CgroupsPath: parent.Rel + "/other",
+	other := r.Bundle(t, lab.ContainerSpec{
+		ID: "gpuarb-e2e-other", Args: work, GPU: gpu.FakeGPU, CgroupsPath: parent.Rel + "/other",
 		Hooks: hooksFor(t, d.Socket, false),
 	})
 	pc := r.Run(t, "gpuarb-e2e-capped", capped)
@@ -184,7 +185,7 @@ func TestHookDaemonDown(t *testing.T) {
 	}()
 	parent := testutil.NewCgroup(t, "runc")
 	run := func(id string, hooks *specs.Hooks) (time.Duration, error, string) {
-		b := r.Bundle(t, testutil.ContainerSpec{ID: id, Args: []string{"true"}, GPU: gpu, CgroupsPath: parent.Rel + "/" + id, Hooks: hooks})
+		b := r.Bundle(t, lab.ContainerSpec{ID: id, Args: []string{"true"}, GPU: gpu.FakeGPU, CgroupsPath: parent.Rel + "/" + id, Hooks: hooks})
 		start := time.Now()
 		p := r.Run(t, id, b)
 		err := p.Wait(t, 20*time.Second)

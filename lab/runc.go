@@ -126,16 +126,3 @@ func (r *Runc) Delete(id string) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
-
-// State returns the container's runc state (status, pid).
-func (r *Runc) State(id string) (specs.State, error) {
-	var st specs.State
-	out, err := exec.Command("runc", "--root", r.Root, "state", id).Output()
-	if err != nil {
-		return st, fmt.Errorf("runc state %s: %w", id, err)
-	}
-	if err := json.Unmarshal(out, &st); err != nil {
-		return st, fmt.Errorf("runc state %s: %w", id, err)
-	}
-	return st, nil
-}

@@ -6,8 +6,6 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/opencontainers/runtime-spec/specs-go"
-
 	"github.com/gpuarb/gpuarb/lab"
 )
 
@@ -54,27 +52,12 @@ func missing(t testing.TB, what string) {
 	t.Skipf("%s not installed", what)
 }
 
-// ContainerSpec is what a test sets of a container; the rest is runc's
-// default spec.
-type ContainerSpec struct {
-	ID          string
-	Args        []string
-	Env         []string
-	CgroupsPath string
-	Annotations map[string]string
-	Hooks       *specs.Hooks
-	// GPU mounts the built binaries at /gpuarb-bin and the simulated GPU's
-	// socket directory at /gpu, with FAKEGPU_SOCKET set.
-	GPU *FakeGPU
-}
-
-// Bundle writes a bundle for spec and returns its directory.
-func (r *Runc) Bundle(t testing.TB, cs ContainerSpec) string {
+// Bundle writes a bundle for spec and returns its directory; a spec with
+// a GPU mounts the built binaries unless it names others (Bins).
+func (r *Runc) Bundle(t testing.TB, spec lab.ContainerSpec) string {
 	t.Helper()
-	spec := lab.ContainerSpec{ID: cs.ID, Args: cs.Args, Env: cs.Env, CgroupsPath: cs.CgroupsPath,
-		Annotations: cs.Annotations, Hooks: cs.Hooks}
-	if cs.GPU != nil {
-		spec.GPU, spec.Bins = cs.GPU.FakeGPU, filepath.Dir(Bin(t, "gpuwork"))
+	if spec.GPU != nil && spec.Bins == "" {
+		spec.Bins = filepath.Dir(Bin(t, "gpuwork"))
 	}
 	bundle, err := r.Runc.Bundle(t.TempDir(), spec)
 	if err != nil {
