@@ -98,6 +98,7 @@ const (
 
 // stream is one stream's modeled queue.
 type stream struct {
+	id       uint64  // the stream's handle
 	left     float64 // modeled ns of work not yet run
 	got      float64 // GPU ns received since the queue was last empty
 	drained  uint64  // when the queue last became empty
@@ -151,7 +152,7 @@ type gpuContext struct {
 	pid        uint32
 	cgroup     uint64
 	gpu        int
-	streams    map[uint64]*stream
+	streams    []*stream // in order of first use
 	nsPerBlock float64
 	nsPerGraph float64
 	learned    bool
@@ -370,7 +371,7 @@ func (m *Meter) SetScheduling(sched func(gpu int) (timeslice time.Duration, pree
 func (m *Meter) context(h *ioctlspy.Header) *gpuContext {
 	c := m.ctxs[h.PID]
 	if c == nil || c.exited {
-		c = &gpuContext{pid: h.PID, streams: map[uint64]*stream{}, allocs: map[uint64]uint64{},
+		c = &gpuContext{pid: h.PID, allocs: map[uint64]uint64{},
 			nsPerBlock: initialNSPerBlock, nsPerGraph: initialNSPerGraph, since: h.Start}
 		m.ctxs[h.PID] = c
 		r := m.replayOf(0)
@@ -502,13 +503,24 @@ func (m *Meter) at(c *gpuContext, t uint64) uint64 {
 	return max(t, r.t)
 }
 
+// stream returns the stream with handle h, made on first use.
 func (c *gpuContext) stream(h uint64) *stream {
-	s := c.streams[h]
-	if s == nil {
-		s = &stream{}
-		c.streams[h] = s
+	if s := c.findStream(h); s != nil {
+		return s
 	}
+	s := &stream{id: h}
+	c.streams = append(c.streams, s)
 	return s
+}
+
+// findStream returns the stream with handle h, nil if it has none.
+func (c *gpuContext) findStream(h uint64) *stream {
+	for _, s := range c.streams {
+		if s.id == h {
+			return s
+		}
+	}
+	return nil
 }
 
 func (m *Meter) enqueue(c *gpuContext, streamID uint64, t uint64, work float64) {
@@ -580,36 +592,6 @@ func (m *Meter) Released(pid uint32, since, t uint64) {
 	}
 }
 
-// LaunchCost returns the modeled GPU ns of one launch of the processes
-// member selects (by pid and cgroup id), at the costs learned so far:
-// each context's smoothed launch shape, weighted by its launches in the
-// window. 0 when none of them has launched.
-func (m *Meter) LaunchCost(member func(pid uint32, cgroup uint64) bool) float64 {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	from := uint64(0)
-	if now, w := m.horizon(), uint64(m.cfg.Window); now > w {
-		from = now - w
-	}
-	var sum, n float64
-	for _, c := range m.ctxs {
-		if c.exited || c.total.Launches == 0 || !member(c.pid, c.cgroup) {
-			continue
-		}
-		cost := c.launchCost()
-		if !c.learned {
-			cost = min(cost, unlearnedCharge)
-		}
-		w := float64(len(dropBefore(c.launches, from))) + 1e-3 // a context without recent launches still counts a little
-		sum += w * cost
-		n += w
-	}
-	if n == 0 {
-		return 0
-	}
-	return sum / n
-}
-
 // nouveauStream keys a context's kernel-submitted work apart from streams.
 const nouveauStream = ^uint64(0)
 
@@ -659,7 +641,7 @@ func (m *Meter) Observe(ev ioctlspy.Event) {
 	case *ioctlspy.ProcessExit:
 		if c := m.ctxs[h.PID]; c != nil {
 			m.at(c, h.End)
-			clear(c.streams) // the driver drops a dead process's work
+			c.streams = nil // the driver drops a dead process's work
 			c.deferred = nil
 			c.exited = true
 			c.mem = 0
@@ -681,8 +663,8 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 	case "cuStreamSynchronize":
 		ids = []uint64{e.Handle}
 	case "cuCtxSynchronize":
-		for id := range c.streams {
-			ids = append(ids, id)
+		for _, s := range c.streams {
+			ids = append(ids, s.id)
 		}
 	case "cuEventSynchronize":
 		m.eventSync(c, h, e.Handle, now)
@@ -694,7 +676,7 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 	waited := h.DurationNS >= uint64(realWait)
 	any := false
 	for _, id := range ids {
-		s := c.streams[id]
+		s := c.findStream(id)
 		if s == nil || !s.launched {
 			continue
 		}
@@ -1070,6 +1052,10 @@ type ContextStats struct {
 	// ActiveNS is the part of the window since the process's first event
 	// (the whole window for an older process).
 	ActiveNS uint64
+	// LaunchNS is the GPU time one launch of the process costs, as its
+	// recent launches and syncs taught the meter (0 before its first
+	// launch; an unlearned guess is capped at 20 ms).
+	LaunchNS float64
 	// Learned tells whether a sync has taught the meter its costs yet.
 	Learned bool
 	Busy    bool // work outstanding now
@@ -1097,6 +1083,12 @@ func (m *Meter) Contexts(window time.Duration) (at uint64, out []ContextStats) {
 			Launches: len(dropBefore(c.launches, from)), MemBytes: c.mem, QueueNS: uint64(sumIn(c.waited, from, now)),
 			Busy: c.left() > 0, BacklogNS: c.backlog(), ActiveNS: now - max(from, min(c.since, now)), Learned: c.learned,
 			Exited: c.exited, Total: c.total}
+		if c.total.Launches > 0 {
+			cs.LaunchNS = c.launchCost()
+			if !c.learned {
+				cs.LaunchNS = min(cs.LaunchNS, unlearnedCharge)
+			}
+		}
 		for _, sp := range c.syncs {
 			if sp.end >= from {
 				cs.Syncs++

@@ -369,21 +369,30 @@ func TestLaunchCost(t *testing.T) {
 	base := 10 * 1000 * ms
 	clk := &clock{t: base + 1000*ms}
 	m := New(Config{Now: clk.now})
-	all := func(uint32, uint64) bool { return true }
-	if c := m.LaunchCost(all); c != 0 {
-		t.Errorf("cost %.0f with no launches", c)
+	costOf := func(pid uint32) float64 {
+		_, cs := m.Contexts(time.Second)
+		for _, c := range cs {
+			if c.PID == pid {
+				return c.LaunchNS
+			}
+		}
+		t.Fatalf("no context for pid %d", pid)
+		return 0
 	}
 	// Process 1 learns 10 ms per launch: ten launches drain in 100 ms.
 	for i := 0; i < 10; i++ {
 		m.Observe(launch(1, 100, base, 7))
 	}
+	if c := costOf(1); c > unlearnedCharge {
+		t.Errorf("unlearned cost %.0f ns, want at most %.0f", c, unlearnedCharge)
+	}
 	m.Observe(syncEv(1, 100, "cuStreamSynchronize", 7, base, base+100*ms))
-	if c := m.LaunchCost(func(pid uint32, _ uint64) bool { return pid == 1 }); math.Abs(c-10e6)/10e6 > 0.01 {
+	if c := costOf(1); math.Abs(c-10e6)/10e6 > 0.01 {
 		t.Errorf("learned cost %.0f ns, want 10 ms", c)
 	}
 	// An unlearned context counts its guess, capped.
 	m.Observe(launch(2, 200, base+200*ms, 7))
-	if c := m.LaunchCost(func(_ uint32, cg uint64) bool { return cg == 200 }); c != unlearnedCharge {
+	if c := costOf(2); c != unlearnedCharge {
 		t.Errorf("unlearned cost %.0f, want %.0f", c, unlearnedCharge)
 	}
 }
