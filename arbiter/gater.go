@@ -81,6 +81,13 @@ type Held struct {
 // launch is released at most this late.
 const paceTick = 2 * time.Millisecond
 
+// quietTicks is how many ticks without a launch or a hold make an
+// admission pacer quiet: it then settles once a period, or when woken
+// (Wake: a process was held; a new rate). A quiet pacer's allowance may lag
+// its credit; the launch that finds it short is held, and wakes it. Most
+// tenants of a large host are idle; their pacers cost next to nothing.
+const quietTicks = 5
+
 // maxDebt bounds a paced tenant's debt to this much wall time at its rate,
 // so an overestimated cost never freezes it for longer.
 const maxDebt = 2 * time.Second
@@ -106,10 +113,17 @@ func (g *Gater) Set(duty, offset float64) {
 // time); 1 or more lets it run freely.
 func (g *Gater) SetRate(rate float64) {
 	g.mu.Lock()
+	changed := g.duty != rate || !g.paced
 	g.duty, g.paced = rate, true
 	g.mu.Unlock()
-	g.poke()
+	if changed {
+		g.poke()
+	}
 }
+
+// Wake makes the gater settle its account now: its launch gate has just
+// held a process (the probes report it), which waits until released.
+func (g *Gater) Wake() { g.poke() }
 
 func (g *Gater) poke() {
 	select {
@@ -220,6 +234,8 @@ func (g *Gater) runAdmission(ctx context.Context) {
 	admitted, holds, err := g.Launches.Counts()
 	g.report(err)
 	balance, released := 0.0, holds
+	allowed, wrote := uint64(0), false
+	quiet, slow := 0, false
 	for {
 		rate, ok := g.await(ctx, tick)
 		if !ok {
@@ -236,7 +252,11 @@ func (g *Gater) runAdmission(ctx context.Context) {
 			cost = defaultLaunchCost
 		}
 		burst := rate * float64(g.period)
-		balance += rate*float64(now.Sub(last)) - float64(n-admitted)*cost
+		// Credit beyond one period's worth is lost before the launches
+		// since the last settling are charged: a quiet pacer settles
+		// seldom, and must not hand out more than a busy one.
+		balance = math.Min(balance+rate*float64(now.Sub(last)), burst) - float64(n-admitted)*cost
+		idle := n == admitted
 		last, admitted = now, n
 		var held []Held
 		if h != released || g.holding() {
@@ -257,8 +277,24 @@ func (g *Gater) runAdmission(ctx context.Context) {
 				allow = n + uint64(balance/cost)
 			}
 		}
-		g.report(g.Launches.Allow(allow))
+		if !wrote || allow != allowed {
+			g.report(g.Launches.Allow(allow))
+			allowed, wrote = allow, true
+		}
 		g.noteHeld(len(held) > 0, now)
+		if len(held) == 0 && (rate >= 1 || idle) {
+			quiet++
+		} else {
+			quiet = 0
+		}
+		switch {
+		case quiet == 0 && slow:
+			tick.Reset(paceTick)
+			slow = false
+		case quiet == quietTicks:
+			tick.Reset(max(g.period, paceTick))
+			slow = true
+		}
 	}
 }
 

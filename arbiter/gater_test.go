@@ -17,6 +17,7 @@ type fakeLaunches struct {
 	admitted, holds, allowed uint64
 	launched                 int // launches that ran, held ones included once released
 	held                     bool
+	settled                  int // calls of Counts: how often the pacer settled
 }
 
 func (f *fakeLaunches) launch() {
@@ -37,6 +38,7 @@ func (f *fakeLaunches) launch() {
 func (f *fakeLaunches) Counts() (uint64, uint64, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.settled++
 	return f.admitted, f.holds, nil
 }
 
@@ -109,4 +111,57 @@ func TestAdmissionPacesLaunches(t *testing.T) {
 	if frozen || throttled < run/4 {
 		t.Errorf("state after run: frozen %v, throttled %v (held a large part of the time)", frozen, throttled)
 	}
+}
+
+// An idle tenant's pacer settles about once a period, not every tick; a
+// process held at its gate wakes it (Wake, as the daemon does on the
+// probes' report) and is released at once.
+func TestQuietAdmission(t *testing.T) {
+	const (
+		rate   = 0.25
+		cost   = float64(time.Millisecond)
+		period = 100 * time.Millisecond
+	)
+	f := &fakeLaunches{allowed: math.MaxUint64}
+	g := NewGater(nopGate{}, period, time.Now())
+	g.Launches = f
+	g.LaunchCost = func() float64 { return cost }
+	g.SetRate(rate)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { g.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	time.Sleep(500 * time.Millisecond)
+	f.mu.Lock()
+	settled := f.settled
+	f.mu.Unlock()
+	if busy := int(500 * time.Millisecond / paceTick); settled > busy/5 {
+		t.Errorf("idle for 500 ms, the pacer settled %d times (every tick would be %d)", settled, busy)
+	}
+	// One period's credit pays for 25 launches; the 26th is held.
+	for i := 0; i < 26; i++ {
+		f.launch()
+	}
+	f.mu.Lock()
+	held, launched := f.held, f.launched
+	f.mu.Unlock()
+	if !held || launched != 25 {
+		t.Fatalf("after 26 launches with 25 ms of credit: held %v, %d ran", held, launched)
+	}
+	woken := time.Now()
+	g.Wake()
+	for {
+		f.mu.Lock()
+		held = f.held
+		f.mu.Unlock()
+		if !held {
+			break
+		}
+		if time.Since(woken) > period/2 {
+			t.Fatalf("held %v after Wake: the quiet pacer did not settle", time.Since(woken))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Logf("idle: %d settlings in 500 ms; released %v after Wake", settled, time.Since(woken))
 }

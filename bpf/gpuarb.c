@@ -229,11 +229,14 @@ volatile __u32 gate_members;
 /* Bytes pending on the ring above which a submit wakes the reader; below it
  * the reader finds records on its next poll (see ioctlspy.Spy). Waking the
  * reader for every record costs the submitting process microseconds. Set at
- * load time. */
+ * load time. A held launch always wakes it: the process is stopped until
+ * its gate's pacer, told by the reader, releases it. */
 volatile const __u64 wakeup_bytes = 65536;
 
-static __always_inline __u64 wakeup_flag(void)
+static __always_inline __u64 wakeup_flag(const struct event *e)
 {
+	if (e->flags & EVF_HELD)
+		return BPF_RB_FORCE_WAKEUP;
 	return bpf_ringbuf_query(&gpuarb_events, BPF_RB_AVAIL_DATA) >= wakeup_bytes ? BPF_RB_FORCE_WAKEUP
 										    : BPF_RB_NO_WAKEUP;
 }
@@ -567,7 +570,7 @@ int gpuarb_ioctl_exit(struct sys_exit_ctx *ctx)
 		decode_drm(e, &st, s);
 		break;
 	}
-	bpf_ringbuf_submit(e, wakeup_flag());
+	bpf_ringbuf_submit(e, wakeup_flag(e));
 	return 0;
 }
 
@@ -628,7 +631,7 @@ static __always_inline int launch_kernel(struct pt_regs *ctx, __u32 func)
 	e->args[5] = (__u32)ctx->r9; /* PT_REGS_PARM6, absent from libbpf 1.1 */
 	e->args[6] = (__u32)stack_arg(ctx, 7);
 	e->args[7] = stack_arg(ctx, 9);
-	bpf_ringbuf_submit(e, wakeup_flag());
+	bpf_ringbuf_submit(e, wakeup_flag(e));
 	return 0;
 }
 
@@ -675,7 +678,7 @@ int gpuarb_cu_launch_ex(struct pt_regs *ctx)
 		e->args[6] = cfg.block[2];
 		e->args[7] = cfg.stream;
 	}
-	bpf_ringbuf_submit(e, wakeup_flag());
+	bpf_ringbuf_submit(e, wakeup_flag(e));
 	return 0;
 }
 
@@ -695,7 +698,7 @@ int gpuarb_cu_graph_launch(struct pt_regs *ctx)
 		e->flags |= EVF_HELD;
 	e->args[0] = PT_REGS_PARM1(ctx);
 	e->args[7] = PT_REGS_PARM2(ctx);
-	bpf_ringbuf_submit(e, wakeup_flag());
+	bpf_ringbuf_submit(e, wakeup_flag(e));
 	return 0;
 }
 
@@ -711,7 +714,7 @@ int gpuarb_cu_event_record(struct pt_regs *ctx)
 		return 0;
 	e->args[0] = PT_REGS_PARM1(ctx);
 	e->args[7] = PT_REGS_PARM2(ctx);
-	bpf_ringbuf_submit(e, wakeup_flag());
+	bpf_ringbuf_submit(e, wakeup_flag(e));
 	return 0;
 }
 
@@ -733,7 +736,7 @@ static __always_inline int copy_call(struct pt_regs *ctx, __u32 func, int async)
 	e->args[2] = bytes;
 	if (async)
 		e->args[7] = PT_REGS_PARM4(ctx);
-	bpf_ringbuf_submit(e, wakeup_flag());
+	bpf_ringbuf_submit(e, wakeup_flag(e));
 	return 0;
 }
 
@@ -816,7 +819,7 @@ static __always_inline int sync_return(struct pt_regs *ctx, __u32 func)
 	if (!e)
 		return 0;
 	e->args[0] = st.args[0];
-	bpf_ringbuf_submit(e, wakeup_flag());
+	bpf_ringbuf_submit(e, wakeup_flag(e));
 	return 0;
 }
 
@@ -879,7 +882,7 @@ int gpuarb_cu_ctx_create_ret(struct pt_regs *ctx)
 	e->args[2] = (__u32)st.args[2];
 	if (e->ret == 0)
 		track_object(e->tgid, 0, handle, e->cgroup_id, e->ts_exit, 0, (__u32)st.args[2]);
-	bpf_ringbuf_submit(e, wakeup_flag());
+	bpf_ringbuf_submit(e, wakeup_flag(e));
 	return 0;
 }
 
@@ -895,7 +898,7 @@ int gpuarb_cu_ctx_destroy(struct pt_regs *ctx)
 	if (!e)
 		return 0;
 	e->args[0] = handle;
-	bpf_ringbuf_submit(e, wakeup_flag());
+	bpf_ringbuf_submit(e, wakeup_flag(e));
 	return 0;
 }
 
@@ -928,7 +931,7 @@ int gpuarb_cu_mem_alloc_ret(struct pt_regs *ctx)
 		if (s)
 			__sync_fetch_and_add(&s->bytes_alloc, st.args[1]);
 	}
-	bpf_ringbuf_submit(e, wakeup_flag());
+	bpf_ringbuf_submit(e, wakeup_flag(e));
 	return 0;
 }
 
@@ -952,7 +955,7 @@ int gpuarb_cu_mem_free(struct pt_regs *ctx)
 		return 0;
 	e->args[0] = k.dptr;
 	e->args[2] = bytes;
-	bpf_ringbuf_submit(e, wakeup_flag());
+	bpf_ringbuf_submit(e, wakeup_flag(e));
 	return 0;
 }
 
@@ -977,7 +980,7 @@ int gpuarb_process_exit(void *ctx)
 	if (!e)
 		return 0;
 	e->ts_enter = e->ts_exit = bpf_ktime_get_ns();
-	bpf_ringbuf_submit(e, wakeup_flag());
+	bpf_ringbuf_submit(e, wakeup_flag(e));
 	return 0;
 }
 
@@ -1026,6 +1029,6 @@ int gpuarb_openat(struct sys_enter_ctx *ctx)
 	e->ts_enter = e->ts_exit = bpf_ktime_get_ns();
 	e->args[0] = ctx->args[0]; /* dirfd */
 	bpf_probe_read_kernel_str(e->path, sizeof(e->path), buf->path);
-	bpf_ringbuf_submit(e, wakeup_flag());
+	bpf_ringbuf_submit(e, wakeup_flag(e));
 	return 0;
 }

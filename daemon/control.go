@@ -37,15 +37,16 @@ type tenant struct {
 	totals    map[int]meter.Totals // per GPU, cumulative: the Prometheus counters
 	lastSeen  time.Time
 
-	// pids are its processes as the last control step classified them,
-	// read by its gater without the daemon's lock.
-	pids     atomic.Pointer[map[uint32]bool]
-	gater    *arbiter.Gater
-	launches *bpf.LaunchGate // nil: paced by freezing
-	cancel   context.CancelFunc
-	done     chan struct{}
-	target   cgroup.Target
-	refused  bool // no gate could be made (logged once)
+	// launchCost is the GPU ns of one of its launches (float64 bits) as
+	// the last control step priced it, read by its gater without the
+	// daemon's lock.
+	launchCost atomic.Uint64
+	gater      *arbiter.Gater
+	launches   *bpf.LaunchGate // nil: paced by freezing
+	cancel     context.CancelFunc
+	done       chan struct{}
+	target     cgroup.Target
+	refused    bool // no gate could be made (logged once)
 }
 
 // classifier assigns processes to tenants for one control step.
@@ -151,7 +152,8 @@ func (d *Daemon) control(ctx context.Context) {
 	_, long := d.meter.Contexts(d.cfg.Window)
 
 	inputs := map[aggKey]*arbiter.Input{}
-	pids := map[string]map[uint32]bool{}
+	costs := map[aggKey]*launchCosts{}
+	var seen []member
 	waits := map[aggKey][]uint64{}
 	syncs := map[aggKey]int{}
 	now := time.Now()
@@ -174,12 +176,15 @@ func (d *Daemon) control(ctx context.Context) {
 		}
 		t.rules, t.cgroup, t.pid, t.lastSeen = rules, cg, pid, now
 		t.cgroupIDs[c.CgroupID] = true
-		if pids[name] == nil {
-			pids[name] = map[uint32]bool{}
-		}
-		pids[name][c.PID] = true
+		seen = append(seen, member{c.PID, c.CgroupID, t})
 		if !c.Exited {
 			t.anyPID = int(c.PID)
+			if c.LaunchNS > 0 {
+				if costs[k] == nil {
+					costs[k] = &launchCosts{}
+				}
+				costs[k].add(c)
+			}
 		}
 		tot := t.totals[c.GPU]
 		tot.Add(d.counted.delta(c))
@@ -206,15 +211,19 @@ func (d *Daemon) control(ctx context.Context) {
 	}
 	var list []arbiter.Input
 	for k, in := range inputs {
-		if p := pids[k.name]; p != nil {
-			in.LaunchNS = d.meter.LaunchCost(func(pid uint32, _ uint64) bool { return p[pid] })
-		}
+		in.LaunchNS = costs[k].mean()
 		if t := d.tenants[k.name]; t != nil && t.gater != nil && t.gater.HeldSince(now.Add(-window)) {
-			in.Busy = true // held back, so its queue may be empty: it has work
+			in.Busy, in.Held = true, true // held back, so its queue may be empty: it has work
 		}
 		in.SyncP99MS = p99(waits[k]) / 1e6
 		in.FPS = float64(syncs[k]) / d.cfg.Window.Seconds()
 		list = append(list, *in)
+	}
+	tenantCosts := map[string]launchCosts{} // over all its GPUs
+	for k, c := range costs {
+		all := tenantCosts[k.name]
+		all.sum, all.n = all.sum+c.sum, all.n+c.n
+		tenantCosts[k.name] = all
 	}
 	d.arb.SetSettle(int(math.Ceil(float64(d.cfg.Window) / float64(cfg.Period))))
 	decisions := d.arb.Step(list, cfg.ModeOf)
@@ -235,8 +244,8 @@ func (d *Daemon) control(ctx context.Context) {
 			delete(d.tenants, name)
 			continue
 		}
-		if p := pids[name]; p != nil {
-			t.pids.Store(&p)
+		if c, ok := tenantCosts[name]; ok {
+			t.launchCost.Store(math.Float64bits(c.mean()))
 		}
 		if t.launches != nil && t.pid != 0 {
 			// A pid tenant's tree changes as it forks.
@@ -264,6 +273,65 @@ func (d *Daemon) control(ctx context.Context) {
 			t.gater.Set(duty, offset)
 		}
 	}
+	d.wakers.Store(newWakers(seen))
+}
+
+// member is a process a control step found, with its tenant.
+type member struct {
+	pid    uint32
+	cgroup uint64
+	tenant *tenant
+}
+
+// wakers finds the gater to wake when a process is held at a launch gate:
+// by its pid, or (a process the meter has not seen yet) by its cgroup.
+type wakers struct {
+	byPID    map[uint32]*arbiter.Gater
+	byCgroup map[uint64]*arbiter.Gater
+}
+
+func newWakers(seen []member) *wakers {
+	w := &wakers{byPID: map[uint32]*arbiter.Gater{}, byCgroup: map[uint64]*arbiter.Gater{}}
+	for _, m := range seen {
+		if m.tenant.gater == nil {
+			continue
+		}
+		w.byPID[m.pid] = m.tenant.gater
+		if m.tenant.cgroup != "" {
+			w.byCgroup[m.cgroup] = m.tenant.gater
+		}
+	}
+	return w
+}
+
+// wake wakes the gater of a process just held.
+func (w *wakers) wake(pid uint32, cgroupID uint64) {
+	g := w.byPID[pid]
+	if g == nil {
+		g = w.byCgroup[cgroupID]
+	}
+	if g != nil {
+		g.Wake()
+	}
+}
+
+// launchCosts averages the launch costs of a tenant's processes, each
+// weighted by its launches in the window (one without recent launches
+// still counts a little).
+type launchCosts struct{ sum, n float64 }
+
+func (l *launchCosts) add(c meter.ContextStats) {
+	w := float64(c.Launches) + 1e-3
+	l.sum += w * c.LaunchNS
+	l.n += w
+}
+
+// mean is the weighted mean cost, 0 when none of them has launched.
+func (l *launchCosts) mean() float64 {
+	if l == nil || l.n == 0 {
+		return 0
+	}
+	return l.sum / l.n
 }
 
 func p99(xs []uint64) float64 {
@@ -321,13 +389,7 @@ func (d *Daemon) startGate(ctx context.Context, t *tenant, period time.Duration)
 	} else {
 		t.launches = lg
 		t.gater.Launches = launchGate{gate: lg, meter: d.meter}
-		t.gater.LaunchCost = func() float64 {
-			pids := t.pids.Load()
-			if pids == nil {
-				return 0
-			}
-			return d.meter.LaunchCost(func(pid uint32, _ uint64) bool { return (*pids)[pid] })
-		}
+		t.gater.LaunchCost = func() float64 { return math.Float64frombits(t.launchCost.Load()) }
 	}
 	t.gater.OnFreeze = func(from, to time.Time) {
 		mono := meter.MonotonicNow()

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -103,6 +104,8 @@ type Daemon struct {
 	exactShares map[string]float64
 
 	controlTimes []time.Duration // the control steps of the last window, under mu
+	// wakers, as the last control step left them, read by the event reader
+	wakers atomic.Pointer[wakers]
 }
 
 func (c *Config) setDefaults() {
@@ -287,13 +290,24 @@ func (d *Daemon) listenMetrics() error {
 	return nil
 }
 
+// observe meters an event; a held launch wakes its tenant's gater, which
+// releases the process when the tenant's credit pays for the launch.
+func (d *Daemon) observe(ev ioctlspy.Event) {
+	d.meter.Observe(ev)
+	if h := ev.Hdr(); h.Held {
+		if w := d.wakers.Load(); w != nil {
+			w.wake(h.PID, h.CgroupID)
+		}
+	}
+}
+
 // Run serves until ctx ends, then stops everything.
 func (d *Daemon) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errs := make(chan error, 3)
 	go func() {
-		errs <- d.spy.Run(ctx, d.meter.Observe)
+		errs <- d.spy.Run(ctx, d.observe)
 	}()
 	go func() {
 		if err := d.server.Serve(d.listener); err != nil && !errors.Is(err, http.ErrServerClosed) {
