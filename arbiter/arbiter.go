@@ -51,6 +51,9 @@ type Input struct {
 	// Backlogged tells whether it had work queued or running nearly all
 	// the window: it would take more of the GPU if it could.
 	Backlogged bool
+	// Held tells whether its launch gate held one of its processes in the
+	// control window: it reached its rate.
+	Held bool
 	// Queued is the GPU work it has queued now, as a fraction of the
 	// control window: while that is more than its target, its share still
 	// shows work admitted before, not its rate.
@@ -105,6 +108,8 @@ type Arbiter struct {
 	// pressed marks tenants a latency SLO pushed down: they recover
 	// additively, the others at once.
 	pressed map[key]bool
+	// taker is the last period's slack taker (zero: none).
+	taker key
 }
 
 // New returns an arbiter.
@@ -174,22 +179,26 @@ func (a *Arbiter) Step(in []Input, mode func(gpu int) policy.Mode) []Decision {
 }
 
 // Targets computes weighted max-min fair shares with limits among the
-// tenants with work (water filling). A throttled or backlogged tenant
-// wants the whole GPU; any other (and a latency tenant) what it uses plus
-// headroom, so a tenant that needs little leaves the rest to the others
-// (work conservation) while one that needs more grows 10% a period.
+// tenants with work (water filling). A backlogged tenant, or a paced one
+// its rate holds back, wants the whole GPU; a latency tenant what it uses
+// now plus 20% and 2 pp (to keep its SLO); any other 110% of what it used
+// over the settled window and a little headroom (lightHeadroom each, at most
+// totalHeadroom among them all). A tenant that needs little
+// leaves the rest to the others (work conservation); one that comes to
+// need more is backlogged, and wants the GPU.
 func Targets(ts []Input, duty func(Input) float64) []float64 {
 	target := make([]float64, len(ts))
 	demand := make([]float64, len(ts))
+	h := headroom(ts, duty)
 	for i, t := range ts {
-		demand[i] = demandOf(t, duty(t))
+		demand[i] = demandOf(t, duty(t), h)
 	}
 	return fill(ts, demand, target)
 }
 
 // demandOf is what a tenant would take, its limit applied.
-func demandOf(t Input, duty float64) float64 {
-	d := wants(t, duty)
+func demandOf(t Input, duty, headroom float64) float64 {
+	d := wants(t, duty, headroom)
 	if t.Rules.Limit > 0 {
 		d = math.Min(d, float64(t.Rules.Limit))
 	}
@@ -197,17 +206,57 @@ func demandOf(t Input, duty float64) float64 {
 }
 
 // wants is what a tenant would take without its limit.
-func wants(t Input, duty float64) float64 {
+func wants(t Input, duty, headroom float64) float64 {
 	d := 1.0
 	switch {
 	case !t.Busy:
 		d = 0
 	case t.Rules.Priority == policy.Latency:
 		d = math.Min(1, t.Share*1.2+0.02)
-	case duty >= 1 && !t.Backlogged:
-		d = math.Min(1, t.Share*1.1+0.02)
+	case light(t, duty):
+		// Over the settled window: a tenant of short bursts uses much of
+		// a control window now and then, little on the whole, and many
+		// such would claim the GPU between them. One that grows
+		// to need more is backlogged at once.
+		d = math.Min(1, t.SettledShare*1.1+headroom)
 	}
 	return d
+}
+
+// limitedByRate tells whether a paced tenant's rate holds it back: its
+// gate held it, or it has work waiting, or it uses half its rate or more.
+// One that does not (paced once, idle since) wants what it uses: it is
+// not competing, and is let grow back to running freely.
+func limitedByRate(t Input, duty float64) bool {
+	return t.Held || t.Backlogged || t.Share >= duty/2 || t.Queued >= duty/2
+}
+
+// light tells whether a tenant with work needs less than the GPU: it is
+// neither backlogged nor held back by its rate.
+func light(t Input, duty float64) bool {
+	return t.Rules.Priority != policy.Latency && (duty >= 1 && !t.Backlogged || duty < 1 && !limitedByRate(t, duty))
+}
+
+// lightHeadroom is the share a light tenant is granted beyond 110% of what
+// it uses, and totalHeadroom what all of a GPU's light tenants are
+// granted at most (each less, when there are more than ten). A light
+// tenant runs freely whatever its target, so headroom only sets aside time
+// the others' targets leave out: kept small, or a host of light tenants
+// would hand most of the GPU to the slack taker alone.
+const (
+	lightHeadroom = 0.002
+	totalHeadroom = 0.02
+)
+
+// headroom is each light tenant's headroom among ts.
+func headroom(ts []Input, duty func(Input) float64) float64 {
+	n := 0
+	for _, t := range ts {
+		if t.Busy && light(t, duty(t)) {
+			n++
+		}
+	}
+	return math.Min(lightHeadroom, totalHeadroom/float64(max(n, 1)))
 }
 
 // fill is the water filling of Targets.
@@ -258,9 +307,14 @@ func (a *Arbiter) share(ts []Input) []Decision {
 			missed = true
 		}
 	}
-	free := slackTaker(ts, targets, dutyOf)
+	h := headroom(ts, dutyOf)
+	free := a.slackTaker(ts, targets, dutyOf, h)
 	if free >= 0 && a.crowdedOut(ts, targets, free) {
 		free = -1
+	}
+	a.taker = key{}
+	if free >= 0 {
+		a.taker = key{ts[free].Name, ts[free].GPU}
 	}
 	out := make([]Decision, len(ts))
 	stagger := 0
@@ -269,7 +323,7 @@ func (a *Arbiter) share(ts []Input) []Decision {
 		d := a.dutyOf(k)
 		target := targets[i]
 		dec := Decision{Name: t.Name, GPU: t.GPU, Target: target, Paced: true}
-		competing := wants(t, d) > target+a.p.Tolerance
+		competing := wants(t, d, h) > target+a.p.Tolerance
 		switch {
 		case t.Rules.Priority == policy.Latency:
 			d, dec.Reason = 1, "latency tenant: never throttled"
@@ -362,12 +416,19 @@ func (a *Arbiter) crowdedOut(ts []Input, targets []float64, free int) bool {
 // be paced), then the largest target, then the fewest processes and the
 // shortest launches (one with many processes, or long kernels on
 // a GPU that does not preempt, would crowd the paced ones out), then the
-// name. -1 when none competes; a tenant with a limit is never unpaced.
-func slackTaker(ts []Input, targets []float64, duty func(Input) float64) int {
-	best := -1
+// name. The last period's taker stays while it competes and no other is
+// uncosted where it is costed or has a target larger by Tolerance: a
+// choice that flips between equals on noise (launch costs) re-paces both
+// every period, and neither gets its share. -1 when none competes; a
+// tenant with a limit is never unpaced.
+func (a *Arbiter) slackTaker(ts []Input, targets []float64, duty func(Input) float64, headroom float64) int {
+	best, last := -1, -1
 	for i, t := range ts {
-		if !t.Busy || t.Rules.Priority == policy.Latency || t.Rules.Limit > 0 || demandOf(t, duty(t)) <= targets[i] {
+		if !t.Busy || t.Rules.Priority == policy.Latency || t.Rules.Limit > 0 || demandOf(t, duty(t), headroom) <= targets[i] {
 			continue
+		}
+		if (key{t.Name, t.GPU}) == a.taker {
+			last = i
 		}
 		if best < 0 || (!t.Costed && ts[best].Costed) {
 			best = i
@@ -383,6 +444,12 @@ func slackTaker(ts []Input, targets []float64, duty func(Input) float64) int {
 		if b := ts[best]; math.Abs(targets[i]-targets[best]) <= 1e-9 &&
 			(t.Processes < b.Processes || (t.Processes == b.Processes && t.LaunchNS < b.LaunchNS)) {
 			best = i
+		}
+	}
+	if last >= 0 && best != last {
+		l, b := ts[last], ts[best]
+		if l.Costed == b.Costed && targets[best] <= targets[last]+a.p.Tolerance {
+			return last
 		}
 	}
 	return best

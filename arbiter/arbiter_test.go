@@ -1,6 +1,7 @@
 package arbiter
 
 import (
+	"fmt"
 	"math"
 	"testing"
 
@@ -14,7 +15,7 @@ func rules(w int) policy.Rules {
 func share(int) policy.Mode { return policy.ModeShare }
 
 func TestTargets(t *testing.T) {
-	full := func(Input) float64 { return 0.5 } // throttled: wants the GPU
+	full := func(Input) float64 { return 0.5 } // paced
 	for _, tc := range []struct {
 		name string
 		in   []Input
@@ -28,6 +29,9 @@ func TestTargets(t *testing.T) {
 			{Name: "b", Rules: rules(100), Busy: true}}, []float64{0.3, 0.7}},
 		{"lone tenant with a limit", []Input{{Name: "a", Rules: policy.Rules{Weight: 100, Limit: 0.3}, Busy: true}}, []float64{0.3}},
 	} {
+		for i := range tc.in {
+			tc.in[i].Held = tc.in[i].Busy // held at its rate: it wants the GPU
+		}
 		got := Targets(tc.in, full)
 		for i := range got {
 			if math.Abs(got[i]-tc.want[i]) > 1e-9 {
@@ -36,10 +40,12 @@ func TestTargets(t *testing.T) {
 			}
 		}
 	}
-	// An unthrottled tenant using little leaves the rest (work conservation).
-	in := []Input{{Name: "small", Rules: rules(100), Busy: true, Share: 0.1}, {Name: "hog", Rules: rules(100), Busy: true, Share: 0.9}}
+	// An unthrottled tenant using little leaves the rest (work
+	// conservation); what it used over the settled window counts, not a
+	// burst.
+	in := []Input{{Name: "small", Rules: rules(100), Busy: true, Share: 0.3, SettledShare: 0.1}, {Name: "hog", Rules: rules(100), Busy: true, Share: 0.9, SettledShare: 0.9}}
 	got := Targets(in, func(Input) float64 { return 1 })
-	if math.Abs(got[0]-0.13) > 1e-9 || math.Abs(got[1]-0.87) > 1e-9 {
+	if math.Abs(got[0]-(0.11+lightHeadroom)) > 1e-9 || math.Abs(got[1]-(0.89-lightHeadroom)) > 1e-9 {
 		t.Errorf("work conservation: %v", got)
 	}
 }
@@ -154,8 +160,8 @@ func TestNotCompeting(t *testing.T) {
 	in := []Input{hog("hog", 0.8, 1), hog("light", 0.2, 1)}
 	in[1].Backlogged = false
 	ds := a.Step(in, share)
-	// light wants 0.2×1.1+0.02 = 0.24; hog gets the rest and takes the slack.
-	if math.Abs(ds[1].Target-0.24) > 1e-9 || ds[1].Duty != 1 || ds[0].Duty != 1 || ds[0].Reason != "takes the slack" {
+	// light wants 0.2×1.1 and the headroom; hog gets the rest and takes the slack.
+	if math.Abs(ds[1].Target-(0.22+lightHeadroom)) > 1e-9 || ds[1].Duty != 1 || ds[0].Duty != 1 || ds[0].Reason != "takes the slack" {
 		t.Fatalf("%+v", ds)
 	}
 }
@@ -212,5 +218,67 @@ func TestSlackTakerNotPressed(t *testing.T) {
 	ds = a.Step(in, share)
 	if ds[0].Duty != 1 || ds[0].Reason != "takes the slack" {
 		t.Errorf("a, no longer paced against anyone: %+v", ds[0])
+	}
+}
+
+// Between equals the slack taker stays put: launch costs that swap which
+// of two hogs has the shorter launches do not swap which one is paced.
+func TestStickySlackTaker(t *testing.T) {
+	a := New(Params{})
+	in := []Input{hog("a", 0.5, 1), hog("b", 0.5, 1)}
+	in[0].LaunchNS, in[1].LaunchNS = 20e6, 21e6
+	free := func(ds []Decision) string {
+		for _, d := range ds {
+			if d.Reason == "takes the slack" {
+				return d.Name
+			}
+		}
+		return ""
+	}
+	if got := free(a.Step(in, share)); got != "a" {
+		t.Fatalf("first taker %q, want a (shorter launches)", got)
+	}
+	for i := 0; i < 20; i++ {
+		in[0].LaunchNS, in[1].LaunchNS = in[1].LaunchNS, in[0].LaunchNS
+		if got := free(a.Step(in, share)); got != "a" {
+			t.Fatalf("period %d: taker %q, want a to stay", i, got)
+		}
+	}
+	// One whose costs are not learned goes first: it cannot be paced.
+	in[1].Costed = false
+	if got := free(a.Step(in, share)); got != "b" {
+		t.Fatalf("taker %q beside an uncosted tenant, want b", got)
+	}
+}
+
+// A tenant paced once and idle since (it uses a sliver of its rate and is
+// never held) claims no more than it uses, and grows back to running
+// freely: it does not keep the others' targets down.
+func TestIdlePacedTenantLetGo(t *testing.T) {
+	a := New(Params{})
+	in := []Input{hog("hog", 0.6, 1), hog("b", 0.4, 1)}
+	a.Step(in, share)
+	in[1].Backlogged, in[1].Held = false, false
+	setShare(&in[1], 0.001)
+	var ds []Decision
+	for i := 0; i < 30; i++ {
+		ds = a.Step(in, share)
+	}
+	if ds[0].Name != "b" || ds[0].Duty < 1 || ds[1].Target < 0.99 { // sorted by name
+		t.Errorf("after 30 periods idle: %+v", ds)
+	}
+}
+
+// Hundreds of light tenants leave two hogs what they do not use: the
+// headroom set aside for them all is totalHeadroom, not lightHeadroom each.
+func TestManyLightTenants(t *testing.T) {
+	in := []Input{hog("hog1", 0.4, 1), hog("hog2", 0.4, 1)}
+	for i := 0; i < 500; i++ {
+		in = append(in, Input{Name: fmt.Sprintf("light%03d", i), Rules: rules(100), Busy: true, Costed: true, Share: 0.01, SettledShare: 0.0002})
+	}
+	got := Targets(in, func(Input) float64 { return 1 })
+	want := (1 - 500*0.0002*1.1 - totalHeadroom) / 2
+	if math.Abs(got[0]-want) > 1e-6 || math.Abs(got[1]-want) > 1e-6 {
+		t.Errorf("hogs' targets beside 500 light tenants %.4f %.4f, want %.4f", got[0], got[1], want)
 	}
 }

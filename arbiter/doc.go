@@ -35,17 +35,25 @@
 //     lagging error ten times and oscillate;
 //   - one competing tenant per GPU runs unpaced and takes the slack (the
 //     largest target, then the fewest processes, since the GPU time-slices
-//     per process): what paced tenants leave unused is not lost. It is
+//     per process): what paced tenants leave unused is not lost. It stays
+//     the taker while it competes and no other is clearly better (not
+//     costed where it is, or a target larger by Tolerance): flipping
+//     between equals on noise would re-pace both every period. It is
 //     paced too when a paced tenant is crowded out (paced at or above its
 //     target, drained, and still below it);
 //   - a tenant alone (without a limit), idle, or wanting no more than its
 //     target runs free (the last grows back additively); rates never go
 //     below MinDuty (0.05): a tenant is slowed, never starved.
 //
-// A tenant's demand, for Targets, is the whole GPU when it is paced or
-// backlogged (work queued or running nearly all the window), else what it
-// uses plus headroom (share × 1.1 + 2 pp; × 1.2 for latency tenants), so a
-// tenant that needs little leaves the rest to the others.
+// A tenant's demand, for Targets, is the whole GPU when it is backlogged
+// (work queued or running nearly all the window) or paced and held back
+// by its rate (held at its gate, work waiting, or using half its rate or
+// more). A latency tenant wants its share of the control window × 1.2 +
+// 2 pp. Any other light tenant wants 110% of its share over the settled
+// window plus 0.2 pp, at most 2 pp among all of a GPU's light tenants: a
+// host of bursty, mostly idle tenants does not take the GPU from the
+// backlogged ones. A tenant paced once and idle since is light again, and
+// grows back to running free.
 //
 // Latency tenants are never throttled; while one's SLO (p99 sync wait or
 // frames/s, over the meter's 1 s window) is missed, every other tenant's
