@@ -5,7 +5,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -120,8 +119,15 @@ func TestLibvirtHookVM(t *testing.T) {
 	if !bytes.Contains(ev, []byte("frozen 0")) || q.Done() {
 		t.Errorf("after stopped: %s, qemu done %v", ev, q.Done())
 	}
-	status, _ := os.ReadFile("/proc/" + strconv.Itoa(q.Cmd.Process.Pid) + "/status")
-	if bytes.Contains(status, []byte("State:\tT")) || cgroup.Stopped(renderer) {
-		t.Error("qemu or the renderer left stopped")
+	// Unregistered, the VM's cgroup is a tenant like any other with GPU
+	// work (default rules), so its renderer may still be held at times;
+	// it must not be left held, and QEMU is never stopped.
+	rendererRan, qemuStopped := false, false
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		rendererRan = rendererRan || !cgroup.Stopped(renderer)
+		qemuStopped = qemuStopped || cgroup.Stopped(q.Cmd.Process.Pid)
+	}
+	if !rendererRan || qemuStopped {
+		t.Errorf("after stopped: the renderer ran %v (want true), QEMU stopped at times %v (want false)", rendererRan, qemuStopped)
 	}
 }
