@@ -72,6 +72,20 @@ func (nopGate) Freeze() error         { return nil }
 func (nopGate) Thaw() error           { return nil }
 func (nopGate) Target() cgroup.Target { return cgroup.Target{} }
 
+// startPacer runs a gater pacing a fakeLaunches at rate, launches costing
+// cost; end stops it and waits.
+func startPacer(period time.Duration, rate, cost float64) (f *fakeLaunches, g *Gater, end func()) {
+	f = &fakeLaunches{allowed: math.MaxUint64}
+	g = NewGater(nopGate{}, period, time.Now())
+	g.Launches = f
+	g.LaunchCost = func() float64 { return cost }
+	g.SetRate(rate)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { g.Run(ctx); close(done) }()
+	return f, g, func() { cancel(); <-done }
+}
+
 // Paced at a rate, a tenant that would launch without end gets that rate
 // of GPU time at the meter's launch cost, and is left free of the gate.
 func TestAdmissionPacesLaunches(t *testing.T) {
@@ -80,21 +94,13 @@ func TestAdmissionPacesLaunches(t *testing.T) {
 		cost = float64(time.Millisecond)
 		run  = time.Second
 	)
-	f := &fakeLaunches{allowed: math.MaxUint64}
-	g := NewGater(nopGate{}, 100*time.Millisecond, time.Now())
-	g.Launches = f
-	g.LaunchCost = func() float64 { return cost }
-	g.SetRate(rate)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { g.Run(ctx); close(done) }()
+	f, g, end := startPacer(100*time.Millisecond, rate, cost)
 	stop := time.Now().Add(run)
 	for time.Now().Before(stop) {
 		f.launch()
 		time.Sleep(50 * time.Microsecond)
 	}
-	cancel()
-	<-done
+	end()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	// rate × run / cost = 250 launches, plus at most one period's burst.
@@ -122,15 +128,8 @@ func TestQuietAdmission(t *testing.T) {
 		cost   = float64(time.Millisecond)
 		period = 100 * time.Millisecond
 	)
-	f := &fakeLaunches{allowed: math.MaxUint64}
-	g := NewGater(nopGate{}, period, time.Now())
-	g.Launches = f
-	g.LaunchCost = func() float64 { return cost }
-	g.SetRate(rate)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { g.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	f, g, end := startPacer(period, rate, cost)
+	defer end()
 
 	time.Sleep(500 * time.Millisecond)
 	f.mu.Lock()
