@@ -82,12 +82,7 @@ func TestArbiterUnequalProcesses(t *testing.T) {
 	testutil.Start(t, cgs["b"], gpu.Workload(t, "hog", "--duration", "20"))
 	ws := trueShares(t, gpu, cgs, 4*time.Second, 6)
 	logStatus(t, d)
-	u := col(ws, unfairness)
-	t.Logf("true shares a %s  b %s  unfairness %s (unarbitrated: 80/20, 60%%)", pcts(col(ws, func(w map[string]float64) float64 { return w["a"] })),
-		pcts(col(ws, func(w map[string]float64) float64 { return w["b"] })), pcts(u))
-	if m := median(u); m > 0.02 {
-		t.Errorf("median unfairness %.1f%%, want ≤ 2%%", 100*m)
-	}
+	requireFair(t, ws, "a", "b", "(unarbitrated: 80/20, 60%)")
 	requireThrottled(t, d, cgs["a"].Rel)
 }
 
@@ -327,12 +322,7 @@ func TestArbiterNonPreemptive(t *testing.T) {
 	testutil.Start(t, cgs["b"], gpu.Workload(t, "hog", "--kernel-ms", "2", "--duration", "20"))
 	ws := trueShares(t, gpu, cgs, 4*time.Second, 6)
 	logStatus(t, d)
-	u := col(ws, unfairness)
-	t.Logf("true shares a (20 ms) %s  b (2 ms) %s  unfairness %s", pcts(col(ws, func(w map[string]float64) float64 { return w["a"] })),
-		pcts(col(ws, func(w map[string]float64) float64 { return w["b"] })), pcts(u))
-	if m := median(u); m > 0.02 {
-		t.Errorf("median unfairness %.1f%%, want ≤ 2%%", 100*m)
-	}
+	requireFair(t, ws, "a (20 ms)", "b (2 ms)", "")
 }
 
 // Bar 7: a tenant arriving mid-run beside a hog, with three times its
@@ -495,5 +485,17 @@ func TestArbiterLatencyTenant(t *testing.T) {
 	}
 	if hogP99 > greedyP99/3 {
 		t.Errorf("infer p99 beside paced hogs %.2f ms, beside greedy tenants %.2f ms: want a third or less", hogP99, greedyP99)
+	}
+}
+
+// requireFair logs tenants a's and b's true shares per window and asserts
+// a median unfairness of at most 2%.
+func requireFair(t *testing.T, ws []map[string]float64, aName, bName, note string) {
+	t.Helper()
+	u := col(ws, unfairness)
+	t.Logf("true shares %s %s  %s %s  unfairness %s %s", aName, pcts(col(ws, func(w map[string]float64) float64 { return w["a"] })),
+		bName, pcts(col(ws, func(w map[string]float64) float64 { return w["b"] })), pcts(u), note)
+	if m := median(u); m > 0.02 {
+		t.Errorf("median unfairness %.1f%%, want ≤ 2%%", 100*m)
 	}
 }
