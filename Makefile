@@ -7,11 +7,13 @@ CFLAGS    := -O2 -g -Wall -Wextra -Werror
 GOFLAGS_B := -trimpath -ldflags "-X main.version=$(VERSION)"
 GOTEST    ?= $(GO) test
 PREFIX    ?= /usr/local
+# sudo's secure_path drops where Go is usually installed: look there too.
+export PATH := $(PATH):/usr/local/go/bin:/usr/lib/go/bin
 
-LIBCUDA_SRC := e2e/fakegpu/libcuda/libcuda.c e2e/fakegpu/libcuda/fakegpu_abi.h
+LIBCUDA_SRC := $(wildcard e2e/fakegpu/libcuda/*.c e2e/fakegpu/libcuda/*.h)
 GO_SRC      := $(shell find . -name '*.go' -not -path './bin/*') go.mod go.sum
 
-.PHONY: all build generate check-generate test test-unit lint demo bench clean deps install
+.PHONY: all build generate check-generate test test-unit lint demo bench realgpu clean deps deps-test install
 
 all: build
 
@@ -29,12 +31,14 @@ $(BIN)/fakegpud: $(GO_SRC)
 
 $(BIN)/libcuda.so.1: $(LIBCUDA_SRC)
 	@mkdir -p $(BIN)
-	$(CC) $(CFLAGS) -fPIC -fvisibility=hidden -shared -Wl,-soname,libcuda.so.1 -o $@ e2e/fakegpu/libcuda/libcuda.c -lpthread
+	$(CC) $(CFLAGS) -fPIC -fvisibility=hidden -fno-ipa-icf -shared -Wl,-soname,libcuda.so.1 -o $@ $(filter %.c,$(LIBCUDA_SRC)) -lpthread
 
 # The workloads load libcuda.so.1 with dlopen, found beside them through RUNPATH.
-$(BIN)/gpuwork: e2e/fakegpu/workloads/gpuwork.c
+GPUWORK_SRC := $(wildcard e2e/fakegpu/workloads/*.c e2e/fakegpu/workloads/*.h)
+
+$(BIN)/gpuwork: $(GPUWORK_SRC)
 	@mkdir -p $(BIN)
-	$(CC) $(CFLAGS) -Wl,-rpath,'$$ORIGIN' -o $@ $< -ldl -lm
+	$(CC) $(CFLAGS) -Wl,-rpath,'$$ORIGIN' -o $@ $(filter %.c,$(GPUWORK_SRC)) -ldl -lm
 
 # Regenerates the BPF objects (needs clang, llvm-strip, libbpf headers).
 generate:
@@ -52,7 +56,7 @@ lint:
 # skipped privileged test is a failure). Packages run one at a time: probes
 # see every process on the host, so one package's workloads would show up
 # in another's measurements.
-test: build lint
+test: deps-test build lint
 	GPUARB_BIN=$(CURDIR)/$(BIN) $(GOTEST) -p 1 -count=1 -timeout 40m ./...
 
 test-unit:
@@ -63,9 +67,17 @@ test-unit:
 demo: deps build
 	$(BIN)/gpuarb-lab demo
 
-# Regenerates BENCHMARKS.md and its charts (about 15 minutes). Needs root.
+# Regenerates BENCHMARKS.md and its charts (about 15 minutes, then about 70
+# for the fuzzer's 100 seeds). Needs root.
 bench: deps build
 	$(BIN)/gpuarb-lab bench --out BENCHMARKS.md
+
+# The real-GPU check (REALGPU.md section 4) on a host with an NVIDIA GPU,
+# CUDA and PyTorch; at most 10 minutes, no network: binaries already built
+# (carried to the GPU host) are used as they are. Writes e2e/realgpu/.
+realgpu:
+	@test -x $(BIN)/gpuarb-lab -a -x $(BIN)/gpuarb || $(MAKE) build
+	$(BIN)/gpuarb-lab realgpu --out e2e/realgpu
 
 # Installs gpuarb and its systemd unit (enable with systemctl enable --now gpuarb).
 install: $(BIN)/gpuarb
@@ -74,6 +86,10 @@ install: $(BIN)/gpuarb
 
 deps:
 	./scripts/install-deps.sh
+
+# What the tests need besides: QEMU for the libvirt hook's test.
+deps-test:
+	./scripts/install-deps.sh --test
 
 clean:
 	rm -rf $(BIN)

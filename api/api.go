@@ -12,6 +12,8 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"syscall"
 	"time"
 )
 
@@ -42,7 +44,35 @@ type Tenant struct {
 	GPUNSTotal    uint64 `json:"gpu_ns_total"`
 	LaunchesTotal uint64 `json:"launches_total"`
 	SyncsTotal    uint64 `json:"syncs_total"`
-	State         string `json:"state"` // running | throttled | frozen | idle
+	// State is what gpuarb does to it now: idle (no work), running (work,
+	// nothing held back), steered (its channel groups given a timeslice
+	// other than the driver's default, or paused part of each period, by
+	// gpuarb), paused (its groups off the GPU now), paced (its launches
+	// admitted at a rate), held (a process of it held at the launch gate
+	// now), frozen (its cgroup or process stopped now), throttled (between
+	// freezes of a timeslice-mode GPU).
+	State string `json:"state"`
+	// Actuator is how gpuarb holds it to its share: gpu scheduler, launch
+	// gate, freeze, freeze windows, or freeze (launch gate escaped) once
+	// GateEscapes reached 3; "launch gate (channel groups unknown)" on a
+	// steered GPU for a tenant whose channel groups gpuarb never saw.
+	Actuator string `json:"actuator,omitempty"`
+	// GateEscapes are its holds at the launch gate that someone else
+	// ended (a SIGCONT from a sibling): each escaped launch is charged,
+	// and at 3 its pacing moves to freezing its cgroup.
+	GateEscapes uint64 `json:"gate_escapes,omitempty"`
+	// Demand is what it would take of the GPU alone, as its waits and idle
+	// time say (1: backlogged); WantShare the part of the window its
+	// processes wanted the GPU, summed.
+	Demand    float64 `json:"demand"`
+	WantShare float64 `json:"want_share"`
+	// BurstNS is the GPU time one of its channel groups brings to a turn
+	// on the GPU before its work runs out (0: it fills any timeslice); a
+	// closed loop's is its work between syncs.
+	BurstNS float64 `json:"burst_ns,omitempty"`
+	// TimesliceUS is its channel groups' timeslice when gpuarb steers the
+	// GPU's scheduler (µs).
+	TimesliceUS int64 `json:"timeslice_us,omitempty"`
 	// Policy and the arbiter's decision.
 	Weight      int     `json:"weight"`
 	Limit       float64 `json:"limit,omitempty"`
@@ -63,6 +93,10 @@ type GPU struct {
 	Index     int     `json:"index"`
 	BusyShare float64 `json:"busy_share"`
 	Tenants   int     `json:"tenants"`
+	// Actuator is how its tenants are held to their shares; where it is not
+	// the GPU's own scheduler, SchedulerUnavailable says why.
+	Actuator             string `json:"actuator,omitempty"`
+	SchedulerUnavailable string `json:"scheduler_unavailable,omitempty"`
 }
 
 // Probes describes the probe layer behind the figures.
@@ -72,6 +106,20 @@ type Probes struct {
 	Events     uint64   `json:"events"`
 	LostEvents uint64   `json:"lost_events"`
 	PinPath    string   `json:"pin_path"`
+	// UprobeMulti tells whether libcuda is probed with uprobe_multi links.
+	UprobeMulti bool `json:"uprobe_multi"`
+	// UnrecordedLaunches are launches the launch gate let through
+	// unstopped because its table of held processes was full.
+	UnrecordedLaunches uint64 `json:"unrecorded_launches"`
+	// AttachDrops are libcuda opens and mapping scans left undone because
+	// too many were waiting.
+	AttachDrops uint64 `json:"attach_drops"`
+	// MappingScans are the processes with GPU channels searched for
+	// libcuda copies by what they map; FoundByMapping the copies found
+	// that way, under a name the openat probe does not match (renamed,
+	// from a memfd).
+	MappingScans   uint64 `json:"mapping_scans"`
+	FoundByMapping uint64 `json:"found_by_mapping"`
 }
 
 // Status is the daemon's status document.
@@ -152,8 +200,15 @@ func (c *Client) do(ctx context.Context, method, path, contentType string, body 
 	resp, err := c.http.Do(req)
 	if err != nil {
 		var ne *net.OpError
-		if errors.As(err, &ne) && ne.Op == "dial" {
+		switch {
+		case errors.As(err, &ne) && ne.Op == "dial" && errors.Is(err, os.ErrPermission):
+			return nil, fmt.Errorf("no permission to connect to the daemon's socket %s: run as root (or a user the socket's mode admits)", c.socket)
+		case errors.As(err, &ne) && ne.Op == "dial":
 			return nil, fmt.Errorf("%w (socket %s): start it with `gpuarb daemon`", ErrNoDaemon, c.socket)
+		case errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF):
+			// Connected to a listener that closed without answering: a
+			// daemon in the middle of exiting (killed, crashed).
+			return nil, fmt.Errorf("%w (socket %s): it closed the connection without answering", ErrNoDaemon, c.socket)
 		}
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package arbiter
 import (
 	"math"
 	"sort"
+	"time"
 
 	"github.com/gpuarb/gpuarb/policy"
 )
@@ -28,11 +29,15 @@ type Params struct {
 	// (default 10: the daemon's 1 s window at 100 ms periods); until then
 	// that share still shows work admitted before.
 	Settle int
+	// React is how many periods the control window (Input.Share) spans
+	// (default 3): the scheduler mode's corrections by that share are
+	// spread over it.
+	React int
 }
 
 // DefaultParams are the defaults documented on Params.
 func DefaultParams() Params {
-	return Params{MinDuty: 0.05, Increase: 0.05, Decrease: 0.8, Tolerance: 0.01, Settle: 10}
+	return Params{MinDuty: 0.05, Increase: 0.05, Decrease: 0.8, Tolerance: 0.01, Settle: 10, React: 3}
 }
 
 // Input is what the arbiter knows of one tenant on one GPU in a period.
@@ -67,6 +72,21 @@ type Input struct {
 	// Costed tells whether the meter has learned what its launches cost.
 	// Pacing needs that: a tenant is not paced on a guess.
 	Costed bool
+	// Demand is what it would take of the GPU alone, 0..1, from the
+	// evidence of its waits and its idle time (control's demand model).
+	Demand float64
+	// Groups is how many channel groups it has on the GPU (scheduler
+	// mode; 0 counts as one), BurstNS the GPU time one of them brings to a
+	// turn on the GPU before its work runs out (0: it never ran out in the
+	// control window, it fills any timeslice).
+	Groups  int
+	BurstNS float64
+	// Unsteered is set, on a GPU in scheduler mode, for a tenant whose
+	// channel groups gpuarb does not know (set up before the daemon
+	// started, or not through the probed driver): the GPU's scheduler
+	// cannot reach it, so it is paced at the launch gate while the others
+	// are steered.
+	Unsteered bool
 	// SyncP99MS and FPS are the measured SLO figures (0: none seen).
 	SyncP99MS float64
 	FPS       float64
@@ -85,6 +105,14 @@ type Decision struct {
 	Duty, Offset float64
 	// Paced is set in share mode: the duty is a submission rate.
 	Paced bool
+	// Scheduled is set when the GPU's own scheduler carries the decision:
+	// the tenant's channel groups take Weight of the GPU's rotation
+	// between them (their timeslices), and stay on the GPU Duty of each
+	// period (paused for the rest, from Offset).
+	Scheduled bool
+	Weight    float64
+	// Timeslice is each of its channel groups' timeslice (scheduler mode).
+	Timeslice time.Duration
 	// SLOMissed is set on latency tenants whose SLO is not held.
 	SLOMissed bool
 	// Reason explains the duty in a few words.
@@ -101,6 +129,8 @@ type key struct {
 type Arbiter struct {
 	p    Params
 	duty map[key]float64
+	// schedStates are the scheduler mode's tenants.
+	schedStates map[key]*schedState
 	// settled counts the periods a paced tenant's queue has stayed
 	// drained; it is steady at Settle. A queue before then is work from
 	// before it was paced (or costs learned since), drained first.
@@ -130,19 +160,42 @@ func New(p Params) *Arbiter {
 	if p.Settle <= 0 {
 		p.Settle = d.Settle
 	}
-	return &Arbiter{p: p, duty: map[key]float64{}, settled: map[key]int{}, pressed: map[key]bool{}}
+	if p.React <= 0 {
+		p.React = d.React
+	}
+	return &Arbiter{p: p, duty: map[key]float64{}, settled: map[key]int{}, pressed: map[key]bool{},
+		schedStates: map[key]*schedState{}}
 }
 
-// SetSettle sets Params.Settle: the periods one control window spans.
-func (a *Arbiter) SetSettle(periods int) {
-	if periods > 0 {
-		a.p.Settle = periods
+// SetWindows sets Params.React and Params.Settle: the periods the control
+// window and the meter's settled window span.
+func (a *Arbiter) SetWindows(react, settle int) {
+	if react > 0 {
+		a.p.React = react
+	}
+	if settle > 0 {
+		a.p.Settle = settle
 	}
 }
 
-// Step runs one control period over every tenant of every GPU. mode gives
-// each GPU's sharing mode. Decisions come per GPU, by tenant name.
-func (a *Arbiter) Step(in []Input, mode func(gpu int) policy.Mode) []Decision {
+// Actuation is how a GPU's tenants are held to their shares.
+type Actuation int
+
+const (
+	// Pacing admits each tenant's launches at its rate (the launch gate,
+	// or freezing while its account is in debt): share mode where the
+	// GPU's scheduler cannot be steered.
+	Pacing Actuation = iota
+	// Windows gives tenants exclusive slots by freezing (timeslice mode).
+	Windows
+	// Scheduler steers the GPU's own scheduler: timeslices and pauses of
+	// the tenants' channel groups (share mode where the driver allows it).
+	Scheduler
+)
+
+// Step runs one control period over every tenant of every GPU. actuation
+// gives each GPU's. Decisions come per GPU, by tenant name.
+func (a *Arbiter) Step(in []Input, actuation func(gpu int) Actuation) []Decision {
 	byGPU := map[int][]Input{}
 	for _, t := range in {
 		byGPU[t.GPU] = append(byGPU[t.GPU], t)
@@ -158,9 +211,12 @@ func (a *Arbiter) Step(in []Input, mode func(gpu int) policy.Mode) []Decision {
 		ts := byGPU[g] // a copy: the caller's slice keeps its order
 		sort.Slice(ts, func(i, j int) bool { return ts[i].Name < ts[j].Name })
 		var ds []Decision
-		if mode(g) == policy.ModeTimeslice {
+		switch actuation(g) {
+		case Windows:
 			ds = a.timeslice(ts)
-		} else {
+		case Scheduler:
+			ds = a.schedule(ts)
+		default:
 			ds = a.share(ts)
 		}
 		for _, d := range ds {
@@ -173,6 +229,11 @@ func (a *Arbiter) Step(in []Input, mode func(gpu int) policy.Mode) []Decision {
 			delete(a.duty, k)
 			delete(a.settled, k)
 			delete(a.pressed, k)
+		}
+	}
+	for k := range a.schedStates {
+		if !seen[k] {
+			delete(a.schedStates, k)
 		}
 	}
 	return out
@@ -214,11 +275,12 @@ func wants(t Input, duty, headroom float64) float64 {
 	case t.Rules.Priority == policy.Latency:
 		d = math.Min(1, t.Share*1.2+0.02)
 	case light(t, duty):
-		// Over the settled window: a tenant of short bursts uses much of
-		// a control window now and then, little on the whole, and many
-		// such would claim the GPU between them. One that grows
-		// to need more is backlogged at once.
-		d = math.Min(1, t.SettledShare*1.1+headroom)
+		// What it would take alone (its waits and idle time say), at least
+		// what it uses over the settled window (a tenant of short bursts
+		// uses much of a control window now and then, little on the whole,
+		// and many such would claim the GPU between them), and a little
+		// headroom. One that grows to need more is backlogged at once.
+		d = math.Min(1, math.Max(t.Demand, t.SettledShare*settledHeadroom)+headroom)
 	}
 	return d
 }
@@ -237,15 +299,18 @@ func light(t Input, duty float64) bool {
 	return t.Rules.Priority != policy.Latency && (duty >= 1 && !t.Backlogged || duty < 1 && !limitedByRate(t, duty))
 }
 
-// lightHeadroom is the share a light tenant is granted beyond 110% of what
-// it uses, and totalHeadroom what all of a GPU's light tenants are
-// granted at most (each less, when there are more than ten). A light
-// tenant runs freely whatever its target, so headroom only sets aside time
-// the others' targets leave out: kept small, or a host of light tenants
-// would hand most of the GPU to the slack taker alone.
+// settledHeadroom is how much more than it used over the settled window a
+// light tenant may want (10%: a closed loop slowed by the others' work
+// shows a little less than it needs); lightHeadroom is the share a light
+// tenant is granted beyond that, and totalHeadroom what all of a GPU's
+// light tenants are granted at most (each less, when there are more than
+// ten). A light tenant runs freely whatever its target, so headroom only
+// sets aside time the others' targets leave out: kept small, or a host of
+// light tenants would hand most of the GPU to the slack taker alone.
 const (
-	lightHeadroom = 0.002
-	totalHeadroom = 0.02
+	settledHeadroom = 1.1
+	lightHeadroom   = 0.002
+	totalHeadroom   = 0.02
 )
 
 // headroom is each light tenant's headroom among ts.

@@ -12,7 +12,8 @@ func rules(w int) policy.Rules {
 	return policy.Rules{Weight: policy.Weight(w), Priority: policy.Normal}
 }
 
-func share(int) policy.Mode { return policy.ModeShare }
+// pacing puts every GPU in pacing (share mode without the GPU's scheduler).
+func pacing(int) Actuation { return Pacing }
 
 func TestTargets(t *testing.T) {
 	full := func(Input) float64 { return 0.5 } // paced
@@ -66,7 +67,7 @@ func TestAIMD(t *testing.T) {
 	// from before, it admits nothing new until that has run.
 	in := []Input{hog("a", 0.8, 4), hog("b", 0.2, 1)}
 	in[0].Queued = 1.2
-	ds := a.Step(in, share)
+	ds := a.Step(in, pacing)
 	if ds[0].Duty != 0.05 || ds[0].Reason != "draining its queue" || !ds[0].Paced || ds[1].Duty != 1 || ds[1].Reason != "takes the slack" {
 		t.Fatalf("%+v", ds)
 	}
@@ -75,25 +76,25 @@ func TestAIMD(t *testing.T) {
 	in[0].Queued = 0.05
 	setShare(&in[0], 0.55)
 	setShare(&in[1], 0.45)
-	if ds = a.Step(in, share); ds[0].Duty != 0.5 || ds[0].Reason != "paced at target" {
+	if ds = a.Step(in, pacing); ds[0].Duty != 0.5 || ds[0].Reason != "paced at target" {
 		t.Fatalf("drained: %+v", ds[0])
 	}
 	for i := 0; i < 2; i++ {
-		if ds = a.Step(in, share); ds[0].Duty != 0.5 || ds[0].Reason != "settling" {
+		if ds = a.Step(in, pacing); ds[0].Duty != 0.5 || ds[0].Reason != "settling" {
 			t.Fatalf("settling period %d: %+v", i, ds[0])
 		}
 	}
 	// ...then a multiplicative decrease by what the excess needs, at most
 	// ×0.8, from the settled share, spread over the 3 periods it spans.
 	in[0].Share = 0.9 // the short window is not what steers it
-	ds = a.Step(in, share)
+	ds = a.Step(in, pacing)
 	if want := 0.5 * math.Pow(0.5/0.55, 1.0/3); math.Abs(ds[0].Duty-want) > 1e-9 || ds[0].Reason != "above target" {
 		t.Errorf("decrease: %+v, want duty %.4f", ds[0], want)
 	}
 	// Never below half the target.
 	setShare(&in[0], 0.9)
 	for i := 0; i < 20; i++ {
-		ds = a.Step(in, share)
+		ds = a.Step(in, pacing)
 	}
 	if ds[0].Duty != 0.25 {
 		t.Errorf("rate floor %v, want half the target", ds[0].Duty)
@@ -101,12 +102,12 @@ func TestAIMD(t *testing.T) {
 	// Below target: additive increase by the gap, at most Increase.
 	setShare(&in[0], 0.47)
 	setShare(&in[1], 0.53)
-	ds = a.Step(in, share)
+	ds = a.Step(in, pacing)
 	if math.Abs(ds[0].Duty-0.26) > 1e-9 || ds[0].Reason != "below target" {
 		t.Errorf("increase: %+v", ds[0])
 	}
 	setShare(&in[0], 0.3)
-	ds = a.Step(in, share)
+	ds = a.Step(in, pacing)
 	if want := 0.26 + 0.05/3; math.Abs(ds[0].Duty-want) > 1e-9 {
 		t.Errorf("increase capped at 0.05 a window: %+v, want %.4f", ds[0], want)
 	}
@@ -119,25 +120,25 @@ func TestAIMD(t *testing.T) {
 	// admitted piles up unserved.
 	setShare(&in[1], 0.7)
 	in[0].Queued = 0.6
-	ds = a.Step(in, share)
+	ds = a.Step(in, pacing)
 	if ds[1].Duty != 0.5 || ds[1].Reason != "paced at target" {
 		t.Errorf("crowding slack taker: %+v", ds[1])
 	}
 	// Alone: full duty at once.
 	in[1].Busy, in[0].Queued = false, 0
-	ds = a.Step(in, share)
+	ds = a.Step(in, pacing)
 	if ds[0].Duty != 1 || ds[1].Duty != 1 || ds[1].Reason != "idle" || ds[0].Reason != "alone on the GPU" {
 		t.Errorf("alone: %+v", ds)
 	}
 	// A limit applies even alone, and a limited tenant never takes the slack.
 	in[0].Rules.Limit = 0.3
 	setShare(&in[0], 0.9)
-	ds = a.Step(in, share)
+	ds = a.Step(in, pacing)
 	if ds[0].Duty != 0.3 || ds[0].Target != 0.3 || ds[0].Reason != "paced at target" {
 		t.Errorf("limit alone: %+v", ds[0])
 	}
 	in[1].Busy = true
-	ds = a.Step(in, share)
+	ds = a.Step(in, pacing)
 	if ds[0].Duty >= 1 || ds[1].Duty != 1 {
 		t.Errorf("limit beside another: %+v", ds)
 	}
@@ -148,7 +149,7 @@ func TestAIMD(t *testing.T) {
 func TestUncostedTakesTheSlack(t *testing.T) {
 	in := []Input{hog("learned", 0.5, 1), hog("new", 0.5, 4)}
 	in[1].Costed = false
-	ds := New(Params{}).Step(in, share)
+	ds := New(Params{}).Step(in, pacing)
 	if ds[0].Duty != 0.5 || ds[1].Duty != 1 || ds[1].Reason != "takes the slack" {
 		t.Errorf("%+v", ds)
 	}
@@ -159,7 +160,7 @@ func TestNotCompeting(t *testing.T) {
 	a := New(Params{})
 	in := []Input{hog("hog", 0.8, 1), hog("light", 0.2, 1)}
 	in[1].Backlogged = false
-	ds := a.Step(in, share)
+	ds := a.Step(in, pacing)
 	// light wants 0.2×1.1 and the headroom; hog gets the rest and takes the slack.
 	if math.Abs(ds[1].Target-(0.22+lightHeadroom)) > 1e-9 || ds[1].Duty != 1 || ds[0].Duty != 1 || ds[0].Reason != "takes the slack" {
 		t.Fatalf("%+v", ds)
@@ -170,7 +171,7 @@ func TestLatencySLO(t *testing.T) {
 	a := New(Params{})
 	lat := policy.Rules{Weight: 100, Priority: policy.Latency, SLO: policy.SLO{P99SyncMS: 10}}
 	in := []Input{hog("hog", 0.45, 1), {Name: "infer", Rules: lat, Busy: true, Costed: true, Share: 0.1, SettledShare: 0.1, SyncP99MS: 30}, hog("hog2", 0.45, 1)}
-	ds := a.Step(in, share) // sorted by name: hog, hog2, infer
+	ds := a.Step(in, pacing) // sorted by name: hog, hog2, infer
 	if ds[2].Duty != 1 || !ds[2].SLOMissed {
 		t.Errorf("latency tenant %+v", ds[2])
 	}
@@ -182,12 +183,12 @@ func TestLatencySLO(t *testing.T) {
 	in[1].SyncP99MS = 5
 	setShare(&in[0], 0.4)
 	setShare(&in[2], 0.4)
-	ds = a.Step(in, share)
+	ds = a.Step(in, pacing)
 	if ds[2].SLOMissed || math.Abs(ds[0].Duty-0.365) > 1e-9 || ds[0].Reason != "recovering" || math.Abs(ds[1].Duty-0.365) > 1e-9 {
 		t.Errorf("after the SLO holds: %+v", ds)
 	}
 	for i := 0; i < 20; i++ {
-		ds = a.Step(in, share)
+		ds = a.Step(in, pacing)
 	}
 	if math.Abs(ds[1].Duty-0.43) > 1e-9 {
 		t.Errorf("recovery capped at the target: %+v", ds[1])
@@ -197,7 +198,7 @@ func TestLatencySLO(t *testing.T) {
 func TestTimeslice(t *testing.T) {
 	a := New(Params{})
 	in := []Input{{Name: "a", Rules: rules(100), Busy: true}, {Name: "b", Rules: rules(300), Busy: true}, {Name: "c", Rules: rules(100)}}
-	ds := a.Step(in, func(int) policy.Mode { return policy.ModeTimeslice })
+	ds := a.Step(in, func(int) Actuation { return Windows })
 	if ds[0].Duty != 0.25 || ds[0].Offset != 0 || ds[1].Duty != 0.75 || ds[1].Offset != 0.25 || ds[2].Duty != 1 {
 		t.Errorf("%+v", ds)
 	}
@@ -209,13 +210,13 @@ func TestSlackTakerNotPressed(t *testing.T) {
 	a := New(Params{})
 	in := []Input{hog("a", 0.2, 1), hog("b", 0.8, 1)}
 	in[0].Rules.Weight, in[1].Rules.Weight = 100, 300
-	ds := a.Step(in, share) // b takes the slack, a is paced at 25%
+	ds := a.Step(in, pacing) // b takes the slack, a is paced at 25%
 	if ds[0].Duty != 0.25 || ds[1].Duty != 1 {
 		t.Fatalf("%+v", ds)
 	}
 	lat := policy.Rules{Weight: 100, Priority: policy.Latency}
 	in[1] = Input{Name: "b", Rules: lat, Busy: true, Costed: true, Share: 0.2, SettledShare: 0.2}
-	ds = a.Step(in, share)
+	ds = a.Step(in, pacing)
 	if ds[0].Duty != 1 || ds[0].Reason != "takes the slack" {
 		t.Errorf("a, no longer paced against anyone: %+v", ds[0])
 	}
@@ -235,18 +236,18 @@ func TestStickySlackTaker(t *testing.T) {
 		}
 		return ""
 	}
-	if got := free(a.Step(in, share)); got != "a" {
+	if got := free(a.Step(in, pacing)); got != "a" {
 		t.Fatalf("first taker %q, want a (shorter launches)", got)
 	}
 	for i := 0; i < 20; i++ {
 		in[0].LaunchNS, in[1].LaunchNS = in[1].LaunchNS, in[0].LaunchNS
-		if got := free(a.Step(in, share)); got != "a" {
+		if got := free(a.Step(in, pacing)); got != "a" {
 			t.Fatalf("period %d: taker %q, want a to stay", i, got)
 		}
 	}
 	// One whose costs are not learned goes first: it cannot be paced.
 	in[1].Costed = false
-	if got := free(a.Step(in, share)); got != "b" {
+	if got := free(a.Step(in, pacing)); got != "b" {
 		t.Fatalf("taker %q beside an uncosted tenant, want b", got)
 	}
 }
@@ -257,12 +258,12 @@ func TestStickySlackTaker(t *testing.T) {
 func TestIdlePacedTenantLetGo(t *testing.T) {
 	a := New(Params{})
 	in := []Input{hog("hog", 0.6, 1), hog("b", 0.4, 1)}
-	a.Step(in, share)
+	a.Step(in, pacing)
 	in[1].Backlogged, in[1].Held = false, false
 	setShare(&in[1], 0.001)
 	var ds []Decision
 	for i := 0; i < 30; i++ {
-		ds = a.Step(in, share)
+		ds = a.Step(in, pacing)
 	}
 	if ds[0].Name != "b" || ds[0].Duty < 1 || ds[1].Target < 0.99 { // sorted by name
 		t.Errorf("after 30 periods idle: %+v", ds)

@@ -51,21 +51,27 @@ type Gater struct {
 	heldSince time.Time // when the launch gate began holding a process (zero: none held)
 	thawedAt  time.Time
 	throttled time.Duration
+	escapes   uint64 // holds ended by someone else, while pacing at the launch gate
+	escalated bool   // paced by freezing since escapes reached escapeLimit
 	wake      chan struct{}
 }
 
 // LaunchGate admits a tenant's launches up to an allowance; the launch
 // beyond it holds its process until Release.
 type LaunchGate interface {
-	// Counts returns the launches admitted and the processes held so far
-	// (both cumulative).
-	Counts() (admitted, holds uint64, err error)
+	// Counts returns the launches admitted, the processes held and the
+	// holds someone else ended, the held launch running then (a sibling's
+	// SIGCONT), so far (all cumulative; an escaped launch counts in
+	// admitted once the process passes the gate again).
+	Counts() (admitted, holds, escapes uint64, err error)
 	// Allow lets admitted reach n (math.MaxUint64: no limit).
 	Allow(n uint64) error
 	// Held returns the processes held now, oldest first.
 	Held() ([]Held, error)
-	// Release continues a held process; its held launch runs then.
-	Release(Held) error
+	// Release continues a held process, its held launch running then, and
+	// reports whether it did: false when the hold was already gone (the
+	// process escaped) or replaced by a newer one.
+	Release(Held) (bool, error)
 }
 
 // Held is a process held at the launch gate.
@@ -92,6 +98,11 @@ const quietTicks = 5
 // so an overestimated cost never freezes it for longer.
 const maxDebt = 2 * time.Second
 
+// escapeLimit is how many holds of a tenant someone else may end (a
+// sibling's SIGCONT) before its pacing escalates from the launch gate to
+// freezing its cgroup, which no signal undoes.
+const escapeLimit = 3
+
 // defaultLaunchCost prices a launch before the meter has seen any of the
 // tenant's.
 const defaultLaunchCost = float64(time.Millisecond)
@@ -104,9 +115,12 @@ func NewGater(gate cgroup.Gate, period time.Duration, epoch time.Time) *Gater {
 // Set changes the duty cycle from the next period (window gating).
 func (g *Gater) Set(duty, offset float64) {
 	g.mu.Lock()
+	changed := g.duty != duty || g.offset != offset || g.paced
 	g.duty, g.offset, g.paced = duty, offset, false
 	g.mu.Unlock()
-	g.poke()
+	if changed {
+		g.poke()
+	}
 }
 
 // SetRate paces the tenant's submissions to rate (a fraction of the GPU's
@@ -144,6 +158,15 @@ func (g *Gater) State() (frozen bool, throttled time.Duration) {
 	return g.frozen, throttled
 }
 
+// Escapes reports how many of the tenant's holds at the launch gate
+// someone else ended, and whether that made its pacing escalate from the
+// launch gate to freezing its cgroup.
+func (g *Gater) Escapes() (escapes uint64, escalated bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.escapes, g.escalated
+}
+
 // HeldSince reports whether the gate held the tenant back at any time
 // since t: a tenant frozen with its queue drained shows no work, yet
 // wants the GPU.
@@ -158,10 +181,10 @@ func (g *Gater) Run(ctx context.Context) {
 	defer func() { g.thaw(time.Now()) }()
 	for ctx.Err() == nil {
 		g.mu.Lock()
-		paced := g.paced
+		paced, escalated := g.paced, g.escalated
 		g.mu.Unlock()
 		switch {
-		case paced && g.Launches != nil:
+		case paced && g.Launches != nil && !escalated:
 			g.runAdmission(ctx)
 		case paced:
 			g.runPaced(ctx)
@@ -198,6 +221,9 @@ func (g *Gater) runWindows(ctx context.Context) {
 		if !g.sleepUntil(ctx, freezeAt) {
 			return
 		}
+		if time.Now().Before(freezeAt) {
+			continue // woken by a new duty: plan the period again
+		}
 		g.mu.Lock()
 		paced = g.paced
 		g.mu.Unlock()
@@ -224,16 +250,19 @@ func (g *Gater) runWindows(ctx context.Context) {
 // to one period's worth; each admitted launch, and each held one as it is
 // released, is charged at the meter's launch cost; the allowance lets
 // through what the balance pays for, and held processes wait (oldest
-// first) until it pays for their launch. Ends (leaving the gate open and
-// nobody held) with ctx or when the gater stops pacing.
+// first) until it pays for their launch. A launch whose hold someone else
+// ended is charged when the gate counts it; at escapeLimit such escapes
+// the tenant is paced by freezing instead (escalated). Ends (leaving the
+// gate open and nobody held) with ctx, when the gater stops pacing or
+// when it escalates.
 func (g *Gater) runAdmission(ctx context.Context) {
 	tick := time.NewTicker(paceTick)
 	defer tick.Stop()
 	defer g.openGate()
-	last := time.Now()
-	admitted, holds, err := g.Launches.Counts()
+	acct := account{last: time.Now()}
+	admitted, holds, escaped, err := g.Launches.Counts()
 	g.report(err)
-	balance, released := 0.0, holds
+	released := holds
 	allowed, wrote := uint64(0), false
 	quiet, slow := 0, false
 	for {
@@ -242,39 +271,48 @@ func (g *Gater) runAdmission(ctx context.Context) {
 			return
 		}
 		now := time.Now()
-		n, h, err := g.Launches.Counts()
+		n, h, e, err := g.Launches.Counts()
 		if err != nil {
 			g.report(err)
 			continue
+		}
+		if e != escaped {
+			g.mu.Lock()
+			g.escapes += e - escaped
+			g.escalated = g.escapes >= escapeLimit
+			escalate := g.escalated
+			g.mu.Unlock()
+			escaped = e
+			if escalate {
+				return
+			}
 		}
 		cost := g.LaunchCost()
 		if cost <= 0 {
 			cost = defaultLaunchCost
 		}
-		burst := rate * float64(g.period)
-		// Credit beyond one period's worth is lost before the launches
-		// since the last settling are charged: a quiet pacer settles
-		// seldom, and must not hand out more than a busy one.
-		balance = math.Min(balance+rate*float64(now.Sub(last)), burst) - float64(n-admitted)*cost
+		acct.settle(now, rate, g.period, float64(n-admitted)*cost)
 		idle := n == admitted
-		last, admitted = now, n
+		admitted = n
 		var held []Held
 		if h != released || g.holding() {
 			held, err = g.Launches.Held()
 			g.report(err)
 			released = h
 		}
-		for len(held) > 0 && (rate >= 1 || balance >= 0) {
-			g.report(g.Launches.Release(held[0]))
-			balance -= cost
+		for len(held) > 0 && (rate >= 1 || acct.balance >= 0) {
+			released, err := g.Launches.Release(held[0])
+			g.report(err)
+			if released {
+				acct.charge(cost, rate)
+			}
 			held = held[1:]
 		}
-		balance = math.Max(math.Min(balance, burst), -rate*float64(maxDebt))
 		allow := uint64(math.MaxUint64)
 		if rate < 1 {
 			allow = n // held processes go first
-			if len(held) == 0 && balance > 0 {
-				allow = n + uint64(balance/cost)
+			if len(held) == 0 && acct.balance > 0 {
+				allow = n + uint64(acct.balance/cost)
 			}
 		}
 		if !wrote || allow != allowed {
@@ -318,7 +356,8 @@ func (g *Gater) openGate() {
 	held, err := g.Launches.Held()
 	g.report(err)
 	for _, h := range held {
-		g.report(g.Launches.Release(h))
+		_, err := g.Launches.Release(h)
+		g.report(err)
 	}
 	g.noteHeld(false, time.Now())
 }
@@ -349,15 +388,14 @@ func (g *Gater) report(err error) {
 	}
 }
 
-// runPaced keeps the tenant's account: credit accrues at its rate up to
-// one period's worth, submissions are charged as the meter costs them, and
-// the tenant is frozen while the balance is negative.
+// runPaced keeps the tenant's account: submissions are charged as the
+// meter costs them, and the tenant is frozen while the balance is
+// negative.
 func (g *Gater) runPaced(ctx context.Context) {
 	tick := time.NewTicker(paceTick)
 	defer tick.Stop()
-	last := time.Now()
+	acct := account{last: time.Now()}
 	spent := g.Submitted()
-	balance := 0.0
 	var frozenAt time.Time
 	for {
 		rate, ok := g.await(ctx, tick)
@@ -367,21 +405,42 @@ func (g *Gater) runPaced(ctx context.Context) {
 		}
 		now := time.Now()
 		s := g.Submitted()
-		burst := rate * float64(g.period)
-		balance += rate*float64(now.Sub(last)) - (s - spent)
-		balance = math.Max(math.Min(balance, burst), -rate*float64(maxDebt))
-		last, spent = now, s
+		acct.settle(now, rate, g.period, s-spent)
+		spent = s
 		g.mu.Lock()
 		frozen := g.frozen
 		g.mu.Unlock()
 		switch {
-		case (rate >= 1 || balance >= 0) && frozen:
+		case (rate >= 1 || acct.balance >= 0) && frozen:
 			g.thaw(frozenAt)
-		case rate < 1 && balance < 0 && !frozen:
+		case rate < 1 && acct.balance < 0 && !frozen:
 			frozenAt = now
 			g.freeze(now)
 		}
 	}
+}
+
+// account is a paced tenant's credit, in GPU ns, shared by both ways of
+// pacing (at the launch gate and by freezing): it accrues at the rate (GPU
+// ns per ns) up to one period's worth, is charged what the tenant
+// submits, and owes at most maxDebt's worth.
+type account struct {
+	balance float64
+	last    time.Time // when credit last accrued
+}
+
+// settle accrues the credit since the last settling, then charges spent.
+// Credit beyond one period's worth is lost before the charge: a quiet
+// pacer settles seldom, and must not hand out more than a busy one.
+func (a *account) settle(now time.Time, rate float64, period time.Duration, spent float64) {
+	a.balance = math.Min(a.balance+rate*float64(now.Sub(a.last)), rate*float64(period))
+	a.last = now
+	a.charge(spent, rate)
+}
+
+// charge takes ns from the balance, down to the most debt rate allows.
+func (a *account) charge(ns, rate float64) {
+	a.balance = math.Max(a.balance-ns, -rate*float64(maxDebt))
 }
 
 func (g *Gater) freeze(from time.Time) {

@@ -4,10 +4,12 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -280,5 +282,140 @@ func TestUnknownLibcudaIsRefused(t *testing.T) {
 	}
 	if n := len(p.Libcudas()); n != 0 {
 		t.Errorf("%d libcudas attached", n)
+	}
+}
+
+// TestEveryMeteredEntryPointIsProbed reads the simulated GPU's libcuda: every
+// cu* function it exports must be one gpuarb knows, every one of a metered
+// class must be probed, and every probed entry point must be one it exports
+// (so the probes are exercised against it).
+func TestEveryMeteredEntryPointIsProbed(t *testing.T) {
+	exports, err := LibcudaExports(testutil.Bin(t, "libcuda.so.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	exported := map[string]bool{}
+	for _, x := range exports {
+		exported[x.Symbol] = true
+		switch {
+		case x.Class == "":
+			t.Errorf("libcuda exports %s, which gpuarb does not know: classify it in bpf.EntryPoints", x.Symbol)
+		case x.Metered && !x.Probed:
+			t.Errorf("%s (%s) is metered but not probed", x.Symbol, x.Class)
+		}
+	}
+	probed := 0
+	for _, e := range EntryPoints {
+		if e.Func == 0 {
+			continue
+		}
+		probed++
+		if !exported[e.Symbol] {
+			t.Errorf("probed entry point %s is not exported by the simulated libcuda", e.Symbol)
+		}
+		if !e.Class.Metered() {
+			t.Errorf("%s is probed but its class %s is not metered", e.Symbol, e.Class)
+		}
+	}
+	if probed != int(gpuarbCudaFuncCU_FUNC_MAX)-1 {
+		t.Errorf("%d entry points probed, enum cuda_func numbers %d", probed, int(gpuarbCudaFuncCU_FUNC_MAX)-1)
+	}
+}
+
+// With gpuarb_held full the gate stops nobody it could not record (nothing
+// would ever continue it): the launches run, counted as unrecorded.
+func TestLaunchGateNeverStopsUnrecorded(t *testing.T) {
+	gpu := testutil.StartFakeGPU(t)
+	p := loadForTest(t, Options{})
+	if _, err := p.AttachLibcuda(testutil.Bin(t, "libcuda.so.1")); err != nil {
+		t.Fatal(err)
+	}
+	g, err := p.NewLaunchGate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	cg := testutil.NewCgroup(t, "unrecorded")
+	if err := g.SetMembers([]uint64{cg.ID}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Allow(2); err != nil {
+		t.Fatal(err)
+	}
+	filler := gpuarbHeldProc{Gate: g.Slot() + 1}
+	for i := uint32(0); i < p.objs.GpuarbHeld.MaxEntries(); i++ {
+		if err := p.objs.GpuarbHeld.Put(uint32(1<<30)+i, &filler); err != nil {
+			t.Fatalf("fill gpuarb_held at %d: %v", i, err)
+		}
+	}
+	w := testutil.Start(t, cg, gpu.Workload(t, "hog", "--kernel-ms", "1", "--depth", "2", "--duration", "0.3"))
+	if err := w.Wait(t, 15*time.Second); err != nil {
+		t.Fatalf("the workload did not finish with the held table full: %v", err)
+	}
+	n, err := g.Unrecorded()
+	if err != nil || n == 0 {
+		t.Errorf("unrecorded launches %d (%v), want > 0", n, err)
+	}
+	if all, err := p.UnrecordedLaunches(); err != nil || all != n {
+		t.Errorf("unrecorded launches over every gate %d (%v), want %d", all, err, n)
+	}
+	if held, err := g.Held(); err != nil || len(held) != 0 {
+		t.Errorf("held %v (%v), want none", held, err)
+	}
+}
+
+// A libcuda path through a process's root is resolved inside that root: a
+// container's symlink to an absolute host path does not lead onto the
+// host, and a FIFO named libcuda.so.1 is refused at once instead of
+// blocking the caller.
+func TestAttachLibcudaStaysInTheProcessRoot(t *testing.T) {
+	p := loadForTest(t, Options{})
+	busybox, err := exec.LookPath("busybox")
+	if err != nil {
+		t.Skip("busybox not installed")
+	}
+	hostLib := testutil.Bin(t, "libcuda.so.1")
+	root := t.TempDir()
+	for _, d := range []string{"bin", "lib/escape", "lib/real", "lib/fifo"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	copyFile(t, busybox, filepath.Join(root, "bin", "busybox"), 0o755)
+	copyFile(t, hostLib, filepath.Join(root, "lib", "real", "libcuda.so.1"), 0o644)
+	if err := os.Symlink(hostLib, filepath.Join(root, "lib", "escape", "libcuda.so.1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mkfifo(filepath.Join(root, "lib", "fifo", "libcuda.so.1"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("/bin/busybox", "sleep", "30")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: root}
+	testutil.Start(t, nil, cmd)
+	in := func(rel string) string { return fmt.Sprintf("/proc/%d/root%s", cmd.Process.Pid, rel) }
+
+	if _, err := p.AttachLibcuda(in("/lib/escape/libcuda.so.1")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a symlink to %s, followed inside the container's root: %v, want not found", hostLib, err)
+	}
+	start := time.Now()
+	if _, err := p.AttachLibcuda(in("/lib/fifo/libcuda.so.1")); !errors.Is(err, ErrNotLibcuda) || time.Since(start) > time.Second {
+		t.Errorf("a FIFO named libcuda.so.1: %v after %v, want ErrNotLibcuda at once", err, time.Since(start))
+	}
+	if ok, err := p.AttachLibcuda(in("/lib/real/libcuda.so.1")); !ok || err != nil {
+		t.Errorf("the container's own libcuda: attached %v, %v", ok, err)
+	}
+	if got := p.Libcudas(); len(got) != 1 || got[0] != in("/lib/real/libcuda.so.1") {
+		t.Errorf("probed %v, want only the container's own copy", got)
+	}
+}
+
+func copyFile(t *testing.T, from, to string, mode os.FileMode) {
+	t.Helper()
+	data, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(to, data, mode); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/features"
@@ -84,7 +86,7 @@ func trivialProgram(typ ebpf.ProgramType, attach ebpf.AttachType, attachTo strin
 func probeUprobe() error {
 	prog, err := trivialProgram(ebpf.Kprobe, ebpf.AttachNone, "")
 	if err != nil {
-		return fmt.Errorf("load kprobe-type program: %w", err)
+		return loadRefused("load kprobe-type program", err)
 	}
 	defer prog.Close()
 	libc, err := linkerCachePath("libc.so.6")
@@ -105,7 +107,7 @@ func probeUprobe() error {
 func probeKprobe() error {
 	prog, err := trivialProgram(ebpf.Kprobe, ebpf.AttachNone, "")
 	if err != nil {
-		return fmt.Errorf("load kprobe-type program: %w", err)
+		return loadRefused("load kprobe-type program", err)
 	}
 	defer prog.Close()
 	l, err := link.Kprobe("do_sys_openat2", prog, nil)
@@ -118,9 +120,21 @@ func probeKprobe() error {
 func probeFentry() error {
 	prog, err := trivialProgram(ebpf.Tracing, ebpf.AttachTraceFEntry, "do_sys_openat2")
 	if err != nil {
-		return fmt.Errorf("load fentry program: %w", err)
+		return loadRefused("load fentry program", err)
 	}
 	return prog.Close()
+}
+
+// loadRefused words a failed probe load for an operator: as root, EPERM
+// means the kernel does not allow that program type here (cilium/ebpf's
+// hint about RLIMIT_MEMLOCK does not apply on the kernels gpuarb supports
+// with BTF, which account BPF memory to the cgroup, and gpuarb's own
+// programs load under the same limit).
+func loadRefused(what string, err error) error {
+	if errors.Is(err, unix.EPERM) {
+		return fmt.Errorf("%s: refused by this kernel (EPERM)", what)
+	}
+	return fmt.Errorf("%s: %w", what, err)
 }
 
 // Lockdown returns the kernel lockdown mode ("none", "integrity",

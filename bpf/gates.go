@@ -147,14 +147,45 @@ func (p *Probes) countMembers(delta int) {
 	_ = p.objs.GateMembers.Set(uint32(max(t.members, 0)))
 }
 
-// Counts returns how many launches the gate has let through and how many
-// times it has held a process.
-func (g *LaunchGate) Counts() (admitted, holds uint64, err error) {
+// Counts returns how many launches the gate has let through, how many
+// times it has held a process, and how many of those holds someone else
+// ended (a sibling's SIGCONT: the held launch ran, and was counted in
+// admitted when the process next passed the gate).
+func (g *LaunchGate) Counts() (admitted, holds, escapes uint64, err error) {
 	var v gpuarbGate
 	if err := g.p.objs.GpuarbGates.Lookup(g.slot, &v); err != nil {
-		return 0, 0, fmt.Errorf("launch gate %d: read: %w", g.slot, err)
+		return 0, 0, 0, fmt.Errorf("launch gate %d: read: %w", g.slot, err)
 	}
-	return v.Admitted, v.Holds, nil
+	return v.Admitted, v.Holds, v.Escapes, nil
+}
+
+// Unrecorded counts the launches beyond the allowance that the gate let
+// through because gpuarb_held was full: a process the gate cannot record
+// is never stopped, since nothing would continue it.
+func (g *LaunchGate) Unrecorded() (uint64, error) {
+	var v gpuarbGate
+	if err := g.p.objs.GpuarbGates.Lookup(g.slot, &v); err != nil {
+		return 0, fmt.Errorf("launch gate %d: read: %w", g.slot, err)
+	}
+	return v.Unrecorded, nil
+}
+
+// UnrecordedLaunches sums Unrecorded over every gate: launches let through
+// unstopped because gpuarb_held was full.
+func (p *Probes) UnrecordedLaunches() (uint64, error) {
+	var (
+		slot  uint32
+		v     gpuarbGate
+		total uint64
+	)
+	it := p.objs.GpuarbGates.Iterate()
+	for it.Next(&slot, &v) {
+		total += v.Unrecorded
+	}
+	if err := it.Err(); err != nil {
+		return 0, fmt.Errorf("launch gates: read: %w", err)
+	}
+	return total, nil
 }
 
 // Allow lets admitted launches reach n; math.MaxUint64 opens the gate.
@@ -176,8 +207,13 @@ func (g *LaunchGate) Held() ([]HeldProcess, error) {
 
 // Forget removes a hold from the held table, before the caller continues
 // the process: once continued, the process may be held again under the
-// same pid, and that hold must stay.
-func (g *LaunchGate) Forget(h HeldProcess) error { return forgetHeld(g.p.objs.GpuarbHeld, h) }
+// same pid, and that hold must stay. It reports whether the hold was
+// still there: gone, someone else continued the process (the gate
+// charged the escape) or it exited; replaced, the process was held anew.
+// Either way the caller must not continue it.
+func (g *LaunchGate) Forget(h HeldProcess) (bool, error) {
+	return forgetHeld(g.p.objs.GpuarbHeld, h)
+}
 
 // Close removes the gate's members and opens it. Processes it still holds
 // stay held: the caller continues them (Held) first.
@@ -218,21 +254,26 @@ func readHeld(m *ebpf.Map) ([]HeldProcess, error) {
 }
 
 // forgetHeld deletes the hold h if the table still has it (not a later
-// hold of the same pid). The process is stopped while its hold stands, so
-// nothing replaces the entry between the check and the delete.
-func forgetHeld(m *ebpf.Map, h HeldProcess) error {
+// hold of the same pid) and reports whether it did. The process is stopped
+// while its hold stands, so nothing replaces the entry between the check
+// and the delete, unless someone else continues it meanwhile: then the
+// delete may race the gate's own, which charges the escape.
+func forgetHeld(m *ebpf.Map, h HeldProcess) (bool, error) {
 	var cur gpuarbHeldProc
 	err := m.Lookup(uint32(h.PID), &cur)
 	if errors.Is(err, ebpf.ErrKeyNotExist) || (err == nil && cur.SinceNs != h.Since) {
-		return nil
+		return false, nil
 	}
 	if err == nil {
 		err = m.Delete(uint32(h.PID))
 	}
-	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return fmt.Errorf("forget held pid %d: %w", h.PID, err)
+	switch {
+	case errors.Is(err, ebpf.ErrKeyNotExist):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("forget held pid %d: %w", h.PID, err)
 	}
-	return nil
+	return true, nil
 }
 
 // ReleasePinnedHeld opens every launch gate pinned under pinPath (so that
@@ -255,7 +296,9 @@ func ReleasePinnedHeld(pinPath string, release func(HeldProcess) error) ([]HeldP
 	}
 	errs := []error{errOpen}
 	for _, h := range held {
-		if err := forgetHeld(m, h); err != nil {
+		// Continued whether or not the hold was still there: nothing may
+		// stay stopped after the daemon.
+		if _, err := forgetHeld(m, h); err != nil {
 			errs = append(errs, err)
 			continue
 		}

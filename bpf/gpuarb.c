@@ -34,10 +34,24 @@ struct files_struct {
 	struct fdtable *fdt;
 } __attribute__((preserve_access_index));
 
+typedef struct {
+	unsigned long sig[1];
+} sigset_t;
+
+struct sigpending {
+	sigset_t signal;
+} __attribute__((preserve_access_index));
+
+struct signal_struct {
+	struct sigpending shared_pending; /* signals queued for the process */
+} __attribute__((preserve_access_index));
+
 struct task_struct {
 	struct files_struct *files;
 	struct task_struct *group_leader;
 	__u64 start_boottime;
+	struct signal_struct *signal;
+	unsigned long jobctl;
 } __attribute__((preserve_access_index));
 
 /* Syscall tracepoint records (stable tracefs format). */
@@ -93,6 +107,8 @@ struct ioctl_stash {
 	__u32 major;
 	__u32 minor;
 	__u32 kind;
+	__u32 fd;
+	__u32 pad;
 };
 
 struct cuda_key {
@@ -241,8 +257,10 @@ static __always_inline __u64 wakeup_flag(const struct event *e)
 										    : BPF_RB_NO_WAKEUP;
 }
 
-/* Keep the event type in the object's BTF for bpf2go. */
+/* Keep the event type and the entry point numbers in the object's BTF for
+ * bpf2go. */
 const struct event *unused_event __attribute__((unused));
+const enum cuda_func *unused_cuda_func __attribute__((unused));
 
 static __always_inline void count_lost(void)
 {
@@ -349,6 +367,32 @@ static __always_inline __u32 *gate_slot(__u32 tgid)
 	return NULL;
 }
 
+/* Reports whether a stop is on its way to the current thread: SIGSTOP
+ * queued for its process, or a group stop it has yet to take part in
+ * (JOBCTL_STOP_PENDING, bit 17 of task->jobctl since Linux 3.1). */
+static __always_inline int stop_pending(struct task_struct *task)
+{
+	return (task->signal->shared_pending.signal.sig[0] & (1UL << (SIGSTOP - 1))) ||
+	       (task->jobctl & (1UL << 17));
+}
+
+/* Charges the hold of a process that passes its gate again although the
+ * table still holds it: gpuarb forgets a hold before it continues the
+ * process, so someone else did (a sibling's SIGCONT) and the held launch
+ * ran. A thread of a process held a moment ago that has not stopped yet
+ * (the stop still on its way) is not such a case. */
+static __always_inline void charge_escape(__u32 tgid, __u32 slot, struct gate *g, struct task_struct *task)
+{
+	struct held_proc *prev = bpf_map_lookup_elem(&gpuarb_held, &tgid);
+
+	if (!prev || prev->gate != slot || stop_pending(task))
+		return;
+	if (prev->flags & HELD_UNCOUNTED)
+		__sync_fetch_and_add(&g->admitted, 1);
+	__sync_fetch_and_add(&g->escapes, 1);
+	bpf_map_delete_elem(&gpuarb_held, &tgid);
+}
+
 /* Passes one launch (or submission) through the process's gate. Beyond the
  * allowance the process is recorded as held and stopped: the signal lands
  * on the way back to user space, before a probed function's body runs (a
@@ -372,17 +416,25 @@ static __always_inline int gate_pass(__u64 pid_tgid, __u64 now, int submitted)
 	allowed = bpf_map_lookup_elem(&gpuarb_gate_allow, slot);
 	if (!g || !allowed)
 		return 0;
+	task = bpf_get_current_task_btf();
+	charge_escape(tgid, *slot, g, task);
 	if (__sync_fetch_and_add(&g->admitted, 1) < *allowed)
 		return 0;
-	if (!submitted)
-		__sync_fetch_and_add(&g->admitted, -1); /* it runs, and is counted, at release */
-	__sync_fetch_and_add(&g->holds, 1);
-	task = bpf_get_current_task_btf();
 	__builtin_memset(&h, 0, sizeof(h));
 	h.since_ns = now;
 	h.start_ns = task->group_leader->start_boottime;
 	h.gate = *slot;
-	bpf_map_update_elem(&gpuarb_held, &tgid, &h, BPF_ANY);
+	h.flags = submitted ? 0 : HELD_UNCOUNTED;
+	if (bpf_map_update_elem(&gpuarb_held, &tgid, &h, BPF_ANY)) {
+		/* gpuarb_held is full: a process not recorded there would never
+		 * be continued (neither by the daemon nor by the guardian), so
+		 * it is not stopped; the launch runs, counted. */
+		__sync_fetch_and_add(&g->unrecorded, 1);
+		return 0;
+	}
+	if (!submitted)
+		__sync_fetch_and_add(&g->admitted, -1); /* it runs, and is counted, at release */
+	__sync_fetch_and_add(&g->holds, 1);
 	bpf_send_signal(SIGSTOP);
 	return 1;
 }
@@ -411,6 +463,8 @@ int gpuarb_ioctl_enter(struct sys_enter_ctx *ctx)
 	st.ts = bpf_ktime_get_ns();
 	st.arg = ctx->args[2];
 	st.cmd = (__u32)ctx->args[1];
+	st.fd = (__u32)ctx->args[0];
+	st.pad = 0;
 	st.major = key.major;
 	st.minor = key.minor;
 	st.kind = dev->kind;
@@ -555,6 +609,7 @@ int gpuarb_ioctl_exit(struct sys_exit_ctx *ctx)
 	e->dev_minor = st.minor;
 	e->dev_kind = st.kind;
 	e->cmd = st.cmd;
+	e->args[0] = st.fd; /* the descriptor: an RM client is bound to its open file */
 
 	switch (st.kind) {
 	case DEV_NVIDIA_CTL:
@@ -574,7 +629,11 @@ int gpuarb_ioctl_exit(struct sys_exit_ctx *ctx)
 	return 0;
 }
 
-/* ---- libcuda uprobes ---- */
+/* ---- libcuda uprobes ----
+ *
+ * One program per call shape, attached to every exported variant of it
+ * (plain, _ptsz, _ptds, _v2 ...) with the variant's enum cuda_func as the
+ * cookie. Launches trap once: no uretprobe on a launch path. */
 
 static __always_inline struct event *cuda_event(__u32 func, __u64 now, struct cgroup_stats **sp)
 {
@@ -593,12 +652,27 @@ static __always_inline struct event *cuda_event(__u32 func, __u64 now, struct cg
 	return e;
 }
 
-static __always_inline __u64 stack_arg(struct pt_regs *ctx, int n)
+/* The n-th argument (1-based) of a function entered at ctx (x86-64 SysV:
+ * six in registers, the rest above the return address). The registers
+ * are read first, each at its constant offset: a load through a ctx
+ * pointer the compiler offset and merged across branches is refused. */
+static __always_inline __u64 arg_n(struct pt_regs *ctx, __u32 n)
 {
-	/* x86-64 SysV: argument 7 is at rsp+8 on function entry. */
+	__u64 a1 = PT_REGS_PARM1(ctx), a2 = PT_REGS_PARM2(ctx), a3 = PT_REGS_PARM3(ctx);
+	__u64 a4 = PT_REGS_PARM4(ctx), a5 = PT_REGS_PARM5(ctx), a6 = ctx->r9; /* PT_REGS_PARM6, absent from libbpf 1.1 */
 	__u64 v = 0;
 
-	bpf_probe_read_user(&v, sizeof(v), (const void *)(PT_REGS_SP(ctx) + 8 * (n - 6)));
+	asm volatile("" : "+r"(a1), "+r"(a2), "+r"(a3), "+r"(a4), "+r"(a5), "+r"(a6));
+	switch (n) {
+	case 1: return a1;
+	case 2: return a2;
+	case 3: return a3;
+	case 4: return a4;
+	case 5: return a5;
+	case 6: return a6;
+	}
+	if (n > 6 && n < 16)
+		bpf_probe_read_user(&v, sizeof(v), (const void *)(PT_REGS_SP(ctx) + 8 * (n - 6)));
 	return v;
 }
 
@@ -610,13 +684,15 @@ static __always_inline void count_launch(struct cgroup_stats *s)
 	}
 }
 
-/* cuLaunchKernel / cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, ...) */
-static __always_inline int launch_kernel(struct pt_regs *ctx, __u32 func)
+/* cuLaunchKernel / cuLaunchCooperativeKernel (and _ptsz): (f, gx, gy, gz,
+ * bx, by, bz, shmem, stream, ...) */
+SEC("uprobe/cuLaunchKernel")
+int gpuarb_cu_launch(struct pt_regs *ctx)
 {
 	__u64 now = bpf_ktime_get_ns();
 	int held = gate_pass(bpf_get_current_pid_tgid(), now, 0);
 	struct cgroup_stats *s;
-	struct event *e = cuda_event(func, now, &s);
+	struct event *e = cuda_event(COOKIE_FUNC(bpf_get_attach_cookie(ctx)), now, &s);
 
 	count_launch(s);
 	if (!e)
@@ -628,26 +704,15 @@ static __always_inline int launch_kernel(struct pt_regs *ctx, __u32 func)
 	e->args[2] = (__u32)PT_REGS_PARM3(ctx);
 	e->args[3] = (__u32)PT_REGS_PARM4(ctx);
 	e->args[4] = (__u32)PT_REGS_PARM5(ctx);
-	e->args[5] = (__u32)ctx->r9; /* PT_REGS_PARM6, absent from libbpf 1.1 */
-	e->args[6] = (__u32)stack_arg(ctx, 7);
-	e->args[7] = stack_arg(ctx, 9);
+	e->args[5] = (__u32)ctx->r9;
+	e->args[6] = (__u32)arg_n(ctx, 7);
+	e->args[7] = arg_n(ctx, 9);
 	bpf_ringbuf_submit(e, wakeup_flag(e));
 	return 0;
 }
 
-SEC("uprobe/cuLaunchKernel")
-int gpuarb_cu_launch(struct pt_regs *ctx)
-{
-	return launch_kernel(ctx, CU_LAUNCH_KERNEL);
-}
-
-SEC("uprobe/cuLaunchCooperativeKernel")
-int gpuarb_cu_launch_coop(struct pt_regs *ctx)
-{
-	return launch_kernel(ctx, CU_LAUNCH_COOPERATIVE);
-}
-
-/* cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params, void **extra) */
+/* cuLaunchKernelEx (and _ptsz): (const CUlaunchConfig *config, CUfunction f,
+ * void **params, void **extra) */
 SEC("uprobe/cuLaunchKernelEx")
 int gpuarb_cu_launch_ex(struct pt_regs *ctx)
 {
@@ -661,7 +726,7 @@ int gpuarb_cu_launch_ex(struct pt_regs *ctx)
 	__u64 now = bpf_ktime_get_ns();
 	int held = gate_pass(bpf_get_current_pid_tgid(), now, 0);
 	struct cgroup_stats *s;
-	struct event *e = cuda_event(CU_LAUNCH_KERNEL_EX, now, &s);
+	struct event *e = cuda_event(COOKIE_FUNC(bpf_get_attach_cookie(ctx)), now, &s);
 
 	count_launch(s);
 	if (!e)
@@ -682,14 +747,14 @@ int gpuarb_cu_launch_ex(struct pt_regs *ctx)
 	return 0;
 }
 
-/* cuGraphLaunch(CUgraphExec exec, CUstream stream) */
+/* cuGraphLaunch (and _ptsz): (CUgraphExec exec, CUstream stream) */
 SEC("uprobe/cuGraphLaunch")
 int gpuarb_cu_graph_launch(struct pt_regs *ctx)
 {
 	__u64 now = bpf_ktime_get_ns();
 	int held = gate_pass(bpf_get_current_pid_tgid(), now, 0);
 	struct cgroup_stats *s;
-	struct event *e = cuda_event(CU_GRAPH_LAUNCH, now, &s);
+	struct event *e = cuda_event(COOKIE_FUNC(bpf_get_attach_cookie(ctx)), now, &s);
 
 	count_launch(s);
 	if (!e)
@@ -702,28 +767,37 @@ int gpuarb_cu_graph_launch(struct pt_regs *ctx)
 	return 0;
 }
 
-/* cuEventRecord(CUevent event, CUstream stream): marks how far a stream's
- * work reaches, so an event synchronize later tells which work drained. */
+/* Calls whose first two arguments are all the meter needs: cuEventRecord
+ * (event, stream) and its variants marks how far a stream's work reaches,
+ * so a later event synchronize or query tells which work drained;
+ * cuStreamWaitEvent (stream, event, flags) makes a stream wait for
+ * another's record; cuCtxDestroy (ctx), cuDevicePrimaryCtxRelease and
+ * Reset (dev) end a context. */
 SEC("uprobe/cuEventRecord")
-int gpuarb_cu_event_record(struct pt_regs *ctx)
+int gpuarb_cu_two_args(struct pt_regs *ctx)
 {
 	struct cgroup_stats *s;
-	struct event *e = cuda_event(CU_EVENT_RECORD, bpf_ktime_get_ns(), &s);
+	struct event *e = cuda_event(COOKIE_FUNC(bpf_get_attach_cookie(ctx)), bpf_ktime_get_ns(), &s);
 
 	if (!e)
 		return 0;
 	e->args[0] = PT_REGS_PARM1(ctx);
-	e->args[7] = PT_REGS_PARM2(ctx);
+	e->args[1] = PT_REGS_PARM2(ctx);
+	if (e->func == CU_CTX_DESTROY)
+		untrack_object(e->tgid, 0, e->args[0]);
 	bpf_ringbuf_submit(e, wakeup_flag(e));
 	return 0;
 }
 
-/* Copies and memsets: (dst, src|value, bytes[, stream]). */
-static __always_inline int copy_call(struct pt_regs *ctx, __u32 func, int async)
+/* Copies and memsets: the cookie says where the byte count and the stream
+ * are; (dst, src|value, ...) first. */
+SEC("uprobe/cuMemcpy")
+int gpuarb_cu_copy(struct pt_regs *ctx)
 {
+	__u64 cookie = bpf_get_attach_cookie(ctx);
 	struct cgroup_stats *s;
-	struct event *e = cuda_event(func, bpf_ktime_get_ns(), &s);
-	__u64 bytes = PT_REGS_PARM3(ctx);
+	struct event *e = cuda_event(COOKIE_FUNC(cookie), bpf_ktime_get_ns(), &s);
+	__u64 bytes = arg_n(ctx, COOKIE_BYTES_ARG(cookie)) << COOKIE_BYTES_SHIFT(cookie);
 
 	if (s) {
 		__sync_fetch_and_add(&s->copies, 1);
@@ -734,60 +808,23 @@ static __always_inline int copy_call(struct pt_regs *ctx, __u32 func, int async)
 	e->args[0] = PT_REGS_PARM1(ctx);
 	e->args[1] = PT_REGS_PARM2(ctx);
 	e->args[2] = bytes;
-	if (async)
-		e->args[7] = PT_REGS_PARM4(ctx);
+	if (COOKIE_STREAM_ARG(cookie))
+		e->args[7] = arg_n(ctx, COOKIE_STREAM_ARG(cookie));
 	bpf_ringbuf_submit(e, wakeup_flag(e));
 	return 0;
 }
 
-SEC("uprobe/cuMemcpyHtoD_v2")
-int gpuarb_cu_memcpy_htod(struct pt_regs *ctx)
-{
-	return copy_call(ctx, CU_MEMCPY_HTOD, 0);
-}
-
-SEC("uprobe/cuMemcpyDtoH_v2")
-int gpuarb_cu_memcpy_dtoh(struct pt_regs *ctx)
-{
-	return copy_call(ctx, CU_MEMCPY_DTOH, 0);
-}
-
-SEC("uprobe/cuMemcpyHtoDAsync_v2")
-int gpuarb_cu_memcpy_htod_async(struct pt_regs *ctx)
-{
-	return copy_call(ctx, CU_MEMCPY_HTOD_ASYNC, 1);
-}
-
-SEC("uprobe/cuMemcpyDtoHAsync_v2")
-int gpuarb_cu_memcpy_dtoh_async(struct pt_regs *ctx)
-{
-	return copy_call(ctx, CU_MEMCPY_DTOH_ASYNC, 1);
-}
-
-SEC("uprobe/cuMemsetD8_v2")
-int gpuarb_cu_memset(struct pt_regs *ctx)
-{
-	return copy_call(ctx, CU_MEMSET_D8, 0);
-}
-
-SEC("uprobe/cuMemsetD8Async")
-int gpuarb_cu_memset_async(struct pt_regs *ctx)
-{
-	return copy_call(ctx, CU_MEMSET_D8_ASYNC, 1);
-}
-
 /* Calls measured from entry to return: the entry stashes, the return emits. */
-static __always_inline int stash_entry(__u32 func, __u64 a0, __u64 a1, __u64 a2)
+static __always_inline void stash_entry(__u32 func, __u64 now, __u64 a0, __u64 a1, __u64 a2)
 {
 	struct cuda_key k = { .pid_tgid = bpf_get_current_pid_tgid(), .func = func };
-	struct cuda_stash v = { .ts = bpf_ktime_get_ns(), .args = { a0, a1, a2 } };
+	struct cuda_stash v = { .ts = now, .args = { a0, a1, a2 } };
 
 	bpf_map_update_elem(&gpuarb_pend_cu, &k, &v, BPF_ANY);
-	return 0;
 }
 
-static __always_inline struct event *finish_call(struct pt_regs *ctx, __u32 func,
-						 struct cuda_stash *out, struct cgroup_stats **sp)
+static __always_inline struct event *finish_call(struct pt_regs *ctx, __u32 func, struct cuda_stash *out,
+						 struct cgroup_stats **sp)
 {
 	struct cuda_key k = { .pid_tgid = bpf_get_current_pid_tgid(), .func = func };
 	struct cuda_stash *st = bpf_map_lookup_elem(&gpuarb_pend_cu, &k);
@@ -806,8 +843,33 @@ static __always_inline struct event *finish_call(struct pt_regs *ctx, __u32 func
 	return e;
 }
 
-static __always_inline int sync_return(struct pt_regs *ctx, __u32 func)
+/* Synchronizing calls: cuStreamSynchronize (and _ptsz), cuCtxSynchronize,
+ * cuCtxSynchronize_v2, cuEventSynchronize; (handle) or none. The entry
+ * tells that the process now waits for the GPU (it has work outstanding),
+ * the return how long it waited. */
+SEC("uprobe/cuStreamSynchronize")
+int gpuarb_cu_sync(struct pt_regs *ctx)
 {
+	__u32 func = COOKIE_FUNC(bpf_get_attach_cookie(ctx));
+	__u64 now = bpf_ktime_get_ns();
+	__u64 handle = func == CU_CTX_SYNC ? 0 : PT_REGS_PARM1(ctx);
+	struct cgroup_stats *s;
+	struct event *e;
+
+	stash_entry(func, now, handle, 0, 0);
+	e = cuda_event(func, now, &s);
+	if (!e)
+		return 0;
+	e->flags |= EVF_BEGIN;
+	e->args[0] = handle;
+	bpf_ringbuf_submit(e, wakeup_flag(e));
+	return 0;
+}
+
+SEC("uretprobe/cuStreamSynchronize")
+int gpuarb_cu_sync_ret(struct pt_regs *ctx)
+{
+	__u32 func = COOKIE_FUNC(bpf_get_attach_cookie(ctx));
 	struct cuda_stash st;
 	struct cgroup_stats *s = NULL;
 	struct event *e = finish_call(ctx, func, &st, &s);
@@ -823,47 +885,102 @@ static __always_inline int sync_return(struct pt_regs *ctx, __u32 func)
 	return 0;
 }
 
-SEC("uprobe/cuStreamSynchronize")
-int gpuarb_cu_stream_sync(struct pt_regs *ctx)
+/* Completion queries: cuEventQuery (event), cuStreamQuery (and _ptsz)
+ * (stream). A polling loop queries until the work is done; per queried
+ * handle only its first NOT_READY (a wait began: EVF_BEGIN) and the
+ * success that ends it (ts_enter: when the wait began) reach the ring, so
+ * a poll reads as a sync. A success without a wait proves the work done;
+ * repeated ones within POLL_QUIET_NS are not sent again. */
+#define CUDA_ERROR_NOT_READY 600
+#define POLL_QUIET_NS 1000000
+
+struct poll_key {
+	__u32 tgid;
+	__u32 tid; /* for a NULL stream, whose meaning is per thread */
+	__u64 handle;
+};
+
+struct poll_state {
+	__u64 since;  /* the first NOT_READY of this wait, or the last success sent */
+	__s32 last;   /* the last result */
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct poll_key);
+	__type(value, struct poll_state);
+} gpuarb_polls SEC(".maps");
+
+SEC("uprobe/cuEventQuery")
+int gpuarb_cu_query(struct pt_regs *ctx)
 {
-	return stash_entry(CU_STREAM_SYNC, PT_REGS_PARM1(ctx), 0, 0);
+	stash_entry(COOKIE_FUNC(bpf_get_attach_cookie(ctx)), bpf_ktime_get_ns(), PT_REGS_PARM1(ctx), 0, 0);
+	return 0;
 }
 
-SEC("uretprobe/cuStreamSynchronize")
-int gpuarb_cu_stream_sync_ret(struct pt_regs *ctx)
+SEC("uretprobe/cuEventQuery")
+int gpuarb_cu_query_ret(struct pt_regs *ctx)
 {
-	return sync_return(ctx, CU_STREAM_SYNC);
+	__u32 func = COOKIE_FUNC(bpf_get_attach_cookie(ctx));
+	__u64 id = bpf_get_current_pid_tgid(), now = bpf_ktime_get_ns();
+	struct cuda_key ck = { .pid_tgid = id, .func = func };
+	struct cuda_stash *st = bpf_map_lookup_elem(&gpuarb_pend_cu, &ck);
+	struct poll_key k = { .tgid = id >> 32 };
+	struct poll_state *ps, fresh = {};
+	struct cgroup_stats *s;
+	struct event *e;
+	__s32 ret = (__s32)PT_REGS_RC(ctx);
+	__u64 begin = now;
+	__u32 flags = 0;
+
+	if (!st)
+		return 0;
+	k.handle = st->args[0];
+	if (!k.handle)
+		k.tid = (__u32)id;
+	bpf_map_delete_elem(&gpuarb_pend_cu, &ck);
+	ps = bpf_map_lookup_elem(&gpuarb_polls, &k);
+	if (ret == CUDA_ERROR_NOT_READY) {
+		if (ps && ps->last == CUDA_ERROR_NOT_READY)
+			return 0; /* the wait goes on */
+		fresh.since = now;
+		fresh.last = ret;
+		bpf_map_update_elem(&gpuarb_polls, &k, &fresh, BPF_ANY);
+		flags = EVF_BEGIN;
+	} else if (ret == 0) {
+		if (ps && ps->last == 0 && now - ps->since < POLL_QUIET_NS)
+			return 0;
+		if (ps && ps->last == CUDA_ERROR_NOT_READY)
+			begin = ps->since;
+		fresh.since = now;
+		bpf_map_update_elem(&gpuarb_polls, &k, &fresh, BPF_ANY);
+	} else {
+		return 0; /* an error: no evidence */
+	}
+	e = cuda_event(func, now, &s);
+	if (!e)
+		return 0;
+	e->flags |= flags;
+	e->ts_enter = begin;
+	e->ret = ret;
+	e->args[0] = k.handle;
+	bpf_ringbuf_submit(e, wakeup_flag(e));
+	return 0;
 }
 
-SEC("uprobe/cuCtxSynchronize")
-int gpuarb_cu_ctx_sync(struct pt_regs *ctx)
-{
-	return stash_entry(CU_CTX_SYNC, 0, 0, 0);
-}
-
-SEC("uretprobe/cuCtxSynchronize")
-int gpuarb_cu_ctx_sync_ret(struct pt_regs *ctx)
-{
-	return sync_return(ctx, CU_CTX_SYNC);
-}
-
-SEC("uprobe/cuEventSynchronize")
-int gpuarb_cu_event_sync(struct pt_regs *ctx)
-{
-	return stash_entry(CU_EVENT_SYNC, PT_REGS_PARM1(ctx), 0, 0);
-}
-
-SEC("uretprobe/cuEventSynchronize")
-int gpuarb_cu_event_sync_ret(struct pt_regs *ctx)
-{
-	return sync_return(ctx, CU_EVENT_SYNC);
-}
-
-/* cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) */
+/* Context creation: cuCtxCreate_v2 (pctx, flags, dev), _v3 (pctx, params,
+ * n, flags, dev), _v4 (pctx, params, flags, dev), cuDevicePrimaryCtxRetain
+ * (pctx, dev); the cookie says where the device is. */
 SEC("uprobe/cuCtxCreate_v2")
 int gpuarb_cu_ctx_create(struct pt_regs *ctx)
 {
-	return stash_entry(CU_CTX_CREATE, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx));
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+
+	stash_entry(COOKIE_FUNC(cookie), bpf_ktime_get_ns(), PT_REGS_PARM1(ctx), 0,
+		    arg_n(ctx, COOKIE_DEVICE_ARG(cookie)));
+	return 0;
 }
 
 SEC("uretprobe/cuCtxCreate_v2")
@@ -871,14 +988,13 @@ int gpuarb_cu_ctx_create_ret(struct pt_regs *ctx)
 {
 	struct cuda_stash st;
 	struct cgroup_stats *s;
-	struct event *e = finish_call(ctx, CU_CTX_CREATE, &st, &s);
+	struct event *e = finish_call(ctx, COOKIE_FUNC(bpf_get_attach_cookie(ctx)), &st, &s);
 	__u64 handle = 0;
 
 	if (!e)
 		return 0;
 	bpf_probe_read_user(&handle, sizeof(handle), (const void *)st.args[0]);
 	e->args[0] = handle;
-	e->args[1] = st.args[1];
 	e->args[2] = (__u32)st.args[2];
 	if (e->ret == 0)
 		track_object(e->tgid, 0, handle, e->cgroup_id, e->ts_exit, 0, (__u32)st.args[2]);
@@ -886,27 +1002,14 @@ int gpuarb_cu_ctx_create_ret(struct pt_regs *ctx)
 	return 0;
 }
 
-/* cuCtxDestroy_v2(CUcontext ctx) */
-SEC("uprobe/cuCtxDestroy_v2")
-int gpuarb_cu_ctx_destroy(struct pt_regs *ctx)
-{
-	struct cgroup_stats *s;
-	struct event *e = cuda_event(CU_CTX_DESTROY, bpf_ktime_get_ns(), &s);
-	__u64 handle = PT_REGS_PARM1(ctx);
-
-	untrack_object(bpf_get_current_pid_tgid() >> 32, 0, handle);
-	if (!e)
-		return 0;
-	e->args[0] = handle;
-	bpf_ringbuf_submit(e, wakeup_flag(e));
-	return 0;
-}
-
-/* cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes) */
+/* cuMemAlloc_v2 (CUdeviceptr *dptr, size_t bytes) and cuMemAllocAsync (and
+ * _ptsz) (dptr, bytes, stream). */
 SEC("uprobe/cuMemAlloc_v2")
 int gpuarb_cu_mem_alloc(struct pt_regs *ctx)
 {
-	return stash_entry(CU_MEM_ALLOC, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), 0);
+	stash_entry(COOKIE_FUNC(bpf_get_attach_cookie(ctx)), bpf_ktime_get_ns(), PT_REGS_PARM1(ctx),
+		    PT_REGS_PARM2(ctx), 0);
+	return 0;
 }
 
 SEC("uretprobe/cuMemAlloc_v2")
@@ -914,7 +1017,7 @@ int gpuarb_cu_mem_alloc_ret(struct pt_regs *ctx)
 {
 	struct cuda_stash st;
 	struct cgroup_stats *s = NULL;
-	struct event *e = finish_call(ctx, CU_MEM_ALLOC, &st, &s);
+	struct event *e = finish_call(ctx, COOKIE_FUNC(bpf_get_attach_cookie(ctx)), &st, &s);
 	struct alloc_key k = {};
 	struct alloc_info v = { .bytes = st.args[1] };
 	__u64 dptr = 0;
@@ -935,12 +1038,13 @@ int gpuarb_cu_mem_alloc_ret(struct pt_regs *ctx)
 	return 0;
 }
 
-/* cuMemFree_v2(CUdeviceptr dptr): the size comes from the allocation table. */
+/* cuMemFree_v2 (dptr) and cuMemFreeAsync (and _ptsz) (dptr, stream): the
+ * size comes from the allocation table. */
 SEC("uprobe/cuMemFree_v2")
 int gpuarb_cu_mem_free(struct pt_regs *ctx)
 {
 	struct cgroup_stats *s;
-	struct event *e = cuda_event(CU_MEM_FREE, bpf_ktime_get_ns(), &s);
+	struct event *e = cuda_event(COOKIE_FUNC(bpf_get_attach_cookie(ctx)), bpf_ktime_get_ns(), &s);
 	struct alloc_key k = { .tgid = bpf_get_current_pid_tgid() >> 32, .dptr = PT_REGS_PARM1(ctx) };
 	struct alloc_info *a = bpf_map_lookup_elem(&gpuarb_allocs, &k);
 	__u64 bytes = 0;

@@ -23,28 +23,89 @@ enum event_type {
 	EV_LIBCUDA_OPEN = 4,
 };
 
-/* libcuda entry points, numbered as in ioctlspy.CudaFunc. */
+/* libcuda entry points gpuarb probes, one number per exported variant. The
+ * number is the uprobe's cookie (bpf_get_attach_cookie), so one program
+ * serves every variant of a call shape; bpf2go generates the Go constants
+ * (bpf.CudaFunc) from this enum, and bpf.EntryPoints names each symbol. */
 enum cuda_func {
 	CU_LAUNCH_KERNEL = 1,
-	CU_LAUNCH_KERNEL_EX = 2,
-	CU_LAUNCH_COOPERATIVE = 3,
-	CU_GRAPH_LAUNCH = 4,
-	CU_MEMCPY_HTOD = 5,
-	CU_MEMCPY_DTOH = 6,
-	CU_MEMCPY_HTOD_ASYNC = 7,
-	CU_MEMCPY_DTOH_ASYNC = 8,
-	CU_MEMSET_D8 = 9,
-	CU_MEMSET_D8_ASYNC = 10,
-	CU_STREAM_SYNC = 11,
-	CU_CTX_SYNC = 12,
-	CU_EVENT_SYNC = 13,
-	CU_CTX_CREATE = 14,
-	CU_CTX_DESTROY = 15,
-	CU_MEM_ALLOC = 16,
-	CU_MEM_FREE = 17,
-	CU_EVENT_RECORD = 18,
-	CU_FUNC_MAX = 19,
+	CU_LAUNCH_KERNEL_PTSZ,
+	CU_LAUNCH_KERNEL_EX,
+	CU_LAUNCH_KERNEL_EX_PTSZ,
+	CU_LAUNCH_COOPERATIVE,
+	CU_LAUNCH_COOPERATIVE_PTSZ,
+	CU_GRAPH_LAUNCH,
+	CU_GRAPH_LAUNCH_PTSZ,
+	CU_EVENT_RECORD,
+	CU_EVENT_RECORD_PTSZ,
+	CU_EVENT_RECORD_WITH_FLAGS,
+	CU_EVENT_RECORD_WITH_FLAGS_PTSZ,
+	CU_STREAM_WAIT_EVENT,
+	CU_STREAM_WAIT_EVENT_PTSZ,
+	CU_STREAM_SYNC,
+	CU_STREAM_SYNC_PTSZ,
+	CU_CTX_SYNC,
+	CU_CTX_SYNC_V2,
+	CU_EVENT_SYNC,
+	CU_EVENT_QUERY,
+	CU_STREAM_QUERY,
+	CU_STREAM_QUERY_PTSZ,
+	CU_CTX_CREATE_V2,
+	CU_CTX_CREATE_V3,
+	CU_CTX_CREATE_V4,
+	CU_PRIMARY_CTX_RETAIN,
+	CU_CTX_DESTROY,
+	CU_PRIMARY_CTX_RELEASE,
+	CU_PRIMARY_CTX_RELEASE_V2,
+	CU_PRIMARY_CTX_RESET,
+	CU_PRIMARY_CTX_RESET_V2,
+	CU_MEM_ALLOC,
+	CU_MEM_ALLOC_ASYNC,
+	CU_MEM_ALLOC_ASYNC_PTSZ,
+	CU_MEM_FREE,
+	CU_MEM_FREE_ASYNC,
+	CU_MEM_FREE_ASYNC_PTSZ,
+	CU_MEMCPY_HTOD,
+	CU_MEMCPY_HTOD_PTDS,
+	CU_MEMCPY_DTOH,
+	CU_MEMCPY_DTOH_PTDS,
+	CU_MEMCPY_DTOD,
+	CU_MEMCPY_DTOD_PTDS,
+	CU_MEMCPY_HTOD_ASYNC,
+	CU_MEMCPY_HTOD_ASYNC_PTSZ,
+	CU_MEMCPY_DTOH_ASYNC,
+	CU_MEMCPY_DTOH_ASYNC_PTSZ,
+	CU_MEMCPY_DTOD_ASYNC,
+	CU_MEMCPY_DTOD_ASYNC_PTSZ,
+	CU_MEMCPY,
+	CU_MEMCPY_PTDS,
+	CU_MEMCPY_ASYNC,
+	CU_MEMCPY_ASYNC_PTSZ,
+	CU_MEMCPY_PEER,
+	CU_MEMCPY_PEER_PTDS,
+	CU_MEMCPY_PEER_ASYNC,
+	CU_MEMCPY_PEER_ASYNC_PTSZ,
+	CU_MEMSET_D8,
+	CU_MEMSET_D8_PTDS,
+	CU_MEMSET_D8_ASYNC,
+	CU_MEMSET_D8_ASYNC_PTSZ,
+	CU_MEMSET_D32,
+	CU_MEMSET_D32_PTDS,
+	CU_MEMSET_D32_ASYNC,
+	CU_MEMSET_D32_ASYNC_PTSZ,
+	CU_FUNC_MAX,
 };
+
+/* A uprobe cookie: the entry point's number in its low 16 bits and, for
+ * call shapes whose arguments move between variants, where they are:
+ * the byte count's and the stream's argument (1-based; 0: none) and a
+ * shift that turns the count into bytes (memset D32 counts words), or for
+ * context creation the device's argument. */
+#define COOKIE_FUNC(c) ((__u32)(c)&0xffff)
+#define COOKIE_BYTES_ARG(c) (((c) >> 16) & 0xf)
+#define COOKIE_STREAM_ARG(c) (((c) >> 20) & 0xf)
+#define COOKIE_BYTES_SHIFT(c) (((c) >> 24) & 0xf)
+#define COOKIE_DEVICE_ARG(c) (((c) >> 16) & 0xf)
 
 /* Device table key: minor 0xffffffff matches the whole major. */
 struct dev_key {
@@ -89,6 +150,10 @@ enum event_flags {
 	 * when the process is released; an ioctl submission went through and
 	 * the process stopped after it. */
 	EVF_HELD = 1,
+	/* A wait began: the entry of a synchronizing call, or the first
+	 * query of a polling loop that found the work not done. Its end
+	 * comes as a record without the flag. */
+	EVF_BEGIN = 2,
 };
 
 /* Launch gates: the arbiter's admission control, inside the launch path.
@@ -111,16 +176,25 @@ struct gate_key {
  * probes; its allowance (admitted may reach it) is in gpuarb_gate_allow,
  * written only by the daemon, so neither side overwrites the other. */
 struct gate {
-	__u64 admitted; /* launches let through */
-	__u64 holds;    /* processes stopped at this gate so far */
+	__u64 admitted;   /* launches let through */
+	__u64 holds;      /* processes stopped at this gate so far */
+	__u64 unrecorded; /* launches beyond the allowance let through because
+			   * gpuarb_held was full: a process that cannot be
+			   * recorded is never stopped (nothing would continue it) */
+	__u64 escapes;    /* held processes continued by someone else (a
+			   * sibling's SIGCONT): their held launch ran, charged
+			   * when they next pass the gate */
 };
+
+/* held_proc.flags */
+#define HELD_UNCOUNTED 1 /* the held launch is not in gate.admitted yet */
 
 /* A process the gate stopped, pinned as gpuarb_held (key: tgid). */
 struct held_proc {
 	__u64 since_ns; /* CLOCK_MONOTONIC when it was stopped */
 	__u64 start_ns; /* its start time (boot-based), against pid reuse */
 	__u32 gate;     /* the gate slot that holds it */
-	__u32 pad;
+	__u32 flags;    /* HELD_* */
 };
 
 /* One record on the ring buffer. Layout is mirrored by ioctlspy.Record. */

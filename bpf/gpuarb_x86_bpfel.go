@@ -54,6 +54,77 @@ type gpuarbCtxKey struct {
 	Handle uint64
 }
 
+type gpuarbCudaFunc uint32
+
+const (
+	gpuarbCudaFuncCU_LAUNCH_KERNEL                gpuarbCudaFunc = 1
+	gpuarbCudaFuncCU_LAUNCH_KERNEL_PTSZ           gpuarbCudaFunc = 2
+	gpuarbCudaFuncCU_LAUNCH_KERNEL_EX             gpuarbCudaFunc = 3
+	gpuarbCudaFuncCU_LAUNCH_KERNEL_EX_PTSZ        gpuarbCudaFunc = 4
+	gpuarbCudaFuncCU_LAUNCH_COOPERATIVE           gpuarbCudaFunc = 5
+	gpuarbCudaFuncCU_LAUNCH_COOPERATIVE_PTSZ      gpuarbCudaFunc = 6
+	gpuarbCudaFuncCU_GRAPH_LAUNCH                 gpuarbCudaFunc = 7
+	gpuarbCudaFuncCU_GRAPH_LAUNCH_PTSZ            gpuarbCudaFunc = 8
+	gpuarbCudaFuncCU_EVENT_RECORD                 gpuarbCudaFunc = 9
+	gpuarbCudaFuncCU_EVENT_RECORD_PTSZ            gpuarbCudaFunc = 10
+	gpuarbCudaFuncCU_EVENT_RECORD_WITH_FLAGS      gpuarbCudaFunc = 11
+	gpuarbCudaFuncCU_EVENT_RECORD_WITH_FLAGS_PTSZ gpuarbCudaFunc = 12
+	gpuarbCudaFuncCU_STREAM_WAIT_EVENT            gpuarbCudaFunc = 13
+	gpuarbCudaFuncCU_STREAM_WAIT_EVENT_PTSZ       gpuarbCudaFunc = 14
+	gpuarbCudaFuncCU_STREAM_SYNC                  gpuarbCudaFunc = 15
+	gpuarbCudaFuncCU_STREAM_SYNC_PTSZ             gpuarbCudaFunc = 16
+	gpuarbCudaFuncCU_CTX_SYNC                     gpuarbCudaFunc = 17
+	gpuarbCudaFuncCU_CTX_SYNC_V2                  gpuarbCudaFunc = 18
+	gpuarbCudaFuncCU_EVENT_SYNC                   gpuarbCudaFunc = 19
+	gpuarbCudaFuncCU_EVENT_QUERY                  gpuarbCudaFunc = 20
+	gpuarbCudaFuncCU_STREAM_QUERY                 gpuarbCudaFunc = 21
+	gpuarbCudaFuncCU_STREAM_QUERY_PTSZ            gpuarbCudaFunc = 22
+	gpuarbCudaFuncCU_CTX_CREATE_V2                gpuarbCudaFunc = 23
+	gpuarbCudaFuncCU_CTX_CREATE_V3                gpuarbCudaFunc = 24
+	gpuarbCudaFuncCU_CTX_CREATE_V4                gpuarbCudaFunc = 25
+	gpuarbCudaFuncCU_PRIMARY_CTX_RETAIN           gpuarbCudaFunc = 26
+	gpuarbCudaFuncCU_CTX_DESTROY                  gpuarbCudaFunc = 27
+	gpuarbCudaFuncCU_PRIMARY_CTX_RELEASE          gpuarbCudaFunc = 28
+	gpuarbCudaFuncCU_PRIMARY_CTX_RELEASE_V2       gpuarbCudaFunc = 29
+	gpuarbCudaFuncCU_PRIMARY_CTX_RESET            gpuarbCudaFunc = 30
+	gpuarbCudaFuncCU_PRIMARY_CTX_RESET_V2         gpuarbCudaFunc = 31
+	gpuarbCudaFuncCU_MEM_ALLOC                    gpuarbCudaFunc = 32
+	gpuarbCudaFuncCU_MEM_ALLOC_ASYNC              gpuarbCudaFunc = 33
+	gpuarbCudaFuncCU_MEM_ALLOC_ASYNC_PTSZ         gpuarbCudaFunc = 34
+	gpuarbCudaFuncCU_MEM_FREE                     gpuarbCudaFunc = 35
+	gpuarbCudaFuncCU_MEM_FREE_ASYNC               gpuarbCudaFunc = 36
+	gpuarbCudaFuncCU_MEM_FREE_ASYNC_PTSZ          gpuarbCudaFunc = 37
+	gpuarbCudaFuncCU_MEMCPY_HTOD                  gpuarbCudaFunc = 38
+	gpuarbCudaFuncCU_MEMCPY_HTOD_PTDS             gpuarbCudaFunc = 39
+	gpuarbCudaFuncCU_MEMCPY_DTOH                  gpuarbCudaFunc = 40
+	gpuarbCudaFuncCU_MEMCPY_DTOH_PTDS             gpuarbCudaFunc = 41
+	gpuarbCudaFuncCU_MEMCPY_DTOD                  gpuarbCudaFunc = 42
+	gpuarbCudaFuncCU_MEMCPY_DTOD_PTDS             gpuarbCudaFunc = 43
+	gpuarbCudaFuncCU_MEMCPY_HTOD_ASYNC            gpuarbCudaFunc = 44
+	gpuarbCudaFuncCU_MEMCPY_HTOD_ASYNC_PTSZ       gpuarbCudaFunc = 45
+	gpuarbCudaFuncCU_MEMCPY_DTOH_ASYNC            gpuarbCudaFunc = 46
+	gpuarbCudaFuncCU_MEMCPY_DTOH_ASYNC_PTSZ       gpuarbCudaFunc = 47
+	gpuarbCudaFuncCU_MEMCPY_DTOD_ASYNC            gpuarbCudaFunc = 48
+	gpuarbCudaFuncCU_MEMCPY_DTOD_ASYNC_PTSZ       gpuarbCudaFunc = 49
+	gpuarbCudaFuncCU_MEMCPY                       gpuarbCudaFunc = 50
+	gpuarbCudaFuncCU_MEMCPY_PTDS                  gpuarbCudaFunc = 51
+	gpuarbCudaFuncCU_MEMCPY_ASYNC                 gpuarbCudaFunc = 52
+	gpuarbCudaFuncCU_MEMCPY_ASYNC_PTSZ            gpuarbCudaFunc = 53
+	gpuarbCudaFuncCU_MEMCPY_PEER                  gpuarbCudaFunc = 54
+	gpuarbCudaFuncCU_MEMCPY_PEER_PTDS             gpuarbCudaFunc = 55
+	gpuarbCudaFuncCU_MEMCPY_PEER_ASYNC            gpuarbCudaFunc = 56
+	gpuarbCudaFuncCU_MEMCPY_PEER_ASYNC_PTSZ       gpuarbCudaFunc = 57
+	gpuarbCudaFuncCU_MEMSET_D8                    gpuarbCudaFunc = 58
+	gpuarbCudaFuncCU_MEMSET_D8PTDS                gpuarbCudaFunc = 59
+	gpuarbCudaFuncCU_MEMSET_D8ASYNC               gpuarbCudaFunc = 60
+	gpuarbCudaFuncCU_MEMSET_D8ASYNC_PTSZ          gpuarbCudaFunc = 61
+	gpuarbCudaFuncCU_MEMSET_D32                   gpuarbCudaFunc = 62
+	gpuarbCudaFuncCU_MEMSET_D32PTDS               gpuarbCudaFunc = 63
+	gpuarbCudaFuncCU_MEMSET_D32ASYNC              gpuarbCudaFunc = 64
+	gpuarbCudaFuncCU_MEMSET_D32ASYNC_PTSZ         gpuarbCudaFunc = 65
+	gpuarbCudaFuncCU_FUNC_MAX                     gpuarbCudaFunc = 66
+)
+
 type gpuarbCudaKey struct {
 	_       structs.HostLayout
 	PidTgid uint64
@@ -105,9 +176,11 @@ type gpuarbEvent struct {
 }
 
 type gpuarbGate struct {
-	_        structs.HostLayout
-	Admitted uint64
-	Holds    uint64
+	_          structs.HostLayout
+	Admitted   uint64
+	Holds      uint64
+	Unrecorded uint64
+	Escapes    uint64
 }
 
 type gpuarbGateKey struct {
@@ -122,7 +195,7 @@ type gpuarbHeldProc struct {
 	SinceNs uint64
 	StartNs uint64
 	Gate    uint32
-	Pad     uint32
+	Flags   uint32
 }
 
 type gpuarbIoctlStash struct {
@@ -133,6 +206,8 @@ type gpuarbIoctlStash struct {
 	Major uint32
 	Minor uint32
 	Kind  uint32
+	Fd    uint32
+	Pad   uint32
 }
 
 type gpuarbLostCounter struct {
@@ -145,6 +220,20 @@ type gpuarbPathBuf struct {
 	Path [128]int8
 }
 
+type gpuarbPollKey struct {
+	_      structs.HostLayout
+	Tgid   uint32
+	Tid    uint32
+	Handle uint64
+}
+
+type gpuarbPollState struct {
+	_     structs.HostLayout
+	Since uint64
+	Last  int32
+	Pad   uint32
+}
+
 type gpuarbProcInfo struct {
 	_           structs.HostLayout
 	CgroupId    uint64
@@ -155,50 +244,43 @@ type gpuarbProcInfo struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	gpuarbMapGpuarbAllocs             = "gpuarb_allocs"
-	gpuarbMapGpuarbCgroups            = "gpuarb_cgroups"
-	gpuarbMapGpuarbCtxs               = "gpuarb_ctxs"
-	gpuarbMapGpuarbDevices            = "gpuarb_devices"
-	gpuarbMapGpuarbEvents             = "gpuarb_events"
-	gpuarbMapGpuarbGateAllow          = "gpuarb_gate_allow"
-	gpuarbMapGpuarbGateKeys           = "gpuarb_gate_keys"
-	gpuarbMapGpuarbGates              = "gpuarb_gates"
-	gpuarbMapGpuarbHeld               = "gpuarb_held"
-	gpuarbMapGpuarbLost               = "gpuarb_lost"
-	gpuarbMapGpuarbPendCu             = "gpuarb_pend_cu"
-	gpuarbMapGpuarbPendIo             = "gpuarb_pend_io"
-	gpuarbMapGpuarbProcs              = "gpuarb_procs"
-	gpuarbMapGpuarbScratch            = "gpuarb_scratch"
-	gpuarbProgGpuarbCuCtxCreate       = "gpuarb_cu_ctx_create"
-	gpuarbProgGpuarbCuCtxCreateRet    = "gpuarb_cu_ctx_create_ret"
-	gpuarbProgGpuarbCuCtxDestroy      = "gpuarb_cu_ctx_destroy"
-	gpuarbProgGpuarbCuCtxSync         = "gpuarb_cu_ctx_sync"
-	gpuarbProgGpuarbCuCtxSyncRet      = "gpuarb_cu_ctx_sync_ret"
-	gpuarbProgGpuarbCuEventRecord     = "gpuarb_cu_event_record"
-	gpuarbProgGpuarbCuEventSync       = "gpuarb_cu_event_sync"
-	gpuarbProgGpuarbCuEventSyncRet    = "gpuarb_cu_event_sync_ret"
-	gpuarbProgGpuarbCuGraphLaunch     = "gpuarb_cu_graph_launch"
-	gpuarbProgGpuarbCuLaunch          = "gpuarb_cu_launch"
-	gpuarbProgGpuarbCuLaunchCoop      = "gpuarb_cu_launch_coop"
-	gpuarbProgGpuarbCuLaunchEx        = "gpuarb_cu_launch_ex"
-	gpuarbProgGpuarbCuMemAlloc        = "gpuarb_cu_mem_alloc"
-	gpuarbProgGpuarbCuMemAllocRet     = "gpuarb_cu_mem_alloc_ret"
-	gpuarbProgGpuarbCuMemFree         = "gpuarb_cu_mem_free"
-	gpuarbProgGpuarbCuMemcpyDtoh      = "gpuarb_cu_memcpy_dtoh"
-	gpuarbProgGpuarbCuMemcpyDtohAsync = "gpuarb_cu_memcpy_dtoh_async"
-	gpuarbProgGpuarbCuMemcpyHtod      = "gpuarb_cu_memcpy_htod"
-	gpuarbProgGpuarbCuMemcpyHtodAsync = "gpuarb_cu_memcpy_htod_async"
-	gpuarbProgGpuarbCuMemset          = "gpuarb_cu_memset"
-	gpuarbProgGpuarbCuMemsetAsync     = "gpuarb_cu_memset_async"
-	gpuarbProgGpuarbCuStreamSync      = "gpuarb_cu_stream_sync"
-	gpuarbProgGpuarbCuStreamSyncRet   = "gpuarb_cu_stream_sync_ret"
-	gpuarbProgGpuarbIoctlEnter        = "gpuarb_ioctl_enter"
-	gpuarbProgGpuarbIoctlExit         = "gpuarb_ioctl_exit"
-	gpuarbProgGpuarbOpenat            = "gpuarb_openat"
-	gpuarbProgGpuarbProcessExit       = "gpuarb_process_exit"
-	gpuarbVarGateMembers              = "gate_members"
-	gpuarbVarUnusedEvent              = "unused_event"
-	gpuarbVarWakeupBytes              = "wakeup_bytes"
+	gpuarbMapGpuarbAllocs          = "gpuarb_allocs"
+	gpuarbMapGpuarbCgroups         = "gpuarb_cgroups"
+	gpuarbMapGpuarbCtxs            = "gpuarb_ctxs"
+	gpuarbMapGpuarbDevices         = "gpuarb_devices"
+	gpuarbMapGpuarbEvents          = "gpuarb_events"
+	gpuarbMapGpuarbGateAllow       = "gpuarb_gate_allow"
+	gpuarbMapGpuarbGateKeys        = "gpuarb_gate_keys"
+	gpuarbMapGpuarbGates           = "gpuarb_gates"
+	gpuarbMapGpuarbHeld            = "gpuarb_held"
+	gpuarbMapGpuarbLost            = "gpuarb_lost"
+	gpuarbMapGpuarbPendCu          = "gpuarb_pend_cu"
+	gpuarbMapGpuarbPendIo          = "gpuarb_pend_io"
+	gpuarbMapGpuarbPolls           = "gpuarb_polls"
+	gpuarbMapGpuarbProcs           = "gpuarb_procs"
+	gpuarbMapGpuarbScratch         = "gpuarb_scratch"
+	gpuarbProgGpuarbCuCopy         = "gpuarb_cu_copy"
+	gpuarbProgGpuarbCuCtxCreate    = "gpuarb_cu_ctx_create"
+	gpuarbProgGpuarbCuCtxCreateRet = "gpuarb_cu_ctx_create_ret"
+	gpuarbProgGpuarbCuGraphLaunch  = "gpuarb_cu_graph_launch"
+	gpuarbProgGpuarbCuLaunch       = "gpuarb_cu_launch"
+	gpuarbProgGpuarbCuLaunchEx     = "gpuarb_cu_launch_ex"
+	gpuarbProgGpuarbCuMemAlloc     = "gpuarb_cu_mem_alloc"
+	gpuarbProgGpuarbCuMemAllocRet  = "gpuarb_cu_mem_alloc_ret"
+	gpuarbProgGpuarbCuMemFree      = "gpuarb_cu_mem_free"
+	gpuarbProgGpuarbCuQuery        = "gpuarb_cu_query"
+	gpuarbProgGpuarbCuQueryRet     = "gpuarb_cu_query_ret"
+	gpuarbProgGpuarbCuSync         = "gpuarb_cu_sync"
+	gpuarbProgGpuarbCuSyncRet      = "gpuarb_cu_sync_ret"
+	gpuarbProgGpuarbCuTwoArgs      = "gpuarb_cu_two_args"
+	gpuarbProgGpuarbIoctlEnter     = "gpuarb_ioctl_enter"
+	gpuarbProgGpuarbIoctlExit      = "gpuarb_ioctl_exit"
+	gpuarbProgGpuarbOpenat         = "gpuarb_openat"
+	gpuarbProgGpuarbProcessExit    = "gpuarb_process_exit"
+	gpuarbVarGateMembers           = "gate_members"
+	gpuarbVarUnusedCudaFunc        = "unused_cuda_func"
+	gpuarbVarUnusedEvent           = "unused_event"
+	gpuarbVarWakeupBytes           = "wakeup_bytes"
 )
 
 // loadGpuarb returns the embedded CollectionSpec for gpuarb.
@@ -243,33 +325,24 @@ type gpuarbSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type gpuarbProgramSpecs struct {
-	GpuarbCuCtxCreate       *ebpf.ProgramSpec `ebpf:"gpuarb_cu_ctx_create"`
-	GpuarbCuCtxCreateRet    *ebpf.ProgramSpec `ebpf:"gpuarb_cu_ctx_create_ret"`
-	GpuarbCuCtxDestroy      *ebpf.ProgramSpec `ebpf:"gpuarb_cu_ctx_destroy"`
-	GpuarbCuCtxSync         *ebpf.ProgramSpec `ebpf:"gpuarb_cu_ctx_sync"`
-	GpuarbCuCtxSyncRet      *ebpf.ProgramSpec `ebpf:"gpuarb_cu_ctx_sync_ret"`
-	GpuarbCuEventRecord     *ebpf.ProgramSpec `ebpf:"gpuarb_cu_event_record"`
-	GpuarbCuEventSync       *ebpf.ProgramSpec `ebpf:"gpuarb_cu_event_sync"`
-	GpuarbCuEventSyncRet    *ebpf.ProgramSpec `ebpf:"gpuarb_cu_event_sync_ret"`
-	GpuarbCuGraphLaunch     *ebpf.ProgramSpec `ebpf:"gpuarb_cu_graph_launch"`
-	GpuarbCuLaunch          *ebpf.ProgramSpec `ebpf:"gpuarb_cu_launch"`
-	GpuarbCuLaunchCoop      *ebpf.ProgramSpec `ebpf:"gpuarb_cu_launch_coop"`
-	GpuarbCuLaunchEx        *ebpf.ProgramSpec `ebpf:"gpuarb_cu_launch_ex"`
-	GpuarbCuMemAlloc        *ebpf.ProgramSpec `ebpf:"gpuarb_cu_mem_alloc"`
-	GpuarbCuMemAllocRet     *ebpf.ProgramSpec `ebpf:"gpuarb_cu_mem_alloc_ret"`
-	GpuarbCuMemFree         *ebpf.ProgramSpec `ebpf:"gpuarb_cu_mem_free"`
-	GpuarbCuMemcpyDtoh      *ebpf.ProgramSpec `ebpf:"gpuarb_cu_memcpy_dtoh"`
-	GpuarbCuMemcpyDtohAsync *ebpf.ProgramSpec `ebpf:"gpuarb_cu_memcpy_dtoh_async"`
-	GpuarbCuMemcpyHtod      *ebpf.ProgramSpec `ebpf:"gpuarb_cu_memcpy_htod"`
-	GpuarbCuMemcpyHtodAsync *ebpf.ProgramSpec `ebpf:"gpuarb_cu_memcpy_htod_async"`
-	GpuarbCuMemset          *ebpf.ProgramSpec `ebpf:"gpuarb_cu_memset"`
-	GpuarbCuMemsetAsync     *ebpf.ProgramSpec `ebpf:"gpuarb_cu_memset_async"`
-	GpuarbCuStreamSync      *ebpf.ProgramSpec `ebpf:"gpuarb_cu_stream_sync"`
-	GpuarbCuStreamSyncRet   *ebpf.ProgramSpec `ebpf:"gpuarb_cu_stream_sync_ret"`
-	GpuarbIoctlEnter        *ebpf.ProgramSpec `ebpf:"gpuarb_ioctl_enter"`
-	GpuarbIoctlExit         *ebpf.ProgramSpec `ebpf:"gpuarb_ioctl_exit"`
-	GpuarbOpenat            *ebpf.ProgramSpec `ebpf:"gpuarb_openat"`
-	GpuarbProcessExit       *ebpf.ProgramSpec `ebpf:"gpuarb_process_exit"`
+	GpuarbCuCopy         *ebpf.ProgramSpec `ebpf:"gpuarb_cu_copy"`
+	GpuarbCuCtxCreate    *ebpf.ProgramSpec `ebpf:"gpuarb_cu_ctx_create"`
+	GpuarbCuCtxCreateRet *ebpf.ProgramSpec `ebpf:"gpuarb_cu_ctx_create_ret"`
+	GpuarbCuGraphLaunch  *ebpf.ProgramSpec `ebpf:"gpuarb_cu_graph_launch"`
+	GpuarbCuLaunch       *ebpf.ProgramSpec `ebpf:"gpuarb_cu_launch"`
+	GpuarbCuLaunchEx     *ebpf.ProgramSpec `ebpf:"gpuarb_cu_launch_ex"`
+	GpuarbCuMemAlloc     *ebpf.ProgramSpec `ebpf:"gpuarb_cu_mem_alloc"`
+	GpuarbCuMemAllocRet  *ebpf.ProgramSpec `ebpf:"gpuarb_cu_mem_alloc_ret"`
+	GpuarbCuMemFree      *ebpf.ProgramSpec `ebpf:"gpuarb_cu_mem_free"`
+	GpuarbCuQuery        *ebpf.ProgramSpec `ebpf:"gpuarb_cu_query"`
+	GpuarbCuQueryRet     *ebpf.ProgramSpec `ebpf:"gpuarb_cu_query_ret"`
+	GpuarbCuSync         *ebpf.ProgramSpec `ebpf:"gpuarb_cu_sync"`
+	GpuarbCuSyncRet      *ebpf.ProgramSpec `ebpf:"gpuarb_cu_sync_ret"`
+	GpuarbCuTwoArgs      *ebpf.ProgramSpec `ebpf:"gpuarb_cu_two_args"`
+	GpuarbIoctlEnter     *ebpf.ProgramSpec `ebpf:"gpuarb_ioctl_enter"`
+	GpuarbIoctlExit      *ebpf.ProgramSpec `ebpf:"gpuarb_ioctl_exit"`
+	GpuarbOpenat         *ebpf.ProgramSpec `ebpf:"gpuarb_openat"`
+	GpuarbProcessExit    *ebpf.ProgramSpec `ebpf:"gpuarb_process_exit"`
 }
 
 // gpuarbMapSpecs contains maps before they are loaded into the kernel.
@@ -288,6 +361,7 @@ type gpuarbMapSpecs struct {
 	GpuarbLost      *ebpf.MapSpec `ebpf:"gpuarb_lost"`
 	GpuarbPendCu    *ebpf.MapSpec `ebpf:"gpuarb_pend_cu"`
 	GpuarbPendIo    *ebpf.MapSpec `ebpf:"gpuarb_pend_io"`
+	GpuarbPolls     *ebpf.MapSpec `ebpf:"gpuarb_polls"`
 	GpuarbProcs     *ebpf.MapSpec `ebpf:"gpuarb_procs"`
 	GpuarbScratch   *ebpf.MapSpec `ebpf:"gpuarb_scratch"`
 }
@@ -296,9 +370,10 @@ type gpuarbMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type gpuarbVariableSpecs struct {
-	GateMembers *ebpf.VariableSpec `ebpf:"gate_members"`
-	UnusedEvent *ebpf.VariableSpec `ebpf:"unused_event"`
-	WakeupBytes *ebpf.VariableSpec `ebpf:"wakeup_bytes"`
+	GateMembers    *ebpf.VariableSpec `ebpf:"gate_members"`
+	UnusedCudaFunc *ebpf.VariableSpec `ebpf:"unused_cuda_func"`
+	UnusedEvent    *ebpf.VariableSpec `ebpf:"unused_event"`
+	WakeupBytes    *ebpf.VariableSpec `ebpf:"wakeup_bytes"`
 }
 
 // gpuarbObjects contains all objects after they have been loaded into the kernel.
@@ -333,6 +408,7 @@ type gpuarbMaps struct {
 	GpuarbLost      *ebpf.Map `ebpf:"gpuarb_lost"`
 	GpuarbPendCu    *ebpf.Map `ebpf:"gpuarb_pend_cu"`
 	GpuarbPendIo    *ebpf.Map `ebpf:"gpuarb_pend_io"`
+	GpuarbPolls     *ebpf.Map `ebpf:"gpuarb_polls"`
 	GpuarbProcs     *ebpf.Map `ebpf:"gpuarb_procs"`
 	GpuarbScratch   *ebpf.Map `ebpf:"gpuarb_scratch"`
 }
@@ -351,6 +427,7 @@ func (m *gpuarbMaps) Close() error {
 		m.GpuarbLost,
 		m.GpuarbPendCu,
 		m.GpuarbPendIo,
+		m.GpuarbPolls,
 		m.GpuarbProcs,
 		m.GpuarbScratch,
 	)
@@ -360,69 +437,52 @@ func (m *gpuarbMaps) Close() error {
 //
 // It can be passed to loadGpuarbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type gpuarbVariables struct {
-	GateMembers *ebpf.Variable `ebpf:"gate_members"`
-	UnusedEvent *ebpf.Variable `ebpf:"unused_event"`
-	WakeupBytes *ebpf.Variable `ebpf:"wakeup_bytes"`
+	GateMembers    *ebpf.Variable `ebpf:"gate_members"`
+	UnusedCudaFunc *ebpf.Variable `ebpf:"unused_cuda_func"`
+	UnusedEvent    *ebpf.Variable `ebpf:"unused_event"`
+	WakeupBytes    *ebpf.Variable `ebpf:"wakeup_bytes"`
 }
 
 // gpuarbPrograms contains all programs after they have been loaded into the kernel.
 //
 // It can be passed to loadGpuarbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type gpuarbPrograms struct {
-	GpuarbCuCtxCreate       *ebpf.Program `ebpf:"gpuarb_cu_ctx_create"`
-	GpuarbCuCtxCreateRet    *ebpf.Program `ebpf:"gpuarb_cu_ctx_create_ret"`
-	GpuarbCuCtxDestroy      *ebpf.Program `ebpf:"gpuarb_cu_ctx_destroy"`
-	GpuarbCuCtxSync         *ebpf.Program `ebpf:"gpuarb_cu_ctx_sync"`
-	GpuarbCuCtxSyncRet      *ebpf.Program `ebpf:"gpuarb_cu_ctx_sync_ret"`
-	GpuarbCuEventRecord     *ebpf.Program `ebpf:"gpuarb_cu_event_record"`
-	GpuarbCuEventSync       *ebpf.Program `ebpf:"gpuarb_cu_event_sync"`
-	GpuarbCuEventSyncRet    *ebpf.Program `ebpf:"gpuarb_cu_event_sync_ret"`
-	GpuarbCuGraphLaunch     *ebpf.Program `ebpf:"gpuarb_cu_graph_launch"`
-	GpuarbCuLaunch          *ebpf.Program `ebpf:"gpuarb_cu_launch"`
-	GpuarbCuLaunchCoop      *ebpf.Program `ebpf:"gpuarb_cu_launch_coop"`
-	GpuarbCuLaunchEx        *ebpf.Program `ebpf:"gpuarb_cu_launch_ex"`
-	GpuarbCuMemAlloc        *ebpf.Program `ebpf:"gpuarb_cu_mem_alloc"`
-	GpuarbCuMemAllocRet     *ebpf.Program `ebpf:"gpuarb_cu_mem_alloc_ret"`
-	GpuarbCuMemFree         *ebpf.Program `ebpf:"gpuarb_cu_mem_free"`
-	GpuarbCuMemcpyDtoh      *ebpf.Program `ebpf:"gpuarb_cu_memcpy_dtoh"`
-	GpuarbCuMemcpyDtohAsync *ebpf.Program `ebpf:"gpuarb_cu_memcpy_dtoh_async"`
-	GpuarbCuMemcpyHtod      *ebpf.Program `ebpf:"gpuarb_cu_memcpy_htod"`
-	GpuarbCuMemcpyHtodAsync *ebpf.Program `ebpf:"gpuarb_cu_memcpy_htod_async"`
-	GpuarbCuMemset          *ebpf.Program `ebpf:"gpuarb_cu_memset"`
-	GpuarbCuMemsetAsync     *ebpf.Program `ebpf:"gpuarb_cu_memset_async"`
-	GpuarbCuStreamSync      *ebpf.Program `ebpf:"gpuarb_cu_stream_sync"`
-	GpuarbCuStreamSyncRet   *ebpf.Program `ebpf:"gpuarb_cu_stream_sync_ret"`
-	GpuarbIoctlEnter        *ebpf.Program `ebpf:"gpuarb_ioctl_enter"`
-	GpuarbIoctlExit         *ebpf.Program `ebpf:"gpuarb_ioctl_exit"`
-	GpuarbOpenat            *ebpf.Program `ebpf:"gpuarb_openat"`
-	GpuarbProcessExit       *ebpf.Program `ebpf:"gpuarb_process_exit"`
+	GpuarbCuCopy         *ebpf.Program `ebpf:"gpuarb_cu_copy"`
+	GpuarbCuCtxCreate    *ebpf.Program `ebpf:"gpuarb_cu_ctx_create"`
+	GpuarbCuCtxCreateRet *ebpf.Program `ebpf:"gpuarb_cu_ctx_create_ret"`
+	GpuarbCuGraphLaunch  *ebpf.Program `ebpf:"gpuarb_cu_graph_launch"`
+	GpuarbCuLaunch       *ebpf.Program `ebpf:"gpuarb_cu_launch"`
+	GpuarbCuLaunchEx     *ebpf.Program `ebpf:"gpuarb_cu_launch_ex"`
+	GpuarbCuMemAlloc     *ebpf.Program `ebpf:"gpuarb_cu_mem_alloc"`
+	GpuarbCuMemAllocRet  *ebpf.Program `ebpf:"gpuarb_cu_mem_alloc_ret"`
+	GpuarbCuMemFree      *ebpf.Program `ebpf:"gpuarb_cu_mem_free"`
+	GpuarbCuQuery        *ebpf.Program `ebpf:"gpuarb_cu_query"`
+	GpuarbCuQueryRet     *ebpf.Program `ebpf:"gpuarb_cu_query_ret"`
+	GpuarbCuSync         *ebpf.Program `ebpf:"gpuarb_cu_sync"`
+	GpuarbCuSyncRet      *ebpf.Program `ebpf:"gpuarb_cu_sync_ret"`
+	GpuarbCuTwoArgs      *ebpf.Program `ebpf:"gpuarb_cu_two_args"`
+	GpuarbIoctlEnter     *ebpf.Program `ebpf:"gpuarb_ioctl_enter"`
+	GpuarbIoctlExit      *ebpf.Program `ebpf:"gpuarb_ioctl_exit"`
+	GpuarbOpenat         *ebpf.Program `ebpf:"gpuarb_openat"`
+	GpuarbProcessExit    *ebpf.Program `ebpf:"gpuarb_process_exit"`
 }
 
 func (p *gpuarbPrograms) Close() error {
 	return _GpuarbClose(
+		p.GpuarbCuCopy,
 		p.GpuarbCuCtxCreate,
 		p.GpuarbCuCtxCreateRet,
-		p.GpuarbCuCtxDestroy,
-		p.GpuarbCuCtxSync,
-		p.GpuarbCuCtxSyncRet,
-		p.GpuarbCuEventRecord,
-		p.GpuarbCuEventSync,
-		p.GpuarbCuEventSyncRet,
 		p.GpuarbCuGraphLaunch,
 		p.GpuarbCuLaunch,
-		p.GpuarbCuLaunchCoop,
 		p.GpuarbCuLaunchEx,
 		p.GpuarbCuMemAlloc,
 		p.GpuarbCuMemAllocRet,
 		p.GpuarbCuMemFree,
-		p.GpuarbCuMemcpyDtoh,
-		p.GpuarbCuMemcpyDtohAsync,
-		p.GpuarbCuMemcpyHtod,
-		p.GpuarbCuMemcpyHtodAsync,
-		p.GpuarbCuMemset,
-		p.GpuarbCuMemsetAsync,
-		p.GpuarbCuStreamSync,
-		p.GpuarbCuStreamSyncRet,
+		p.GpuarbCuQuery,
+		p.GpuarbCuQueryRet,
+		p.GpuarbCuSync,
+		p.GpuarbCuSyncRet,
+		p.GpuarbCuTwoArgs,
 		p.GpuarbIoctlEnter,
 		p.GpuarbIoctlExit,
 		p.GpuarbOpenat,

@@ -7,8 +7,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // IsLibcudaName reports whether a file name is a libcuda shared object
@@ -112,4 +115,131 @@ func ProcessPath(pid int, path string) string {
 		return fmt.Sprintf("/proc/%d/root%s", pid, path)
 	}
 	return filepath.Join(fmt.Sprintf("/proc/%d/cwd", pid), path)
+}
+
+var (
+	// inProcessRoot is a path through a process's root: /proc/PID/root/...
+	inProcessRoot = regexp.MustCompile(`^(/proc/[0-9]+/root)(/.*)$`)
+	// inProcessDir is a path below a process's working directory or an
+	// open directory of it.
+	inProcessDir = regexp.MustCompile(`^(/proc/[0-9]+/(?:cwd|fd/[0-9]+))/(.+)$`)
+)
+
+// maxLibcudaSize bounds the files parsed as libcuda (the driver's is tens of
+// MiB).
+const maxLibcudaSize = 1 << 30
+
+// openLibcuda opens a libcuda candidate once, without blocking and without
+// leaving the filesystem of the process that named it: a path through
+// /proc/PID/root is resolved inside that root (RESOLVE_IN_ROOT: a
+// container's absolute symlinks stay in the container), one below a
+// process's working directory or open directory follows no symlink and
+// stays beneath it. Only a regular file of sane size qualifies: a FIFO
+// named libcuda.so.1 would block whoever reads it.
+func openLibcuda(path string) (*os.File, unix.Stat_t, error) {
+	var st unix.Stat_t
+	how := unix.OpenHow{Flags: unix.O_RDONLY | unix.O_NONBLOCK | unix.O_CLOEXEC | unix.O_NOCTTY}
+	dir, rest := "", path
+	if m := inProcessRoot.FindStringSubmatch(path); m != nil {
+		dir, rest = m[1], m[2]
+		how.Resolve = unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS
+	} else if m := inProcessDir.FindStringSubmatch(path); m != nil {
+		dir, rest = m[1], m[2]
+		how.Resolve = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS
+	}
+	dirfd := unix.AT_FDCWD
+	if dir != "" {
+		fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, st, &os.PathError{Op: "open", Path: dir, Err: err}
+		}
+		defer unix.Close(fd)
+		dirfd = fd
+	}
+	fd, err := unix.Openat2(dirfd, rest, &how)
+	if err != nil {
+		return nil, st, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), path)
+	if err := unix.Fstat(fd, &st); err != nil {
+		f.Close()
+		return nil, st, &os.PathError{Op: "fstat", Path: path, Err: err}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size > maxLibcudaSize {
+		f.Close()
+		return nil, st, fmt.Errorf("not a regular file of at most 1 GiB: %w", ErrNotLibcuda)
+	}
+	return f, st, nil
+}
+
+// mapping is one executable file mapping of a process, from its maps.
+type mapping struct {
+	addr string // "start-end", its name under /proc/PID/map_files
+	id   fileID
+	path string // as maps shows it ("/memfd:x (deleted)" for a memfd)
+}
+
+// executableMappings lists the distinct files a process maps executable.
+func executableMappings(pid int) ([]mapping, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		return nil, fmt.Errorf("mappings of pid %d: %w", pid, err)
+	}
+	return parseMaps(data), nil
+}
+
+// parseMaps reads the executable file mappings out of a /proc/PID/maps
+// text, one per file (its device and inode).
+func parseMaps(data []byte) []mapping {
+	var out []mapping
+	seen := map[fileID]bool{}
+	for _, line := range strings.Split(string(data), "\n") {
+		// start-end perms offset major:minor inode [path]
+		fields := strings.Fields(line)
+		if len(fields) < 6 || len(fields[1]) < 3 || fields[1][2] != 'x' {
+			continue
+		}
+		maj, mnr, ok := strings.Cut(fields[3], ":")
+		if !ok {
+			continue
+		}
+		major, err1 := strconv.ParseUint(maj, 16, 32)
+		minor, err2 := strconv.ParseUint(mnr, 16, 32)
+		ino, err3 := strconv.ParseUint(fields[4], 10, 64)
+		if err1 != nil || err2 != nil || err3 != nil || ino == 0 {
+			continue
+		}
+		id := fileID{dev: unix.Mkdev(uint32(major), uint32(minor)), ino: ino}
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		out = append(out, mapping{addr: fields[0], id: id, path: strings.Join(fields[5:], " ")})
+	}
+	return out
+}
+
+// openMapping opens the file behind one mapping of a process through
+// /proc/PID/map_files: first as a path only (opening a mapped device
+// node for reading could act on the device), then, a regular file of
+// sane size, for reading through that very inode.
+func openMapping(pid int, addr string) (*os.File, unix.Stat_t, error) {
+	var st unix.Stat_t
+	name := fmt.Sprintf("/proc/%d/map_files/%s", pid, addr)
+	pfd, err := unix.Open(name, unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, st, &os.PathError{Op: "open", Path: name, Err: err}
+	}
+	defer unix.Close(pfd)
+	if err := unix.Fstat(pfd, &st); err != nil {
+		return nil, st, &os.PathError{Op: "fstat", Path: name, Err: err}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size > maxLibcudaSize {
+		return nil, st, fmt.Errorf("%s: not a regular file of at most 1 GiB: %w", name, ErrNotLibcuda)
+	}
+	fd, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", pfd), unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
+	if err != nil {
+		return nil, st, &os.PathError{Op: "open", Path: name, Err: err}
+	}
+	return os.NewFile(uintptr(fd), name), st, nil
 }

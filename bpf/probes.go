@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 )
@@ -42,6 +43,9 @@ type Options struct {
 	RingSize uint32
 	// Devices seed the device table.
 	Devices []Device
+	// NoUprobeMulti attaches a uprobe per libcuda symbol even where the
+	// kernel has uprobe_multi links.
+	NoUprobeMulti bool
 }
 
 // Probes owns gpuarb's BPF objects and links. Close releases them and
@@ -53,11 +57,36 @@ type Probes struct {
 	mu       sync.Mutex
 	links    []link.Link
 	libcudas map[fileID]*libcudaProbe
+	// notLibcuda are files named like libcuda that are not one.
+	notLibcuda map[notLibcudaMark]struct{}
+	// multi is set when the uprobe programs load for uprobe_multi links.
+	multi bool
 
 	gates gateTable
 }
 
 type fileID struct{ dev, ino uint64 }
+
+// notLibcudaMark is a file found not to be a libcuda, as it was then: a
+// file rewritten in place changes its size or modification time.
+type notLibcudaMark struct {
+	id    fileID
+	size  int64
+	mtime unix.Timespec
+}
+
+// maxNotLibcuda bounds the files remembered as not libcuda; the memory is
+// dropped when full.
+const maxNotLibcuda = 4096
+
+// rememberNotLibcuda keeps a file from being parsed again at its next
+// open. Called with p.mu held.
+func (p *Probes) rememberNotLibcuda(m notLibcudaMark) {
+	if len(p.notLibcuda) >= maxNotLibcuda {
+		clear(p.notLibcuda)
+	}
+	p.notLibcuda[m] = struct{}{}
+}
 
 type libcudaProbe struct {
 	path  string
@@ -94,7 +123,14 @@ func Load(opts Options) (_ *Probes, err error) {
 		collOpts.Maps.PinPath = opts.PinPath
 	}
 
-	p := &Probes{pinPath: opts.PinPath, libcudas: map[fileID]*libcudaProbe{}}
+	p := &Probes{pinPath: opts.PinPath, libcudas: map[fileID]*libcudaProbe{}, notLibcuda: map[notLibcudaMark]struct{}{}}
+	if !opts.NoUprobeMulti && features.HaveBPFLinkUprobeMulti() == nil {
+		// One link per program for all of a libcuda's variants.
+		for _, name := range uprobePrograms {
+			spec.Programs[name].AttachType = ebpf.AttachTraceUprobeMulti
+		}
+		p.multi = true
+	}
 	if err := spec.LoadAndAssign(&p.objs, &collOpts); err != nil {
 		var verr *ebpf.VerifierError
 		if errors.As(err, &verr) {
@@ -179,106 +215,219 @@ func (p *Probes) Cgroups() (map[uint64]CgroupStats, error) {
 	return out, nil
 }
 
-// ContextCount returns the number of live GPU objects in the context table.
-func (p *Probes) ContextCount() (int, error) {
-	var (
-		k gpuarbCtxKey
-		v gpuarbCtxInfo
-		n int
-	)
-	it := p.objs.GpuarbCtxs.Iterate()
-	for it.Next(&k, &v) {
-		n++
-	}
-	if err := it.Err(); err != nil {
-		return 0, fmt.Errorf("iterate context table: %w", err)
-	}
-	return n, nil
-}
-
-// uprobeTargets are the libcuda symbols probed, with entry and return programs.
-func (p *Probes) uprobeTargets() []struct {
-	sym      string
-	entry    *ebpf.Program
-	ret      *ebpf.Program
-	required bool
-} {
+// programs returns the programs a probed entry point attaches: its entry
+// program and, for calls measured to their return, the return program.
+func (p *Probes) programs(e EntryPoint) (entry, ret *ebpf.Program) {
 	o := &p.objs
-	return []struct {
-		sym      string
-		entry    *ebpf.Program
-		ret      *ebpf.Program
-		required bool
-	}{
-		{"cuLaunchKernel", o.GpuarbCuLaunch, nil, true},
-		{"cuLaunchKernelEx", o.GpuarbCuLaunchEx, nil, false},
-		{"cuLaunchCooperativeKernel", o.GpuarbCuLaunchCoop, nil, false},
-		{"cuGraphLaunch", o.GpuarbCuGraphLaunch, nil, false},
-		{"cuMemcpyHtoD_v2", o.GpuarbCuMemcpyHtod, nil, false},
-		{"cuMemcpyDtoH_v2", o.GpuarbCuMemcpyDtoh, nil, false},
-		{"cuMemcpyHtoDAsync_v2", o.GpuarbCuMemcpyHtodAsync, nil, false},
-		{"cuMemcpyDtoHAsync_v2", o.GpuarbCuMemcpyDtohAsync, nil, false},
-		{"cuMemsetD8_v2", o.GpuarbCuMemset, nil, false},
-		{"cuMemsetD8Async", o.GpuarbCuMemsetAsync, nil, false},
-		{"cuStreamSynchronize", o.GpuarbCuStreamSync, o.GpuarbCuStreamSyncRet, false},
-		{"cuCtxSynchronize", o.GpuarbCuCtxSync, o.GpuarbCuCtxSyncRet, false},
-		{"cuEventSynchronize", o.GpuarbCuEventSync, o.GpuarbCuEventSyncRet, false},
-		{"cuEventRecord", o.GpuarbCuEventRecord, nil, false},
-		{"cuCtxCreate_v2", o.GpuarbCuCtxCreate, o.GpuarbCuCtxCreateRet, false},
-		{"cuCtxDestroy_v2", o.GpuarbCuCtxDestroy, nil, false},
-		{"cuMemAlloc_v2", o.GpuarbCuMemAlloc, o.GpuarbCuMemAllocRet, false},
-		{"cuMemFree_v2", o.GpuarbCuMemFree, nil, false},
+	switch e.Class {
+	case ClassLaunch:
+		if e.Func == gpuarbCudaFuncCU_LAUNCH_KERNEL_EX || e.Func == gpuarbCudaFuncCU_LAUNCH_KERNEL_EX_PTSZ {
+			return o.GpuarbCuLaunchEx, nil
+		}
+		return o.GpuarbCuLaunch, nil
+	case ClassGraphLaunch:
+		return o.GpuarbCuGraphLaunch, nil
+	case ClassEventRecord, ClassStreamWait, ClassContextEnd:
+		return o.GpuarbCuTwoArgs, nil
+	case ClassSync:
+		return o.GpuarbCuSync, o.GpuarbCuSyncRet
+	case ClassQuery:
+		return o.GpuarbCuQuery, o.GpuarbCuQueryRet
+	case ClassContext:
+		return o.GpuarbCuCtxCreate, o.GpuarbCuCtxCreateRet
+	case ClassMemory:
+		if strings.Contains(e.Symbol, "Free") {
+			return o.GpuarbCuMemFree, nil
+		}
+		return o.GpuarbCuMemAlloc, o.GpuarbCuMemAllocRet
+	case ClassCopy:
+		return o.GpuarbCuCopy, nil
 	}
+	return nil, nil
 }
 
-// ErrNotLibcuda is returned by AttachLibcuda for a file without cuLaunchKernel.
-var ErrNotLibcuda = errors.New("not a libcuda: no cuLaunchKernel symbol")
+// uprobePrograms are the programs attached to libcuda, by name in the
+// collection spec: they load as uprobe_multi programs where the kernel
+// has those links.
+var uprobePrograms = []string{"gpuarb_cu_launch", "gpuarb_cu_launch_ex", "gpuarb_cu_graph_launch", "gpuarb_cu_two_args",
+	"gpuarb_cu_copy", "gpuarb_cu_sync", "gpuarb_cu_sync_ret", "gpuarb_cu_query", "gpuarb_cu_query_ret",
+	"gpuarb_cu_ctx_create", "gpuarb_cu_ctx_create_ret", "gpuarb_cu_mem_alloc", "gpuarb_cu_mem_alloc_ret",
+	"gpuarb_cu_mem_free"}
 
-// AttachLibcuda attaches the uprobes to one libcuda copy. A copy already
-// attached (same device and inode, under any path) is skipped: attached
-// reports whether this call attached anything.
+// ErrNotLibcuda is returned by AttachLibcuda for a file that exports no
+// kernel launch entry point of the CUDA driver API.
+var ErrNotLibcuda = errors.New("not a libcuda: it exports no kernel launch entry point")
+
+// attachment is one program attached to some symbols of a libcuda.
+type attachment struct {
+	prog    *ebpf.Program
+	ret     bool
+	symbols []string
+	cookies []uint64
+}
+
+// AttachLibcuda attaches the uprobes to one libcuda copy: every probed
+// entry point it exports, each variant with its number as the cookie. A
+// copy already attached (same device and inode, under any path) is
+// skipped: attached reports whether this call attached anything.
 func (p *Probes) AttachLibcuda(path string) (attached bool, err error) {
-	var st unix.Stat_t
-	if err := unix.Stat(path, &st); err != nil {
+	f, st, err := openLibcuda(path)
+	if err != nil {
 		return false, fmt.Errorf("libcuda %s: %w", path, err)
 	}
+	defer f.Close()
+	return p.attachFile(f, st, path)
+}
+
+// AttachMapped finds libcuda copies by what they are, not by their name:
+// every executable file mapping of process pid that exports a kernel
+// launch entry point of the driver API is probed — a renamed copy, one
+// loaded from a memfd or by a call the openat probe does not see. Each
+// mapping is opened through /proc/PID/map_files (its very inode, deleted
+// or not, without resolving a path) and only if it is a regular file.
+// It returns how many copies it attached; a process that exits meanwhile
+// is not an error.
+func (p *Probes) AttachMapped(pid int) (attached int, err error) {
+	maps, err := executableMappings(pid)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH) {
+			return 0, nil
+		}
+		return 0, err
+	}
+	var errs []error
+	for _, m := range maps {
+		p.mu.Lock()
+		_, known := p.libcudas[m.id]
+		p.mu.Unlock()
+		if known {
+			continue
+		}
+		f, st, err := openMapping(pid, m.addr)
+		if err != nil {
+			if !errors.Is(err, os.ErrNotExist) && !errors.Is(err, ErrNotLibcuda) {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		ok, err := p.attachFile(f, st, fmt.Sprintf("%s (mapped by pid %d)", m.path, pid))
+		f.Close()
+		switch {
+		case ok:
+			attached++
+		case err != nil && !errors.Is(err, ErrNotLibcuda):
+			errs = append(errs, err)
+		}
+	}
+	return attached, errors.Join(errs...)
+}
+
+// attachFile attaches the uprobes to an opened libcuda candidate; path
+// names it in errors and in Libcudas.
+func (p *Probes) attachFile(f *os.File, st unix.Stat_t, path string) (attached bool, err error) {
 	id := fileID{dev: st.Dev, ino: st.Ino}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if _, ok := p.libcudas[id]; ok {
 		return false, nil
 	}
-	ex, err := link.OpenExecutable(path)
+	notMark := notLibcudaMark{id: id, size: st.Size, mtime: st.Mtim}
+	if _, ok := p.notLibcuda[notMark]; ok {
+		return false, fmt.Errorf("libcuda %s: %w", path, ErrNotLibcuda)
+	}
+	// The file as opened, whatever its path resolves to by now.
+	opened := fmt.Sprintf("/proc/self/fd/%d", f.Fd())
+	exported, err := exportedFunctions(opened)
+	if err != nil {
+		p.rememberNotLibcuda(notMark)
+		return false, fmt.Errorf("libcuda %s: %w", path, err)
+	}
+	has := map[string]bool{}
+	for _, n := range exported {
+		has[n] = true
+	}
+	var groups []*attachment
+	byProg := map[*ebpf.Program]*attachment{}
+	launches := 0
+	for _, e := range EntryPoints {
+		if e.Func == 0 || !has[e.Symbol] {
+			continue
+		}
+		if e.Class == ClassLaunch {
+			launches++
+		}
+		entry, ret := p.programs(e)
+		for i, prog := range []*ebpf.Program{entry, ret} {
+			if prog == nil {
+				continue
+			}
+			a := byProg[prog]
+			if a == nil {
+				a = &attachment{prog: prog, ret: i == 1}
+				byProg[prog] = a
+				groups = append(groups, a)
+			}
+			a.symbols = append(a.symbols, e.Symbol)
+			a.cookies = append(a.cookies, e.cookie())
+		}
+	}
+	if launches == 0 {
+		p.rememberNotLibcuda(notMark)
+		return false, fmt.Errorf("libcuda %s: %w", path, ErrNotLibcuda)
+	}
+	ex, err := link.OpenExecutable(opened)
 	if err != nil {
 		return false, fmt.Errorf("libcuda %s: %w", path, err)
 	}
 	probe := &libcudaProbe{path: path}
-	for _, t := range p.uprobeTargets() {
-		l, err := ex.Uprobe(t.sym, t.entry, nil)
+	for _, a := range groups {
+		ls, err := p.attach(ex, a)
+		probe.links = append(probe.links, ls...)
 		if err != nil {
-			if t.required {
-				closeLinks(probe.links)
-				if errors.Is(err, link.ErrNoSymbol) {
-					return false, fmt.Errorf("libcuda %s: %w", path, ErrNotLibcuda)
-				}
-				return false, fmt.Errorf("libcuda %s: uprobe %s: %w", path, t.sym, err)
-			}
-			continue
+			return false, errors.Join(fmt.Errorf("libcuda %s: %w", path, err), closeLinks(probe.links))
 		}
-		probe.links = append(probe.links, l)
-		if t.ret == nil {
-			continue
-		}
-		rl, err := ex.Uretprobe(t.sym, t.ret, nil)
-		if err != nil {
-			closeLinks(probe.links)
-			return false, fmt.Errorf("libcuda %s: uretprobe %s: %w", path, t.sym, err)
-		}
-		probe.links = append(probe.links, rl)
 	}
 	p.libcudas[id] = probe
 	return true, nil
 }
+
+// attach attaches one program to its symbols: one uprobe_multi link where
+// the kernel has them, else a uprobe per symbol.
+func (p *Probes) attach(ex *link.Executable, a *attachment) ([]link.Link, error) {
+	if p.multi {
+		opts := &link.UprobeMultiOptions{Cookies: a.cookies}
+		var l link.Link
+		var err error
+		if a.ret {
+			l, err = ex.UretprobeMulti(a.symbols, a.prog, opts)
+		} else {
+			l, err = ex.UprobeMulti(a.symbols, a.prog, opts)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("uprobe_multi on %d symbols: %w", len(a.symbols), err)
+		}
+		return []link.Link{l}, nil
+	}
+	var ls []link.Link
+	for i, sym := range a.symbols {
+		opts := &link.UprobeOptions{Cookie: a.cookies[i]}
+		var l link.Link
+		var err error
+		if a.ret {
+			l, err = ex.Uretprobe(sym, a.prog, opts)
+		} else {
+			l, err = ex.Uprobe(sym, a.prog, opts)
+		}
+		if err != nil {
+			return ls, fmt.Errorf("uprobe %s: %w", sym, err)
+		}
+		ls = append(ls, l)
+	}
+	return ls, nil
+}
+
+// UprobeMulti tells whether libcuda is probed with uprobe_multi links.
+func (p *Probes) UprobeMulti() bool { return p.multi }
 
 // Libcudas lists the paths of the libcuda copies with attached uprobes.
 func (p *Probes) Libcudas() []string {

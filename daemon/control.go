@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -17,6 +16,8 @@ import (
 	"github.com/gpuarb/gpuarb/arbiter"
 	"github.com/gpuarb/gpuarb/bpf"
 	"github.com/gpuarb/gpuarb/cgroup"
+	"github.com/gpuarb/gpuarb/control"
+	"github.com/gpuarb/gpuarb/gpusched"
 	"github.com/gpuarb/gpuarb/meter"
 	"github.com/gpuarb/gpuarb/policy"
 )
@@ -32,10 +33,16 @@ type tenant struct {
 	cgroupIDs map[uint64]bool // cgroups its processes were seen in
 	anyPID    int             // one of its processes
 	decisions map[int]arbiter.Decision
-	syncP99MS map[int]float64
-	launchNS  map[int]float64
-	totals    map[int]meter.Totals // per GPU, cumulative: the Prometheus counters
+	inputs    map[int]arbiter.Input // what the arbiter decided on, per GPU
+	totals    map[int]meter.Totals  // per GPU, cumulative: the Prometheus counters
 	lastSeen  time.Time
+	// groups are its processes' channel groups, as the last step found
+	// them, read by its pauser without the daemon's lock.
+	groups atomic.Pointer[[]gpusched.Group]
+	// pauser holds it to its duty in scheduler mode by pausing its groups.
+	pauser      *arbiter.Gater
+	pauseCancel context.CancelFunc
+	pauseDone   chan struct{}
 
 	// launchCost is the GPU ns of one of its launches (float64 bits) as
 	// the last control step priced it, read by its gater without the
@@ -115,14 +122,6 @@ func processTree(pid int) map[int]bool {
 	return tree
 }
 
-// backloggedFraction is the part of the control window a process must
-// have had work on the GPU or queued for it to count as backlogged.
-const backloggedFraction = 0.9
-
-// minActive is the shortest time on the GPU over which a process can
-// count as backlogged.
-const minActive = 20 * time.Millisecond
-
 // controlWindow is the span of the shares the arbiter steers by: long
 // enough to average over a hog's deep queue, short enough to react
 // within a second, and never longer than the meter keeps.
@@ -136,116 +135,107 @@ func (d *Daemon) period() time.Duration {
 	return d.policy.Period
 }
 
-type aggKey struct {
-	name string
-	gpu  int
+// assign is the classifier as control.Step takes it.
+func (c *classifier) assign(pid uint32, cgroupID uint64) control.Assignment {
+	name, rules, cg, root := c.classify(pid, cgroupID)
+	return control.Assignment{Name: name, Rules: rules, Cgroup: cg, PID: root}
 }
 
-// control runs one control period: measure, decide, gate.
+// control runs one control period: measure (the meter, the channel groups
+// the probes saw), decide (control.Step, the arbiter), act (the GPU's own
+// scheduler where it can be steered, else the launch gate or the freeze).
+// What talks to the driver or waits for a gater runs without the daemon's
+// lock.
 func (d *Daemon) control(ctx context.Context) {
+	now := time.Now()
+	window := d.controlWindow()
 	d.mu.Lock()
 	cfg, enforcing := d.policy, d.enforcing
+	heldBack := map[string]bool{}
+	for name, t := range d.tenants {
+		heldBack[name] = t.heldSince(now.Add(-window))
+	}
 	d.mu.Unlock()
 	cl := newClassifier(cfg, d.mount, d.resolver)
-	window := d.controlWindow()
 	_, short := d.meter.Contexts(window)
 	_, long := d.meter.Contexts(d.cfg.Window)
-
-	inputs := map[aggKey]*arbiter.Input{}
-	costs := map[aggKey]*launchCosts{}
-	var seen []member
-	waits := map[aggKey][]uint64{}
-	syncs := map[aggKey]int{}
-	now := time.Now()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for _, c := range long {
-		name, rules, cg, pid := cl.classify(c.PID, c.CgroupID)
-		k := aggKey{name, c.GPU}
-		if inputs[k] == nil {
-			inputs[k] = &arbiter.Input{Name: name, GPU: c.GPU, Rules: rules, Costed: true}
+	res := control.Step(control.Input{Window: window, Settled: d.cfg.Window, Short: short, Long: long, Assign: cl.assign,
+		HeldBack: func(name string) bool { return heldBack[name] }})
+	groups := d.groupsOf(res)
+	for i, in := range res.Inputs {
+		if n := len(groups[in.Name][in.GPU]); n > 0 {
+			res.Inputs[i].Groups = n
 		}
-		inputs[k].SettledShare += c.Share
-		inputs[k].Costed = inputs[k].Costed && (c.Learned || c.Exited)
-		waits[k] = append(waits[k], c.SyncWait...)
-		syncs[k] += c.Syncs
+	}
+	actuation, unsteered := d.actuations(cfg, res, groups)
+	for i, in := range res.Inputs {
+		u := actuation[in.GPU] == arbiter.Scheduler && unsteered[tenantGPU{in.Name, in.GPU}]
+		res.Inputs[i].Unsteered = u
+		res.Tenants[in.Name].GPUs[in.GPU].Unsteered = u // what status shows
+	}
+	snap := d.meter.Snapshot()
+
+	d.mu.Lock()
+	var finish []func()
+	d.arb.SetWindows(int(math.Ceil(float64(window)/float64(cfg.Period))), int(math.Ceil(float64(d.cfg.Window)/float64(cfg.Period))))
+	decisions := d.arb.Step(res.Inputs, func(gpu int) arbiter.Actuation { return actuation[gpu] })
+	var seen []member
+	for name, ct := range res.Tenants {
 		t := d.tenants[name]
 		if t == nil {
 			t = &tenant{name: name, cgroupIDs: map[uint64]bool{}, totals: map[int]meter.Totals{}}
 			d.tenants[name] = t
 		}
-		t.rules, t.cgroup, t.pid, t.lastSeen = rules, cg, pid, now
-		t.cgroupIDs[c.CgroupID] = true
-		seen = append(seen, member{c.PID, c.CgroupID, t})
-		if !c.Exited {
-			t.anyPID = int(c.PID)
-			if c.LaunchNS > 0 {
-				if costs[k] == nil {
-					costs[k] = &launchCosts{}
-				}
-				costs[k].add(c)
+		t.rules, t.cgroup, t.pid, t.lastSeen = ct.Rules, ct.Cgroup, ct.PID, now
+		t.decisions, t.inputs = map[int]arbiter.Decision{}, map[int]arbiter.Input{}
+		for _, id := range ct.CgroupIDs {
+			t.cgroupIDs[id] = true
+		}
+		for _, m := range ct.Members {
+			seen = append(seen, member{m.PID, m.CgroupID, t})
+			if !m.Exited {
+				t.anyPID = int(m.PID)
 			}
+		}
+		for gpu, in := range ct.GPUs {
+			t.inputs[gpu] = *in
+		}
+		if ct.LaunchNS > 0 {
+			t.launchCost.Store(math.Float64bits(ct.LaunchNS))
+		}
+		var all []gpusched.Group
+		for _, gs := range groups[name] {
+			all = append(all, gs...)
+		}
+		t.groups.Store(&all)
+	}
+	// The step's own assignment: classifying again could name another
+	// tenant (a pid tenant's tree changes as processes exit).
+	owner := map[uint32]*tenant{}
+	for name, ct := range res.Tenants {
+		for _, m := range ct.Members {
+			owner[m.PID] = d.tenants[name]
+		}
+	}
+	for _, c := range long {
+		t := owner[c.PID]
+		if t == nil {
+			continue
 		}
 		tot := t.totals[c.GPU]
 		tot.Add(d.counted.delta(c))
 		t.totals[c.GPU] = tot
 	}
 	d.counted.forgetAbsent(long)
-	for _, c := range short {
-		name, _, _, _ := cl.classify(c.PID, c.CgroupID)
-		in := inputs[aggKey{name, c.GPU}]
-		if in == nil {
-			continue
-		}
-		in.Share += c.Share
-		in.Busy = in.Busy || c.Busy || c.Launches > 0
-		in.Queued += float64(c.BacklogNS) / float64(window)
-		// Running or waiting for the GPU nearly all the window, or all the
-		// time since it appeared: a tenant that has just arrived wants its
-		// share at once, not after a window.
-		active := max(c.ActiveNS, uint64(minActive))
-		in.Backlogged = in.Backlogged || float64(c.GPUNS+c.QueueNS) >= backloggedFraction*float64(active)
-		if !c.Exited {
-			in.Processes++
-		}
-	}
-	var list []arbiter.Input
-	for k, in := range inputs {
-		in.LaunchNS = costs[k].mean()
-		if t := d.tenants[k.name]; t != nil && t.gater != nil && t.gater.HeldSince(now.Add(-window)) {
-			in.Busy, in.Held = true, true // held back, so its queue may be empty: it has work
-		}
-		in.SyncP99MS = p99(waits[k]) / 1e6
-		in.FPS = float64(syncs[k]) / d.cfg.Window.Seconds()
-		list = append(list, *in)
-	}
-	tenantCosts := map[string]launchCosts{} // over all its GPUs
-	for k, c := range costs {
-		all := tenantCosts[k.name]
-		all.sum, all.n = all.sum+c.sum, all.n+c.n
-		tenantCosts[k.name] = all
-	}
-	d.arb.SetSettle(int(math.Ceil(float64(d.cfg.Window) / float64(cfg.Period))))
-	decisions := d.arb.Step(list, cfg.ModeOf)
-	for _, t := range d.tenants {
-		t.decisions = map[int]arbiter.Decision{}
-		t.syncP99MS = map[int]float64{}
-		t.launchNS = map[int]float64{}
-	}
 	for _, dec := range decisions {
-		t := d.tenants[dec.Name]
-		t.decisions[dec.GPU] = dec
-		t.syncP99MS[dec.GPU] = inputs[aggKey{dec.Name, dec.GPU}].SyncP99MS
-		t.launchNS[dec.GPU] = inputs[aggKey{dec.Name, dec.GPU}].LaunchNS
+		d.tenants[dec.Name].decisions[dec.GPU] = dec
 	}
+	plan := map[int][]tenantGroups{}
 	for name, t := range d.tenants {
 		if now.Sub(t.lastSeen) > 2*d.cfg.Window {
-			d.stopGate(t)
+			finish = append(finish, d.retire(t))
 			delete(d.tenants, name)
 			continue
-		}
-		if c, ok := tenantCosts[name]; ok {
-			t.launchCost.Store(math.Float64bits(c.mean()))
 		}
 		if t.launches != nil && t.pid != 0 {
 			// A pid tenant's tree changes as it forks.
@@ -253,17 +243,197 @@ func (d *Daemon) control(ctx context.Context) {
 				d.log.Warn("launch gate", "tenant", name, "err", err)
 			}
 		}
-		duty, offset, paced := 1.0, 0.0, true
-		for _, dec := range t.decisions {
+		duty, offset, paced, scheduled := 1.0, 0.0, true, false
+		for gpu, dec := range t.decisions {
+			if dec.Scheduled {
+				scheduled = true
+				plan[gpu] = append(plan[gpu], tenantGroups{dec, groups[name][gpu]})
+			}
 			if dec.Duty < duty {
-				duty, offset, paced = dec.Duty, dec.Offset, dec.Paced
+				duty, offset, paced = dec.Duty, dec.Offset, dec.Paced && !dec.Scheduled
 			}
 		}
 		if !enforcing {
 			duty = 1
 		}
+		finish = append(finish, d.actOn(ctx, t, scheduled, duty, offset, paced, cfg.Period))
+	}
+	d.wakers.Store(newWakers(seen))
+	d.publish(res, snap, actuation)
+	d.mu.Unlock()
+	for _, f := range finish {
+		f()
+	}
+	if enforcing {
+		d.steerSlices(plan, groups)
+	}
+	live := map[uint32]bool{}
+	for _, c := range long {
+		if !c.Exited {
+			live[c.PID] = true
+		}
+	}
+	d.steer.forget(live)
+}
+
+// groupsOf are the channel groups of every tenant's processes per GPU, as
+// the probes saw their RM allocations.
+func (d *Daemon) groupsOf(res control.Result) map[string]map[int][]gpusched.Group {
+	out := map[string]map[int][]gpusched.Group{}
+	if d.spy == nil {
+		return out
+	}
+	tbl := d.spy.Table()
+	for name, t := range res.Tenants {
+		for _, m := range t.Members {
+			if m.Exited {
+				continue
+			}
+			p, ok := tbl.Process(m.PID)
+			if !ok {
+				continue
+			}
+			for _, g := range p.Groups() {
+				if out[name] == nil {
+					out[name] = map[int][]gpusched.Group{}
+				}
+				out[name][int(g.GPU)] = append(out[name][int(g.GPU)], g)
+			}
+		}
+	}
+	return out
+}
+
+// actuations picks how each GPU's tenants are held to their shares: the
+// policy's timeslice mode by freezing; otherwise the GPU's own scheduler
+// when this host and the GPU allow it and the policy does not declare the
+// GPU non-preemptive, else pacing at the launch gate. A tenant with work
+// on a steered GPU whose channel groups gpuarb has not seen for
+// ungroupedGrace (a process that set up its GPU before the daemon
+// started) is unsteered: paced at the launch gate, the others steered.
+func (d *Daemon) actuations(cfg *policy.Config, res control.Result, groups map[string]map[int][]gpusched.Group) (map[int]arbiter.Actuation, map[tenantGPU]bool) {
+	now := time.Now()
+	seen := map[tenantGPU]bool{}
+	out := map[int]arbiter.Actuation{}
+	unsteered := map[tenantGPU]bool{}
+	why := map[int]string{}
+	for _, in := range res.Inputs {
+		gpu := in.GPU
+		if _, done := out[gpu]; done && out[gpu] != arbiter.Scheduler {
+			continue
+		}
+		_, preemptive := cfg.Scheduling(gpu)
+		switch {
+		case cfg.ModeOf(gpu) == policy.ModeTimeslice:
+			out[gpu] = arbiter.Windows
+		case !preemptive:
+			out[gpu], why[gpu] = arbiter.Pacing, "the policy declares the GPU non-preemptive: a running kernel outlasts any timeslice"
+		case d.steer.off != "":
+			out[gpu], why[gpu] = arbiter.Pacing, d.steer.off
+		case in.Busy && in.Processes > 0 && len(groups[in.Name][gpu]) == 0:
+			// Just arrived, its groups may not be in the table yet; after
+			// the grace, paced at the launch gate.
+			unsteered[tenantGPU{in.Name, gpu}] = d.ungrouped(tenantGPU{in.Name, gpu}, now, seen)
+			if _, done := out[gpu]; !done {
+				out[gpu] = arbiter.Scheduler
+			}
+		case len(groups[in.Name][gpu]) > 0:
+			if r := d.steer.gpuState(gpu, groups[in.Name][gpu][0]); r != "" {
+				out[gpu], why[gpu] = arbiter.Pacing, r
+			} else if _, done := out[gpu]; !done {
+				out[gpu] = arbiter.Scheduler
+			}
+		default:
+			if _, done := out[gpu]; !done {
+				out[gpu] = arbiter.Scheduler
+			}
+		}
+	}
+	d.mu.Lock()
+	d.steerWhy = why
+	d.mu.Unlock()
+	for k := range d.ungroupedSince {
+		if !seen[k] {
+			delete(d.ungroupedSince, k) // it has its groups now, or left
+		}
+	}
+	return out, unsteered
+}
+
+// ungroupedGrace is how long a busy tenant may go without a channel group
+// the probes saw before it is paced at the launch gate instead of steered:
+// a process that has just set up its GPU may not be in the table at the
+// next control step.
+const ungroupedGrace = time.Second
+
+// tenantGPU names a tenant on one GPU.
+type tenantGPU struct {
+	name string
+	gpu  int
+}
+
+// ungrouped notes in seen that a tenant is busy on a GPU without a known
+// channel group and tells whether that has lasted ungroupedGrace.
+func (d *Daemon) ungrouped(k tenantGPU, now time.Time, seen map[tenantGPU]bool) bool {
+	seen[k] = true
+	since, ok := d.ungroupedSince[k]
+	if !ok {
+		d.ungroupedSince[k] = now
+		return false
+	}
+	return now.Sub(since) >= ungroupedGrace
+}
+
+// steerSlices gives the channel groups of the GPUs in scheduler mode their
+// timeslices. A GPU whose driver refuses is marked not steerable: its
+// tenants are paced at the launch gate from the next step.
+func (d *Daemon) steerSlices(plan map[int][]tenantGroups, groups map[string]map[int][]gpusched.Group) {
+	for gpu, ts := range plan {
+		byKey := map[groupKey]gpusched.Group{}
+		for _, t := range ts {
+			for _, g := range t.groups {
+				byKey[keyOf(g)] = g
+			}
+		}
+		want := map[groupKey]time.Duration{}
+		for _, t := range ts {
+			for _, g := range t.groups {
+				want[keyOf(g)] = t.decision.Timeslice
+			}
+		}
+		err := d.steer.setSlices(want, byKey)
+		switch {
+		case err == nil:
+		case refusal(err):
+			d.log.Warn("gpu scheduler: the driver refused; pacing at the launch gate instead", "gpu", gpu, "err", err)
+			d.steer.refuse(gpu, err.Error())
+		default:
+			d.log.Debug("gpu scheduler: timeslices", "gpu", gpu, "err", err)
+		}
+	}
+}
+
+// actOn starts, steers or stops a tenant's gaters for its decision: in
+// scheduler mode a window gater over a pause gate (its groups paused for
+// the rest of each period below duty 1); otherwise, below duty 1, the
+// launch gate or freeze gater. It returns what must run once the daemon's
+// lock is released (waiting for a gater to end). Called with d.mu held.
+func (d *Daemon) actOn(ctx context.Context, t *tenant, scheduled bool, duty, offset float64, paced bool,
+	period time.Duration) func() {
+	var finish []func()
+	switch {
+	case scheduled:
+		finish = append(finish, d.stopGater(t))
+		if t.pauser == nil && duty < 1 {
+			d.startPauser(ctx, t, period)
+		}
+		if t.pauser != nil {
+			t.pauser.Set(duty, offset)
+		}
+	default:
+		finish = append(finish, d.stopPauser(t))
 		if duty < 1 && t.gater == nil && !t.refused {
-			d.startGate(ctx, t, cfg.Period)
+			d.startGate(ctx, t, period)
 		}
 		switch {
 		case t.gater == nil:
@@ -273,7 +443,51 @@ func (d *Daemon) control(ctx context.Context) {
 			t.gater.Set(duty, offset)
 		}
 	}
-	d.wakers.Store(newWakers(seen))
+	return func() {
+		for _, f := range finish {
+			f()
+		}
+	}
+}
+
+// startPauser starts a tenant's window gater over its channel groups.
+// Called with d.mu held.
+func (d *Daemon) startPauser(ctx context.Context, t *tenant, period time.Duration) {
+	gate := pauseGate{s: d.steer, name: t.name, groups: func() []gpusched.Group {
+		if gs := t.groups.Load(); gs != nil {
+			return *gs
+		}
+		return nil
+	}}
+	t.pauser = arbiter.NewGater(gate, period, d.epoch)
+	name := t.name
+	t.pauser.OnError = func(err error) {
+		if onlyGone(err) {
+			d.log.Debug("gpu scheduler: pause", "tenant", name, "err", err) // its processes ended meanwhile
+			return
+		}
+		d.log.Warn("gpu scheduler: pause", "tenant", name, "err", err)
+	}
+	t.pauseCancel, t.pauseDone = runGater(ctx, t.pauser)
+}
+
+// stopPauser ends a tenant's pauser (which resumes its groups); it
+// returns the wait for it to end. Called with d.mu held.
+func (d *Daemon) stopPauser(t *tenant) func() {
+	if t.pauser == nil {
+		return func() {}
+	}
+	t.pauseCancel()
+	done := t.pauseDone
+	t.pauser, t.pauseCancel, t.pauseDone = nil, nil, nil
+	return func() { <-done }
+}
+
+// retire ends everything that holds a tenant back; it returns the wait for
+// it. Called with d.mu held.
+func (d *Daemon) retire(t *tenant) func() {
+	a, b := d.stopGater(t), d.stopPauser(t)
+	return func() { a(); b() }
 }
 
 // member is a process a control step found, with its tenant.
@@ -313,34 +527,6 @@ func (w *wakers) wake(pid uint32, cgroupID uint64) {
 	if g != nil {
 		g.Wake()
 	}
-}
-
-// launchCosts averages the launch costs of a tenant's processes, each
-// weighted by its launches in the window (one without recent launches
-// still counts a little).
-type launchCosts struct{ sum, n float64 }
-
-func (l *launchCosts) add(c meter.ContextStats) {
-	w := float64(c.Launches) + 1e-3
-	l.sum += w * c.LaunchNS
-	l.n += w
-}
-
-// mean is the weighted mean cost, 0 when none of them has launched.
-func (l *launchCosts) mean() float64 {
-	if l == nil || l.n == 0 {
-		return 0
-	}
-	return l.sum / l.n
-}
-
-func p99(xs []uint64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := append([]uint64(nil), xs...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	return float64(s[int(math.Ceil(0.99*float64(len(s))))-1])
 }
 
 // gateFor makes the gate of a tenant, refusing what must never be stopped.
@@ -403,12 +589,19 @@ func (d *Daemon) startGate(ctx context.Context, t *tenant, period time.Duration)
 	}
 	name := t.name
 	t.gater.OnError = func(err error) { d.log.Warn("gate", "tenant", name, "err", err) }
+	t.cancel, t.done = runGater(ctx, t.gater)
+}
+
+// runGater runs g until the returned cancel is called; done closes when
+// it has returned.
+func runGater(ctx context.Context, g *arbiter.Gater) (cancel context.CancelFunc, done chan struct{}) {
 	gctx, cancel := context.WithCancel(ctx)
-	t.cancel, t.done = cancel, make(chan struct{})
-	go func(g *arbiter.Gater, done chan struct{}) {
+	done = make(chan struct{})
+	go func() {
 		defer close(done)
 		g.Run(gctx)
-	}(t.gater, t.done)
+	}()
+	return cancel, done
 }
 
 // newLaunchGate makes the launch gate of a tenant: its cgroup (and what is
@@ -438,31 +631,48 @@ func (d *Daemon) newLaunchGate(t *tenant) (*bpf.LaunchGate, error) {
 	return lg, nil
 }
 
-// stopGate ends a tenant's gater (which thaws it and releases what its
-// launch gate holds) and forgets its target. Called with d.mu held.
-func (d *Daemon) stopGate(t *tenant) {
+// stopGater ends a tenant's gater (which thaws it and releases what its
+// launch gate holds) and forgets its target; it returns the wait for the
+// gater to end and the cleanup after it. Called with d.mu held.
+func (d *Daemon) stopGater(t *tenant) func() {
 	if t.gater == nil {
-		return
+		return func() {}
 	}
 	t.cancel()
-	<-t.done
-	if err := t.launches.Close(); err != nil {
-		d.log.Warn("launch gate", "tenant", t.name, "err", err)
+	done, launches, target, name := t.done, t.launches, t.target, t.name
+	t.gater, t.cancel, t.done, t.launches = nil, nil, nil, nil
+	return func() {
+		<-done
+		if err := launches.Close(); err != nil {
+			d.log.Warn("launch gate", "tenant", name, "err", err)
+		}
+		if err := d.ledger.Remove(target); err != nil {
+			d.log.Warn("ledger", "err", err)
+		}
 	}
-	t.launches = nil
-	if err := d.ledger.Remove(t.target); err != nil {
-		d.log.Warn("ledger", "err", err)
-	}
-	t.gater, t.cancel, t.done = nil, nil, nil
 }
 
-// stopAllGates thaws every tenant.
+// heldSince tells whether gpuarb held the tenant back (launch gate, freeze
+// or pause) at any time since t. Called with d.mu held.
+func (t *tenant) heldSince(since time.Time) bool {
+	return (t.gater != nil && t.gater.HeldSince(since)) || (t.pauser != nil && t.pauser.HeldSince(since))
+}
+
+// stopAllGates resumes every tenant: gaters and pausers end, timeslices
+// are restored.
 func (d *Daemon) stopAllGates() {
 	d.mu.Lock()
-	defer d.mu.Unlock()
+	var finish []func()
 	for _, t := range d.tenants {
-		d.stopGate(t)
+		finish = append(finish, d.retire(t))
 		t.refused = false
+	}
+	d.mu.Unlock()
+	for _, f := range finish {
+		f()
+	}
+	if err := d.steer.putBackAll(); err != nil {
+		d.log.Warn("gpu scheduler: putting channel groups back", "err", err)
 	}
 }
 

@@ -12,7 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,6 +53,11 @@ type Config struct {
 	Guardian []string
 	// ObserveOnly measures without throttling anyone.
 	ObserveOnly bool
+	// NoGPUScheduler keeps gpuarb off the GPUs' own schedulers: tenants are
+	// paced at the launch gate (or frozen) everywhere.
+	NoGPUScheduler bool
+	// The channel groups gpuarb changed are recorded in steered.json beside
+	// the Ledger (SteerLedgerBeside).
 	// MetricsAddr, when set, serves Prometheus metrics over HTTP there (a
 	// bare port listens on 127.0.0.1 only).
 	MetricsAddr string
@@ -64,6 +69,12 @@ type Config struct {
 
 // LedgerBeside is the thaw ledger's path for a daemon socket.
 func LedgerBeside(socket string) string { return filepath.Join(filepath.Dir(socket), "gated.json") }
+
+// SteerLedgerBeside is the steering ledger's path beside a thaw ledger:
+// whoever thaws what a daemon left finds both.
+func SteerLedgerBeside(ledger string) string {
+	return filepath.Join(filepath.Dir(ledger), "steered.json")
+}
 
 // ErrAlreadyRunning is returned when another daemon holds the lock.
 var ErrAlreadyRunning = errors.New("another gpuarb daemon is running")
@@ -82,7 +93,12 @@ type Daemon struct {
 	// the Prometheus endpoint, when configured
 	metricsServer   *http.Server
 	metricsListener net.Listener
-	mu              sync.Mutex
+	// stepMu serializes the control steps with what ends enforcement or
+	// replaces what it enforces (a thaw, a new policy, Stop): a step that
+	// began before would otherwise steer, pause or gate again after them
+	// with what it read at its start. Taken before mu.
+	stepMu sync.Mutex
+	mu     sync.Mutex
 	// policy and arbitration, under mu: policy is base (the file or the
 	// last `policy apply`) with the attached tenants
 	policy       *policy.Config
@@ -106,6 +122,15 @@ type Daemon struct {
 	controlTimes []time.Duration // the control steps of the last window, under mu
 	// wakers, as the last control step left them, read by the event reader
 	wakers atomic.Pointer[wakers]
+	// steer is the hold on the GPUs' own schedulers; steerWhy, under mu,
+	// says per GPU why the last step could not use it.
+	steer    *steering
+	steerWhy map[int]string
+	// ungroupedSince is when a busy tenant was first seen on a GPU without
+	// a channel group (used by the control loop only).
+	ungroupedSince map[tenantGPU]time.Time
+	// published is the last control step's view for status and metrics.
+	published atomic.Pointer[stepView]
 }
 
 func (c *Config) setDefaults() {
@@ -124,6 +149,7 @@ func (c *Config) setDefaults() {
 	if c.Ledger == "" {
 		c.Ledger = LedgerBeside(c.Socket)
 	}
+
 	if c.Attached == "" {
 		c.Attached = AttachedBeside(c.Socket)
 	}
@@ -136,7 +162,7 @@ func (c *Config) setDefaults() {
 // serving. Stop (or Run's context) undoes all of it.
 func Start(cfg Config) (_ *Daemon, err error) {
 	cfg.setDefaults()
-	d := &Daemon{cfg: cfg, log: cfg.Log, meter: meter.New(meter.Config{Window: cfg.Window, Lag: 20 * time.Millisecond}),
+	d := &Daemon{cfg: cfg, log: cfg.Log, ungroupedSince: map[tenantGPU]time.Time{}, meter: meter.New(meter.Config{Window: cfg.Window, Lag: 20 * time.Millisecond}),
 		arb: arbiter.New(arbiter.DefaultParams()), tenants: map[string]*tenant{}, enforcing: !cfg.ObserveOnly,
 		epoch: time.Now(), mode: cgroup.DetectMode()}
 	defer func() {
@@ -157,8 +183,8 @@ func Start(cfg Config) (_ *Daemon, err error) {
 	d.policy, d.base = pol, pol
 	d.meter.SetScheduling(pol.Scheduling)
 	d.log.Info("policy", "path", cfg.PolicyPath, "found", found, "tenants", len(pol.Tenants), "period", pol.Period)
-	// A daemon that died may have left tenants frozen or held: resume
-	// them first.
+	// A daemon that died may have left tenants frozen, held or paused:
+	// resume them first.
 	if done, err := ThawLeftovers(cfg.Ledger, cfg.PinPath); err != nil {
 		d.log.Warn("resuming what an earlier daemon left", "err", err)
 	} else if len(done) > 0 {
@@ -167,6 +193,12 @@ func Start(cfg Config) (_ *Daemon, err error) {
 	_ = os.Remove(cfg.Ledger)
 	if d.ledger, err = cgroup.OpenLedger(cfg.Ledger); err != nil {
 		return nil, err
+	}
+	if d.steer, err = newSteering(cfg.NoGPUScheduler || cfg.ObserveOnly, SteerLedgerBeside(cfg.Ledger), d.meter); err != nil {
+		return nil, err
+	}
+	if d.steer.off != "" {
+		d.log.Info("not steering the GPUs' own schedulers: pacing at the launch gate", "why", d.steer.off)
 	}
 	if err := d.startGuardian(); err != nil {
 		return nil, err
@@ -241,7 +273,11 @@ func (d *Daemon) takeLock() error {
 	return nil
 }
 
+// attachLibcudas probes the libcuda copies named, in the linker cache and
+// mapped by running processes, and tells the meter which processes ran
+// before the probes could see them.
 func (d *Daemon) attachLibcudas() {
+	defer d.meter.SetPreexisting(runningPIDs())
 	for _, p := range d.cfg.Libcudas {
 		if _, err := d.probes.AttachLibcuda(p); err != nil {
 			d.log.Warn("libcuda", "path", p, "err", err)
@@ -252,6 +288,18 @@ func (d *Daemon) attachLibcudas() {
 			d.log.Warn("libcuda", "path", p, "err", err)
 		}
 	}
+}
+
+// runningPIDs lists the processes running now.
+func runningPIDs() []uint32 {
+	entries, _ := os.ReadDir("/proc")
+	var pids []uint32
+	for _, e := range entries {
+		if pid, err := strconv.ParseUint(e.Name(), 10, 32); err == nil {
+			pids = append(pids, uint32(pid))
+		}
+	}
+	return pids
 }
 
 func (d *Daemon) listen() error {
@@ -336,7 +384,9 @@ loop:
 		case <-tick.C:
 			began := time.Now()
 			d.meter.Tick()
+			d.stepMu.Lock()
 			d.control(ctx)
+			d.stepMu.Unlock()
 			d.noteControl(time.Since(began))
 			if p := d.period(); p != period {
 				period = p
@@ -390,6 +440,7 @@ func (d *Daemon) sampleExact() {
 // socket and the lock. It is safe to call more than once.
 func (d *Daemon) Stop() error {
 	var errs []error
+	d.stepMu.Lock()
 	if d.ledger != nil {
 		d.stopAllGates()
 		if _, err := cgroup.ThawAll(d.cfg.Ledger); err != nil {
@@ -397,6 +448,12 @@ func (d *Daemon) Stop() error {
 		}
 		_ = os.Remove(d.cfg.Ledger)
 		d.ledger = nil
+	}
+	d.stepMu.Unlock()
+	if d.steer != nil {
+		errs = append(errs, d.steer.Close())
+		_ = os.Remove(SteerLedgerBeside(d.cfg.Ledger))
+		d.steer = nil
 	}
 	if d.guardianPipe != nil {
 		_ = d.guardianPipe.Close() // the guardian finds nothing left to thaw and exits
@@ -435,108 +492,4 @@ func (d *Daemon) Stop() error {
 		d.lock = nil
 	}
 	return errors.Join(errs...)
-}
-
-// Status builds the status document: the meter's figures per tenant and
-// GPU over the window, with the policy and the arbiter's decisions.
-func (d *Daemon) Status() api.Status {
-	snap := d.meter.Snapshot()
-	_, ctxs := d.meter.Contexts(d.cfg.Window)
-	secs := d.cfg.Window.Seconds()
-	st := api.Status{Version: d.cfg.Version, WindowNS: snap.WindowNS, Tenants: []api.Tenant{}, GPUs: []api.GPU{}}
-	d.mu.Lock()
-	cl := newClassifier(d.policy, d.mount, d.resolver)
-	byKey := map[aggKey]*api.Tenant{}
-	procs := map[aggKey]map[uint32]bool{}
-	for _, c := range ctxs {
-		name, rules, cg, _ := cl.classify(c.PID, c.CgroupID)
-		k := aggKey{name, c.GPU}
-		t := byKey[k]
-		if t == nil {
-			t = &api.Tenant{Name: name, Cgroup: cg, CgroupID: c.CgroupID, GPU: c.GPU, Weight: int(rules.Weight),
-				Limit: float64(rules.Limit), Priority: string(rules.Priority), Duty: 1, State: "idle"}
-			byKey[k] = t
-			procs[k] = map[uint32]bool{}
-		}
-		t.GPUNS += c.GPUNS
-		t.LaunchesPerS += float64(c.Launches) / secs
-		t.SyncsPerS += float64(c.Syncs) / secs
-		t.MemBytes += c.MemBytes
-		t.QueueNS += c.QueueNS
-		if !c.Exited {
-			procs[k][c.PID] = true
-		}
-		if c.Busy {
-			t.State = "running"
-		}
-	}
-	for k, t := range byKey {
-		t.Share = float64(t.GPUNS) / float64(snap.WindowNS)
-		t.Processes = len(procs[k])
-		for _, lr := range snap.Tenants {
-			if lr.CgroupID == t.CgroupID && lr.GPU == t.GPU {
-				t.LongRunShare = lr.LongRunShare
-			}
-		}
-		if tn := d.tenants[k.name]; tn != nil {
-			if dec, ok := tn.decisions[k.gpu]; ok {
-				t.TargetShare, t.Duty, t.Reason, t.SLOMissed = dec.Target, dec.Duty, dec.Reason, dec.SLOMissed
-				t.SyncP99MS = tn.syncP99MS[k.gpu]
-				t.LaunchNS = tn.launchNS[k.gpu]
-			}
-			tot := tn.totals[k.gpu]
-			t.GPUNSTotal, t.LaunchesTotal, t.SyncsTotal = tot.GPUNS, tot.Launches, tot.Syncs
-			if tn.gater != nil {
-				frozen, throttled := tn.gater.State()
-				t.ThrottledNS = uint64(throttled)
-				switch {
-				case frozen:
-					t.State = "frozen"
-				case t.Duty < 1 && d.enforcing:
-					t.State = "throttled"
-				}
-			}
-		}
-		st.Tenants = append(st.Tenants, *t)
-	}
-	st.Enforcing = d.enforcing
-	var sum time.Duration
-	for _, c := range d.controlTimes {
-		sum += c
-	}
-	if len(d.controlTimes) > 0 {
-		st.ControlNS = uint64(sum) / uint64(len(d.controlTimes))
-	}
-	d.mu.Unlock()
-	sort.SliceStable(st.Tenants, func(i, j int) bool {
-		if st.Tenants[i].Share != st.Tenants[j].Share {
-			return st.Tenants[i].Share > st.Tenants[j].Share
-		}
-		return st.Tenants[i].Name < st.Tenants[j].Name
-	})
-	for _, g := range snap.GPUs {
-		st.GPUs = append(st.GPUs, api.GPU{Index: g.Index, BusyShare: g.BusyShare, Tenants: g.Tenants})
-	}
-	if d.probes != nil {
-		st.Probes.Libcudas = d.probes.Libcudas()
-		st.Probes.LostEvents, _ = d.probes.Lost()
-	}
-	if d.spy != nil {
-		st.Probes.Events, _ = d.spy.Counts()
-	}
-	for _, dev := range d.cfg.Devices {
-		st.Probes.Devices = append(st.Probes.Devices, dev.String())
-	}
-	d.mu.Lock()
-	if d.cfg.Exact != nil {
-		st.ExactSource = d.cfg.Exact.Name()
-		for i := range st.Tenants {
-			if v, ok := d.exactShares[st.Tenants[i].Cgroup]; ok {
-				st.Tenants[i].ExactShare = &v
-			}
-		}
-	}
-	d.mu.Unlock()
-	st.Probes.PinPath = d.cfg.PinPath
-	return st
 }

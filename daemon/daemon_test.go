@@ -3,10 +3,12 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -139,6 +141,7 @@ func TestExactShareBesideTheEstimate(t *testing.T) {
 	d.sampleExact()
 	d.exactAt = d.exactAt.Add(-time.Second) // the two samples one second apart
 	d.sampleExact()
+	d.control(context.Background()) // status shows the last control step's figures
 	st := d.Status()
 	if st.ExactSource != "fake" {
 		t.Errorf("exact source %q", st.ExactSource)
@@ -154,5 +157,60 @@ func TestExactShareBesideTheEstimate(t *testing.T) {
 	}
 	if !found {
 		t.Errorf("no tenant for %s in %+v", self, st.Tenants)
+	}
+}
+
+// Attaches that arrive together all count: each derives its policy from
+// the one in force after the others (they read the same one and the last
+// to install it dropped the rest).
+func TestConcurrentAttachesAllCount(t *testing.T) {
+	testutil.Privileged(t)
+	dir := t.TempDir()
+	cfg := Config{
+		Socket: filepath.Join(dir, "gpuarb.sock"), PinPath: filepath.Join(bpf.BPFFSPath, "gpuarb-test-"+filepath.Base(dir)),
+		PolicyPath: filepath.Join(dir, "policy.yaml"),
+		Devices:    []bpf.Device{{Major: 1, Minor: 7, Kind: bpf.KindNvidiaCtl}},
+		Log:        slog.New(slog.NewTextHandler(io.Discard, nil)), Version: "test",
+	}
+	d, err := Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	})
+	parent := testutil.NewCgroup(t, "attach")
+	const n = 16
+	client := api.NewClient(cfg.Socket)
+	errs := make(chan error, n)
+	for i := range n {
+		cg := testutil.Sub(t, parent, fmt.Sprintf("t%d", i))
+		go func() {
+			errs <- client.Attach(t.Context(), fmt.Appendf(nil, `{"name": "t%d", "cgroup": %q, "weight": %d}`, i, cg.Rel, 100+i))
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	pol, err := client.Policy(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var missing []string
+	for i := range n {
+		if !strings.Contains(string(pol), fmt.Sprintf("name: t%d\n", i)) {
+			missing = append(missing, fmt.Sprintf("t%d", i))
+		}
+	}
+	if len(missing) > 0 {
+		t.Errorf("%d concurrent attaches, %v missing from the policy:\n%s", n, missing, pol)
 	}
 }

@@ -9,11 +9,13 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"reflect"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/gpuarb/gpuarb/api"
 	"github.com/gpuarb/gpuarb/cgroup"
+	"github.com/gpuarb/gpuarb/gpusched"
 	"github.com/gpuarb/gpuarb/policy"
 )
 
@@ -100,44 +102,45 @@ func (d *Daemon) routes(mux *http.ServeMux) {
 		if t.Cgroup != "" {
 			t.Cgroup = normalizeCgroup(t.Cgroup, d.mount)
 		}
-		d.mu.Lock()
-		cfg, err := d.policy.With(t)
-		d.mu.Unlock()
-		if err == nil {
-			err = d.checkGates(t)
-		}
+		err := d.updatePolicy("attach "+t.Name, func(cur *policy.Config) (*policy.Config, error) {
+			cfg, err := cur.With(t)
+			if err == nil {
+				err = d.checkGates(t)
+			}
+			if err != nil {
+				return nil, err
+			}
+			d.attached.set(t)
+			if err := d.attached.save(); err != nil {
+				d.log.Warn("attached, but a restarted daemon will not know it", "tenant", t.Name, "err", err)
+			}
+			return cfg, nil
+		})
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
 		}
-		d.mu.Lock()
-		d.attached.set(t)
-		err = d.attached.save()
-		d.mu.Unlock()
-		if err != nil {
-			d.log.Warn("attached, but a restarted daemon will not know it", "tenant", t.Name, "err", err)
-		}
-		d.setPolicy(cfg, "attach "+t.Name)
 	}))
 	mux.HandleFunc("DELETE "+api.TenantsPath+"/{name}", rootOnly(func(w http.ResponseWriter, r *http.Request) {
 		name := r.PathValue("name")
-		d.mu.Lock()
-		cfg, ok := d.policy.Without(name)
-		var err error
-		if d.attached.remove(name) {
-			err = d.attached.save()
-		}
-		d.mu.Unlock()
-		if !ok {
+		err := d.updatePolicy("detach "+name, func(cur *policy.Config) (*policy.Config, error) {
+			cfg, ok := cur.Without(name)
+			if !ok {
+				return nil, errNoTenant
+			}
+			if d.attached.remove(name) {
+				if err := d.attached.save(); err != nil {
+					d.log.Warn("detached, but a restarted daemon would attach it again", "tenant", name, "err", err)
+				}
+			}
+			return cfg, nil
+		})
+		if errors.Is(err, errNoTenant) {
 			http.Error(w, fmt.Sprintf("no tenant %q in the policy", name), http.StatusNotFound)
-			return
 		}
-		if err != nil {
-			d.log.Warn("detached, but a restarted daemon would attach it again", "tenant", name, "err", err)
-		}
-		d.setPolicy(cfg, "detach "+name)
 	}))
 	mux.HandleFunc("POST "+api.ThawPath, rootOnly(func(w http.ResponseWriter, _ *http.Request) {
+		d.stepMu.Lock()
+		defer d.stepMu.Unlock()
 		d.mu.Lock()
 		d.enforcing = false
 		d.mu.Unlock()
@@ -170,16 +173,69 @@ func (d *Daemon) checkGates(ts ...policy.Tenant) error {
 	return errors.Join(errs...)
 }
 
-// setPolicy installs a validated policy: tenants whose rules or selectors
-// changed are re-gated from the next period, and enforcement resumes.
-func (d *Daemon) setPolicy(cfg *policy.Config, why string) {
-	d.stopAllGates() // gates are rebuilt for the new tenant set
+// reshaped tells whether a policy change touches the tenant called name:
+// its entry was added, removed or changed, or what applies to every
+// tenant changed (period, defaults, GPUs). A tenant no entry names (a
+// cgroup gpuarb found by itself) is touched by any change of the entries:
+// a new one may take its processes.
+func reshaped(old, cfg *policy.Config, name string) bool {
+	if old.Period != cfg.Period || !reflect.DeepEqual(old.Defaults, cfg.Defaults) || !reflect.DeepEqual(old.GPUs, cfg.GPUs) {
+		return true
+	}
+	was, inOld := old.Tenant(name)
+	is, inNew := cfg.Tenant(name)
+	if !inOld && !inNew {
+		return !reflect.DeepEqual(old.Tenants, cfg.Tenants)
+	}
+	return inOld != inNew || !reflect.DeepEqual(was, is)
+}
+
+// errNoTenant is a detach of a tenant the policy does not have.
+var errNoTenant = errors.New("no such tenant")
+
+// updatePolicy installs the policy next derives from the one in force
+// (called with d.mu held; an error installs nothing): tenants whose rules
+// or selectors changed are re-gated from the next period, and enforcement
+// resumes. Updates run one at a time and between control steps, so two
+// attaches at once both count and no step acts on a policy replaced
+// under it.
+func (d *Daemon) updatePolicy(why string, next func(cur *policy.Config) (*policy.Config, error)) error {
+	d.stepMu.Lock()
+	defer d.stepMu.Unlock()
 	d.mu.Lock()
+	old := d.policy
+	cfg, err := next(old)
+	if err != nil {
+		d.mu.Unlock()
+		return err
+	}
+	// Only the tenants the change touches start afresh (their gates and
+	// pauses end, their groups go back to their own timeslices): a
+	// container that starts or stops leaves the others as they run.
+	var finish []func()
+	var groups []gpusched.Group
+	for name, t := range d.tenants {
+		if !reshaped(old, cfg, name) {
+			continue
+		}
+		finish = append(finish, d.retire(t))
+		t.refused = false
+		if gs := t.groups.Load(); gs != nil {
+			groups = append(groups, *gs...)
+		}
+	}
 	d.policy = cfg
 	d.enforcing = !d.cfg.ObserveOnly
 	d.mu.Unlock()
+	for _, f := range finish {
+		f()
+	}
+	if err := d.steer.putBack(groups); err != nil {
+		d.log.Warn("gpu scheduler: putting channel groups back", "err", err)
+	}
 	d.meter.SetScheduling(cfg.Scheduling)
 	d.log.Info("policy changed", "by", why, "tenants", len(cfg.Tenants), "period", cfg.Period)
+	return nil
 }
 
 // Reload re-reads the policy file; a bad file keeps the policy in force.
@@ -204,15 +260,11 @@ func (d *Daemon) Reload() error {
 // setBase replaces the policy file's part of the policy; the attached
 // tenants stay.
 func (d *Daemon) setBase(base *policy.Config, why string) error {
-	d.mu.Lock()
-	cfg, err := d.attached.onto(base)
-	if err == nil {
-		d.base = base
-	}
-	d.mu.Unlock()
-	if err != nil {
-		return err
-	}
-	d.setPolicy(cfg, why)
-	return nil
+	return d.updatePolicy(why, func(*policy.Config) (*policy.Config, error) {
+		cfg, err := d.attached.onto(base)
+		if err == nil {
+			d.base = base
+		}
+		return cfg, err
+	})
 }

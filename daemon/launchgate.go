@@ -8,6 +8,7 @@ import (
 	"github.com/gpuarb/gpuarb/arbiter"
 	"github.com/gpuarb/gpuarb/bpf"
 	"github.com/gpuarb/gpuarb/cgroup"
+	"github.com/gpuarb/gpuarb/gpusched"
 	"github.com/gpuarb/gpuarb/meter"
 )
 
@@ -19,7 +20,7 @@ type launchGate struct {
 	meter *meter.Meter
 }
 
-func (l launchGate) Counts() (admitted, holds uint64, err error) { return l.gate.Counts() }
+func (l launchGate) Counts() (admitted, holds, escapes uint64, err error) { return l.gate.Counts() }
 
 func (l launchGate) Allow(n uint64) error { return l.gate.Allow(n) }
 
@@ -36,18 +37,21 @@ func (l launchGate) Held() ([]arbiter.Held, error) {
 	return out, nil
 }
 
-func (l launchGate) Release(h arbiter.Held) error {
+func (l launchGate) Release(h arbiter.Held) (bool, error) {
 	hp, ok := h.Token.(bpf.HeldProcess)
 	if !ok {
-		return fmt.Errorf("release pid %d: not held by a launch gate", h.PID)
+		return false, fmt.Errorf("release pid %d: not held by a launch gate", h.PID)
 	}
-	// Forget first: once continued, the process may be held again.
-	if err := l.gate.Forget(hp); err != nil {
-		return err
+	// Forget first: once continued, the process may be held again. A hold
+	// that is gone was ended by someone else (and charged by the gate) or
+	// replaced by a new one: the process is not continued for it.
+	forgot, err := l.gate.Forget(hp)
+	if err != nil || !forgot {
+		return false, err
 	}
-	err := cgroup.ContinueProcess(hp.PID, hp.StartTicks)
+	err = cgroup.ContinueProcess(hp.PID, hp.StartTicks)
 	l.meter.Released(uint32(hp.PID), hp.Since, meter.MonotonicNow())
-	return err
+	return true, err
 }
 
 // ThawLeftovers resumes what a daemon that is gone may have left stopped:
@@ -61,11 +65,13 @@ func ThawLeftovers(ledger, pinPath string) ([]string, error) {
 	for _, t := range thawed {
 		out = append(out, "thawed "+t.String())
 	}
+	resumed, errSteer := gpusched.PutBack(SteerLedgerBeside(ledger))
+	out = append(out, resumed...)
 	held, errHeld := bpf.ReleasePinnedHeld(pinPath, func(h bpf.HeldProcess) error {
 		return cgroup.ContinueProcess(h.PID, h.StartTicks)
 	})
 	for _, h := range held {
 		out = append(out, fmt.Sprintf("released pid %d (held at a launch)", h.PID))
 	}
-	return out, errors.Join(errLedger, errHeld)
+	return out, errors.Join(errLedger, errSteer, errHeld)
 }

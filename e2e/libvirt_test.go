@@ -84,15 +84,15 @@ func TestLibvirtHookVM(t *testing.T) {
 		t.Fatalf("the VM is not in the policy with its scope and limit: %v\n%s", err, pol)
 	}
 
-	// The renderer is held at its launches at times; QEMU (its vCPU
-	// threads) never stops: only GPU submission is paced.
-	heldSeen, qemuStopped := false, false
+	// QEMU (its vCPU threads) never stops, nor does the renderer: the
+	// GPU's own scheduler pauses the renderer's channel group instead.
+	stopped, qemuStopped := false, false
 	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-		heldSeen = heldSeen || cgroup.Stopped(renderer)
+		stopped = stopped || cgroup.Stopped(renderer)
 		qemuStopped = qemuStopped || cgroup.Stopped(q.Cmd.Process.Pid)
 	}
-	if !heldSeen || qemuStopped {
-		t.Errorf("renderer held at times: %v (want true); QEMU stopped at times: %v (want false)", heldSeen, qemuStopped)
+	if stopped || qemuStopped {
+		t.Errorf("renderer stopped at times: %v; QEMU stopped at times: %v (want neither)", stopped, qemuStopped)
 	}
 	cgs := map[string]*testutil.Cgroup{"vm": vm, "other": other}
 	ws := trueShares(t, gpu, cgs, 1*time.Second, 5)

@@ -2,52 +2,10 @@ package ioctlspy
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/gpuarb/gpuarb/bpf"
 )
-
-// CUDA function numbers, as enum cuda_func in bpf/gpuarb.h.
-const (
-	cuLaunchKernel = iota + 1
-	cuLaunchKernelEx
-	cuLaunchCooperative
-	cuGraphLaunch
-	cuMemcpyHtoD
-	cuMemcpyDtoH
-	cuMemcpyHtoDAsync
-	cuMemcpyDtoHAsync
-	cuMemsetD8
-	cuMemsetD8Async
-	cuStreamSync
-	cuCtxSync
-	cuEventSync
-	cuCtxCreate
-	cuCtxDestroy
-	cuMemAlloc
-	cuMemFree
-	cuEventRecord
-)
-
-var cudaNames = [...]string{
-	cuLaunchKernel:      "cuLaunchKernel",
-	cuLaunchKernelEx:    "cuLaunchKernelEx",
-	cuLaunchCooperative: "cuLaunchCooperativeKernel",
-	cuGraphLaunch:       "cuGraphLaunch",
-	cuMemcpyHtoD:        "cuMemcpyHtoD_v2",
-	cuMemcpyDtoH:        "cuMemcpyDtoH_v2",
-	cuMemcpyHtoDAsync:   "cuMemcpyHtoDAsync_v2",
-	cuMemcpyDtoHAsync:   "cuMemcpyDtoHAsync_v2",
-	cuMemsetD8:          "cuMemsetD8_v2",
-	cuMemsetD8Async:     "cuMemsetD8Async",
-	cuStreamSync:        "cuStreamSynchronize",
-	cuCtxSync:           "cuCtxSynchronize",
-	cuEventSync:         "cuEventSynchronize",
-	cuCtxCreate:         "cuCtxCreate_v2",
-	cuCtxDestroy:        "cuCtxDestroy_v2",
-	cuMemAlloc:          "cuMemAlloc_v2",
-	cuMemFree:           "cuMemFree_v2",
-	cuEventRecord:       "cuEventRecord",
-}
 
 // Decode turns one raw record into a typed event.
 func Decode(b []byte) (Event, error) {
@@ -118,6 +76,10 @@ func TypeOf(ev Event) string {
 		return "vm_bind"
 	case *Sync:
 		return "sync"
+	case *WaitBegin:
+		return "wait_begin"
+	case *StreamWaitEvent:
+		return "stream_wait_event"
 	case *Launch:
 		return "launch"
 	case *GraphLaunch:
@@ -146,6 +108,7 @@ func decodeIoctl(h Header, r Record) Event {
 	info := IoctlInfo{
 		Device:     deviceString(r.DevMajor, r.DevMinor),
 		DeviceKind: bpf.Kind(r.DevKind).String(),
+		FD:         int32(r.Args[0]),
 		Cmd:        r.Cmd,
 		Nr:         r.Esc,
 		Ret:        r.Ret,
@@ -191,6 +154,8 @@ func decodeNvidia(h Header, info IoctlInfo, r Record) Event {
 		obj := ObjectAllocated{Header: h, IoctlInfo: info, Client: client, Parent: parent, Handle: handle,
 			Class: class, ClassName: ClassName(class), Status: status}
 		switch {
+		case class == ClassDevice:
+			obj.DeviceID, _ = p.u32(0)
 		case class == ClassTSG:
 			ev := &TSGAllocated{ObjectAllocated: obj}
 			ev.VASpace, _ = p.u32(8)
@@ -327,35 +292,82 @@ func decodeDRM(h Header, info IoctlInfo, r Record) Event {
 	return nil
 }
 
+// Stream handles of cuda.h that name default streams.
+const (
+	streamLegacy    = 0x1 // CU_STREAM_LEGACY
+	streamPerThread = 0x2 // CU_STREAM_PER_THREAD
+)
+
+// perThreadBit marks a stream key that names a thread's per-thread
+// default stream.
+const perThreadBit = 1 << 63
+
+// PerThreadStream is the stream key of thread tid's per-thread default
+// stream: what a NULL stream means in a _ptsz call, or
+// CU_STREAM_PER_THREAD anywhere.
+func PerThreadStream(tid uint32) uint64 { return perThreadBit | uint64(tid) }
+
+// streamKey normalises a stream handle: the legacy default stream is 0, a
+// per-thread default stream PerThreadStream(tid), any other the handle.
+func streamKey(h uint64, perThread bool, tid uint32) uint64 {
+	switch {
+	case h == streamPerThread || (h == 0 && perThread):
+		return PerThreadStream(tid)
+	case h == streamLegacy:
+		return 0
+	}
+	return h
+}
+
+// waitTarget is what a sync or query waits on: "stream", "context" or
+// "event", and the handle (a stream key for streams).
+func waitTarget(e bpf.EntryPoint, handle uint64, tid uint32) (string, uint64) {
+	switch {
+	case strings.HasPrefix(e.Symbol, "cuStream"):
+		return "stream", streamKey(handle, e.PerThread, tid)
+	case strings.HasPrefix(e.Symbol, "cuEvent"):
+		return "event", handle
+	}
+	return "context", handle
+}
+
 func decodeCuda(h Header, r Record) (Event, error) {
-	if r.Func == 0 || int(r.Func) >= len(cudaNames) {
+	e, ok := bpf.EntryPointOf(r.Func)
+	if !ok {
 		return nil, fmt.Errorf("cuda record: unknown function %d", r.Func)
 	}
-	name := cudaNames[r.Func]
+	name := e.Symbol
 	a := r.Args
-	switch r.Func {
-	case cuLaunchKernel, cuLaunchKernelEx, cuLaunchCooperative:
+	switch e.Class {
+	case bpf.ClassLaunch:
 		return &Launch{Header: h, Func: name, Function: a[0],
 			Grid:   [3]uint32{uint32(a[1]), uint32(a[2]), uint32(a[3])},
 			Block:  [3]uint32{uint32(a[4]), uint32(a[5]), uint32(a[6])},
-			Stream: a[7]}, nil
-	case cuGraphLaunch:
-		return &GraphLaunch{Header: h, Func: name, Exec: a[0], Stream: a[7]}, nil
-	case cuMemcpyHtoD, cuMemcpyDtoH, cuMemcpyHtoDAsync, cuMemcpyDtoHAsync, cuMemsetD8, cuMemsetD8Async:
-		async := r.Func == cuMemcpyHtoDAsync || r.Func == cuMemcpyDtoHAsync || r.Func == cuMemsetD8Async
-		return &Copy{Header: h, Func: name, Dst: a[0], Src: a[1], Bytes: a[2], Stream: a[7], Async: async}, nil
-	case cuEventRecord:
-		return &EventRecord{Header: h, Func: name, Event: a[0], Stream: a[7]}, nil
-	case cuStreamSync, cuCtxSync, cuEventSync:
-		return &Sync{Header: h, Func: name, Handle: a[0], Ret: r.Ret}, nil
-	case cuCtxCreate:
-		return &ContextCreated{Header: h, Func: name, Ctx: a[0], Flags: uint32(a[1]), Device: int32(a[2]), Ret: r.Ret}, nil
-	case cuCtxDestroy:
+			Stream: streamKey(a[7], e.PerThread, h.TID)}, nil
+	case bpf.ClassGraphLaunch:
+		return &GraphLaunch{Header: h, Func: name, Exec: a[0], Stream: streamKey(a[7], e.PerThread, h.TID)}, nil
+	case bpf.ClassCopy:
+		return &Copy{Header: h, Func: name, Dst: a[0], Src: a[1], Bytes: a[2], Stream: streamKey(a[7], e.PerThread, h.TID),
+			Async: strings.Contains(name, "Async")}, nil
+	case bpf.ClassEventRecord:
+		return &EventRecord{Header: h, Func: name, Event: a[0], Stream: streamKey(a[1], e.PerThread, h.TID)}, nil
+	case bpf.ClassStreamWait:
+		return &StreamWaitEvent{Header: h, Func: name, Stream: streamKey(a[0], e.PerThread, h.TID), Event: a[1]}, nil
+	case bpf.ClassSync, bpf.ClassQuery:
+		of, handle := waitTarget(e, a[0], h.TID)
+		if r.Flags&flagBegin != 0 {
+			return &WaitBegin{Header: h, Func: name, Of: of, Handle: handle}, nil
+		}
+		return &Sync{Header: h, Func: name, Of: of, Handle: handle, Ret: r.Ret, Polled: e.Class == bpf.ClassQuery}, nil
+	case bpf.ClassContext:
+		return &ContextCreated{Header: h, Func: name, Ctx: a[0], Device: int32(a[2]), Ret: r.Ret}, nil
+	case bpf.ClassContextEnd:
 		return &ContextDestroyed{Header: h, Func: name, Ctx: a[0]}, nil
-	case cuMemAlloc:
+	case bpf.ClassMemory:
+		if strings.Contains(name, "Free") {
+			return &MemFree{Header: h, Func: name, DPtr: a[0], Bytes: a[2]}, nil
+		}
 		return &MemAlloc{Header: h, Func: name, DPtr: a[0], Bytes: a[2], Ret: r.Ret}, nil
-	case cuMemFree:
-		return &MemFree{Header: h, Func: name, DPtr: a[0], Bytes: a[2]}, nil
 	}
-	return nil, fmt.Errorf("cuda record: function %d not decoded", r.Func)
+	return nil, fmt.Errorf("cuda record: function %d (%s) not decoded", r.Func, name)
 }

@@ -3,6 +3,7 @@ package ioctlspy
 import (
 	"encoding/binary"
 	"errors"
+	"reflect"
 	"testing"
 
 	"github.com/gpuarb/gpuarb/bpf"
@@ -157,44 +158,84 @@ func TestDecode(t *testing.T) {
 				t.Errorf("%+v", e)
 			}
 		}},
-		{"launch", Record{Type: recCuda, Func: cuLaunchKernel, Args: [8]uint64{0xf00, 10, 2, 1, 128, 1, 1, 0x5000}}, func(t *testing.T, ev Event) {
+		{"launch", Record{Type: recCuda, Func: fn("cuLaunchKernel"), Args: [8]uint64{0xf00, 10, 2, 1, 128, 1, 1, 0x5000}}, func(t *testing.T, ev Event) {
 			e := ev.(*Launch)
 			if e.Grid != [3]uint32{10, 2, 1} || e.Block != [3]uint32{128, 1, 1} || e.Stream != 0x5000 || e.Blocks() != 20 || e.Func != "cuLaunchKernel" || e.Held {
 				t.Errorf("%+v", e)
 			}
 		}},
-		{"held launch", Record{Type: recCuda, Func: cuLaunchKernel, Flags: flagHeld, Args: [8]uint64{0xf00, 1, 1, 1, 1, 1, 1, 0x5000}}, func(t *testing.T, ev Event) {
+		{"held launch", Record{Type: recCuda, Func: fn("cuLaunchKernel"), Flags: flagHeld, Args: [8]uint64{0xf00, 1, 1, 1, 1, 1, 1, 0x5000}}, func(t *testing.T, ev Event) {
 			if e := ev.(*Launch); !e.Held {
 				t.Errorf("held flag lost: %+v", e)
 			}
 		}},
-		{"graph launch", Record{Type: recCuda, Func: cuGraphLaunch, Args: [8]uint64{0xe0, 0, 0, 0, 0, 0, 0, 0x5000}}, func(t *testing.T, ev Event) {
+		{"per-thread launch on the NULL stream", Record{Type: recCuda, TID: 77, Func: fn("cuLaunchKernelEx_ptsz"), Args: [8]uint64{0xf00, 1, 1, 1, 1, 1, 1, 0}}, func(t *testing.T, ev Event) {
+			if e := ev.(*Launch); e.Stream != PerThreadStream(77) || e.Func != "cuLaunchKernelEx_ptsz" {
+				t.Errorf("%+v", e)
+			}
+		}},
+		{"legacy launch on CU_STREAM_PER_THREAD", Record{Type: recCuda, TID: 78, Func: fn("cuLaunchKernel"), Args: [8]uint64{0xf00, 1, 1, 1, 1, 1, 1, 2}}, func(t *testing.T, ev Event) {
+			if e := ev.(*Launch); e.Stream != PerThreadStream(78) {
+				t.Errorf("%+v", e)
+			}
+		}},
+		{"per-thread launch on CU_STREAM_LEGACY", Record{Type: recCuda, TID: 78, Func: fn("cuLaunchKernel_ptsz"), Args: [8]uint64{0xf00, 1, 1, 1, 1, 1, 1, 1}}, func(t *testing.T, ev Event) {
+			if e := ev.(*Launch); e.Stream != 0 {
+				t.Errorf("%+v", e)
+			}
+		}},
+		{"graph launch", Record{Type: recCuda, Func: fn("cuGraphLaunch"), Args: [8]uint64{0xe0, 0, 0, 0, 0, 0, 0, 0x5000}}, func(t *testing.T, ev Event) {
 			if e := ev.(*GraphLaunch); e.Exec != 0xe0 || e.Stream != 0x5000 {
 				t.Errorf("%+v", e)
 			}
 		}},
-		{"event record", Record{Type: recCuda, Func: cuEventRecord, Args: [8]uint64{0xe7, 0, 0, 0, 0, 0, 0, 0x5000}}, func(t *testing.T, ev Event) {
-			if e := ev.(*EventRecord); e.Event != 0xe7 || e.Stream != 0x5000 || e.Func != "cuEventRecord" {
+		{"event record", Record{Type: recCuda, Func: fn("cuEventRecordWithFlags_ptsz"), TID: 9, Args: [8]uint64{0xe7, 0}}, func(t *testing.T, ev Event) {
+			if e := ev.(*EventRecord); e.Event != 0xe7 || e.Stream != PerThreadStream(9) || e.Func != "cuEventRecordWithFlags_ptsz" {
 				t.Errorf("%+v", e)
 			}
 		}},
-		{"async copy", Record{Type: recCuda, Func: cuMemcpyHtoDAsync, Args: [8]uint64{0xd000, 0x7000, 4096, 0, 0, 0, 0, 0x5000}}, func(t *testing.T, ev Event) {
+		{"stream wait event", Record{Type: recCuda, Func: fn("cuStreamWaitEvent"), Args: [8]uint64{0x5000, 0xe7}}, func(t *testing.T, ev Event) {
+			if e := ev.(*StreamWaitEvent); e.Event != 0xe7 || e.Stream != 0x5000 {
+				t.Errorf("%+v", e)
+			}
+		}},
+		{"async copy", Record{Type: recCuda, Func: fn("cuMemcpyHtoDAsync_v2"), Args: [8]uint64{0xd000, 0x7000, 4096, 0, 0, 0, 0, 0x5000}}, func(t *testing.T, ev Event) {
 			if e := ev.(*Copy); e.Bytes != 4096 || !e.Async || e.Stream != 0x5000 {
 				t.Errorf("%+v", e)
 			}
 		}},
-		{"stream sync", Record{Type: recCuda, Func: cuStreamSync, TsEnter: 1000, TsExit: 9000, Args: [8]uint64{0x5000}}, func(t *testing.T, ev Event) {
-			if e := ev.(*Sync); e.DurationNS != 8000 || e.Handle != 0x5000 {
+		{"stream sync", Record{Type: recCuda, Func: fn("cuStreamSynchronize"), TsEnter: 1000, TsExit: 9000, Args: [8]uint64{0x5000}}, func(t *testing.T, ev Event) {
+			if e := ev.(*Sync); e.DurationNS != 8000 || e.Handle != 0x5000 || e.Of != "stream" || e.Polled {
 				t.Errorf("%+v", e)
 			}
 		}},
-		{"mem alloc", Record{Type: recCuda, Func: cuMemAlloc, Args: [8]uint64{0xd000, 0, 1 << 20}}, func(t *testing.T, ev Event) {
+		{"sync begins", Record{Type: recCuda, Func: fn("cuStreamSynchronize_ptsz"), TID: 5, Flags: flagBegin}, func(t *testing.T, ev Event) {
+			if e := ev.(*WaitBegin); e.Of != "stream" || e.Handle != PerThreadStream(5) {
+				t.Errorf("%+v", e)
+			}
+		}},
+		{"CUDA 13 context sync", Record{Type: recCuda, Func: fn("cuCtxSynchronize_v2"), TsEnter: 1000, TsExit: 3000}, func(t *testing.T, ev Event) {
+			if e := ev.(*Sync); e.Of != "context" || e.DurationNS != 2000 {
+				t.Errorf("%+v", e)
+			}
+		}},
+		{"poll ends", Record{Type: recCuda, Func: fn("cuEventQuery"), TsEnter: 1000, TsExit: 5000, Args: [8]uint64{0xe7}}, func(t *testing.T, ev Event) {
+			if e := ev.(*Sync); e.Of != "event" || e.Handle != 0xe7 || !e.Polled || e.DurationNS != 4000 {
+				t.Errorf("%+v", e)
+			}
+		}},
+		{"mem alloc", Record{Type: recCuda, Func: fn("cuMemAllocAsync_ptsz"), Args: [8]uint64{0xd000, 0, 1 << 20}}, func(t *testing.T, ev Event) {
 			if e := ev.(*MemAlloc); e.DPtr != 0xd000 || e.Bytes != 1<<20 {
 				t.Errorf("%+v", e)
 			}
 		}},
-		{"ctx create", Record{Type: recCuda, Func: cuCtxCreate, Args: [8]uint64{0xc7, 4, 1}}, func(t *testing.T, ev Event) {
-			if e := ev.(*ContextCreated); e.Ctx != 0xc7 || e.Flags != 4 || e.Device != 1 {
+		{"mem free", Record{Type: recCuda, Func: fn("cuMemFreeAsync"), Args: [8]uint64{0xd000, 0, 1 << 20}}, func(t *testing.T, ev Event) {
+			if e := ev.(*MemFree); e.DPtr != 0xd000 || e.Bytes != 1<<20 {
+				t.Errorf("%+v", e)
+			}
+		}},
+		{"primary ctx", Record{Type: recCuda, Func: fn("cuDevicePrimaryCtxRetain"), Args: [8]uint64{0xc7, 0, 1}}, func(t *testing.T, ev Event) {
+			if e := ev.(*ContextCreated); e.Ctx != 0xc7 || e.Device != 1 {
 				t.Errorf("%+v", e)
 			}
 		}},
@@ -218,6 +259,16 @@ func TestDecode(t *testing.T) {
 			tc.check(t, ev)
 		})
 	}
+}
+
+// fn is the probed entry point number of a libcuda symbol.
+func fn(symbol string) uint32 {
+	for _, e := range bpf.EntryPoints {
+		if e.Symbol == symbol && e.Func != 0 {
+			return uint32(e.Func)
+		}
+	}
+	panic("not a probed entry point: " + symbol)
 }
 
 func TestDecodeErrors(t *testing.T) {
@@ -256,11 +307,22 @@ func TestTable(t *testing.T) {
 		}
 		tbl.Apply(ev)
 	}
+	onFD := func(r Record, fd uint64) Record { r.Args[0] = fd; return r }
+	apply(onFD(nvIoctl(EscRMAlloc, words(1, 0, 1, ClassRoot, uint64(0), 0, 0), nil), 9))
+	apply(nvIoctl(EscRMAlloc, words(1, 1, 2, ClassDevice, uint64(0), 0, 0), words(3)))
+	apply(nvIoctl(EscRMAlloc, words(1, 2, 3, ClassSubdev, uint64(0), 0, 0), nil))
 	apply(nvIoctl(EscRMAlloc, words(1, 2, 10, ClassTSG, uint64(0), 0, 0), words(0, 0, 0, 1)))
 	apply(nvIoctl(EscRMAlloc, words(1, 10, 11, 0xC86F, uint64(0), 0, 0), nil))
 	apply(nvIoctl(EscRMControl, words(1, 11, CtrlGetWorkSubmitToken, 0, uint64(1), 4, 0), words(77)))
-	apply(Record{Type: recCuda, PID: 42, Func: cuCtxCreate, Args: [8]uint64{0xc7, 0, 0}})
-	apply(Record{Type: recCuda, PID: 42, Func: cuLaunchKernel, Args: [8]uint64{1, 1, 1, 1, 1, 1, 1}})
+	// On the simulated GPU's node every RM ioctl fails with ENOTTY; the
+	// allocation still counts (its status is 0).
+	enotty := nvIoctl(EscRMAlloc, words(1, 10, 12, 0xC86F, uint64(0), 0, 0), nil)
+	enotty.Ret = -25
+	apply(enotty)
+	failed := nvIoctl(EscRMAlloc, words(1, 10, 13, 0xC86F, uint64(0), 0, 0x1f), nil)
+	apply(failed)
+	apply(Record{Type: recCuda, PID: 42, Func: fn("cuCtxCreate_v2"), Args: [8]uint64{0xc7, 0, 0}})
+	apply(Record{Type: recCuda, PID: 42, Func: fn("cuLaunchKernel"), Args: [8]uint64{1, 1, 1, 1, 1, 1, 1}})
 	ps := tbl.Processes()
 	if len(ps) != 1 {
 		t.Fatalf("%d processes", len(ps))
@@ -269,8 +331,12 @@ func TestTable(t *testing.T) {
 	if len(p.TSGs) != 1 || p.Channels[ObjectKey{1, 11}].Token != 77 || p.Contexts[0xc7] != 0 || p.Launches != 1 {
 		t.Errorf("%+v", p)
 	}
+	groups := p.Groups()
+	if want := []Group{{PID: 42, FD: 9, GPU: 3, Client: 1, TSG: 10, Engine: 1, Subdevice: 3, Channels: []uint32{11, 12}}}; !reflect.DeepEqual(groups, want) {
+		t.Errorf("groups %+v", groups)
+	}
 	apply(nvIoctl(EscRMFree, words(1, 1, 1, 0), nil)) // freeing the client frees all under it
-	if p := tbl.Processes()[0]; len(p.TSGs) != 0 || len(p.Channels) != 0 {
+	if p := tbl.Processes()[0]; len(p.TSGs) != 0 || len(p.Channels) != 0 || len(p.Clients) != 0 || len(p.Groups()) != 0 {
 		t.Errorf("after client free: %+v", p)
 	}
 	apply(Record{Type: recExit, PID: 42})
@@ -288,8 +354,8 @@ func FuzzDecode(f *testing.F) {
 		drmIoctl(NouveauExec, words(3, 2, 0, 0)),
 		drmIoctl(NouveauGemPushbuf, words(4, 1, uint64(0), 0, 5)),
 		{Type: recIoctl, DevKind: uint32(bpf.KindNvidiaUVM), Esc: UVMRegisterChannel, Arg: make([]byte, 48)},
-		{Type: recCuda, Func: cuLaunchKernel, Args: [8]uint64{1, 2, 3, 4, 5, 6, 7, 8}},
-		{Type: recCuda, Func: cuMemFree, Args: [8]uint64{1, 0, 3}},
+		{Type: recCuda, Func: fn("cuLaunchKernel"), Args: [8]uint64{1, 2, 3, 4, 5, 6, 7, 8}},
+		{Type: recCuda, Func: fn("cuMemFree_v2"), Args: [8]uint64{1, 0, 3}},
 		{Type: recLibcudaOpen, Path: "libcuda.so.1"},
 	}
 	for _, s := range seeds {

@@ -36,6 +36,7 @@ func (h *Header) Hdr() *Header { return h }
 type IoctlInfo struct {
 	Device     string `json:"device"`
 	DeviceKind string `json:"device_kind"`
+	FD         int32  `json:"fd"`
 	Cmd        uint32 `json:"cmd"`
 	Nr         uint32 `json:"nr"`
 	Ret        int64  `json:"ret"`
@@ -62,6 +63,8 @@ type ObjectAllocated struct {
 	Class     uint32 `json:"class"`
 	ClassName string `json:"class_name"`
 	Status    uint32 `json:"status"`
+	// DeviceID is the GPU a device object (NV01_DEVICE_0) opens.
+	DeviceID uint32 `json:"device_id,omitempty"`
 }
 
 func (e *ObjectAllocated) String() string {
@@ -242,12 +245,20 @@ func (e *VMBind) String() string {
 }
 
 // Sync is a completed wait for the GPU: a libcuda stream, context or event
-// synchronize, or a nouveau/DRM wait ioctl. Start and End bound the wait.
+// synchronize, a completion query that found the work done (Polled; Start
+// is the first query of the polling loop that found it not done, or the
+// query itself), or a nouveau/DRM wait ioctl. Start and End bound the
+// wait.
 type Sync struct {
 	Header
-	Func   string `json:"func"`
+	Func string `json:"func"`
+	// Of is what it waited on: "stream", "context" or "event" ("" for a
+	// DRM wait); Handle names it (a stream key for streams, see
+	// PerThreadStream).
+	Of     string `json:"of,omitempty"`
 	Handle uint64 `json:"handle"`
 	Ret    int64  `json:"ret"`
+	Polled bool   `json:"polled,omitempty"`
 	Device string `json:"device,omitempty"`
 }
 
@@ -255,7 +266,36 @@ func (e *Sync) String() string {
 	return fmt.Sprintf("%s handle=0x%x wait=%dus ret=%d", e.Func, e.Handle, e.DurationNS/1000, e.Ret)
 }
 
-// Launch is a kernel launch through libcuda (the doorbell path).
+// WaitBegin is the start of a wait for the GPU: a synchronizing call
+// entered, or a polling loop's first query found the work not done. The
+// process has work outstanding until the Sync that ends it.
+type WaitBegin struct {
+	Header
+	Func   string `json:"func"`
+	Of     string `json:"of"`
+	Handle uint64 `json:"handle"`
+}
+
+func (e *WaitBegin) String() string {
+	return fmt.Sprintf("%s handle=0x%x wait begins", e.Func, e.Handle)
+}
+
+// StreamWaitEvent is cuStreamWaitEvent: work on Stream launched after it
+// runs only once Event's record has completed.
+type StreamWaitEvent struct {
+	Header
+	Func   string `json:"func"`
+	Stream uint64 `json:"stream"`
+	Event  uint64 `json:"event"`
+}
+
+func (e *StreamWaitEvent) String() string {
+	return fmt.Sprintf("%s stream=0x%x event=0x%x", e.Func, e.Stream, e.Event)
+}
+
+// Launch is a kernel launch through libcuda (the doorbell path). Streams
+// are stream keys: 0 the legacy default stream, PerThreadStream(tid) the
+// thread's per-thread default stream.
 type Launch struct {
 	Header
 	Func     string    `json:"func"`
@@ -341,21 +381,22 @@ func (e *MemFree) String() string {
 	return fmt.Sprintf("%s dptr=0x%x bytes=%d", e.Func, e.DPtr, e.Bytes)
 }
 
-// ContextCreated is cuCtxCreate; ContextDestroyed is cuCtxDestroy.
+// ContextCreated is a context made on a GPU: cuCtxCreate (_v2, _v3, _v4)
+// or cuDevicePrimaryCtxRetain.
 type ContextCreated struct {
 	Header
 	Func   string `json:"func"`
 	Ctx    uint64 `json:"ctx"`
-	Flags  uint32 `json:"flags"`
 	Device int32  `json:"cuda_device"`
 	Ret    int64  `json:"ret"`
 }
 
 func (e *ContextCreated) String() string {
-	return fmt.Sprintf("%s ctx=0x%x dev=%d flags=0x%x ret=%d", e.Func, e.Ctx, e.Device, e.Flags, e.Ret)
+	return fmt.Sprintf("%s ctx=0x%x dev=%d ret=%d", e.Func, e.Ctx, e.Device, e.Ret)
 }
 
-// ContextDestroyed is cuCtxDestroy.
+// ContextDestroyed is cuCtxDestroy (Ctx: the context), or the release or
+// reset of a primary context (Ctx: the device).
 type ContextDestroyed struct {
 	Header
 	Func string `json:"func"`

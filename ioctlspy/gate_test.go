@@ -71,7 +71,7 @@ func TestLaunchGateHoldsAtTheLaunch(t *testing.T) {
 	}
 	// It stays held: nothing more is admitted.
 	time.Sleep(200 * time.Millisecond)
-	if n, holds, err := g.Counts(); err != nil || n != allowed || holds != 1 {
+	if n, holds, _, err := g.Counts(); err != nil || n != allowed || holds != 1 {
 		t.Errorf("admitted %d, holds %d (%v), want %d and 1", n, holds, err, allowed)
 	}
 	if err := free.Wait(t, 10*time.Second); err != nil {
@@ -81,8 +81,8 @@ func TestLaunchGateHoldsAtTheLaunch(t *testing.T) {
 	if err := g.Allow(math.MaxUint64); err != nil {
 		t.Fatal(err)
 	}
-	if err := g.Forget(held[0]); err != nil {
-		t.Fatal(err)
+	if forgot, err := g.Forget(held[0]); err != nil || !forgot {
+		t.Fatalf("forget the hold: %v, %v", forgot, err)
 	}
 	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
 		t.Fatal(err)
@@ -103,7 +103,7 @@ func TestLaunchGateHoldsAtTheLaunch(t *testing.T) {
 	}
 	// The held launch is not counted as admitted: whoever releases the
 	// process charges it.
-	if n, _, _ := g.Counts(); n != uint64(len(launches)-1) {
+	if n, _, _, _ := g.Counts(); n != uint64(len(launches)-1) {
 		t.Errorf("admitted %d, launches %d (one held)", n, len(launches))
 	}
 	for _, l := range byType[*ioctlspy.Launch](c.waitExit(t, free.Cmd.Process.Pid)) {
@@ -140,7 +140,7 @@ func TestLaunchGateProcessMemberAndExit(t *testing.T) {
 	if held[0].PID != cmd.Process.Pid {
 		t.Fatalf("held %+v", held)
 	}
-	if n, _, _ := g.Counts(); n != 0 {
+	if n, _, _, _ := g.Counts(); n != 0 {
 		t.Errorf("admitted %d with an allowance of 0", n)
 	}
 	if err := cmd.Process.Kill(); err != nil {
@@ -148,4 +148,74 @@ func TestLaunchGateProcessMemberAndExit(t *testing.T) {
 	}
 	_ = p.Wait(t, 5*time.Second)
 	waitHeld(t, g, 0) // the exit tracepoint removed the hold
+}
+
+// Issue 18, item 3: a held process that someone else continues (a
+// sibling's SIGCONT) runs its held launch; when it next passes the gate,
+// the gate charges that launch and counts the escape, and holds it again
+// beyond the allowance. The escaped hold is gone: releasing it continues
+// nothing.
+func TestLaunchGateChargesAnEscapedHold(t *testing.T) {
+	gpu := testutil.StartFakeGPU(t)
+	probes, _ := startSpy(t, nil, 0)
+	if _, err := probes.AttachLibcuda(testutil.Bin(t, "libcuda.so.1")); err != nil {
+		t.Fatal(err)
+	}
+	cg := testutil.NewCgroup(t, "escaping")
+	g, err := probes.NewLaunchGate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	if err := g.SetMembers([]uint64{cg.ID}, nil); err != nil {
+		t.Fatal(err)
+	}
+	const allowed = 3
+	if err := g.Allow(allowed); err != nil {
+		t.Fatal(err)
+	}
+	cmd := gpu.Workload(t, "hog", "--kernel-ms", "1", "--depth", "4", "--duration", "2")
+	p := testutil.Start(t, cg, cmd)
+	pid := cmd.Process.Pid
+	first := waitHeld(t, g, 1)[0]
+	for !cgroup.Stopped(pid) {
+		time.Sleep(time.Millisecond)
+	}
+	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil { // the sibling
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		held, err := g.Held()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(held) == 1 && held[0].Since != first.Since {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never held again after the escape: %+v", held)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	n, holds, escapes, err := g.Counts()
+	if err != nil || n != allowed+1 || holds != 2 || escapes != 1 {
+		t.Errorf("admitted %d, holds %d, escapes %d (%v); want %d (the escaped launch charged), 2, 1", n, holds, escapes, err, allowed+1)
+	}
+	if forgot, err := g.Forget(first); forgot || err != nil {
+		t.Errorf("forgetting the escaped hold: %v, %v; want nothing to forget (it would continue the new hold)", forgot, err)
+	}
+	if err := g.Allow(math.MaxUint64); err != nil {
+		t.Fatal(err)
+	}
+	held := waitHeld(t, g, 1)
+	if forgot, err := g.Forget(held[0]); !forgot || err != nil {
+		t.Fatalf("forget the current hold: %v, %v", forgot, err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Wait(t, 10*time.Second); err != nil {
+		t.Fatalf("released workload: %v: %s", err, p.Stderr)
+	}
 }

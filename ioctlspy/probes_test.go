@@ -163,11 +163,17 @@ type collector struct {
 
 func startSpy(t *testing.T, devices []bpf.Device, ringSize uint32) (*bpf.Probes, *collector) {
 	t.Helper()
+	return startSpyWith(t, bpf.Options{Devices: devices, RingSize: ringSize})
+}
+
+// startSpyWith loads the probes with opts and collects their events.
+func startSpyWith(t *testing.T, opts bpf.Options) (*bpf.Probes, *collector) {
+	t.Helper()
 	testutil.Privileged(t)
 	if _, err := bpf.EnsureFilesystems(); err != nil {
 		t.Fatal(err)
 	}
-	probes, err := bpf.Load(bpf.Options{Devices: devices, RingSize: ringSize})
+	probes, err := bpf.Load(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -354,14 +360,92 @@ func TestNouveauIoctls(t *testing.T) {
 
 func buildABITest(t *testing.T, lib string) string {
 	t.Helper()
-	exe := filepath.Join(t.TempDir(), "abi_test")
-	src := filepath.Join(testutil.RepoRoot(t), "e2e/fakegpu/abitest/abi_test.c")
+	return buildCTest(t, lib, "abi_test")
+}
+
+// buildCTest builds one of the simulated GPU's C tests against lib.
+func buildCTest(t *testing.T, lib, name string) string {
+	t.Helper()
+	exe := filepath.Join(t.TempDir(), name)
+	src := filepath.Join(testutil.RepoRoot(t), "e2e/fakegpu/abitest", name+".c")
 	out, err := exec.Command("cc", "-O2", "-o", exe, src, "-L"+filepath.Dir(lib), "-l:libcuda.so.1",
-		"-Wl,-rpath,"+filepath.Dir(lib)).CombinedOutput()
+		"-Wl,-rpath,"+filepath.Dir(lib), "-ldl").CombinedOutput()
 	if err != nil {
-		t.Fatalf("build abi_test: %v\n%s", err, out)
+		t.Fatalf("build %s: %v\n%s", name, err, out)
 	}
 	return exe
+}
+
+// TestRuntimeVariantsProbed runs the runtime-shaped ABI test (entry points
+// from cuGetProcAddress_v2, per-thread streams, primary contexts, event
+// polling) under the probes, attached with uprobe_multi and with a uprobe
+// per symbol: every variant it calls is seen, polls read as waits.
+func TestRuntimeVariantsProbed(t *testing.T) {
+	for _, multi := range []bool{true, false} {
+		t.Run(map[bool]string{true: "uprobe_multi", false: "uprobe per symbol"}[multi], func(t *testing.T) {
+			gpu := testutil.StartFakeGPU(t)
+			lib := testutil.Bin(t, "libcuda.so.1")
+			probes, c := startSpyWith(t, bpf.Options{Devices: []bpf.Device{{Major: 1, Minor: 7, Kind: bpf.KindNvidiaCtl}},
+				NoUprobeMulti: !multi})
+			if multi && !probes.UprobeMulti() {
+				t.Skip("the kernel has no uprobe_multi links")
+			}
+			if _, err := probes.AttachLibcuda(lib); err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command(buildCTest(t, lib, "runtime_test"))
+			cmd.Env = gpu.Env()
+			p := testutil.Start(t, nil, cmd)
+			if err := p.Wait(t, 60*time.Second); err != nil {
+				t.Fatalf("runtime_test: %v\n%s", err, p.Stdout)
+			}
+			evs := c.waitExit(t, cmd.Process.Pid)
+			seen := map[string]int{}
+			for _, e := range evs {
+				switch e := e.(type) {
+				case *ioctlspy.Launch:
+					seen[e.Func]++
+				case *ioctlspy.GraphLaunch:
+					seen[e.Func]++
+				case *ioctlspy.EventRecord:
+					seen[e.Func]++
+				case *ioctlspy.StreamWaitEvent:
+					seen[e.Func]++
+				case *ioctlspy.Sync:
+					seen[e.Func]++
+					if e.Polled && e.Of == "event" && e.DurationNS > 3e6 {
+						seen["long poll"]++
+					}
+				case *ioctlspy.WaitBegin:
+					seen["begin "+e.Func]++
+				case *ioctlspy.ContextCreated:
+					seen[e.Func]++
+				case *ioctlspy.MemAlloc:
+					seen[e.Func]++
+				case *ioctlspy.Copy:
+					seen[e.Func]++
+					if e.Func == "cuMemsetD32Async_ptsz" && e.Bytes != 4096 {
+						t.Errorf("memset of 1024 words counted as %d bytes", e.Bytes)
+					}
+				}
+			}
+			for _, want := range []string{"cuLaunchKernel_ptsz", "cuLaunchKernelEx_ptsz", "cuGraphLaunch_ptsz",
+				"cuEventRecord_ptsz", "cuEventRecordWithFlags_ptsz", "cuStreamWaitEvent_ptsz", "cuStreamSynchronize_ptsz",
+				"begin cuStreamSynchronize_ptsz", "cuCtxSynchronize_v2", "cuEventSynchronize", "cuEventQuery",
+				"begin cuEventQuery", "cuStreamQuery_ptsz", "long poll", "cuCtxCreate_v3", "cuCtxCreate_v4",
+				"cuDevicePrimaryCtxRetain", "cuMemAlloc_v2", "cuMemAllocAsync_ptsz", "cuMemcpyAsync_ptsz",
+				"cuMemsetD32Async_ptsz", "cuMemsetD32_v2_ptds", "cuMemcpyPeerAsync_ptsz"} {
+				if seen[want] == 0 {
+					t.Errorf("%s not seen (seen: %v)", want, seen)
+				}
+			}
+			// A polling loop of thousands of queries is one wait: a begin and
+			// an end, not a record per query.
+			if seen["begin cuEventQuery"] > 10 {
+				t.Errorf("%d poll begins for a handful of waits", seen["begin cuEventQuery"])
+			}
+		})
+	}
 }
 
 func TestLibcudaUprobes(t *testing.T) {

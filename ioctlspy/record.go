@@ -54,8 +54,12 @@ const (
 	recLibcudaOpen = 4
 )
 
-// flagHeld is EVF_HELD: the launch gate held the process at this call.
-const flagHeld = 1
+// Record flags, as enum event_flags in bpf/gpuarb.h: the launch gate held
+// the process at this call (EVF_HELD); a wait began (EVF_BEGIN).
+const (
+	flagHeld  = 1
+	flagBegin = 2
+)
 
 // ErrShortRecord is returned for a record smaller than RecordSize.
 var ErrShortRecord = errors.New("short record")

@@ -31,7 +31,35 @@ type Spy struct {
 
 	decoded      atomic.Uint64
 	decodeErrors atomic.Uint64
+	// attachDrops counts libcuda opens and mapping scans not done
+	// because the attach queue was full.
+	attachDrops atomic.Uint64
+	// scans counts the processes whose mappings were searched for
+	// libcuda copies, scanAttached the copies that found.
+	scans, scanAttached atomic.Uint64
 }
+
+// attachJob is one piece of the attach worker's work: a libcuda opened
+// by name, or a process whose mappings are searched for libcuda copies
+// under any name.
+type attachJob struct {
+	opened *LibcudaOpened
+	scan   uint32
+}
+
+// Mapping scans: a process that allocates a channel group or channel is
+// searched for libcuda copies the openat probe did not see (renamed,
+// from a memfd, opened by another call) at most once per rescanAfter;
+// scanned remembers at most maxScanned processes.
+const (
+	rescanAfter = time.Second
+	maxScanned  = 4096
+)
+
+// attachQueue bounds the libcuda opens waiting to be probed: the reader
+// never waits on an attach (ELF parsing, uprobe links), and a storm of
+// opens costs at most this many pending attaches.
+const attachQueue = 256
 
 // NewSpy opens a reader on the probes' ring buffer.
 func NewSpy(p *bpf.Probes) (*Spy, error) {
@@ -53,11 +81,49 @@ func (s *Spy) Counts() (decoded, failed uint64) {
 	return s.decoded.Load(), s.decodeErrors.Load()
 }
 
+// AttachDrops counts libcuda opens and mapping scans that were not done
+// because too many were waiting.
+func (s *Spy) AttachDrops() uint64 { return s.attachDrops.Load() }
+
+// Scans counts the processes searched for libcuda copies by mapping, and
+// the copies found that way (not by an open of a file named libcuda).
+func (s *Spy) Scans() (scanned, attached uint64) { return s.scans.Load(), s.scanAttached.Load() }
+
 // Run delivers decoded events to handle until ctx ends or the reader is
-// closed. It returns nil on a clean stop.
+// closed. It returns nil on a clean stop. libcuda copies that processes
+// open are probed by a worker of its own, so that the stream never waits
+// on one; so are those a process that sets up GPU channels maps under
+// another name.
 func (s *Spy) Run(ctx context.Context, handle func(Event)) error {
 	stop := context.AfterFunc(ctx, func() { s.reader.Close() })
 	defer stop()
+	attach := make(chan attachJob, attachQueue)
+	worker := make(chan struct{})
+	go func() {
+		defer close(worker)
+		for job := range attach {
+			if job.opened != nil {
+				s.attachOpened(job.opened)
+			} else {
+				s.attachMapped(job.scan)
+			}
+		}
+	}()
+	enqueue := func(job attachJob) {
+		select {
+		case attach <- job:
+		default:
+			s.attachDrops.Add(1)
+		}
+	}
+	scanned := map[uint32]time.Time{}
+	defer func() {
+		close(attach)
+		select { // an attach in progress finishes on its own
+		case <-worker:
+		case <-time.After(time.Second):
+		}
+	}()
 	var rec ringbuf.Record
 	for {
 		// Records arrive without wake-ups until a backlog builds: poll.
@@ -81,8 +147,19 @@ func (s *Spy) Run(ctx context.Context, handle func(Event)) error {
 		if ev.Hdr().PID == s.self {
 			continue // gpuarb's own opens of libcuda while attaching
 		}
-		if lo, ok := ev.(*LibcudaOpened); ok {
-			s.attachOpened(lo)
+		switch e := ev.(type) {
+		case *LibcudaOpened:
+			enqueue(attachJob{opened: e})
+		case *TSGAllocated, *ChannelAllocated:
+			if now := time.Now(); now.Sub(scanned[e.Hdr().PID]) >= rescanAfter {
+				if len(scanned) >= maxScanned {
+					clear(scanned)
+				}
+				scanned[e.Hdr().PID] = now
+				enqueue(attachJob{scan: e.Hdr().PID})
+			}
+		case *ProcessExit:
+			delete(scanned, e.PID)
 		}
 		s.table.Apply(ev)
 		handle(ev)
@@ -101,6 +178,16 @@ func (s *Spy) attachOpened(e *LibcudaOpened) {
 	// A process that already exited leaves nothing to probe.
 	if _, err := s.probes.AttachLibcuda(path); err != nil && !errors.Is(err, bpf.ErrNotLibcuda) && !errors.Is(err, os.ErrNotExist) {
 		s.OnError(err)
+	}
+}
+
+// attachMapped probes the libcuda copies a process maps under any name.
+func (s *Spy) attachMapped(pid uint32) {
+	s.scans.Add(1)
+	n, err := s.probes.AttachMapped(int(pid))
+	s.scanAttached.Add(uint64(n))
+	if err != nil {
+		s.OnError(fmt.Errorf("pid %d: %w", pid, err))
 	}
 }
 

@@ -1,8 +1,11 @@
 package ioctlspy
 
 import (
+	"slices"
 	"sort"
 	"sync"
+
+	"golang.org/x/sys/unix"
 )
 
 // ObjectKey names an RM object: handles are unique per client.
@@ -19,21 +22,80 @@ type Channel struct {
 	Token  uint32 `json:"token"`
 }
 
-// Process is what the table knows of one process using a GPU.
-type Process struct {
-	PID      uint32                `json:"pid"`
-	Comm     string                `json:"comm"`
-	CgroupID uint64                `json:"cgroup_id"`
-	Contexts map[uint64]int32      `json:"contexts"` // CUDA context -> device ordinal
-	TSGs     map[ObjectKey]uint32  `json:"-"`        // TSG -> engine type
-	Channels map[ObjectKey]Channel `json:"-"`
-	Nouveau  map[int32]bool        `json:"-"` // nouveau channel ids
-	Launches uint64                `json:"launches"`
-	LastSeen uint64                `json:"last_seen_ns"`
+// TSG is a channel group: the unit the GPU's scheduler time-slices.
+type TSG struct {
+	Device uint32 `json:"device"` // its parent, a device object
+	Engine uint32 `json:"engine"` // NV2080_ENGINE_TYPE (GR0 = 1)
 }
 
-// Table is the per-process table of GPU contexts, channel groups and
-// channels, kept from the event stream. It is safe for concurrent use.
+// Process is what the table knows of one process using a GPU.
+type Process struct {
+	PID      uint32           `json:"pid"`
+	Comm     string           `json:"comm"`
+	CgroupID uint64           `json:"cgroup_id"`
+	Contexts map[uint64]int32 `json:"contexts"` // CUDA context -> device ordinal
+	// Clients are its RM clients, each with the file descriptor of the
+	// control file it was allocated on (the driver binds it to that file).
+	Clients    map[uint32]int32      `json:"-"`
+	TSGs       map[ObjectKey]TSG     `json:"-"`
+	Channels   map[ObjectKey]Channel `json:"-"`
+	Subdevices map[ObjectKey]uint32  `json:"-"` // subdevice -> its device
+	Devices    map[ObjectKey]uint32  `json:"-"` // device object -> the GPU it opens (deviceId)
+	Nouveau    map[int32]bool        `json:"-"` // nouveau channel ids
+	Launches   uint64                `json:"launches"`
+	LastSeen   uint64                `json:"last_seen_ns"`
+}
+
+// Group is one channel group of a process, with what steering it needs:
+// the descriptor its client's control file has in the process, the
+// subdevice of its device and its channels.
+type Group struct {
+	PID       uint32
+	FD        int32
+	GPU       uint32 // the device's deviceId: its GPU
+	Client    uint32
+	TSG       uint32
+	Engine    uint32
+	Subdevice uint32 // 0: none seen
+	Channels  []uint32
+}
+
+// Groups returns the process's channel groups on the graphics engine that
+// have channels, ordered by handle.
+func (p Process) Groups() []Group {
+	var out []Group
+	for k, t := range p.TSGs {
+		fd, ok := p.Clients[k.Client]
+		if !ok || t.Engine != engineGR0 {
+			continue
+		}
+		g := Group{PID: p.PID, FD: fd, Client: k.Client, TSG: k.Handle, Engine: t.Engine, GPU: p.Devices[ObjectKey{k.Client, t.Device}]}
+		for sk, dev := range p.Subdevices {
+			if sk.Client == k.Client && dev == t.Device {
+				g.Subdevice = sk.Handle
+			}
+		}
+		for ck, ch := range p.Channels {
+			if ck.Client == k.Client && ch.Parent == k.Handle {
+				g.Channels = append(g.Channels, ck.Handle)
+			}
+		}
+		if len(g.Channels) == 0 {
+			continue
+		}
+		slices.Sort(g.Channels)
+		out = append(out, g)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].TSG < out[j].TSG })
+	return out
+}
+
+// engineGR0 is NV2080_ENGINE_TYPE_GR0, the graphics/compute engine.
+const engineGR0 = 1
+
+// Table is the per-process table of GPU contexts, RM clients, channel
+// groups and channels, kept from the event stream. It is safe for
+// concurrent use.
 type Table struct {
 	mu    sync.Mutex
 	procs map[uint32]*Process
@@ -45,8 +107,9 @@ func NewTable() *Table { return &Table{procs: map[uint32]*Process{}} }
 func (t *Table) proc(h *Header) *Process {
 	p := t.procs[h.PID]
 	if p == nil {
-		p = &Process{PID: h.PID, Contexts: map[uint64]int32{}, TSGs: map[ObjectKey]uint32{},
-			Channels: map[ObjectKey]Channel{}, Nouveau: map[int32]bool{}}
+		p = &Process{PID: h.PID, Contexts: map[uint64]int32{}, Clients: map[uint32]int32{}, TSGs: map[ObjectKey]TSG{},
+			Channels: map[ObjectKey]Channel{}, Subdevices: map[ObjectKey]uint32{}, Devices: map[ObjectKey]uint32{},
+			Nouveau: map[int32]bool{}}
 		t.procs[h.PID] = p
 	}
 	p.Comm = h.Comm
@@ -54,6 +117,22 @@ func (t *Table) proc(h *Header) *Process {
 	p.LastSeen = h.End
 	return p
 }
+
+// made tells whether an RM allocation took effect: the driver's status is
+// 0 and the ioctl succeeded — or failed only with ENOTTY, as every ioctl
+// on the simulated GPU's control node does (a character device of the mem
+// driver; a real nvidia node, major 195, never answers ENOTTY). The
+// simulator checks every handle it is later sent.
+func made(ret int64, status uint32) bool {
+	return status == 0 && (ret == 0 || ret == -int64(unix.ENOTTY))
+}
+
+// RM classes the table follows besides channels and groups.
+const (
+	classRootClient = 0x41
+	classDevice     = 0x80
+	classSubdevice  = 0x2080
+)
 
 // Apply updates the table with one event.
 func (t *Table) Apply(ev Event) {
@@ -65,37 +144,34 @@ func (t *Table) Apply(ev Event) {
 		delete(t.procs, h.PID)
 	case *LibcudaOpened, *Unknown:
 	case *TSGAllocated:
-		if e.Ret == 0 && e.Status == 0 {
-			t.proc(h).TSGs[ObjectKey{e.Client, e.Handle}] = e.EngineType
+		if made(e.Ret, e.Status) {
+			t.proc(h).TSGs[ObjectKey{e.Client, e.Handle}] = TSG{Device: e.Parent, Engine: e.EngineType}
 		}
 	case *ChannelAllocated:
-		if e.Ret == 0 && e.Status == 0 {
+		if made(e.Ret, e.Status) {
 			t.proc(h).Channels[ObjectKey{e.Client, e.Handle}] = Channel{Class: e.Class, Parent: e.Parent}
+		}
+	case *ObjectAllocated:
+		if !made(e.Ret, e.Status) {
+			break
+		}
+		switch e.Class {
+		case classRootClient:
+			t.proc(h).Clients[e.Handle] = e.FD
+		case classDevice:
+			t.proc(h).Devices[ObjectKey{e.Client, e.Handle}] = e.DeviceID
+		case classSubdevice:
+			t.proc(h).Subdevices[ObjectKey{e.Client, e.Handle}] = e.Parent
 		}
 	case *WorkSubmitToken:
 		p := t.proc(h)
 		k := ObjectKey{e.Client, e.Channel}
-		if ch, ok := p.Channels[k]; ok && e.Ret == 0 {
+		if ch, ok := p.Channels[k]; ok && made(e.Ret, e.Status) {
 			ch.Token = e.Token
 			p.Channels[k] = ch
 		}
 	case *ObjectFreed:
-		p := t.proc(h)
-		k := ObjectKey{e.Client, e.Handle}
-		delete(p.Channels, k)
-		delete(p.TSGs, k)
-		if e.Handle == e.Client { // freeing the client frees everything under it
-			for k := range p.Channels {
-				if k.Client == e.Client {
-					delete(p.Channels, k)
-				}
-			}
-			for k := range p.TSGs {
-				if k.Client == e.Client {
-					delete(p.TSGs, k)
-				}
-			}
-		}
+		t.free(t.proc(h), e.Client, e.Handle)
 	case *NouveauChannel:
 		p := t.proc(h)
 		if e.Freed {
@@ -116,21 +192,73 @@ func (t *Table) Apply(ev Event) {
 	}
 }
 
+// free drops an RM object and, for a client, everything under it (the
+// driver reuses handles once freed).
+func (t *Table) free(p *Process, client, handle uint32) {
+	k := ObjectKey{client, handle}
+	delete(p.Channels, k)
+	delete(p.TSGs, k)
+	delete(p.Subdevices, k)
+	delete(p.Devices, k)
+	if handle != client {
+		return
+	}
+	delete(p.Clients, client)
+	for k := range p.Channels {
+		if k.Client == client {
+			delete(p.Channels, k)
+		}
+	}
+	for k := range p.TSGs {
+		if k.Client == client {
+			delete(p.TSGs, k)
+		}
+	}
+	for k := range p.Subdevices {
+		if k.Client == client {
+			delete(p.Subdevices, k)
+		}
+	}
+	for k := range p.Devices {
+		if k.Client == client {
+			delete(p.Devices, k)
+		}
+	}
+}
+
+// Process returns a copy of one process's entry.
+func (t *Table) Process(pid uint32) (Process, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	p, ok := t.procs[pid]
+	if !ok {
+		return Process{}, false
+	}
+	return p.copy(), true
+}
+
 // Processes returns a copy of the table, ordered by PID.
 func (t *Table) Processes() []Process {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	out := make([]Process, 0, len(t.procs))
 	for _, p := range t.procs {
-		c := *p
-		c.Contexts = copyMap(p.Contexts)
-		c.TSGs = copyMap(p.TSGs)
-		c.Channels = copyMap(p.Channels)
-		c.Nouveau = copyMap(p.Nouveau)
-		out = append(out, c)
+		out = append(out, p.copy())
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].PID < out[j].PID })
 	return out
+}
+
+func (p *Process) copy() Process {
+	c := *p
+	c.Contexts = copyMap(p.Contexts)
+	c.Clients = copyMap(p.Clients)
+	c.TSGs = copyMap(p.TSGs)
+	c.Channels = copyMap(p.Channels)
+	c.Subdevices = copyMap(p.Subdevices)
+	c.Devices = copyMap(p.Devices)
+	c.Nouveau = copyMap(p.Nouveau)
+	return c
 }
 
 func copyMap[K comparable, V any](m map[K]V) map[K]V {

@@ -212,8 +212,40 @@ func RemoveCgroup(dir string) error {
 }
 
 // RemoveTree removes a cgroup and every cgroup below it (a runtime may
-// have made some), deepest first.
+// have made some), deepest first, and the same path in the v1 hierarchies
+// of a hybrid host, where runc makes a container's cgroup (and the parents
+// it needs) in every one.
 func RemoveTree(dir string) error {
+	err := removeTree(dir)
+	if root, rerr := cgroup.UnifiedMount(); rerr == nil && strings.HasPrefix(dir, root+"/") {
+		err = errors.Join(err, RemoveV1Mirrors(strings.TrimPrefix(dir, root)))
+	}
+	return err
+}
+
+// RemoveV1Mirrors removes the cgroup rel (as in /proc/PID/cgroup) and the
+// cgroups below it from every cgroup v1 hierarchy mounted at its root, and
+// rel's parent where that is left empty. Missing ones are fine.
+func RemoveV1Mirrors(rel string) error {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return fmt.Errorf("cgroup v1 hierarchies: %w", err)
+	}
+	var errs []error
+	for _, line := range strings.Split(string(data), "\n") {
+		pre, post, ok := strings.Cut(line, " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if !ok || len(f) < 5 || len(g) < 1 || g[0] != "cgroup" || f[3] != "/" {
+			continue
+		}
+		dir := filepath.Join(f[4], rel)
+		errs = append(errs, removeTree(dir))
+		_ = os.Remove(filepath.Dir(dir)) // the shared parent, once empty
+	}
+	return errors.Join(errs...)
+}
+
+func removeTree(dir string) error {
 	entries, err := os.ReadDir(dir)
 	if os.IsNotExist(err) {
 		return nil
@@ -224,7 +256,7 @@ func RemoveTree(dir string) error {
 	var errs []error
 	for _, e := range entries {
 		if e.IsDir() {
-			errs = append(errs, RemoveTree(filepath.Join(dir, e.Name())))
+			errs = append(errs, removeTree(filepath.Join(dir, e.Name())))
 		}
 	}
 	return errors.Join(append(errs, RemoveCgroup(dir))...)

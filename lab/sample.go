@@ -54,6 +54,8 @@ type Sampler struct {
 	Daemon   *Daemon // nil: truth only
 	Tenants  []Tenant
 	Interval time.Duration
+	// Status, when set, gets the daemon's whole status at each sample.
+	Status func(at time.Duration, st api.Status)
 
 	mu      sync.Mutex
 	samples []Sample
@@ -82,6 +84,9 @@ func (s *Sampler) Run(ctx context.Context) error {
 		if s.Daemon != nil {
 			if status, err := s.Daemon.Status(ctx); err == nil {
 				s.view(&smp, status)
+				if s.Status != nil {
+					s.Status(smp.At, status)
+				}
 			}
 		}
 		s.mu.Lock()

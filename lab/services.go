@@ -72,7 +72,9 @@ type Daemon struct {
 // bpffs named after dir, and waits for its API. extra adds flags.
 func StartDaemon(bins, dir string, extra ...string) (*Daemon, error) {
 	sock := filepath.Join(dir, "gpuarb.sock")
-	pins := "/sys/fs/bpf/" + strings.ReplaceAll(filepath.Base(dir), ".", "-") // bpffs refuses dots in names
+	// Named after the whole of dir: unique while dir is (t.TempDir's last
+	// element, 001, repeats across tests). bpffs refuses dots in names.
+	pins := "/sys/fs/bpf/gpuarb-" + strings.NewReplacer("/", "-", ".", "-").Replace(strings.Trim(dir, "/"))
 	args := append([]string{"daemon", "--socket", sock, "--pin-path", pins, "--policy", filepath.Join(dir, "policy.yaml"),
 		"--no-host-devices", "--device", "1:7=nvidia", "--libcuda", filepath.Join(bins, "libcuda.so.1")}, extra...)
 	p, err := Start(exec.Command(filepath.Join(bins, "gpuarb"), args...), "")

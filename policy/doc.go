@@ -1,4 +1,6 @@
 // Package policy holds tenants and their rules — weight, limit, priority and
-// SLO — and the per-GPU sharing mode, loaded from YAML and changed through
-// the daemon's API. Not built yet: see issue 5 and DESIGN.md's data flow.
+// SLO — and the per-GPU facts and sharing mode, loaded from YAML (the
+// daemon's --policy file) or changed through the daemon's API (gpuarb
+// attach, policy apply, the OCI and libvirt hooks), and validated with the
+// offending field's name.
 package policy

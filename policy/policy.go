@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"gopkg.in/yaml.v3"
 )
@@ -78,7 +80,7 @@ func ParseShare(s string) (Share, error) {
 func (s *Share) UnmarshalYAML(n *yaml.Node) error {
 	v, err := ParseShare(n.Value)
 	if err != nil {
-		return err
+		return lineError(n, "", err.Error())
 	}
 	*s = v
 	return nil
@@ -91,10 +93,10 @@ type Weight int
 func (w *Weight) UnmarshalYAML(n *yaml.Node) error {
 	v, err := strconv.Atoi(n.Value)
 	if err != nil {
-		return fmt.Errorf("line %d: weight %q is not an integer", n.Line, n.Value)
+		return lineError(n, "weight", fmt.Sprintf("%q is not an integer", n.Value))
 	}
 	if v == 0 {
-		return &FieldError{fmt.Sprintf("line %d: weight", n.Line), fmt.Sprintf("0 out of range %d–%d", MinWeight, MaxWeight)}
+		return lineError(n, "weight", fmt.Sprintf("0 out of range %d–%d", MinWeight, MaxWeight))
 	}
 	*w = Weight(v)
 	return nil
@@ -148,13 +150,16 @@ type GPU struct {
 	// timeslice ends (default true, as compute preemption on NVIDIA since
 	// Pascal); false models run to completion.
 	Preemptive *bool `yaml:"preemptive,omitempty" json:"preemptive,omitempty"`
-	// Timeslice is the GPU's per-context timeslice (default 2ms,
+	// Timeslice is the GPU's per-context timeslice (default 1024µs,
 	// 100µs–1s).
 	Timeslice time.Duration `yaml:"timeslice,omitempty" json:"timeslice,omitempty"`
 }
 
-// DefaultTimeslice is the GPU timeslice the meter models by default.
-const DefaultTimeslice = 2 * time.Millisecond
+// DefaultTimeslice is the GPU timeslice the meter models by default: the
+// channel-group timeslice of Volta and later GPUs, 128 << 3 µs
+// (open-gpu-kernel-modules kernel_fifo_gv100.c). Where the probes see a
+// context's own SET_TIMESLICE, the meter uses that.
+const DefaultTimeslice = 1024 * time.Microsecond
 
 // Config is a whole policy.
 type Config struct {
@@ -178,18 +183,84 @@ func Default() *Config {
 
 // Parse decodes YAML strictly (unknown fields are errors), fills defaults
 // and validates.
+//
+// Every error is reported, each with its line where the file has one: the
+// values that do not decode (a bad weight or limit, an unknown field), then
+// the rules the decoded values break.
 func Parse(data []byte) (*Config, error) {
 	c := &Config{}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
-	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) { // io.EOF: empty file
+	var errs []error
+	err := dec.Decode(c)
+	var te *yaml.TypeError
+	switch {
+	case err == nil, errors.Is(err, io.EOF): // io.EOF: empty file
+	case errors.As(err, &te):
+		for _, msg := range te.Errors {
+			errs = append(errs, errors.New(typeNames.Replace(msg)))
+		}
+	default:
 		return nil, fmt.Errorf("policy: %w", err)
 	}
 	c.fill()
 	if err := c.Validate(); err != nil {
-		return nil, err
+		var root yaml.Node
+		_ = yaml.Unmarshal(data, &root)
+		for _, e := range unjoin(err) {
+			errs = append(errs, withLine(&root, e))
+		}
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("policy: %w", errors.Join(errs...))
 	}
 	return c, nil
+}
+
+// typeNames words the YAML decoder's messages without Go type names.
+var typeNames = strings.NewReplacer(" in type policy.Config", " in the policy", " in type policy.Tenant", " in a tenant",
+	" in type policy.GPU", " in a GPU", " in type policy.Rules", " in the defaults", " in type policy.SLO", " in an SLO",
+	"into policy.Weight", "into a weight", "into policy.Share", "into a share", "into time.Duration", "into a duration")
+
+// lineError is a value that does not decode, reported with its line and
+// field; as a TypeError the decoder records it and goes on.
+func lineError(n *yaml.Node, field, msg string) error {
+	if field != "" {
+		msg = field + ": " + msg
+	}
+	return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: %s", n.Line, msg)}}
+}
+
+func unjoin(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	return []error{err}
+}
+
+// withLine prefixes a FieldError on tenants[i] or gpus[i] with the line of
+// that entry in the file.
+func withLine(root *yaml.Node, err error) error {
+	var fe *FieldError
+	if !errors.As(err, &fe) || root.Kind != yaml.DocumentNode || len(root.Content) == 0 {
+		return err
+	}
+	list, rest, ok := strings.Cut(fe.Field, "[")
+	if !ok {
+		return err
+	}
+	idx, _, ok := strings.Cut(rest, "]")
+	i, convErr := strconv.Atoi(idx)
+	if !ok || convErr != nil {
+		return err
+	}
+	m := root.Content[0]
+	for k := 0; k+1 < len(m.Content); k += 2 {
+		if m.Content[k].Value == list && i < len(m.Content[k+1].Content) {
+			return fmt.Errorf("line %d: %w", m.Content[k+1].Content[i].Line, err)
+		}
+	}
+	return err
 }
 
 // Load reads a policy file. A missing file is not an error: the default
@@ -247,49 +318,49 @@ type FieldError struct {
 
 func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
 
-// Validate checks every field and reports the first bad one.
+// Validate checks every field and reports every bad one (errors.Join of
+// FieldErrors).
 func (c *Config) Validate() error {
+	var errs []error
 	if c.Period < 10*time.Millisecond || c.Period > 10*time.Second {
-		return &FieldError{"period", fmt.Sprintf("%v out of range 10ms–10s", c.Period)}
+		errs = append(errs, &FieldError{"period", fmt.Sprintf("%v out of range 10ms–10s", c.Period)})
 	}
-	if err := c.Defaults.Validate("defaults"); err != nil {
-		return err
-	}
+	errs = append(errs, c.Defaults.Validate("defaults"))
 	seen := map[int]bool{}
 	for i, g := range c.GPUs {
 		f := fmt.Sprintf("gpus[%d]", i)
 		if g.Index < 0 {
-			return &FieldError{f + ".index", fmt.Sprintf("%d is negative", g.Index)}
+			errs = append(errs, &FieldError{f + ".index", fmt.Sprintf("%d is negative", g.Index)})
 		}
 		if seen[g.Index] {
-			return &FieldError{f + ".index", fmt.Sprintf("GPU %d listed twice", g.Index)}
+			errs = append(errs, &FieldError{f + ".index", fmt.Sprintf("GPU %d listed twice", g.Index)})
 		}
 		seen[g.Index] = true
 		if g.Mode != ModeShare && g.Mode != ModeTimeslice {
-			return &FieldError{f + ".mode", fmt.Sprintf("%q is not share or timeslice", g.Mode)}
+			errs = append(errs, &FieldError{f + ".mode", fmt.Sprintf("%q is not share or timeslice", g.Mode)})
 		}
 		if g.Timeslice < 100*time.Microsecond || g.Timeslice > time.Second {
-			return &FieldError{f + ".timeslice", fmt.Sprintf("%v out of range 100µs–1s", g.Timeslice)}
+			errs = append(errs, &FieldError{f + ".timeslice", fmt.Sprintf("%v out of range 100µs–1s", g.Timeslice)})
 		}
 	}
 	names := map[string]bool{}
 	for i, t := range c.Tenants {
 		f := fmt.Sprintf("tenants[%d]", i)
-		if err := t.Validate(f); err != nil {
-			return err
-		}
+		errs = append(errs, t.Validate(f))
 		if names[t.Name] {
-			return &FieldError{f + ".name", fmt.Sprintf("%q used twice", t.Name)}
+			errs = append(errs, &FieldError{f + ".name", fmt.Sprintf("%q used twice", t.Name)})
 		}
 		names[t.Name] = true
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // Validate checks one tenant; field prefixes the field names in errors.
 func (t *Tenant) Validate(field string) error {
-	if t.Name == "" || strings.ContainsAny(t.Name, " \t\n/") || len(t.Name) > 128 {
-		return &FieldError{field + ".name", fmt.Sprintf("%q must be 1–128 characters without spaces or '/'", t.Name)}
+	// Names reach operators' terminals (top, trace): printable UTF-8 only.
+	bad := func(r rune) bool { return r == ' ' || r == '/' || r == utf8.RuneError || !unicode.IsPrint(r) }
+	if t.Name == "" || strings.IndexFunc(t.Name, bad) >= 0 || len(t.Name) > 128 {
+		return &FieldError{field + ".name", fmt.Sprintf("%q must be 1–128 printable characters without spaces or '/'", t.Name)}
 	}
 	n := 0
 	if t.Cgroup != "" {
@@ -315,7 +386,8 @@ func (r *Rules) Validate(field string) error {
 	if r.Weight < MinWeight || r.Weight > MaxWeight {
 		return &FieldError{field + ".weight", fmt.Sprintf("%d out of range %d–%d", r.Weight, MinWeight, MaxWeight)}
 	}
-	if r.Limit < 0 || r.Limit > 1 {
+	// !(x >= lo && x <= hi) also refuses NaN, which every comparison fails.
+	if !(r.Limit >= 0 && r.Limit <= 1) {
 		return &FieldError{field + ".limit", fmt.Sprintf("%g out of range 0–1 (0%%–100%%; 0: none)", float64(r.Limit))}
 	}
 	switch r.Priority {
@@ -323,10 +395,10 @@ func (r *Rules) Validate(field string) error {
 	default:
 		return &FieldError{field + ".priority", fmt.Sprintf("%q is not latency, normal or batch", r.Priority)}
 	}
-	if r.SLO.P99SyncMS < 0 || r.SLO.P99SyncMS > 60000 {
+	if !(r.SLO.P99SyncMS >= 0 && r.SLO.P99SyncMS <= 60000) {
 		return &FieldError{field + ".slo.p99_sync_ms", fmt.Sprintf("%g out of range 0–60000", r.SLO.P99SyncMS)}
 	}
-	if r.SLO.FPS < 0 || r.SLO.FPS > 1000 {
+	if !(r.SLO.FPS >= 0 && r.SLO.FPS <= 1000) {
 		return &FieldError{field + ".slo.fps", fmt.Sprintf("%g out of range 0–1000", r.SLO.FPS)}
 	}
 	if r.SLO.P99SyncMS > 0 && r.SLO.FPS > 0 {

@@ -38,7 +38,7 @@ tenants:
 	for gpu, want := range map[int]struct {
 		slice time.Duration
 		pre   bool
-	}{0: {2 * time.Millisecond, true}, 1: {2 * time.Millisecond, true}, 2: {4 * time.Millisecond, false}} {
+	}{0: {DefaultTimeslice, true}, 1: {DefaultTimeslice, true}, 2: {4 * time.Millisecond, false}} {
 		if slice, pre := c.Scheduling(gpu); slice != want.slice || pre != want.pre || c.ModeOf(2) != ModeShare {
 			t.Errorf("GPU %d: timeslice %v preemptive %v mode %v, want %v %v share", gpu, slice, pre, c.ModeOf(2), want.slice, want.pre)
 		}
@@ -99,15 +99,26 @@ func TestRejects(t *testing.T) {
 		{"tenants: [{name: a, cgroup: /a, pid: 7}]", "tenants[0]"},
 		{"tenants: [{name: a, pid: 1}]", "tenants[0].pid"},
 		{"tenants: [{name: 'a b', cgroup: /a}]", "tenants[0].name"},
+		{`tenants: [{name: "top\e[2J", cgroup: /a}]`, "tenants[0].name"}, // a terminal escape
+		{`tenants: [{name: "a\u202eb", cgroup: /a}]`, "tenants[0].name"}, // a bidi override
+		{`tenants: [{name: "a\x7fb", cgroup: /a}]`, "tenants[0].name"},   // DEL
 		{"tenants: [{name: a, cgroup: /a}, {name: a, cgroup: /b}]", "tenants[1].name"},
 		{"gpus: [{index: 0, mode: fifo}]", "gpus[0].mode"},
 		{"gpus: [{index: 0, timeslice: 10us}]", "gpus[0].timeslice"},
 		{"period: 1ms", "period"},
 		{"defaults: {weight: -3}", "defaults.weight"},
+		{"tenants: [{name: a, cgroup: /a, limit: NaN}]", "tenants[0].limit"},
+		{"tenants: [{name: a, cgroup: /a, priority: latency, slo: {p99_sync_ms: .inf}}]", "tenants[0].slo.p99_sync_ms"},
+		{"tenants: [{name: a, cgroup: /a, priority: latency, slo: {fps: .nan}}]", "tenants[0].slo.fps"},
 	} {
 		_, err := Parse([]byte(tc.yaml))
 		var fe *FieldError
-		if !errors.As(err, &fe) || fe.Field != tc.field {
+		switch {
+		case strings.HasPrefix(tc.field, "line "): // a value that does not decode
+			if err == nil || !strings.Contains(err.Error(), tc.field+":") {
+				t.Errorf("%s: got %v, want an error on %s", tc.yaml, err, tc.field)
+			}
+		case !errors.As(err, &fe) || fe.Field != tc.field:
 			t.Errorf("%s: got %v, want an error on %s", tc.yaml, err, tc.field)
 		}
 	}
@@ -161,5 +172,28 @@ func TestParseShare(t *testing.T) {
 	}
 	if _, err := ParseShare("x%"); err == nil {
 		t.Error("x% accepted")
+	}
+}
+
+// A file with several errors reports each, with its line and field, and no
+// Go type names.
+func TestReportsEveryError(t *testing.T) {
+	_, err := Parse([]byte(`tenants:
+  - {name: a, cgroup: /x, weight: 0}
+  - {name: b, cgroup: /y, limit: 150%}
+  - {name: c, cgroup: /z, priority: urgent, bogus: 1}
+period: 1ms
+`))
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	for _, want := range []string{"line 2: weight: 0 out of range 1–10000", "line 3: tenants[1].limit", "line 4: tenants[2].priority",
+		"line 4: field bogus not found in a tenant", "period: 1ms out of range"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q:\n%v", want, err)
+		}
+	}
+	if strings.Contains(err.Error(), "policy.") {
+		t.Errorf("error names Go types:\n%v", err)
 	}
 }

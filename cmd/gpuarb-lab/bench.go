@@ -22,6 +22,9 @@ type bench struct {
 	outDir     string // where the charts go, beside the report
 	quick      bool
 	log        io.Writer
+	// fuzzSeeds are the fuzzer section's seeds; fuzzResults, when set, a
+	// previous run's results to report instead.
+	fuzzSeeds, fuzzResults string
 	// busy collects GPU utilisation without and with gpuarb per scenario
 	// for the work-conservation section.
 	busy []busyFigure
@@ -48,6 +51,7 @@ var sections = []section{
 	{"reaction", "Reaction to a new tenant", benchReaction},
 	{"scale", "Scale and gating costs", benchScale},
 	{"conservation", "Work conservation", benchConservation},
+	{"fuzz", "Random scenarios", benchFuzz},
 }
 
 func benchCommand() *cli.Command {
@@ -63,11 +67,15 @@ with it (the daemon arbitrating), reads the ground truth from the
 simulator, and writes the report with PNG charts beside it. Every figure
 in the report comes from this run. The probe and accuracy sections run the
 repository's Go benchmarks and end-to-end accuracy test (go test), so run
-it from the repository (make bench does). It takes about 15 minutes.`,
+it from the repository (make bench does). The sections but the fuzzer's take
+about 15 minutes; the fuzzer about 45 s per seed (--fuzz-seeds 1..100: about
+70 minutes), or reads a previous gpuarb-lab fuzz --json run (--fuzz-results).`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "out", Value: "BENCHMARKS.md", Usage: "write the report to `FILE` (charts beside it)"},
 			&cli.StringSliceFlag{Name: "only", Usage: "run only these sections: " + strings.Join(keys, ", ")},
 			&cli.BoolFlag{Name: "quick", Usage: "shorter windows and smaller scales: a check that the bench runs, not figures to publish"},
+			&cli.StringFlag{Name: "fuzz-seeds", Value: "1..100", Usage: "the fuzzer section's seeds: `A..B` or a comma-separated list (--quick: 1..2)"},
+			&cli.StringFlag{Name: "fuzz-results", Usage: "report the fuzzer section from `FILE` (gpuarb-lab fuzz --json) instead of running it"},
 		},
 		Action: func(c *cli.Context) error {
 			if err := requireRoot(); err != nil {
@@ -88,7 +96,11 @@ it from the repository (make bench does). It takes about 15 minutes.`,
 				return err
 			}
 			out := c.String("out")
-			b := &bench{bins: bins, repo: repo, outDir: filepath.Dir(out), quick: c.Bool("quick"), log: c.App.ErrWriter}
+			b := &bench{bins: bins, repo: repo, outDir: filepath.Dir(out), quick: c.Bool("quick"), log: c.App.ErrWriter,
+				fuzzSeeds: c.String("fuzz-seeds"), fuzzResults: c.String("fuzz-results")}
+			if b.quick && !c.IsSet("fuzz-seeds") {
+				b.fuzzSeeds = "1..2"
+			}
 			return b.run(c.Context, out, only)
 		},
 	}
@@ -144,8 +156,11 @@ func benchPreface(b *bench, took time.Duration) string {
 	fmt.Fprintf(&s, ". It took %v on %s.\n\n", took.Round(time.Second), time.Now().UTC().Format("2006-01-02"))
 	s.WriteString("Machine: " + machine() + "\n\n")
 	s.WriteString(`Method: every scenario runs on the simulated GPU (e2e/fakegpu: per-context
-round-robin time-slicing, 2 ms slices, a 20 µs context switch) twice — without
-gpuarb (no daemon) and with the daemon arbitrating on its eBPF probes alone.
+round-robin time-slicing of channel groups, 1024 µs timeslices as the
+driver's default, a 20 µs context switch) twice — without gpuarb (no daemon)
+and with the daemon arbitrating on its eBPF probes alone: it steers the GPU's
+scheduler (per-group timeslices, pauses) where the driver allows it, as the
+simulated GPU does, and paces launches at the launch gate where not.
 Shares are the simulator's ground truth (` + "`fakegpud stats`" + `) over 1 s windows
 after the scenario settles, unless a section says otherwise; "unfairness" is
 |a − b| / (a + b) of two tenants' shares in a window. Workloads are

@@ -20,7 +20,7 @@ import (
 // arrives; how soon it has its share, and the controller's trace.
 func benchReaction(ctx context.Context, b *bench) (string, error) {
 	var s strings.Builder
-	s.WriteString("A hog (weight 100) runs alone for 3 s, then a second hog (weight 300) arrives: its target is 75%. Shares are sampled every 100 ms; it has reached its target at the first moment from which every later 500 ms window is within 5 pp of it (shorter windows swing with the paced tenant's 20 ms kernels).\n\n")
+	s.WriteString("A hog (weight 100) runs alone for 3 s, then a second hog (weight 300) arrives: its target is 75%. Shares are sampled every 100 ms; it has reached its target at the first moment from which every later 500 ms window is within 5 pp of it (shorter windows swing with the hogs' 20 ms kernels).\n\n")
 	s.WriteString("| run | reached its target after | its share 1–4 s after arriving |\n|---|---|---|\n")
 	var trace []lab.Sample
 	for _, m := range modes {
@@ -52,7 +52,7 @@ func benchReaction(ctx context.Context, b *bench) (string, error) {
 		return "", err
 	}
 	fmt.Fprintf(&s, "\n![shares, target and duty after the arrival](%s)\n\n", link)
-	s.WriteString("The first hog has up to 320 ms of kernels queued when the second arrives; the GPU serves them at its round-robin share whatever gpuarb does, so gpuarb admits nothing new from it until they have run (its duty at the floor), then paces it at its target; the arriving tenant takes the slack.\n")
+	s.WriteString("The first hog has up to 320 ms of kernels queued when the second arrives; gpuarb sets the two hogs' channel groups' timeslices in the ratio of their targets (1:3) once the arrival's group is known, which reaches the queued work too, then corrects by the measured shares.\n")
 	return s.String(), nil
 }
 
@@ -117,11 +117,11 @@ func benchScale(ctx context.Context, b *bench) (string, error) {
 		fmt.Fprintf(&s, "| %d | %s |\n", n, row)
 	}
 	b.logf("freeze and signal latency")
-	gating, err := gateLatency(ctx, b.quick)
+	gates, err := gateLatency(ctx, b.quick)
 	if err != nil {
 		return "", err
 	}
-	s.WriteString("\n" + gating)
+	s.WriteString("\n" + gates)
 	return s.String(), nil
 }
 
@@ -332,6 +332,6 @@ func benchConservation(_ context.Context, b *bench) (string, error) {
 	for _, f := range b.busy {
 		fmt.Fprintf(&s, "| %s | %s | %s |\n", f.scenario, pct(f.without), pct(f.with))
 	}
-	s.WriteString("\nWhere the latency SLO forces it, gpuarb trades utilisation for the latency tenant (section 5, the 3 ms row); elsewhere one competing tenant per GPU runs unpaced and takes whatever the paced ones leave.\n")
+	s.WriteString("\nWhere the latency SLO forces it, gpuarb trades utilisation for the latency tenant (section 5, the 3 ms row); elsewhere timeslices only divide the GPU's time, they leave none of it idle, and a tenant paused for a limit or a deprived tenant leaves its time to the others.\n")
 	return s.String(), nil
 }

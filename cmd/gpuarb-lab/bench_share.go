@@ -73,7 +73,7 @@ func benchFairness(ctx context.Context, b *bench) (string, error) {
 		return "", err
 	}
 	fmt.Fprintf(&s, "\n![unfairness per window, without and with gpuarb](%s)\n\n", link)
-	s.WriteString("The GPU time-slices per process, so a tenant with four processes takes four slices to the other's one; a GPU that runs kernels to completion gives a 20 ms kernel ten times a 2 ms one's time. gpuarb paces the over-served tenant's launches at its target rate through the launch gate; the non-preemptive case is declared in the policy (`gpus: [{index: 0, preemptive: false}]`) so the meter models it, and the second tenant starts a second later: started together, the two would complete batches at the same rate under either hypothesis, and launch and sync timings could not tell their kernels' costs apart.\n")
+	s.WriteString("The GPU time-slices per process, so a tenant with four processes takes four slices to the other's one; a GPU that runs kernels to completion gives a 20 ms kernel ten times a 2 ms one's time. On the preemptive GPU gpuarb gives the tenants' channel groups timeslices in proportion to their targets (the four processes' groups a quarter each of what the one gets); a non-preemptive GPU ignores timeslices, so there gpuarb paces the over-served tenant's launches at its target rate through the launch gate. The non-preemptive case is declared in the policy (`gpus: [{index: 0, preemptive: false}]`) so the meter models it, and the second tenant starts a second later: started together, the two would complete batches at the same rate under either hypothesis, and launch and sync timings could not tell their kernels' costs apart.\n")
 	return s.String(), nil
 }
 
@@ -139,7 +139,8 @@ var latencyCases = []latencyCase{
 	{"beside two hogs, with gpuarb (SLO p99 8 ms)", enforcing, "hog", "8", "the demo's setting"},
 	{"beside two hogs, with gpuarb (SLO p99 3 ms)", enforcing, "hog", "3", "tighter than a timeslice allows at full load"},
 	{"beside two greedy tenants, without gpuarb", noDaemon, "greedy", "", ""},
-	{"beside two greedy tenants, with gpuarb (SLO p99 8 ms)", enforcing, "greedy", "8", "work queued before any gate acts"},
+	{"beside two greedy tenants, with gpuarb (SLO p99 8 ms)", enforcing, "greedy", "8", "the GPU's scheduler steered"},
+	{"beside two greedy tenants, with gpuarb at the launch gate alone (SLO p99 8 ms)", gating, "greedy", "8", "--gpu-scheduler off: work queued before any gate acts"},
 }
 
 // benchLatency: an inference service's latency alone, beside two hogs or
@@ -172,7 +173,7 @@ func benchLatency(ctx context.Context, b *bench) (string, error) {
 		fmt.Fprintf(&s, "| %s%s | %s |\n", lc.name, comment, row)
 	}
 	b.busy = append(b.busy, busyFigure{"inference beside two hogs (SLO p99 8 ms)", busyOf[latencyCases[1].name], busyOf[latencyCases[2].name]})
-	s.WriteString("\nOn a GPU that time-slices per process, a request that arrives while another tenant's kernel is pending waits for that kernel's slice: gpuarb removes the queueing (paced tenants keep shallow queues) but not that wait, so a p99 close to the tenant's own is reachable only by slowing the others until they rarely have a kernel pending, which costs utilisation (compare the two SLOs). Greedy tenants queue 1024 kernels of 50 ms (51 s of GPU time) in their first milliseconds and never synchronize: that work is on the GPU before any gate can act and cannot be recalled, and its progress is invisible to launch and sync probes. Holding a latency bar there needs the GPU's own priorities (per-channel-group timeslice and preemption, set through the driver), which gpuarb does not drive.\n")
+	s.WriteString("\nWhere the driver lets it (the simulated GPU does, as the nvidia driver does for root through the process's own control file), gpuarb steers the GPU's scheduler: the other tenants' channel groups get the shortest timeslice (100 µs), so a request that arrives while their kernels run waits one short slice instead of a 1 ms one, and batch tenants are paused while the SLO is missed. Greedy tenants queue 1024 kernels of 50 ms (51 s of GPU time) in their first milliseconds and never synchronize: at the launch gate alone (the last row) that work is on the GPU before any gate can act and cannot be recalled; the GPU's scheduler reaches it.\n")
 	return s.String(), nil
 }
 

@@ -1,8 +1,10 @@
 // Command gpuarb-lab runs gpuarb on the simulated GPU for people: `demo`
 // shows what gpuarb does in one command (make demo), `bench` measures it
 // beside the unarbitrated baseline and writes BENCHMARKS.md with its
-// charts (make bench). Both need root (eBPF, cgroups, runc) and stop
-// everything they started on exit or Ctrl-C.
+// charts (make bench), `fuzz` runs random scenarios against their targets,
+// and `realgpu` is the check on a host with a real NVIDIA GPU (make
+// realgpu). All need root (eBPF, cgroups, runc) and stop everything they
+// started on exit or Ctrl-C.
 package main
 
 import (
@@ -20,11 +22,11 @@ import (
 func main() {
 	app := &cli.App{
 		Name:  "gpuarb-lab",
-		Usage: "gpuarb on the simulated GPU: the demo and the benchmarks",
+		Usage: "gpuarb on the simulated GPU (the demo, the benchmarks, the fuzzer) and the real-GPU check",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "bin", Usage: "`DIR` with gpuarb, fakegpud, gpuwork and libcuda.so.1 (default: beside this program)"},
 		},
-		Commands:       []*cli.Command{demoCommand(), benchCommand()},
+		Commands:       []*cli.Command{demoCommand(), benchCommand(), fuzzCommand(), realgpuCommand()},
 		ExitErrHandler: func(*cli.Context, error) {},
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

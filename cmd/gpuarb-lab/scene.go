@@ -32,6 +32,7 @@ const (
 	noDaemon  daemonMode = iota // the unarbitrated baseline
 	observing                   // the daemon measures, never throttles
 	enforcing                   // the daemon arbitrates
+	gating                      // the daemon arbitrates at the launch gate alone (--gpu-scheduler off)
 )
 
 // newScene starts the simulated GPU with gpuArgs and, unless mode is
@@ -64,8 +65,11 @@ func newScene(bins, name string, mode daemonMode, gpuArgs ...string) (_ *scene, 
 		return s, nil
 	}
 	var extra []string
-	if mode == observing {
+	switch mode {
+	case observing:
 		extra = append(extra, "--observe-only")
+	case gating:
+		extra = append(extra, "--gpu-scheduler", "off")
 	}
 	if s.daemon, err = lab.StartDaemon(bins, s.dir, extra...); err != nil {
 		return nil, err

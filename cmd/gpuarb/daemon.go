@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -66,15 +67,20 @@ func daemonCommand() *cli.Command {
 bpftool), measures GPU time per tenant (cgroup) and serves the status on a
 Unix socket (mode 0660; changes require root) for gpuarb status, top, attach
 and the hooks. It enforces the policy (--policy, reloaded on SIGHUP; a bad
-file keeps the last good policy) by freezing tenants' cgroups, or SIGSTOP
-for tenants attached by pid, for part of every control period.
+file keeps the last good policy). Where the driver lets a root daemon steer
+the GPU's own scheduler (--gpu-scheduler auto), tenants get timeslices in
+proportion to their targets on their channel groups, and are paused (their
+queued work included) when a limit or another tenant's SLO needs it;
+elsewhere their launches are paced at a launch gate (SIGSTOP before the
+launch runs), or their cgroups frozen where no launch is visible.
 
-Nothing is left frozen: a guardian process thaws every tenant within
-milliseconds if the daemon dies in any way (SIGKILL included), a restarted
-daemon thaws what an earlier one left, and 'gpuarb thaw --all' does it by
-hand. Under systemd, add ExecStopPost=gpuarb thaw --all (KillMode=
-control-group also kills the guardian). One daemon runs per host. SIGINT
-or SIGTERM stop it cleanly (tenants thawed; pins, socket and lock removed).`,
+Nothing is left stopped: a guardian process resumes every tenant (frozen,
+held at a launch or paused) within milliseconds if the daemon is killed, a
+restarted daemon resumes what an earlier one left, and 'gpuarb thaw --all'
+does it by hand. Under systemd, add ExecStopPost=gpuarb thaw --all
+(KillMode=control-group also kills the guardian). One daemon runs per host.
+SIGINT or SIGTERM stop it cleanly (tenants resumed, their own timeslices
+restored; pins, socket and lock removed).`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "socket", Value: api.DefaultSocket, Usage: "API socket `PATH`"},
 			&cli.StringFlag{Name: "pin-path", Value: bpf.DefaultPinPath, Usage: "bpffs `DIR` for the pinned maps"},
@@ -85,6 +91,7 @@ or SIGTERM stop it cleanly (tenants thawed; pins, socket and lock removed).`,
 			&cli.StringFlag{Name: "policy", Value: policy.DefaultPath, Usage: "policy `FILE` (YAML; missing: defaults)"},
 			&cli.StringFlag{Name: "ledger", Usage: "thaw ledger `FILE` (default: gated.json beside the socket)"},
 			&cli.BoolFlag{Name: "observe-only", Usage: "measure, never throttle"},
+			&cli.StringFlag{Name: "gpu-scheduler", Value: "auto", Usage: "steer the GPUs' own schedulers where the driver allows it (`auto`), or never (off: pace at the launch gate)"},
 			&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics on `ADDR` (e.g. :9400, which listens on 127.0.0.1 only; give a host to listen elsewhere); off when empty"},
 		},
 		Action: func(c *cli.Context) error {
@@ -95,13 +102,18 @@ or SIGTERM stop it cleanly (tenants thawed; pins, socket and lock removed).`,
 			if err := requireRoot("daemon"); err != nil {
 				return err
 			}
+			sched := c.String("gpu-scheduler")
+			if sched != "auto" && sched != "off" {
+				return fmt.Errorf("--gpu-scheduler %q: want auto or off", sched)
+			}
 			log := slog.New(slog.NewTextHandler(c.App.ErrWriter, nil))
 			d, err := daemon.Start(daemon.Config{
 				Socket: c.String("socket"), PinPath: c.String("pin-path"), Devices: devices,
 				Libcudas: c.StringSlice("libcuda"), Window: c.Duration("window"), Version: version, Log: log,
 				PolicyPath: c.String("policy"), Ledger: ledgerPath(c), ObserveOnly: c.Bool("observe-only"),
-				MetricsAddr: c.String("metrics-addr"),
-				Guardian:    guardianCommand(ledgerPath(c), c.String("pin-path")),
+				NoGPUScheduler: sched == "off",
+				MetricsAddr:    c.String("metrics-addr"),
+				Guardian:       guardianCommand(ledgerPath(c), c.String("pin-path")),
 			})
 			if errors.Is(err, daemon.ErrAlreadyRunning) {
 				return cli.Exit("gpuarb: "+err.Error(), 3)

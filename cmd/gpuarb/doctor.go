@@ -22,10 +22,66 @@ ring buffers, tracepoints, uprobes, kprobes, fentry, DRM scheduler and
 dma_fence tracepoints, lockdown, the cgroup mode and freezers, bpffs and
 tracefs, GPU devices in /proc/devices and the libcuda copies found. It mounts
 bpffs and tracefs when absent. It exits non-zero, naming the reason, when
-gpuarb cannot run here.`,
-		Flags:  []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print the report as JSON"}},
+gpuarb cannot run here.
+
+With --libcuda PATH it reads that library instead (no root needed): every
+CUDA driver entry point it exports, what gpuarb makes of it (launch, sync,
+completion query, ...), and whether gpuarb probes it; it exits non-zero when
+the library exports no launch entry point, or one gpuarb must see and does
+not probe.`,
+		Flags: []cli.Flag{
+			&cli.BoolFlag{Name: "json", Usage: "print the report as JSON"},
+			&cli.StringFlag{Name: "libcuda", Usage: "report on the libcuda at `PATH` instead of the host"},
+		},
 		Action: runDoctor,
 	}
+}
+
+// libcudaReport prints what gpuarb makes of a libcuda's exports.
+func libcudaReport(c *cli.Context, path string) error {
+	exports, err := bpf.LibcudaExports(path)
+	if err != nil {
+		return cli.Exit(fmt.Sprintf("gpuarb doctor: %v", err), 2)
+	}
+	var probed, launches int
+	var unprobed []string
+	for _, x := range exports {
+		if x.Probed {
+			probed++
+		}
+		if x.Class == bpf.ClassLaunch.String() {
+			launches++
+		}
+		if x.Metered && !x.Probed {
+			unprobed = append(unprobed, x.Symbol)
+		}
+	}
+	if c.Bool("json") {
+		enc := json.NewEncoder(c.App.Writer)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(exports); err != nil {
+			return err
+		}
+	} else {
+		w := c.App.Writer
+		fmt.Fprintf(w, "%-34s %-18s %s\n", "ENTRY POINT", "CLASS", "PROBED")
+		for _, x := range exports {
+			mark := "-"
+			if x.Probed {
+				mark = "yes"
+			}
+			fmt.Fprintf(w, "%-34s %-18s %s\n", x.Symbol, orDash(x.Class), mark)
+		}
+		fmt.Fprintf(w, "%d cu* entry points exported, %d probed\n", len(exports), probed)
+	}
+	switch {
+	case launches == 0:
+		return cli.Exit(fmt.Sprintf("gpuarb doctor: %s exports no kernel launch entry point: not a libcuda", path), 2)
+	case len(unprobed) > 0:
+		return cli.Exit(fmt.Sprintf("gpuarb doctor: %s exports entry points gpuarb must see but does not probe: %s",
+			path, strings.Join(unprobed, " ")), 2)
+	}
+	return nil
 }
 
 type doctorReport struct {
@@ -43,6 +99,9 @@ type doctorReport struct {
 }
 
 func runDoctor(c *cli.Context) error {
+	if p := c.String("libcuda"); p != "" {
+		return libcudaReport(c, p)
+	}
 	var rep doctorReport
 	var uts unix.Utsname
 	if err := unix.Uname(&uts); err == nil {
@@ -122,7 +181,11 @@ func printDoctor(c *cli.Context, r doctorReport) {
 		r.Cgroup.Name, orDash(r.Cgroup.UnifiedMount), mark(r.Cgroup.Freeze), mark(r.Cgroup.V1Freezer))
 	fmt.Fprintf(w, "gpu devices  %s\n", orDash(strings.Join(r.Devices, " ")))
 	fmt.Fprintf(w, "libcuda      %s\n", orDash(strings.Join(r.Libcudas, " ")))
-	if len(r.Blockers) == 0 {
+	switch {
+	case len(r.Blockers) > 0:
+	case len(r.Devices) == 0:
+		fmt.Fprintln(w, "verdict      gpuarb can run here, but this host has no GPU device: `make demo` runs it on the simulated GPU (e2e/fakegpu)")
+	default:
 		fmt.Fprintln(w, "verdict      gpuarb can run here")
 	}
 }

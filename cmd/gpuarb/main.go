@@ -3,6 +3,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 
@@ -13,10 +14,20 @@ import (
 var version = "dev"
 
 func main() {
-	if err := newApp().Run(os.Args); err != nil {
-		fmt.Fprintln(os.Stderr, "gpuarb:", err)
-		os.Exit(1)
+	err := newApp().Run(os.Args)
+	if err == nil {
+		return
 	}
+	var ec cli.ExitCoder
+	if errors.As(err, &ec) {
+		// Exit errors carry their own context and exit code.
+		if msg := err.Error(); msg != "" {
+			fmt.Fprintln(os.Stderr, msg)
+		}
+		os.Exit(ec.ExitCode())
+	}
+	fmt.Fprintln(os.Stderr, "gpuarb:", err)
+	os.Exit(1)
 }
 
 func newApp() *cli.App {
@@ -49,6 +60,8 @@ func newApp() *cli.App {
 			},
 		},
 		EnableBashCompletion: true,
+		// main reports errors and exits; the app never exits by itself.
+		ExitErrHandler: func(*cli.Context, error) {},
 	}
 }
 

@@ -11,7 +11,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unicode/utf8"
 
+	"github.com/gpuarb/gpuarb/api"
 	"github.com/gpuarb/gpuarb/bpf"
 	"github.com/gpuarb/gpuarb/internal/testutil"
 )
@@ -94,6 +96,9 @@ func TestDoctor(t *testing.T) {
 func TestTraceJSON(t *testing.T) {
 	gpu := testutil.StartFakeGPU(t)
 	cg := testutil.NewCgroup(t, "trace")
+	// A daemon killed earlier may have left its pins there: trace must add
+	// none, whatever the host had.
+	pinsBefore := pinNames(t)
 	trace := exec.Command(testutil.Bin(t, "gpuarb"), "trace", "--json", "--duration", "4s", "--no-host-devices",
 		"--device", "1:7=nvidia", "--libcuda", testutil.Bin(t, "libcuda.so.1"))
 	tp := testutil.Start(t, nil, trace)
@@ -158,9 +163,22 @@ func TestTraceJSON(t *testing.T) {
 	if !strings.Contains(tp.Stderr.String(), " 0 lost") {
 		t.Errorf("trace summary: %s", tp.Stderr)
 	}
-	if _, err := os.Stat(bpf.DefaultPinPath); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("trace left pins at %s", bpf.DefaultPinPath)
+	if after := pinNames(t); after != pinsBefore {
+		t.Errorf("trace changed the pins at %s: %q before, %q after", bpf.DefaultPinPath, pinsBefore, after)
 	}
+}
+
+// pinNames lists what is pinned at the default pin path.
+func pinNames(t *testing.T) string {
+	entries, err := os.ReadDir(bpf.DefaultPinPath)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	return strings.Join(names, " ")
 }
 
 func TestTraceStopsOnSIGINT(t *testing.T) {
@@ -185,5 +203,53 @@ func waitFor(t *testing.T, cond func() bool, timeout time.Duration, what string)
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestDoctorLibcuda(t *testing.T) {
+	out, err := runApp(t, "doctor", "--libcuda", testutil.Bin(t, "libcuda.so.1"))
+	if err != nil {
+		t.Fatalf("doctor --libcuda: %v\n%s", err, out)
+	}
+	for _, want := range []string{"cuLaunchKernel_ptsz", "cuCtxSynchronize_v2", "cuEventQuery", "118 cu* entry points exported, 65 probed"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("doctor --libcuda lacks %q:\n%s", want, out)
+		}
+	}
+	out, err = runApp(t, "doctor", "--libcuda", testutil.Bin(t, "libcuda.so.1"), "--json")
+	var exports []bpf.LibcudaExport
+	if err != nil || json.Unmarshal([]byte(out), &exports) != nil || len(exports) != 118 {
+		t.Errorf("doctor --libcuda --json: %v, %d exports\n%s", err, len(exports), out)
+	}
+	if _, err := runApp(t, "doctor", "--libcuda", "/bin/sh"); err == nil || !strings.Contains(err.Error(), "not a libcuda") {
+		t.Errorf("doctor --libcuda /bin/sh: %v", err)
+	}
+}
+
+// What a tenant names reaches the operator's terminal escaped: an escape
+// sequence in a cgroup or process name must not act on it, and truncation
+// never cuts a character in two.
+func TestNamesAreShownEscaped(t *testing.T) {
+	for in, want := range map[string]string{
+		"train-a":                  "train-a",
+		"evil\x1b]0;pwned\x07name": `evil\x1b]0;pwned\aname`,
+		"/gpu/\x1b[2Jclear":        `/gpu/\x1b[2Jclear`,
+		"bad\xffutf8":              `bad\xffutf8`,
+		"rtl\u202eoverride":        `rtl\u202eoverride`,
+		"名前":                       "名前",
+	} {
+		if got := shown(in); got != want {
+			t.Errorf("shown(%q) = %q, want %q", in, got, want)
+		}
+	}
+	if got := truncate("/a/名前名前名前", 5); got != "…名前名前" || !utf8.ValidString(got) {
+		t.Errorf("truncate = %q, want …名前名前", got)
+	}
+	var b strings.Builder
+	if err := printTable(&b, api.Status{WindowNS: 1e9, Enforcing: true, Tenants: []api.Tenant{{Name: "x\x1b[31m", Cgroup: "/c\x1b[2J"}}}, "share"); err != nil {
+		t.Fatal(err)
+	}
+	if strings.ContainsRune(b.String(), 0x1b) {
+		t.Errorf("the table carries an escape:\n%q", b.String())
 	}
 }

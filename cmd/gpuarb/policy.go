@@ -1,17 +1,21 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/gpuarb/gpuarb/api"
 	"github.com/gpuarb/gpuarb/bpf"
+	"github.com/gpuarb/gpuarb/cgroup"
 	"github.com/gpuarb/gpuarb/daemon"
 	"github.com/gpuarb/gpuarb/policy"
 )
@@ -30,19 +34,22 @@ Examples:
   gpuarb attach --cgroup /gpu/infer --priority latency --slo-p99-ms 20`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "cgroup", Usage: "cgroup `PATH`"},
-			&cli.IntFlag{Name: "pid", Usage: "process `PID` (and its descendants)"},
+			&cli.IntFlag{Name: "pid", Usage: "process `PID` (and its descendants)", DefaultText: "none"},
 			&cli.StringFlag{Name: "name", Usage: "tenant `NAME` (default: from the cgroup or pid)"},
-			&cli.IntFlag{Name: "weight", Usage: "relative share `W`, 1–10000 (default 100)"},
+			&cli.IntFlag{Name: "weight", Usage: "relative share `W`, 1–10000", DefaultText: "100"},
 			&cli.StringFlag{Name: "limit", Usage: "hard maximum share `P` of a GPU: 0.3 or 30%"},
-			&cli.StringFlag{Name: "priority", Usage: "`CLASS`: latency | normal | batch (default normal)"},
-			&cli.Float64Flag{Name: "slo-p99-ms", Usage: "latency SLO: p99 sync wait ≤ `X` ms (needs --priority latency)"},
-			&cli.Float64Flag{Name: "slo-fps", Usage: "frame-loop SLO: at least `F` frames/s (needs --priority latency)"},
+			&cli.StringFlag{Name: "priority", Usage: "`CLASS`: latency | normal | batch", DefaultText: "normal"},
+			&cli.Float64Flag{Name: "slo-p99-ms", Usage: "latency SLO: p99 sync wait ≤ `X` ms (needs --priority latency)", DefaultText: "none"},
+			&cli.Float64Flag{Name: "slo-fps", Usage: "frame-loop SLO: at least `F` frames/s (needs --priority latency)", DefaultText: "none"},
 			socketFlag(),
 		},
 		Action: func(c *cli.Context) error {
 			t := policy.Tenant{Name: c.String("name"), Selector: policy.Selector{Cgroup: c.String("cgroup"), PID: c.Int("pid")}}
 			if (t.Cgroup == "") == (t.PID == 0) {
 				return cli.Exit("gpuarb attach: give exactly one of --cgroup PATH or --pid PID", 2)
+			}
+			if err := attachTargetExists(t.Selector); err != nil {
+				return cli.Exit("gpuarb attach: "+err.Error(), 2)
 			}
 			if t.Name == "" {
 				if t.PID != 0 {
@@ -71,6 +78,9 @@ Examples:
 			t.SLO = policy.SLO{P99SyncMS: c.Float64("slo-p99-ms"), FPS: c.Float64("slo-fps")}
 			if (t.SLO.P99SyncMS > 0 || t.SLO.FPS > 0) && t.Priority == "" {
 				t.Priority = policy.Latency
+			}
+			if err := checkRulesFlags(t.Rules); err != nil {
+				return cli.Exit("gpuarb attach: "+err.Error(), 2)
 			}
 			body, err := json.Marshal(t)
 			if err != nil {
@@ -148,14 +158,20 @@ func policyCommand() *cli.Command {
 	}
 }
 
+// thawAnswerTimeout is how long thaw --all waits for the daemon before it
+// resumes what the ledger and the pins list itself: a hung daemon must
+// not keep tenants frozen.
+const thawAnswerTimeout = 5 * time.Second
+
 func thawCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "thaw",
 		Usage: "resume every tenant gpuarb may have frozen or stopped",
 		Description: `With the daemon running, it thaws everything and pauses enforcement until a
 policy is applied again (gpuarb policy apply, attach, or SIGHUP). Without a
-daemon it thaws what the ledger lists and continues the processes that the
-pinned held table (under --pin-path) says a launch gate stopped.`,
+daemon (or one that does not answer within 5 s) it thaws what the ledger
+lists and continues the processes that the pinned held table (under
+--pin-path) says a launch gate stopped.`,
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "all", Required: true, Usage: "every tenant"},
 			&cli.StringFlag{Name: "ledger", Usage: "thaw ledger `FILE` (default: gated.json beside the socket)"},
@@ -163,12 +179,16 @@ pinned held table (under --pin-path) says a launch gate stopped.`,
 			socketFlag(),
 		},
 		Action: func(c *cli.Context) error {
-			err := api.NewClient(c.String("socket")).ThawAll(c.Context)
-			if err == nil {
+			ctx, cancel := context.WithTimeout(c.Context, thawAnswerTimeout)
+			defer cancel()
+			err := api.NewClient(c.String("socket")).ThawAll(ctx)
+			switch {
+			case err == nil:
 				fmt.Fprintln(c.App.Writer, "thawed every tenant; enforcement paused until a policy is applied")
 				return nil
-			}
-			if !errors.Is(err, api.ErrNoDaemon) {
+			case errors.Is(err, context.DeadlineExceeded):
+				fmt.Fprintf(c.App.ErrWriter, "gpuarb thaw: the daemon did not answer within %v; resuming from its ledger and pins (a daemon that recovers may hold tenants again)\n", thawAnswerTimeout)
+			case !errors.Is(err, api.ErrNoDaemon):
 				return cli.Exit("gpuarb thaw: "+err.Error(), 1)
 			}
 			done, err := daemon.ThawLeftovers(ledgerPath(c), c.String("pin-path"))
@@ -182,4 +202,53 @@ pinned held table (under --pin-path) says a launch gate stopped.`,
 			return nil
 		},
 	}
+}
+
+// attachTargetExists refuses a cgroup or process that is not there: an
+// attach that matched nothing would succeed and hold nothing back.
+func attachTargetExists(sel policy.Selector) error {
+	if sel.PID != 0 {
+		if sel.PID < 0 {
+			return fmt.Errorf("--pid %d: want a process ID", sel.PID)
+		}
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", sel.PID)); err != nil {
+			return fmt.Errorf("--pid %d: no such process", sel.PID)
+		}
+		return nil
+	}
+	root, err := cgroup.UnifiedMount()
+	if err != nil {
+		return nil // a v1-only host: the daemon resolves the path itself
+	}
+	dir := sel.Cgroup
+	if !strings.HasPrefix(dir, root+"/") {
+		dir = filepath.Join(root, dir)
+	}
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		return fmt.Errorf("--cgroup %s: no such cgroup (%s does not exist; create it, or attach once the container runs)", sel.Cgroup, dir)
+	}
+	return nil
+}
+
+// ruleFlags names the attach flag behind each rule field.
+var ruleFlags = map[string]string{"rules.weight": "--weight", "rules.limit": "--limit", "rules.priority": "--priority",
+	"rules.slo.p99_sync_ms": "--slo-p99-ms", "rules.slo.fps": "--slo-fps", "rules.slo": "--slo-p99-ms/--slo-fps"}
+
+// checkRulesFlags validates the rules as the daemon will, before sending
+// them, and names the flag and the values it allows.
+func checkRulesFlags(r policy.Rules) error {
+	if r.Weight == 0 {
+		r.Weight = policy.DefaultWeight
+	}
+	if r.Priority == "" {
+		r.Priority = policy.Normal
+	}
+	err := r.Validate("rules")
+	var fe *policy.FieldError
+	if errors.As(err, &fe) {
+		if flag, ok := ruleFlags[fe.Field]; ok {
+			return fmt.Errorf("%s: %s", flag, fe.Msg)
+		}
+	}
+	return err
 }

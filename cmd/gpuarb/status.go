@@ -7,9 +7,12 @@ import (
 	"io"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/urfave/cli/v2"
 	"golang.org/x/term"
@@ -146,11 +149,34 @@ func printTable(w io.Writer, st api.Status, key string) error {
 	return tw.Flush()
 }
 
+// truncate shows s (shown) in at most n characters, keeping its end.
 func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
+	r := []rune(shown(s))
+	if len(r) <= n {
+		return string(r)
 	}
-	return "…" + s[len(s)-n+1:]
+	return "…" + string(r[len(r)-n+1:])
+}
+
+// shown makes a name fit for a terminal: tenants control what their
+// cgroups and processes are called, and a control character or a terminal
+// escape in a name would act on the operator's terminal. Those, and bytes
+// that are not UTF-8, are shown escaped (\x1b).
+func shown(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size <= 1:
+			fmt.Fprintf(&b, "\\x%02x", s[i])
+		case !unicode.IsPrint(r):
+			b.WriteString(strings.Trim(strconv.QuoteRuneToASCII(r), "'"))
+		default:
+			b.WriteRune(r)
+		}
+		i += size
+	}
+	return b.String()
 }
 
 func isTerminal(w io.Writer) bool {

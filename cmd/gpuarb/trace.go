@@ -154,5 +154,5 @@ func (p *eventPrinter) print(ev ioctlspy.Event) {
 	if cg == "" {
 		cg = fmt.Sprintf("cgroup:%d", h.CgroupID)
 	}
-	fmt.Fprintf(p.w, "%10.6f %7d %-15s %-24s %-18s %s\n", rel.Seconds(), h.PID, h.Comm, cg, h.Type, ev.String())
+	fmt.Fprintf(p.w, "%10.6f %7d %-15s %-24s %-18s %s\n", rel.Seconds(), h.PID, shown(h.Comm), shown(cg), h.Type, shown(ev.String()))
 }

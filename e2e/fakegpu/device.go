@@ -2,6 +2,9 @@ package fakegpu
 
 import (
 	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -14,12 +17,49 @@ import (
 // Config describes the simulated GPUs.
 type Config struct {
 	GPUs          int           // number of GPUs (default 1)
-	Timeslice     time.Duration // runlist timeslice (default 2ms)
+	Timeslice     time.Duration // default channel-group timeslice (default 1024µs, as Volta and later)
 	NoPreempt     bool          // run each kernel to completion (no preemption at slice end)
 	ContextSwitch time.Duration // cost of switching channel groups (default 20µs)
 	CopyBandwidth uint64        // copy engine bytes per second (default 25e9)
 	Memory        uint64        // device memory per GPU in bytes (default 80 GiB)
 	Poll          time.Duration // longest sleep while an engine runs (default 1ms)
+	Realism       Realism       // what real GPUs do that a meter cannot know
+}
+
+// Realism is what a real GPU does beyond round robin over exact kernel
+// costs; gpuarb's meter knows none of it. The zero value turns it all off.
+type Realism struct {
+	// Jitter is the relative spread (standard deviation of a mean-one
+	// log-normal factor) of each kernel's duration.
+	Jitter float64
+	// Contention slows kernels by this fraction per other channel group
+	// with work (caches and memory shared with co-runners; up to four).
+	Contention float64
+	// WavePreempt preempts a kernel only between waves of its blocks (a
+	// wave is up to SMs blocks): a slice ends at the next wave boundary.
+	WavePreempt bool
+	// SwitchSpread varies each context switch's cost uniformly within
+	// ContextSwitch × (1 ± SwitchSpread).
+	SwitchSpread float64
+	// DriverTimeslices are the timeslices the driver's libcuda sets on new
+	// contexts' channel groups, in turn (0: it leaves the default).
+	DriverTimeslices []time.Duration
+	// Seed seeds the randomness (0: from the clock).
+	Seed uint64
+}
+
+// RealisticDefaults is what `fakegpud serve --realism` turns on: 10%
+// kernel jitter, 3% slowdown per co-runner, preemption at wave boundaries,
+// context switches of ±50%, and a libcuda that sets 2048µs on every other
+// context (REALGPU.md: 1024µs by default, 2048µs read back on one system).
+func RealisticDefaults() Realism {
+	return Realism{Jitter: 0.1, Contention: 0.03, WavePreempt: true, SwitchSpread: 0.5,
+		DriverTimeslices: []time.Duration{0, 2048 * time.Microsecond}}
+}
+
+// On reports whether any realism is on.
+func (r Realism) On() bool {
+	return r.Jitter > 0 || r.Contention > 0 || r.WavePreempt || r.SwitchSpread > 0 || len(r.DriverTimeslices) > 0
 }
 
 func (c *Config) setDefaults() {
@@ -27,12 +67,12 @@ func (c *Config) setDefaults() {
 		c.GPUs = 1
 	}
 	if c.Timeslice <= 0 {
-		c.Timeslice = 2 * time.Millisecond
+		c.Timeslice = DefaultTimeslice
 	}
 	if c.ContextSwitch < 0 {
 		c.ContextSwitch = 0
 	} else if c.ContextSwitch == 0 {
-		c.ContextSwitch = 20 * time.Microsecond
+		c.ContextSwitch = DefaultContextSwitch
 	}
 	if c.CopyBandwidth == 0 {
 		c.CopyBandwidth = 25e9
@@ -43,12 +83,20 @@ func (c *Config) setDefaults() {
 	if c.Poll <= 0 {
 		c.Poll = time.Millisecond
 	}
+	if c.Realism.Seed == 0 {
+		c.Realism.Seed = uint64(time.Now().UnixNano())
+	}
 }
 
 // Defaults of the device model.
 const (
-	DefaultTimeslice     = 2 * time.Millisecond
+	// DefaultTimeslice is the TSG timeslice of Volta and later GPUs:
+	// 128 << 3 µs (open-gpu-kernel-modules kernel_fifo_gv100.c).
+	DefaultTimeslice     = 1024 * time.Microsecond
 	DefaultContextSwitch = 20 * time.Microsecond
+	// SMs is the simulated GPU's multiprocessor count (as an H100 SXM):
+	// a wave of a kernel runs up to this many blocks.
+	SMs = 132
 )
 
 // idleWait is how long an idle device sleeps when nothing wakes it. Short
@@ -74,10 +122,15 @@ type arrival struct {
 type chanState struct {
 	known    uint64 // GPPut seen by the device
 	next     uint64 // index of the head entry (entries below it completed)
-	headLeft int64  // remaining ns of a started head entry, -1 if not started
+	headLeft int64  // remaining ns of work of a started head entry, -1 if not started
+	wave     int64  // ns of work per wave of the started head kernel (0: preempt anywhere)
 	busy     bool   // the head is on an engine
 	needWake bool
-	arrivals []arrival
+	handle   uint32 // the channel's RM handle, as libcuda allocated it
+	// disabled keeps the channel off the runlist (FIFO_DISABLE_CHANNELS);
+	// nextDisabled is the state the next runlist restart applies.
+	disabled, nextDisabled bool
+	arrivals               []arrival
 }
 
 // gpuContext is one channel group (TSG): a client's CUDA context.
@@ -93,6 +146,15 @@ type gpuContext struct {
 	// pending has bit i set while channel i has entries the device has not run.
 	pending uint32
 	rr      int
+	// The RM handles libcuda allocated the context's objects under: its
+	// client, channel group (TSG) and subdevice.
+	client, tsg, subdevice uint32
+	// timeslice is the group's own timeslice (0: the GPU's default);
+	// nextSlice one set since, applied at the next runlist restart.
+	timeslice, nextSlice time.Duration
+	// scheduled is set once the group has run: from then on scheduling
+	// changes wait for a runlist restart.
+	scheduled bool
 
 	busyNS, copyNS, queueNS uint64
 	kernels, copies         uint64
@@ -101,9 +163,18 @@ type gpuContext struct {
 	alive                   bool
 }
 
+// slice is the group's timeslice.
+func (c *gpuContext) slice() int64 {
+	if c.timeslice > 0 {
+		return int64(c.timeslice)
+	}
+	return int64(c.gpu.cfg.Timeslice)
+}
+
 type gpu struct {
 	index int
 	cfg   *Config
+	reg   *registry
 
 	dbFD  int
 	dbMem []byte
@@ -114,14 +185,17 @@ type gpu struct {
 	ctxs     []*gpuContext // the runlist
 	ended    []*gpuContext // destroyed, kept for stats until reset
 	lastRing uint32
+	rng      *rand.Rand
 
 	cur      *gpuContext // compute engine owner
 	curCh    int
 	running  bool
 	sliceEnd int64
+	rate     float64     // work ns per ns of the running kernel (below 1 with co-runners)
 	cp       *gpuContext // copy engine owner
 	cpCh     int
 	copying  bool
+	blocked  bool // a channel head waits on another context or GPU
 
 	busyNS, copyBusyNS uint64
 	memUsed            uint64
@@ -131,13 +205,98 @@ type gpu struct {
 	done    chan struct{}
 }
 
-func newGPU(index int, cfg *Config) (*gpu, error) {
+// registry is what the GPUs of one server share: every live context by id
+// (for waits on another context's events) and the 32-bit words written by
+// stream memory operations (for waits on them).
+type registry struct {
+	mu     sync.RWMutex
+	ctxs   map[uint64]*gpuContext
+	values map[uint64]uint32
+	// files are the open control files RM clients are bound to (the
+	// server's own duplicates, received with each client's hello).
+	files map[uint32]int
+}
+
+func newRegistry() *registry {
+	return &registry{ctxs: map[uint64]*gpuContext{}, values: map[uint64]uint32{}, files: map[uint32]int{}}
+}
+
+// bind records the control file an RM client is bound to.
+func (r *registry) bind(client uint32, fd int) {
+	r.mu.Lock()
+	r.files[client] = fd
+	r.mu.Unlock()
+}
+
+// unbind forgets a client's file when its connection ends.
+func (r *registry) unbind(client uint32, fd int) {
+	r.mu.Lock()
+	if r.files[client] == fd {
+		delete(r.files, client)
+	}
+	r.mu.Unlock()
+}
+
+// sameFile tells whether fd is the open file client is bound to (kcmp:
+// the same open file description, not merely the same device node, as
+// the driver checks).
+func (r *registry) sameFile(client uint32, fd int) bool {
+	r.mu.RLock()
+	own, ok := r.files[client]
+	r.mu.RUnlock()
+	if !ok {
+		return false
+	}
+	pid := uintptr(os.Getpid())
+	res, _, errno := unix.Syscall6(unix.SYS_KCMP, pid, pid, 0 /* KCMP_FILE */, uintptr(own), uintptr(fd), 0)
+	return errno == 0 && res == 0
+}
+
+// completed returns how many entries channel ch of context id has
+// completed, and whether the context exists. Lock-free on the context's
+// shared memory: the caller may hold another GPU's lock.
+func (r *registry) completed(id uint64, ch int) (uint64, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	c, ok := r.ctxs[id]
+	if !ok || c.shm == nil {
+		return 0, false
+	}
+	return atomic.LoadUint64(&c.shm.Ch[ch].GPGet), true
+}
+
+func (r *registry) write(addr uint64, v uint32) {
+	r.mu.Lock()
+	r.values[addr] = v
+	r.mu.Unlock()
+}
+
+func (r *registry) read(addr uint64) uint32 {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.values[addr]
+}
+
+// forget drops the words written within [addr, addr+bytes) when the
+// allocation holding them is freed.
+func (r *registry) forget(addr, bytes uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for a := range r.values {
+		if a >= addr && a < addr+bytes {
+			delete(r.values, a)
+		}
+	}
+}
+
+func newGPU(index int, cfg *Config, reg *registry) (*gpu, error) {
 	fd, mem, err := sharedMemory(fmt.Sprintf("fakegpu-doorbell-%d", index), doorbellShmSize)
 	if err != nil {
 		return nil, err
 	}
-	g := &gpu{index: index, cfg: cfg, dbFD: fd, dbMem: mem, db: (*doorbellShm)(unsafe.Pointer(&mem[0])),
-		nextAddr: 0x7f0000000000 + uint64(index)<<36, done: make(chan struct{})}
+	g := &gpu{index: index, cfg: cfg, reg: reg, dbFD: fd, dbMem: mem, db: (*doorbellShm)(unsafe.Pointer(&mem[0])),
+		nextAddr: 0x7f0000000000 + uint64(index)<<36, done: make(chan struct{}), rate: 1,
+		rng: rand.New(rand.NewPCG(cfg.Realism.Seed, uint64(index)))}
 	g.db.Magic = magicDoorbell
 	g.db.Version = abiVersion
 	return g, nil
@@ -172,13 +331,14 @@ func futexWaitUntil(addr *uint32, val uint32, deadline int64) {
 		uintptr(unsafe.Pointer(&ts)), 0, 0xffffffff /* FUTEX_BITSET_MATCH_ANY */)
 }
 
-// addContext creates a channel group for a client process.
-func (g *gpu) addContext(id uint64, pid int, cgroup string) (*gpuContext, error) {
+// addContext creates a channel group for a client process; client, tsg and
+// subdevice are the RM handles its libcuda allocated the group under.
+func (g *gpu) addContext(id uint64, pid int, cgroup string, client, tsg, subdevice uint32) (*gpuContext, error) {
 	fd, mem, err := sharedMemory(fmt.Sprintf("fakegpu-ctx-%d", id), ctxShmSize)
 	if err != nil {
 		return nil, err
 	}
-	c := &gpuContext{id: id, gpu: g, pid: pid, cgroup: cgroup, fd: fd, mem: mem,
+	c := &gpuContext{id: id, gpu: g, pid: pid, cgroup: cgroup, fd: fd, mem: mem, client: client, tsg: tsg, subdevice: subdevice,
 		shm: (*ctxShm)(unsafe.Pointer(&mem[0])), allocs: map[uint64]uint64{}, alive: true}
 	c.shm.Magic = magicCtx
 	c.shm.Version = abiVersion
@@ -188,6 +348,9 @@ func (g *gpu) addContext(id uint64, pid int, cgroup string) (*gpuContext, error)
 	g.mu.Lock()
 	g.ctxs = append(g.ctxs, c)
 	g.mu.Unlock()
+	g.reg.mu.Lock()
+	g.reg.ctxs[id] = c
+	g.reg.mu.Unlock()
 	return c, nil
 }
 
@@ -213,12 +376,19 @@ func (g *gpu) removeContext(c *gpuContext) {
 	}
 	g.memUsed -= c.memBytes
 	c.memBytes = 0 // a destroyed context holds no memory
+	allocs := c.allocs
 	c.allocs = nil
 	c.alive = false
 	g.ended = append(g.ended, c)
+	g.reg.mu.Lock()
+	delete(g.reg.ctxs, c.id)
 	mem, fd := c.mem, c.fd
 	c.mem, c.shm = nil, nil
+	g.reg.mu.Unlock()
 	g.mu.Unlock()
+	for addr, bytes := range allocs {
+		g.reg.forget(addr, bytes)
+	}
 	unix.Munmap(mem)
 	unix.Close(fd)
 }
@@ -243,7 +413,7 @@ func (g *gpu) run() {
 		g.advance(now, now) // start what just arrived
 		g.wake()
 		next := g.nextEvent(now)
-		if g.running || g.copying {
+		if g.running || g.copying || g.blocked {
 			next = min(next, now+int64(g.cfg.Poll))
 		}
 		g.mu.Unlock()
@@ -302,21 +472,31 @@ func (c *gpuContext) head(ch int) *entry {
 func (g *gpu) advance(t, to int64) {
 	for {
 		g.dispatch(t)
-		if (!g.running && !g.copying) || t >= to {
+		if !g.running && !g.copying {
 			return
 		}
-		if g.running && !g.cfg.NoPreempt && t >= g.sliceEnd && g.othersWaiting() {
+		// A group whose slice is over yields as soon as another has work,
+		// also one that arrived just now (t == to).
+		evict := g.running && g.cur.chans[g.curCh].disabled
+		if g.running && !g.cfg.NoPreempt && t >= g.sliceEnd && (evict || g.othersWaiting()) && g.atPreemptionPoint() {
 			g.cur.chans[g.curCh].busy = false // preempted: headLeft is kept
 			g.running = false
 			continue
+		}
+		if t >= to {
+			return
 		}
 		step := to - t
 		var kst, cst *chanState
 		if g.running {
 			kst = &g.cur.chans[g.curCh]
-			step = min(step, kst.headLeft)
-			if !g.cfg.NoPreempt && g.othersWaiting() {
-				step = min(step, g.sliceEnd-t)
+			step = min(step, g.wallFor(kst.headLeft))
+			if !g.cfg.NoPreempt && (evict || g.othersWaiting()) {
+				if t < g.sliceEnd {
+					step = min(step, g.sliceEnd-t)
+				} else {
+					step = min(step, g.wallFor(g.toPreemptionPoint()))
+				}
 			}
 		}
 		if g.copying {
@@ -326,7 +506,7 @@ func (g *gpu) advance(t, to int64) {
 		step = max(step, 0)
 		t += step
 		if kst != nil {
-			kst.headLeft -= step
+			kst.headLeft -= g.workIn(step, kst.headLeft)
 			g.cur.busyNS += uint64(step)
 			g.busyNS += uint64(step)
 			if kst.headLeft <= 0 {
@@ -350,18 +530,58 @@ func (g *gpu) advance(t, to int64) {
 	}
 }
 
-// dispatch completes markers at channel heads and starts idle engines.
+// wallFor is the wall time the running kernel needs for work ns of work at
+// its rate.
+func (g *gpu) wallFor(work int64) int64 {
+	if g.rate >= 1 {
+		return work
+	}
+	return int64(math.Ceil(float64(work) / g.rate))
+}
+
+// workIn is the work the running kernel does in step ns of wall time, at
+// most left.
+func (g *gpu) workIn(step, left int64) int64 {
+	if g.rate >= 1 || step >= g.wallFor(left) {
+		return min(step, left)
+	}
+	return int64(float64(step) * g.rate)
+}
+
+// toPreemptionPoint is the work the running kernel does before it can be
+// preempted: to the end of its current wave when only wave boundaries
+// preempt, else none.
+func (g *gpu) toPreemptionPoint() int64 {
+	st := &g.cur.chans[g.curCh]
+	if !g.cfg.Realism.WavePreempt || st.wave <= 0 || st.headLeft <= 0 {
+		return 0
+	}
+	return st.headLeft % st.wave
+}
+
+func (g *gpu) atPreemptionPoint() bool { return g.toPreemptionPoint() == 0 }
+
+// dispatch completes what needs no engine at channel heads (markers,
+// memory writes, waits whose condition holds) and starts idle engines.
 func (g *gpu) dispatch(t int64) {
+	g.blocked = false
 	for _, c := range g.ctxs {
 		for p := c.pending; p != 0; p &= p - 1 {
 			ch := trailingZeros(p)
 			st := &c.chans[ch]
-			for st.next < st.known && !st.busy && st.headLeft < 0 {
+			for !st.disabled && st.next < st.known && !st.busy && st.headLeft < 0 {
 				e := c.head(ch)
 				if e.Kind == entryKernel || e.Kind == entryCopy {
 					break
 				}
-				g.complete(c, ch, t) // markers and unknown kinds complete at once
+				if !g.ready(c, ch, e) {
+					g.blocked = true
+					break
+				}
+				if e.Kind == entryWriteValue {
+					g.reg.write(e.A0, uint32(e.A1))
+				}
+				g.complete(c, ch, t) // markers, writes, waits that hold and unknown kinds complete at once
 			}
 		}
 	}
@@ -371,6 +591,36 @@ func (g *gpu) dispatch(t int64) {
 	if !g.copying {
 		g.pickCopy(t)
 	}
+}
+
+// ready tells whether a wait at the head of channel ch of c may complete.
+func (g *gpu) ready(c *gpuContext, ch int, e *entry) bool {
+	switch e.Kind {
+	case entryWaitEvent:
+		id, tch, target := e.A0, int(e.A1>>56)%MaxChannels, e.A1&(1<<56-1)
+		for _, o := range g.ctxs {
+			if o.id == id {
+				return o.chans[tch].next >= target
+			}
+		}
+		done, ok := g.reg.completed(id, tch) // another GPU's, or gone (then it is complete)
+		return !ok || done >= target
+	case entryHost:
+		return atomic.LoadUint64(&c.shm.Ch[ch].HostDone) > e.Seq
+	case entryWaitValue:
+		v, want := g.reg.read(e.A0), uint32(e.A1)
+		switch e.A1 >> 32 {
+		case waitEQ:
+			return v == want
+		case waitAND:
+			return v&want != 0
+		case waitNOR:
+			return ^(v | want) != 0
+		default:
+			return int32(v-want) >= 0 // GEQ, as CUDA: wrap-around aware
+		}
+	}
+	return true
 }
 
 func trailingZeros(x uint32) int {
@@ -400,7 +650,7 @@ func (c *gpuContext) readyKernel() int {
 			continue
 		}
 		st := &c.chans[ch]
-		if st.busy || st.next >= st.known {
+		if st.busy || st.disabled || st.next >= st.known {
 			continue
 		}
 		if st.headLeft > 0 || c.head(ch).Kind == entryKernel {
@@ -417,7 +667,7 @@ func (c *gpuContext) copyChannel() int {
 			continue
 		}
 		st := &c.chans[ch]
-		if !st.busy && st.next < st.known && st.headLeft < 0 && c.head(ch).Kind == entryCopy {
+		if !st.busy && !st.disabled && st.next < st.known && st.headLeft < 0 && c.head(ch).Kind == entryCopy {
 			return ch
 		}
 	}
@@ -433,6 +683,17 @@ func (g *gpu) othersWaiting() bool {
 		}
 	}
 	return false
+}
+
+// coRunners counts the channel groups other than c with kernels ready.
+func (g *gpu) coRunners(c *gpuContext) int {
+	n := 0
+	for _, o := range g.ctxs {
+		if o != c && o.pending != 0 && o.readyKernel() >= 0 {
+			n++
+		}
+	}
+	return n
 }
 
 // pickCompute keeps the running group within its timeslice, else rotates
@@ -451,7 +712,8 @@ func (g *gpu) pickCompute(t int64) {
 		}
 		switched := c != g.cur
 		g.cur = c
-		g.sliceEnd = t + int64(g.cfg.Timeslice)
+		g.sliceEnd = t + c.slice()
+		c.scheduled = true
 		g.startKernel(c, ch, t, switched)
 		return true
 	})
@@ -477,16 +739,29 @@ func (g *gpu) rotate(after *gpuContext, visit func(*gpuContext) bool) {
 
 func (g *gpu) startKernel(c *gpuContext, ch int, t int64, switched bool) {
 	st := &c.chans[ch]
+	r := &g.cfg.Realism
 	if st.headLeft < 0 {
-		st.headLeft = min(max(int64(c.head(ch).CostNS), 0), maxCostNS)
+		e := c.head(ch)
+		cost := min(max(int64(e.CostNS), 0), maxCostNS)
+		if r.Jitter > 0 {
+			// A mean-one log-normal factor: durations vary, the average stays.
+			cost = int64(float64(cost) * math.Exp(r.Jitter*g.rng.NormFloat64()-r.Jitter*r.Jitter/2))
+		}
+		st.headLeft = max(cost, 1)
+		st.wave = 0
+		if waves := (int64(e.A0) + SMs - 1) / SMs; waves > 0 {
+			st.wave = max(st.headLeft/waves, 1)
+		}
 		c.queueNS += uint64(max(t-c.arrivalOf(ch), 0))
 	}
 	if switched {
-		st.headLeft += int64(g.cfg.ContextSwitch)
+		sw := float64(g.cfg.ContextSwitch)
+		if r.SwitchSpread > 0 {
+			sw *= 1 + r.SwitchSpread*(2*g.rng.Float64()-1)
+		}
+		st.headLeft += int64(sw)
 	}
-	if st.headLeft == 0 {
-		st.headLeft = 1
-	}
+	g.rate = 1 / (1 + r.Contention*float64(min(g.coRunners(c), 4)))
 	st.busy = true
 	g.running = true
 	g.curCh = ch
@@ -561,7 +836,7 @@ func (g *gpu) wake() {
 func (g *gpu) nextEvent(now int64) int64 {
 	next := now + int64(idleWait)
 	if g.running {
-		next = min(next, now+g.cur.chans[g.curCh].headLeft)
+		next = min(next, now+g.wallFor(g.cur.chans[g.curCh].headLeft))
 		// A slice already over matters only once others wait: the next
 		// poll finds them.
 		if !g.cfg.NoPreempt && g.sliceEnd > now {

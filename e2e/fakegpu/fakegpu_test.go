@@ -98,12 +98,12 @@ func TestProcessesBuyTime(t *testing.T) {
 	}
 }
 
-// inferP50 runs a closed-loop infer beside a 20 ms-kernel hog and returns
-// the infer median latency in ms.
+// inferP50 runs a closed-loop infer beside a hog of 20 ms kernels of one
+// block each (one wave) and returns the infer median latency in ms.
 func inferP50(t *testing.T, args ...string) float64 {
 	t.Helper()
 	gpu := testutil.StartFakeGPU(t, args...)
-	testutil.Start(t, nil, gpu.Workload(t, "hog", "--kernel-ms", "20", "--duration", "4"))
+	testutil.Start(t, nil, gpu.Workload(t, "hog", "--kernel-ms", "20", "--grid", "1", "--duration", "4"))
 	time.Sleep(300 * time.Millisecond)
 	inf := testutil.Start(t, nil, gpu.Workload(t, "infer", "--kernels", "1", "--kernel-ms", "0.25", "--duration", "2"))
 	if err := inf.Wait(t, 10*time.Second); err != nil {
@@ -256,30 +256,36 @@ func TestDeviceGoneIsAnError(t *testing.T) {
 func TestABI(t *testing.T) {
 	gpu := testutil.StartFakeGPU(t)
 	lib := testutil.Bin(t, "libcuda.so.1")
-	exe := filepath.Join(t.TempDir(), "abi_test")
-	build := exec.Command("cc", "-O2", "-Wall", "-Wextra", "-Werror", "-o", exe, "abitest/abi_test.c",
-		"-L"+filepath.Dir(lib), "-l:libcuda.so.1", "-Wl,-rpath,"+filepath.Dir(lib))
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build abi_test: %v\n%s", err, out)
+	build := func(name string) string {
+		exe := filepath.Join(t.TempDir(), name)
+		cmd := exec.Command("cc", "-O2", "-Wall", "-Wextra", "-Werror", "-o", exe, "abitest/"+name+".c",
+			"-L"+filepath.Dir(lib), "-l:libcuda.so.1", "-Wl,-rpath,"+filepath.Dir(lib), "-ldl")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("build %s: %v\n%s", name, err, out)
+		}
+		return exe
 	}
+	abi, runtime := build("abi_test"), build("runtime_test")
 	for _, tc := range []struct {
 		name   string
+		exe    string
 		args   []string
 		socket string
 	}{
-		{"device", nil, gpu.Socket},
-		{"no device", []string{"nodevice"}, filepath.Join(t.TempDir(), "none.sock")},
+		{"device", abi, nil, gpu.Socket},
+		{"no device", abi, []string{"nodevice"}, filepath.Join(t.TempDir(), "none.sock")},
+		{"runtime", runtime, nil, gpu.Socket},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cmd := exec.Command(exe, tc.args...)
+			cmd := exec.Command(tc.exe, tc.args...)
 			cmd.Env = append(os.Environ(), "FAKEGPU_SOCKET="+tc.socket)
 			out, err := cmd.CombinedOutput()
 			t.Logf("%s", out)
 			if err != nil {
-				t.Fatalf("abi_test: %v", err)
+				t.Fatalf("%s: %v", filepath.Base(tc.exe), err)
 			}
 			if !strings.Contains(string(out), " 0 failed") {
-				t.Fatalf("abi_test did not report 0 failures")
+				t.Fatalf("%s did not report 0 failures", filepath.Base(tc.exe))
 			}
 		})
 	}
@@ -294,8 +300,9 @@ func TestABI(t *testing.T) {
 			t.Errorf("context %d after exit: alive %v, %d bytes held", c.ID, c.Alive, c.MemBytes)
 		}
 	}
-	if copies != 6 || st.GPUs[0].CopyBusyNS == 0 {
-		t.Errorf("copy engine ran %d copies (%d ns), want the test's 6", copies, st.GPUs[0].CopyBusyNS)
+	// abi_test's 6, runtime_test's 4 (a memcpy, two memsets, a peer copy).
+	if copies != 6+4 || st.GPUs[0].CopyBusyNS == 0 {
+		t.Errorf("copy engine ran %d copies (%d ns), want the tests' 10", copies, st.GPUs[0].CopyBusyNS)
 	}
 }
 
@@ -357,5 +364,89 @@ int main(void){printf("%zu %zu %zu %zu %zu %zu %zu %zu\n", sizeof(struct fg_entr
 	want := fakegpu.LayoutForTest()
 	if got := strings.TrimSpace(string(out)); got != want {
 		t.Errorf("C layout %q, Go layout %q", got, want)
+	}
+}
+
+// contextOf returns the context of pid on GPU 0.
+func contextOf(t *testing.T, st fakegpu.Stats, pid int) fakegpu.ContextStats {
+	t.Helper()
+	for _, c := range st.GPUs[0].Contexts {
+		if c.PID == pid {
+			return c
+		}
+	}
+	t.Fatalf("no context of pid %d in %+v", pid, st.GPUs[0].Contexts)
+	return fakegpu.ContextStats{}
+}
+
+// Timeslices are the hardware's proportional share: the realistic driver's
+// libcuda sets 2048µs on every other context, which then gets twice the
+// time of one with the default 1024µs. (Setting timeslices through RM
+// controls is tested with the actuator, in gpusched.)
+func TestDriverTimeslicesShareInProportion(t *testing.T) {
+	gpu := testutil.StartFakeGPU(t, "--realism", "--jitter", "0", "--contention", "0")
+	a := testutil.Start(t, nil, gpu.Workload(t, "hog", "--kernel-ms", "5", "--duration", "5"))
+	time.Sleep(200 * time.Millisecond)
+	b := testutil.Start(t, nil, gpu.Workload(t, "hog", "--kernel-ms", "5", "--duration", "5"))
+	time.Sleep(300 * time.Millisecond)
+	st := window(t, gpu.Socket, 2*time.Second)
+	ca, cb := contextOf(t, st, a.Cmd.Process.Pid), contextOf(t, st, b.Cmd.Process.Pid)
+	got := share(ca.BusyNS, ca.BusyNS+cb.BusyNS)
+	t.Logf("timeslices %dµs / %dµs: first hog %.3f of the GPU", ca.TimesliceUS, cb.TimesliceUS, got)
+	if ca.TimesliceUS != 1024 || cb.TimesliceUS != 2048 || math.Abs(got-1.0/3) > 0.03 {
+		t.Errorf("first hog's share %.3f with slices %d/%d µs, want 1/3 ± 0.03 with 1024/2048", got, ca.TimesliceUS, cb.TimesliceUS)
+	}
+}
+
+// The realism's effects a meter cannot know: jitter keeps a kernel's mean,
+// contention slows kernels while another group has work, and a short
+// request waits out the rest of a wave when only wave boundaries preempt.
+func TestRealism(t *testing.T) {
+	throughput := func(args ...string) (alone, shared float64) {
+		gpu := testutil.StartFakeGPU(t, args...)
+		a := testutil.Start(t, nil, gpu.Workload(t, "hog", "--kernel-ms", "2", "--duration", "4", "--interval", "0.5"))
+		time.Sleep(1200 * time.Millisecond)
+		testutil.Start(t, nil, gpu.Workload(t, "hog", "--kernel-ms", "2", "--duration", "3"))
+		if err := a.Wait(t, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		var lines []struct {
+			T      float64 `json:"t"`
+			GPUMS  float64 `json:"gpu_ms"`
+			Sumary bool    `json:"summary"`
+		}
+		for _, l := range strings.Split(strings.TrimSpace(a.Stdout.String()), "\n") {
+			var x struct {
+				T      float64 `json:"t"`
+				GPUMS  float64 `json:"gpu_ms"`
+				Sumary bool    `json:"summary"`
+			}
+			if json.Unmarshal([]byte(l), &x) == nil && !x.Sumary {
+				lines = append(lines, x)
+			}
+		}
+		if len(lines) < 6 {
+			t.Fatalf("hog printed %d interval lines: %s", len(lines), a.Stdout.String())
+		}
+		// GPU ms of kernels completed per 0.5 s: alone (0.5–1 s) and with the
+		// second hog (2–3 s).
+		return lines[1].GPUMS, (lines[3].GPUMS + lines[4].GPUMS) / 2
+	}
+	aloneOff, sharedOff := throughput()
+	aloneOn, sharedOn := throughput("--contention", "0.2", "--jitter", "0.2")
+	t.Logf("kernel ms done per 0.5 s, alone / beside a second hog: realism off %.0f / %.0f, jitter 0.2 and contention 0.2 %.0f / %.0f",
+		aloneOff, sharedOff, aloneOn, sharedOn)
+	if math.Abs(aloneOn-aloneOff) > 0.1*aloneOff {
+		t.Errorf("alone, jitter changed the throughput: %.0f vs %.0f ms per 0.5 s", aloneOn, aloneOff)
+	}
+	if r := (sharedOn / aloneOn) / (sharedOff / aloneOff); r > 0.92 || r < 0.75 {
+		t.Errorf("contention 0.2 with one co-runner left %.2f of the shared throughput, want about 1/1.2", r)
+	}
+
+	waveP50 := inferP50(t, "--wave-preempt")
+	freeP50 := inferP50(t)
+	t.Logf("infer median beside 20 ms kernels (1 block: one wave): wave preemption %.2f ms, anywhere %.2f ms", waveP50, freeP50)
+	if waveP50 < 2*freeP50 || waveP50 < 5 {
+		t.Errorf("wave preemption: median %.2f ms, want well above %.2f ms (waits out the one-wave 20 ms kernel)", waveP50, freeP50)
 	}
 }

@@ -18,16 +18,26 @@ import (
 const (
 	magicCtx      = 0x46474358
 	magicDoorbell = 0x46474442
-	abiVersion    = 1
+	abiVersion    = 2
 
 	MaxChannels = 32   // channels (streams) per context
 	RingEntries = 1024 // entries per channel ring
 	MaxEvents   = 1024 // event slots per context
 
-	entryKernel = 1
-	entryCopy   = 2
-	entryMarker = 3
-	noEvent     = 0xffffffff
+	entryKernel     = 1
+	entryCopy       = 2
+	entryMarker     = 3
+	entryWaitEvent  = 4
+	entryHost       = 5
+	entryWriteValue = 6
+	entryWaitValue  = 7
+	noEvent         = 0xffffffff
+
+	// Conditions of a value wait (CU_STREAM_WAIT_VALUE_*).
+	waitGEQ = 0
+	waitEQ  = 1
+	waitAND = 2
+	waitNOR = 3
 )
 
 // entry is struct fg_entry.
@@ -37,17 +47,20 @@ type entry struct {
 	CostNS uint64
 	Bytes  uint64
 	Seq    uint64
+	A0, A1 uint64
 }
 
 // channelShm is struct fg_channel.
 type channelShm struct {
-	Active  uint32
-	Done    uint32
-	GPPut   uint64
-	GPGet   uint64
-	Waiters uint32
-	_       [9]uint32
-	Ring    [RingEntries]entry
+	Active   uint32
+	Done     uint32
+	GPPut    uint64
+	GPGet    uint64
+	Waiters  uint32
+	_        uint32
+	HostDone uint64
+	_        [6]uint32
+	Ring     [RingEntries]entry
 }
 
 // ctxShm is struct fg_ctx_shm.
@@ -83,7 +96,12 @@ const (
 	opMemAlloc   = 4
 	opMemFree    = 5
 	opStats      = 6
+	opChannel    = 7
+	opRMControl  = 8
 )
+
+// maxRMParams is FG_MAX_RM_PARAMS: the most params one RM control carries.
+const maxRMParams = 1024
 
 const (
 	reqSize  = 64

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -43,13 +44,17 @@ type Server struct {
 	gpus   []*gpu
 	ln     *net.UnixListener
 
+	reg     *registry
 	nextCtx atomic.Uint64
-	mu      sync.Mutex
-	conns   map[*net.UnixConn]struct{}
-	resetAt int64 // CLOCK_MONOTONIC ns of the last reset
-	closed  bool
-	wg      sync.WaitGroup
-	nodes   []string
+	// driverSlices counts the contexts created, for the realism's turn of
+	// driver-set timeslices.
+	driverSlices atomic.Uint64
+	mu           sync.Mutex
+	conns        map[*net.UnixConn]struct{}
+	resetAt      int64 // CLOCK_MONOTONIC ns of the last reset
+	closed       bool
+	wg           sync.WaitGroup
+	nodes        []string
 }
 
 // NewServer creates the GPUs, the control nodes and the socket.
@@ -58,7 +63,7 @@ func NewServer(cfg Config, socket string) (_ *Server, err error) {
 	if socket == "" {
 		socket = DefaultSocket
 	}
-	s := &Server{cfg: cfg, socket: socket, conns: map[*net.UnixConn]struct{}{}, resetAt: monotonicNS()}
+	s := &Server{cfg: cfg, socket: socket, conns: map[*net.UnixConn]struct{}{}, resetAt: monotonicNS(), reg: newRegistry()}
 	defer func() {
 		if err != nil {
 			s.Close()
@@ -73,7 +78,7 @@ func NewServer(cfg Config, socket string) (_ *Server, err error) {
 	}
 	_ = os.Remove(socket) // a stale socket from a dead fakegpud
 	for i := 0; i < cfg.GPUs; i++ {
-		g, err := newGPU(i, &s.cfg)
+		g, err := newGPU(i, &s.cfg, s.reg)
 		if err != nil {
 			return nil, err
 		}
@@ -188,18 +193,19 @@ func (r response) bytes() []byte {
 	return b
 }
 
-func peerPID(c *net.UnixConn) int {
+// peerCred returns the connected process's pid and uid.
+func peerCred(c *net.UnixConn) (pid int, uid uint32) {
 	raw, err := c.SyscallConn()
 	if err != nil {
-		return 0
+		return 0, ^uint32(0)
 	}
-	pid := 0
+	uid = ^uint32(0)
 	_ = raw.Control(func(fd uintptr) {
 		if cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
-			pid = int(cred.Pid)
+			pid, uid = int(cred.Pid), cred.Uid
 		}
 	})
-	return pid
+	return pid, uid
 }
 
 // cgroupOf returns the cgroup v2 path of pid, "" when unknown.
@@ -216,40 +222,109 @@ func cgroupOf(pid int) string {
 	return ""
 }
 
+// conn is one client connection's state: its contexts and, once it said
+// hello, its RM client and the control file that client is bound to.
+type conn struct {
+	c      *net.UnixConn
+	pid    int
+	uid    uint32
+	ctxs   map[uint64]*gpuContext
+	client uint32
+	file   int // -1: none
+}
+
 func (s *Server) handle(c *net.UnixConn) {
 	defer s.wg.Done()
-	pid := peerPID(c)
-	ctxs := map[uint64]*gpuContext{}
+	cn := &conn{c: c, ctxs: map[uint64]*gpuContext{}, file: -1}
+	cn.pid, cn.uid = peerCred(c)
 	defer func() {
-		for _, x := range ctxs {
+		for _, x := range cn.ctxs {
 			x.gpu.removeContext(x)
+		}
+		if cn.file >= 0 {
+			s.reg.unbind(cn.client, cn.file)
+			unix.Close(cn.file)
 		}
 		s.mu.Lock()
 		delete(s.conns, c)
 		s.mu.Unlock()
 		c.Close()
 	}()
-	buf := make([]byte, reqSize)
 	for {
-		if _, err := io.ReadFull(c, buf); err != nil {
+		req, fds, err := readRequest(c)
+		if err != nil {
 			return
 		}
-		le := binary.LittleEndian
-		req := request{op: le.Uint32(buf[0:]), gpu: le.Uint32(buf[4:]),
-			arg0: le.Uint64(buf[8:]), arg1: le.Uint64(buf[16:]), arg2: le.Uint64(buf[24:])}
-		var err error
 		switch req.op {
+		case opHello:
+			err = s.hello(cn, req, fds)
 		case opCtxCreate:
-			err = s.createContext(c, req, pid, ctxs)
+			closeAll(fds)
+			err = s.createContext(c, req, cn.pid, cn.ctxs)
 		case opStats:
+			closeAll(fds)
 			err = s.sendStats(c, req.arg0 == 1)
+		case opRMControl:
+			err = s.rmControl(cn, req, fds)
 		default:
-			_, err = c.Write(s.simple(req, ctxs).bytes())
+			closeAll(fds)
+			_, err = c.Write(s.simple(req, cn.ctxs).bytes())
 		}
 		if err != nil {
 			return
 		}
 	}
+}
+
+// readRequest reads one fixed-size request and the file descriptors sent
+// with it (SCM_RIGHTS).
+func readRequest(c *net.UnixConn) (request, []int, error) {
+	buf := make([]byte, reqSize)
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	var fds []int
+	for got := 0; got < reqSize; {
+		n, oobn, _, _, err := c.ReadMsgUnix(buf[got:], oob)
+		if oobn > 0 {
+			if msgs, perr := unix.ParseSocketControlMessage(oob[:oobn]); perr == nil {
+				for _, m := range msgs {
+					if rights, rerr := unix.ParseUnixRights(&m); rerr == nil {
+						fds = append(fds, rights...)
+					}
+				}
+			}
+		}
+		if err != nil || n == 0 {
+			closeAll(fds)
+			if err == nil {
+				err = io.EOF
+			}
+			return request{}, nil, err
+		}
+		got += n
+	}
+	le := binary.LittleEndian
+	return request{op: le.Uint32(buf[0:]), gpu: le.Uint32(buf[4:]),
+		arg0: le.Uint64(buf[8:]), arg1: le.Uint64(buf[16:]), arg2: le.Uint64(buf[24:])}, fds, nil
+}
+
+func closeAll(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}
+
+// hello answers a client's hello and binds its RM client to the control
+// file it sent, as the driver binds a client to the file it was
+// allocated on.
+func (s *Server) hello(cn *conn, req request, fds []int) error {
+	if len(fds) > 0 && req.arg0 != 0 && cn.file < 0 {
+		cn.client, cn.file = uint32(req.arg0), fds[0]
+		s.reg.bind(cn.client, cn.file)
+		fds = fds[1:]
+	}
+	closeAll(fds)
+	_, err := cn.c.Write(s.simple(req, cn.ctxs).bytes())
+	return err
 }
 
 func (s *Server) createContext(c *net.UnixConn, req request, pid int, ctxs map[uint64]*gpuContext) error {
@@ -259,15 +334,26 @@ func (s *Server) createContext(c *net.UnixConn, req request, pid int, ctxs map[u
 	}
 	g := s.gpus[req.gpu]
 	id := s.nextCtx.Add(1)
-	x, err := g.addContext(id, pid, cgroupOf(pid))
+	x, err := g.addContext(id, pid, cgroupOf(pid), uint32(req.arg0), uint32(req.arg1), uint32(req.arg2))
 	if err != nil {
 		_, werr := c.Write(response{status: cudaOutOfMemory}.bytes())
 		return werr
 	}
 	ctxs[id] = x
 	oob := unix.UnixRights(x.fd, g.dbFD)
-	_, _, err = c.WriteMsgUnix(response{val0: id}.bytes(), oob, nil)
+	_, _, err = c.WriteMsgUnix(response{val0: id, val1: s.driverTimeslice()}.bytes(), oob, nil)
 	return err
+}
+
+// driverTimeslice is the timeslice (µs) the driver's libcuda sets on a new
+// context's channel group, in the realism's turn; 0 leaves the default.
+func (s *Server) driverTimeslice() uint64 {
+	ts := s.cfg.Realism.DriverTimeslices
+	if len(ts) == 0 {
+		return 0
+	}
+	n := s.driverSlices.Add(1) - 1
+	return uint64(ts[n%uint64(len(ts))] / time.Microsecond)
 }
 
 func (s *Server) simple(req request, ctxs map[uint64]*gpuContext) response {
@@ -294,6 +380,15 @@ func (s *Server) simple(req request, ctxs map[uint64]*gpuContext) response {
 			return response{status: cudaInvalidContext}
 		}
 		return x.gpu.free(x, req.arg1)
+	case opChannel:
+		x, ok := ctxs[req.arg0]
+		if !ok || req.arg1 >= MaxChannels {
+			return response{status: cudaInvalidValue}
+		}
+		x.gpu.mu.Lock()
+		x.chans[req.arg1].handle = uint32(req.arg2)
+		x.gpu.mu.Unlock()
+		return response{}
 	}
 	return response{status: cudaInvalidValue}
 }
@@ -330,6 +425,7 @@ func (g *gpu) free(c *gpuContext, addr uint64) response {
 	delete(c.allocs, addr)
 	g.memUsed -= bytes
 	c.memBytes -= bytes
+	g.reg.forget(addr, bytes)
 	return response{val0: bytes}
 }
 
@@ -361,6 +457,15 @@ type ContextStats struct {
 	QueueNS  uint64 `json:"queue_ns"`
 	MemBytes uint64 `json:"mem_bytes"`
 	Alive    bool   `json:"alive"`
+	// The RM handles its libcuda allocated the channel group under, and
+	// the group's timeslice.
+	Client      uint32   `json:"client"`
+	TSG         uint32   `json:"tsg"`
+	Subdevice   uint32   `json:"subdevice"`
+	Channels    []uint32 `json:"channels,omitempty"` // RM handles of its channels
+	TimesliceUS uint64   `json:"timeslice_us"`
+	// Disabled counts its channels taken off the runlist.
+	Disabled int `json:"disabled,omitempty"`
 }
 
 // Snapshot returns the ground truth; reset zeroes it afterwards and drops
@@ -390,8 +495,18 @@ func (s *Server) Snapshot(reset bool) Stats {
 					cg = now // processes move between cgroups
 				}
 			}
-			gs.Contexts = append(gs.Contexts, ContextStats{ID: c.id, PID: c.pid, Cgroup: cg, BusyNS: c.busyNS,
-				Kernels: c.kernels, CopyNS: c.copyNS, Copies: c.copies, QueueNS: c.queueNS, MemBytes: c.memBytes, Alive: c.alive})
+			cs := ContextStats{ID: c.id, PID: c.pid, Cgroup: cg, BusyNS: c.busyNS,
+				Kernels: c.kernels, CopyNS: c.copyNS, Copies: c.copies, QueueNS: c.queueNS, MemBytes: c.memBytes, Alive: c.alive,
+				Client: c.client, TSG: c.tsg, Subdevice: c.subdevice, TimesliceUS: uint64(c.slice() / int64(time.Microsecond))}
+			for _, ch := range c.chans {
+				if ch.handle != 0 {
+					cs.Channels = append(cs.Channels, ch.handle)
+				}
+				if ch.disabled {
+					cs.Disabled++
+				}
+			}
+			gs.Contexts = append(gs.Contexts, cs)
 			if reset {
 				c.busyNS, c.kernels, c.copyNS, c.copies, c.queueNS = 0, 0, 0, 0, 0
 			}

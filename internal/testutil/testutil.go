@@ -96,7 +96,10 @@ func NewCgroup(t testing.TB, name string) *Cgroup {
 		if err := lab.RemoveCgroup(cg.Path); err != nil {
 			t.Error(err)
 		}
-		_ = os.Remove(filepath.Dir(cg.Path)) // fails while other tests use it, which is fine
+		_ = os.Remove(filepath.Dir(cg.Path))                // fails while other tests use it, which is fine
+		if err := lab.RemoveV1Mirrors(cg.Rel); err != nil { // runc's, on a hybrid host
+			t.Error(err)
+		}
 	})
 	return cg
 }

@@ -37,6 +37,12 @@ mode, its DRM ioctls on (renderD128, char 1:3): run gpuarb with
 					&cli.DurationFlag{Name: "ctxsw", Value: fakegpu.DefaultContextSwitch, Usage: "cost of a channel-group switch"},
 					&cli.Uint64Flag{Name: "copy-bandwidth", Value: 25e9, Usage: "copy engine `BYTES` per second"},
 					&cli.Uint64Flag{Name: "memory", Value: 80 << 30, Usage: "device memory per GPU in `BYTES`"},
+					&cli.BoolFlag{Name: "realism", Usage: "turn on what real GPUs do and a meter cannot know: the defaults of the four flags below and a libcuda that sets 2048µs on every other context"},
+					&cli.Float64Flag{Name: "jitter", Usage: "relative spread of kernel durations (0.1: ±10%)"},
+					&cli.Float64Flag{Name: "contention", Usage: "slowdown of a kernel per other channel group with work (0.03: 3%)"},
+					&cli.BoolFlag{Name: "wave-preempt", Usage: "preempt kernels only between waves of " + fmt.Sprint(fakegpu.SMs) + " blocks"},
+					&cli.Float64Flag{Name: "ctxsw-spread", Usage: "vary each context switch's cost by up to this fraction (0.5: ±50%)"},
+					&cli.Uint64Flag{Name: "seed", Usage: "seed of the realism's randomness (default: the clock)"},
 				},
 				Action: serve,
 			},
@@ -67,6 +73,25 @@ func serve(c *cli.Context) error {
 		CopyBandwidth: c.Uint64("copy-bandwidth"),
 		Memory:        c.Uint64("memory"),
 	}
+	if c.Bool("realism") {
+		cfg.Realism = fakegpu.RealisticDefaults()
+	}
+	for _, f := range []struct {
+		name string
+		dst  *float64
+	}{{"jitter", &cfg.Realism.Jitter}, {"contention", &cfg.Realism.Contention}, {"ctxsw-spread", &cfg.Realism.SwitchSpread}} {
+		if !c.IsSet(f.name) {
+			continue
+		}
+		if v := c.Float64(f.name); v < 0 || v > 1 {
+			return fmt.Errorf("--%s %g: want 0 to 1", f.name, v)
+		}
+		*f.dst = c.Float64(f.name)
+	}
+	if c.IsSet("wave-preempt") {
+		cfg.Realism.WavePreempt = c.Bool("wave-preempt")
+	}
+	cfg.Realism.Seed = c.Uint64("seed")
 	if cfg.GPUs < 1 || cfg.GPUs > 64 {
 		return fmt.Errorf("--gpus %d: want 1-64", cfg.GPUs)
 	}
@@ -89,6 +114,10 @@ func serve(c *cli.Context) error {
 	mode := "preemptive"
 	if cfg.NoPreempt {
 		mode = "run-to-completion"
+	}
+	if r := cfg.Realism; r.On() {
+		mode += fmt.Sprintf(", realism (jitter %g, contention %g, wave preemption %v, context switch ±%g, driver timeslices %v)",
+			r.Jitter, r.Contention, r.WavePreempt, r.SwitchSpread, r.DriverTimeslices)
 	}
 	fmt.Fprintf(os.Stderr, "fakegpud: %d GPU(s), %s, timeslice %s, serving %s\n", cfg.GPUs, mode, cfg.Timeslice, srv.Socket())
 	if err := srv.Serve(); err != nil {

@@ -1,0 +1,304 @@
+package arbiter
+
+import (
+	"cmp"
+	"math"
+	"time"
+
+	"github.com/gpuarb/gpuarb/policy"
+)
+
+// Scheduler-mode constants.
+const (
+	// BaseSlice is a channel group's timeslice when every group weighs the
+	// same: the driver's own default on Volta and later (REALGPU.md).
+	BaseSlice = 1024 * time.Microsecond
+	// MinSlice is the shortest timeslice gpuarb gives a group: a context
+	// switch costs a few µs, and shorter slices would spend the GPU on
+	// them.
+	MinSlice = 100 * time.Microsecond
+	// MaxSlice bounds one group's timeslice, and maxRotation the round of
+	// all of a GPU's busy groups: the longest a group with work waits.
+	MaxSlice    = 50 * time.Millisecond
+	maxRotation = 100 * time.Millisecond
+	// feedbackGain is how much of the log-ratio target/share one control
+	// window's correction takes (spread over the window's periods):
+	// half, because the share lags the slices by that window and a whole
+	// correction per window overshoots.
+	feedbackGain = 0.5
+	// maxFeedback bounds the feedback multiplier of a tenant's weight,
+	// either way: the turn model is right to a context switch's cost, the
+	// host's latency and groups without work; a larger correction would
+	// carry one phase of a workload's into the next (pauses take over
+	// where it is not enough).
+	maxFeedback = 2.0
+	// minRun is the least fraction of each period a tenant's groups stay
+	// on the GPU: slowed, never starved (it drains its queue and shows
+	// demand).
+	minRun = 0.05
+	// maxRunStep bounds the factor by which a run fraction moves per
+	// control window, either way: the share that steers it lags by that
+	// window.
+	maxRunStep = 2.0
+	// sloPressure is the factor by which the others' run fraction falls
+	// per period while a latency tenant's SLO is missed.
+	sloPressure = 0.8
+	// latencyWeight is how many times the largest other weight a busy
+	// latency tenant weighs: its turn comes at once and lasts to MaxSlice.
+	latencyWeight = 1000
+)
+
+// schedState is the scheduler mode's memory of one tenant on one GPU.
+type schedState struct {
+	feedback float64 // multiplier of its weight, 1/maxFeedback..maxFeedback
+	run      float64 // fraction of each period its groups stay on the GPU
+}
+
+func (a *Arbiter) sched(k key) *schedState {
+	s := a.schedStates[k]
+	if s == nil {
+		s = &schedState{feedback: 1, run: 1}
+		a.schedStates[k] = s
+	}
+	return s
+}
+
+// schedule decides one GPU whose own scheduler gpuarb steers: every
+// tenant's weight in the GPU's rotation, its channel groups' timeslices
+// (timeslices), and the part of each period it stays on the GPU (paused
+// for the rest).
+//
+// The hardware time-slices the channel groups with work round robin, each
+// for its own timeslice or until it runs out of work, so a tenant's share
+// is its turns' length over the rotation's: slices in proportion to the
+// targets give backlogged tenants their targets whatever their number of
+// processes or queue depth, and work nobody else wants is never lost — a
+// tenant without work takes no turn. A closed loop brings only so much
+// work to a turn (its burst); the others' slices shrink until its burst
+// is its share of the rotation. Feedback on the settled share corrects
+// the rest (context switches, the host's latency), bounded by
+// maxFeedback. A tenant that wants less than its fair share gets the
+// largest weight: served at once whenever it has work, it takes what it
+// needs and no more. Pauses bound what slices cannot (runFraction); a
+// tenant gives up nothing while no other is deprived.
+func (a *Arbiter) schedule(ts []Input) []Decision {
+	targets := Targets(ts, func(Input) float64 { return 1 })
+	busy, missed, latencyBusy, deprived, wanting := 0, false, false, false, 0
+	for i, t := range ts {
+		if a.wanting(t, targets[i]) {
+			wanting++
+		}
+		if t.Busy {
+			busy++
+		}
+		if t.Rules.Priority == policy.Latency && t.Busy {
+			latencyBusy = true
+			missed = missed || sloMissed(t)
+		}
+		deprived = deprived || a.deprived(t, targets[i])
+	}
+	out := make([]Decision, len(ts))
+	states := make([]*schedState, len(ts))
+	var maxWeight float64
+	for i, t := range ts {
+		s := a.sched(key{t.Name, t.GPU})
+		states[i] = s
+		dec := Decision{Name: t.Name, GPU: t.GPU, Target: targets[i], Scheduled: true, Duty: 1}
+		switch {
+		case !t.Busy:
+			dec.Reason = "idle"
+		case t.Unsteered:
+			dec.Scheduled, dec.Paced = false, true
+		case t.Rules.Priority == policy.Latency:
+			dec.Reason = "latency tenant: served first"
+			dec.SLOMissed = sloMissed(t)
+		case busy == 1 && t.Rules.Limit == 0:
+			s.feedback, dec.Reason = 1, "alone on the GPU"
+		default:
+			dec.Reason = a.correct(t, s, targets[i], deprived)
+		}
+		dec.Weight = math.Max(targets[i], 1e-3) * s.feedback
+		if t.Busy && !t.Unsteered && t.Rules.Priority != policy.Latency {
+			maxWeight = math.Max(maxWeight, dec.Weight)
+		}
+		out[i] = dec
+	}
+	turnBound := make([]bool, len(ts))
+	maxWait := make([]float64, len(ts))
+	for i, t := range ts {
+		switch {
+		case !t.Busy || t.Unsteered:
+		case t.Rules.Priority == policy.Latency:
+			out[i].Weight = math.Max(1, maxWeight) * latencyWeight
+		case latencyBusy:
+			out[i].Weight = math.Min(out[i].Weight, 1)
+		case light(t, 1) && targets[i] < maxWeight && t.Demand < targets[i]+a.p.Tolerance:
+			// It wants less than a fair share: the largest weight serves
+			// it at once when it has work, and it uses no more than it needs.
+			out[i].Weight, out[i].Reason = maxWeight, "light: served first"
+			maxWait[i] = a.maxWait(t)
+		case t.BurstNS > 0:
+			turnBound[i] = busy > 1
+		}
+	}
+	timeslices(ts, out, turnBound, maxWait)
+	for i, t := range ts {
+		var why string
+		// An unsteered tenant has no slice to shrink: its rate at the
+		// launch gate is its only lever, run as a run fraction is.
+		atFloor := t.Unsteered || out[i].Timeslice <= MinSlice || states[i].feedback <= 1/maxFeedback
+		contested := wanting > 0 && (wanting > 1 || !a.wanting(t, targets[i]))
+		out[i].Duty, why = a.runFraction(t, states[i], targets[i], atFloor, missed, deprived, contested)
+		if why != "" {
+			out[i].Reason = why
+		}
+		if t.Unsteered && t.Busy {
+			out[i].Timeslice, out[i].Reason = 0, "channel groups unknown: not paced"
+			if out[i].Duty < 1 {
+				out[i].Reason = "channel groups unknown: paced at the launch gate (" + cmp.Or(why, "below 1") + ")"
+			}
+		}
+	}
+	return out
+}
+
+// timeslices sets every tenant's Decision.Timeslice: its weight split
+// among its channel groups, scaled so that the GPU's busy groups average
+// BaseSlice (more where the lightest would fall below MinSlice, less where
+// the rotation would exceed maxRotation) — or less, until the burst of
+// every closed loop among them (turnBound) fills its slice, since its turn
+// ends when its work runs out and the others' slices must shrink for its
+// burst to be its share — and until the others' rotation is within the
+// maxWait of every light closed loop (its wait for a turn costs it its
+// share). No slice falls below MinSlice or exceeds MaxSlice.
+func timeslices(ts []Input, out []Decision, turnBound []bool, maxWait []float64) {
+	groups := func(t Input) float64 { return float64(max(t.Groups, 1)) }
+	perGroup := func(i int) float64 { return math.Max(out[i].Weight, 1e-9) / groups(ts[i]) }
+	var n, total, lightest float64
+	lightest = math.Inf(1)
+	for i, t := range ts {
+		if t.Busy && !t.Unsteered {
+			n += groups(t)
+			total += out[i].Weight
+			lightest = math.Min(lightest, perGroup(i))
+		}
+	}
+	if n == 0 {
+		for i := range ts {
+			out[i].Timeslice = BaseSlice
+		}
+		return
+	}
+	scale := float64(BaseSlice) * n / total // ns of slice per unit of weight
+	scale = max(scale, float64(MinSlice)/lightest)
+	scale = min(scale, float64(maxRotation)/total)
+	for i, t := range ts {
+		if turnBound[i] {
+			// Below the lightest's floor too: the groups held at MinSlice
+			// then get more than their weight, which their feedback and
+			// pauses correct; everyone's longer slices would not let the
+			// closed loop have its share at all.
+			scale = math.Min(scale, t.BurstNS/perGroup(i))
+		}
+		if maxWait[i] > 0 && total > out[i].Weight {
+			scale = math.Min(scale, maxWait[i]/(total-out[i].Weight))
+		}
+	}
+	for i := range ts {
+		d := time.Duration(scale * perGroup(i))
+		out[i].Timeslice = min(max(d, MinSlice), MaxSlice)
+	}
+}
+
+// maxWait is the longest rotation of the others a light closed loop may
+// wait through for each turn and still get what it would alone, less
+// Tolerance: alone it runs its burst B every B/D (D its demand); a wait R
+// a turn makes that B/(B/D + R), at least D − Tolerance while
+// R ≤ B·Tolerance / (D·(D − Tolerance)). 0: no bound (it never ran out of
+// work, or wants too little to tell).
+func (a *Arbiter) maxWait(t Input) float64 {
+	d, tol := t.Demand, a.p.Tolerance
+	if t.BurstNS <= 0 || d <= 2*tol {
+		return 0
+	}
+	return t.BurstNS * tol / (d * (d - tol))
+}
+
+// deprived tells whether a tenant is kept from its share: below its
+// target by more than Tolerance while it wants more than it gets. Only
+// then does a tenant above its target give anything up: what nobody else
+// wants is not lost. A latency tenant is never deprived of a share: its
+// turn comes within the others' shortest slices, and pausing them would
+// leave the GPU idle without serving it sooner (batch tenants still yield
+// to a missed SLO).
+func (a *Arbiter) deprived(t Input, target float64) bool {
+	return t.Busy && t.Rules.Priority != policy.Latency && t.Share < target-a.p.Tolerance && t.Demand > t.Share+a.p.Tolerance
+}
+
+// wanting tells whether a tenant wants more than it gets while below its
+// target, even within Tolerance of it: a paused tenant's run fraction
+// keeps converging on its own target while another wants (deprived is
+// the stronger condition that starts a pause).
+func (a *Arbiter) wanting(t Input, target float64) bool {
+	return t.Busy && t.Rules.Priority != policy.Latency && t.Share < target && t.Demand > t.Share+a.p.Tolerance
+}
+
+// runFraction is the part of each period a tenant's groups stay on the
+// GPU, and why it pauses them. Pauses bound what slices cannot: a limit;
+// while another tenant is deprived, a tenant above target whose slice is
+// at MinSlice or feedback at its floor (atFloor); while a latency SLO is
+// missed, batch tenants. Normal tenants keep running beside a latency
+// tenant at MinSlice: its turn comes within their slices, and pausing
+// them leaves the GPU idle without serving it sooner.
+// Corrections by the control window's share are spread over its periods,
+// at most a factor maxRunStep per window. A paused tenant converges on
+// its target, both ways, while another still wants more (contested) —
+// growing back at full rate the moment the other comes within Tolerance
+// would hold the other below its target on average; once nothing calls
+// for a pause any more, the run fraction grows back at maxRunStep.
+func (a *Arbiter) runFraction(t Input, s *schedState, target float64, atFloor, missed, deprived, contested bool) (float64, string) {
+	per := 1 / float64(a.p.React)
+	share := math.Max(t.Share, 1e-3)
+	overLimit := t.Rules.Limit > 0 && t.Share > float64(t.Rules.Limit)+a.p.Tolerance
+	yields := overLimit || deprived && atFloor && t.Share > target+a.p.Tolerance
+	toward := math.Pow(math.Min(maxRunStep, math.Max(1/maxRunStep, target/share)), per)
+	switch {
+	case t.Rules.Priority == policy.Latency || !t.Busy:
+		s.run = 1
+	case missed && t.Rules.Priority == policy.Batch:
+		s.run = math.Max(minRun, s.run*sloPressure)
+		return s.run, "a latency SLO is missed"
+	case yields:
+		s.run = math.Max(minRun, s.run*math.Min(1, toward))
+		return s.run, "above target: paused part of each period"
+	case s.run < 1 && t.Share < target-a.p.Tolerance:
+		s.run = math.Min(1, s.run*toward)
+		return s.run, "below target: resuming"
+	case s.run < 1 && contested:
+		s.run = math.Max(minRun, math.Min(1, s.run*toward))
+		return s.run, "on target: paused part of each period"
+	case s.run < 1 && !(deprived && atFloor) && !(t.Rules.Limit > 0 && t.Share >= float64(t.Rules.Limit)-a.p.Tolerance):
+		s.run = math.Min(1, s.run*math.Pow(maxRunStep, per))
+		return s.run, "resuming"
+	}
+	return s.run, ""
+}
+
+// correct steers a tenant's feedback multiplier by its share over the
+// control window (spread over the window's periods) and says why: down
+// while it is above target and another tenant is deprived, up while it is
+// below target and wants more.
+func (a *Arbiter) correct(t Input, s *schedState, target float64, deprived bool) string {
+	step := math.Pow(target/math.Max(t.Share, 1e-3), feedbackGain/float64(a.p.React))
+	switch {
+	case t.Share > target+a.p.Tolerance && deprived:
+		s.feedback = math.Max(1/maxFeedback, s.feedback*step)
+		return "above target"
+	case t.Share > target+a.p.Tolerance:
+		return "above target: takes the slack"
+	case t.Share < target-a.p.Tolerance && t.Demand > t.Share+a.p.Tolerance:
+		s.feedback = math.Min(maxFeedback, s.feedback*step)
+		return "below target"
+	}
+	return "on target"
+}

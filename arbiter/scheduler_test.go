@@ -1,0 +1,240 @@
+package arbiter
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/gpuarb/gpuarb/policy"
+)
+
+// steered puts every GPU under its own scheduler, steered.
+func steered(int) Actuation { return Scheduler }
+
+// schedHog is a backlogged tenant of groups channel groups that fills any
+// timeslice.
+func schedHog(name string, weight int, share float64, groups int) Input {
+	in := hog(name, share, groups)
+	in.Rules, in.Groups, in.Demand = rules(weight), groups, 1
+	return in
+}
+
+func decisionOf(t *testing.T, ds []Decision, name string) Decision {
+	t.Helper()
+	for _, d := range ds {
+		if d.Name == name {
+			return d
+		}
+	}
+	t.Fatalf("no decision for %s in %+v", name, ds)
+	return Decision{}
+}
+
+// Backlogged tenants' timeslices are their targets split among their
+// groups, averaging BaseSlice: the hardware's round robin then gives each
+// its target whatever its number of processes.
+func TestSlicesFollowTargets(t *testing.T) {
+	a := New(Params{})
+	ds := a.Step([]Input{schedHog("a", 100, 0.25, 4), schedHog("b", 300, 0.75, 1)}, steered)
+	da, db := decisionOf(t, ds, "a"), decisionOf(t, ds, "b")
+	if !da.Scheduled || math.Abs(da.Target-0.25) > 1e-9 || math.Abs(db.Target-0.75) > 1e-9 {
+		t.Fatalf("decisions %+v", ds)
+	}
+	// a's four groups take a quarter of the rotation, b's one the rest:
+	// 4·sa = sb/3, and the five average BaseSlice.
+	sa, sb := float64(da.Timeslice), float64(db.Timeslice)
+	if math.Abs(4*sa*3-sb) > 4e3 || math.Abs((4*sa+sb)/5-float64(BaseSlice)) > 4e3 {
+		t.Errorf("timeslices a %v (×4), b %v: want a's four a third of b's one, averaging %v", da.Timeslice, db.Timeslice, BaseSlice)
+	}
+	if da.Duty != 1 || db.Duty != 1 {
+		t.Errorf("duties %.2f %.2f: nothing to pause", da.Duty, db.Duty)
+	}
+}
+
+// A closed loop brings only so much work to a turn: the others' slices
+// shrink until its burst is its share of the rotation.
+func TestClosedLoopBurstShrinksTheRotation(t *testing.T) {
+	a := New(Params{})
+	loop := schedHog("loop", 100, 0.5, 1)
+	loop.BurstNS = float64(200 * time.Microsecond)
+	ds := a.Step([]Input{loop, schedHog("hog", 100, 0.5, 1)}, steered)
+	dl, dh := decisionOf(t, ds, "loop"), decisionOf(t, ds, "hog")
+	if dl.Timeslice != 200*time.Microsecond || dh.Timeslice != 200*time.Microsecond {
+		t.Errorf("timeslices loop %v hog %v, want both 200µs (equal weights, the loop's burst)", dl.Timeslice, dh.Timeslice)
+	}
+	// A burst longer than the even split changes nothing.
+	loop.BurstNS = float64(5 * time.Millisecond)
+	ds = New(Params{}).Step([]Input{loop, schedHog("hog", 100, 0.5, 1)}, steered)
+	if dl := decisionOf(t, ds, "loop"); dl.Timeslice != BaseSlice {
+		t.Errorf("long burst: timeslice %v, want %v", dl.Timeslice, BaseSlice)
+	}
+}
+
+// Slices stop at MinSlice: a tenant still above target there is paused
+// part of each period, the run fraction falling at most maxRunStep per
+// control window and growing back once it is below target.
+func TestPausesWhereSlicesCannot(t *testing.T) {
+	a := New(Params{})
+	loop := schedHog("loop", 100, 0.2, 1)
+	loop.BurstNS = float64(50 * time.Microsecond)
+	in := []Input{loop, schedHog("hog", 100, 0.8, 1)}
+	var last float64 = 1
+	for i := 0; i < 3; i++ {
+		dh := decisionOf(t, a.Step(in, steered), "hog")
+		if dh.Timeslice != MinSlice {
+			t.Fatalf("hog's timeslice %v, want MinSlice", dh.Timeslice)
+		}
+		if dh.Duty >= last || dh.Duty < last/math.Pow(maxRunStep, 1/3.0)-1e-9 {
+			t.Errorf("period %d: hog's run fraction %.3f after %.3f, want it falling by at most maxRunStep per window", i, dh.Duty, last)
+		}
+		last = dh.Duty
+	}
+	setShare(&in[0], 0.6)
+	setShare(&in[1], 0.4)
+	dh := decisionOf(t, a.Step(in, steered), "hog")
+	if dh.Duty <= last {
+		t.Errorf("hog below target: run fraction %.3f, want above %.3f", dh.Duty, last)
+	}
+}
+
+// A paused tenant within Tolerance of its target keeps converging on it
+// while another still wants more, instead of growing back at once (which
+// held the other below its target on average: issue 14's closed loops at
+// 1:9; here 1:19); once the other is above its target it grows back at maxRunStep.
+func TestPausedTenantConvergesWhileAnotherWants(t *testing.T) {
+	a := New(Params{})
+	in := []Input{schedHog("a", 100, 0.08, 4), schedHog("b", 1900, 0.92, 1)}
+	var run float64
+	for i := 0; i < 3; i++ {
+		da := decisionOf(t, a.Step(in, steered), "a")
+		if da.Timeslice != MinSlice {
+			t.Fatalf("a's timeslice %v, want MinSlice", da.Timeslice)
+		}
+		run = da.Duty
+	}
+	if run >= 1 {
+		t.Fatalf("a above target beside a deprived b: run fraction %.3f, want paused", run)
+	}
+	setShare(&in[0], 0.054)
+	setShare(&in[1], 0.946)
+	da := decisionOf(t, a.Step(in, steered), "a")
+	if want := run * math.Pow(0.05/0.054, 1/3.0); math.Abs(da.Duty-want) > 1e-9 {
+		t.Errorf("a within Tolerance above target, b wanting: run fraction %.4f after %.4f, want %.4f (toward its target)", da.Duty, run, want)
+	}
+	run = da.Duty
+	setShare(&in[0], 0.045)
+	setShare(&in[1], 0.955)
+	da = decisionOf(t, a.Step(in, steered), "a")
+	if want := math.Min(1, run*math.Pow(maxRunStep, 1/3.0)); math.Abs(da.Duty-want) > 1e-9 {
+		t.Errorf("b above its target: a's run fraction %.4f after %.4f, want %.4f (growing back)", da.Duty, run, want)
+	}
+}
+
+// A tenant whose channel groups gpuarb does not know is paced at the
+// launch gate, its rate falling toward its target while it keeps another
+// from its share; the others stay steered, their slices in proportion to
+// their weights without it in the rotation.
+func TestUnsteeredTenantPacedBesideSteered(t *testing.T) {
+	a := New(Params{})
+	u := schedHog("u", 100, 0.5, 0)
+	u.Unsteered = true
+	in := []Input{u, schedHog("b", 100, 0.2, 1), schedHog("c", 200, 0.3, 1)}
+	last := 1.0
+	for i := 0; i < 6; i++ {
+		ds := a.Step(in, steered)
+		du, db, dc := decisionOf(t, ds, "u"), decisionOf(t, ds, "b"), decisionOf(t, ds, "c")
+		if du.Scheduled || !du.Paced || du.Timeslice != 0 || du.Duty >= last {
+			t.Fatalf("step %d: unsteered %+v, want paced at the launch gate below %.3f", i, du, last)
+		}
+		last = du.Duty
+		// Twice at first, then moved by their feedback (both below
+		// target, c further).
+		if r := float64(dc.Timeslice) / float64(db.Timeslice); !db.Scheduled || !dc.Scheduled || i == 0 && (r < 1.9 || r > 2.2) {
+			t.Fatalf("step %d: steered b %v c %v, want both scheduled, c's slice about twice b's", i, db.Timeslice, dc.Timeslice)
+		}
+	}
+	if last > 0.5 {
+		t.Errorf("after 6 steps the unsteered tenant's rate is %.2f, want it below its share 0.5", last)
+	}
+}
+
+// A limit pauses a tenant even alone on the GPU; no limit, alone, nothing.
+func TestSchedulerLimit(t *testing.T) {
+	a := New(Params{})
+	lim := schedHog("lim", 100, 0.9, 1)
+	lim.Rules.Limit = 0.3
+	free := schedHog("free", 100, 1, 1)
+	for i := 0; i < 5; i++ {
+		a.Step([]Input{lim}, steered)
+	}
+	if d := decisionOf(t, a.Step([]Input{lim}, steered), "lim"); d.Duty >= 0.7 || d.Target != 0.3 {
+		t.Errorf("limited tenant: duty %.2f target %.2f, want paused toward 0.3", d.Duty, d.Target)
+	}
+	if d := decisionOf(t, a.Step([]Input{free}, steered), "free"); d.Duty != 1 || d.Reason != "alone on the GPU" {
+		t.Errorf("lone tenant: %+v", d)
+	}
+}
+
+// A tenant wanting less than its fair share gets the largest weight: it is
+// served at once and uses what it needs.
+func TestLightServedFirst(t *testing.T) {
+	light := schedHog("light", 100, 0.05, 1)
+	light.Backlogged, light.Demand, light.SettledShare = false, 0.05, 0.05
+	ds := New(Params{}).Step([]Input{light, schedHog("h1", 100, 0.5, 1), schedHog("h2", 300, 0.45, 1)}, steered)
+	dl, dh := decisionOf(t, ds, "light"), decisionOf(t, ds, "h2")
+	if dl.Weight != dh.Weight || dl.Reason != "light: served first" {
+		t.Errorf("light tenant weight %.3f (%s), want the largest, %.3f", dl.Weight, dl.Reason, dh.Weight)
+	}
+}
+
+// Feedback corrects what the model misses, bounded by maxFeedback.
+func TestFeedbackBounded(t *testing.T) {
+	a := New(Params{})
+	in := []Input{schedHog("a", 100, 0.1, 1), schedHog("b", 100, 0.9, 1)}
+	for i := 0; i < 200; i++ {
+		a.Step(in, steered)
+	}
+	ds := a.Step(in, steered)
+	da, db := decisionOf(t, ds, "a"), decisionOf(t, ds, "b")
+	if r := da.Weight / db.Weight; math.Abs(r-maxFeedback*maxFeedback) > 1e-6 {
+		t.Errorf("weights a %.3f b %.3f: ratio %.2f, want the bound %.0f", da.Weight, db.Weight, r, maxFeedback*maxFeedback)
+	}
+	if db.Duty >= 1 {
+		t.Errorf("b above target with its feedback at the floor: duty %.2f, want paused", db.Duty)
+	}
+}
+
+// While a latency tenant has work the others' weights are tiny against
+// its; a missed SLO pauses batch tenants first.
+func TestSchedulerLatency(t *testing.T) {
+	a := New(Params{})
+	lat := schedHog("lat", 100, 0.2, 1)
+	lat.Rules.Priority = policy.Latency
+	lat.Rules.SLO = policy.SLO{P99SyncMS: 5}
+	lat.SyncP99MS = 20
+	batch, normal := schedHog("batch", 100, 0.4, 1), schedHog("normal", 100, 0.37, 1) // on target
+	batch.Rules.Priority = policy.Batch
+	ds := a.Step([]Input{lat, batch, normal}, steered)
+	dl, db, dn := decisionOf(t, ds, "lat"), decisionOf(t, ds, "batch"), decisionOf(t, ds, "normal")
+	if !dl.SLOMissed || dl.Weight < 1000*db.Weight || dl.Duty != 1 {
+		t.Errorf("latency tenant %+v beside batch %+v", dl, db)
+	}
+	if db.Duty >= 1 || dn.Duty != 1 {
+		t.Errorf("missed SLO: batch duty %.2f, normal %.2f; want batch paused first", db.Duty, dn.Duty)
+	}
+}
+
+// A light closed loop waits through the others' rotation for each turn:
+// their slices shrink until that wait costs it no more than Tolerance of
+// what it takes alone.
+func TestLightClosedLoopWaitsLittle(t *testing.T) {
+	light := schedHog("light", 900, 0.163, 1)
+	light.Backlogged, light.Demand, light.SettledShare = false, 0.163, 0.163
+	light.BurstNS = float64(time.Millisecond)
+	hog := schedHog("hog", 100, 0.837, 1)
+	ds := New(Params{}).Step([]Input{light, hog}, steered)
+	want := 1e6 * 0.01 / (0.163 * 0.153) // ns: 401 µs
+	if dh := decisionOf(t, ds, "hog"); math.Abs(float64(dh.Timeslice)-want) > 1e3 {
+		t.Errorf("hog's timeslice %v beside a light loop of 1 ms bursts at 16.3%%, want %v", dh.Timeslice, time.Duration(want))
+	}
+}

@@ -1,0 +1,67 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/gpuarb/gpuarb/lab/realgpu"
+)
+
+func realgpuCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "realgpu",
+		Usage: "the real-GPU check: what the driver lets gpuarb steer, what the probes see, the meter against NVML",
+		Description: `realgpu runs the check of REALGPU.md section 4 on a host with an NVIDIA GPU,
+CUDA and PyTorch, in at most 10 minutes and without network: pidfd_getfd of a
+CUDA process's control file and the driver's answers through it and through a
+fresh open; the effect of per-group timeslices, channel disable and preempt on
+three saturating PyTorch processes it starts; which libcuda entry points the
+probes see under PyTorch eager and CUDA-graph replay; gpuarb's shares against
+NVML's per-process utilization; the probes' cost per launch. It writes
+report.md and report.json into --out. On a host without an NVIDIA GPU it says
+so and exits with status 2; it exits with 1 when a step failed.`,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "out", Value: "e2e/realgpu", Usage: "write report.md and report.json into `DIR`"},
+			&cli.StringFlag{Name: "python", Value: "python3", Usage: "the `PYTHON` with PyTorch that runs the CUDA workloads"},
+		},
+		Action: runRealGPU,
+	}
+}
+
+func runRealGPU(c *cli.Context) error {
+	host, err := realgpu.Detect(c.Context, c.String("python"))
+	if errors.Is(err, realgpu.ErrNoGPU) {
+		return cli.Exit(fmt.Sprintf("realgpu: %v: the check needs an NVIDIA GPU, its driver, CUDA and PyTorch (make demo and make bench run on the simulated GPU)", err), 2)
+	}
+	if err != nil {
+		return err
+	}
+	if os.Geteuid() != 0 {
+		return errors.New("realgpu needs root (eBPF, pidfd_getfd of other processes' files, cgroups)")
+	}
+	bins, err := binDir(c)
+	if err != nil {
+		return err
+	}
+	work, err := os.MkdirTemp("", "gpuarb-realgpu-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+	logf := func(format string, args ...any) { fmt.Fprintf(c.App.ErrWriter, format+"\n", args...) }
+	r, err := realgpu.Run(c.Context, host, realgpu.Options{Bin: bins, Python: c.String("python"), Work: work, Logf: logf})
+	if err != nil {
+		return err
+	}
+	if err := r.Write(c.String("out")); err != nil {
+		return err
+	}
+	fmt.Fprintf(c.App.Writer, "report in %s/report.md\n", c.String("out"))
+	if n := r.Failed(); n > 0 {
+		return cli.Exit(fmt.Sprintf("realgpu: %d of %d steps failed (see the report)", n, len(r.Steps)), 1)
+	}
+	return nil
+}

@@ -1,0 +1,378 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/gpuarb/gpuarb/arbiter"
+	"github.com/gpuarb/gpuarb/cgroup"
+	"github.com/gpuarb/gpuarb/gpusched"
+	"github.com/gpuarb/gpuarb/meter"
+)
+
+// groupKey names one channel group of one process.
+type groupKey struct{ pid, client, tsg uint32 }
+
+func keyOf(g gpusched.Group) groupKey { return groupKey{g.PID, g.Client, g.TSG} }
+
+// steered is what gpuarb set on one channel group.
+type steered struct {
+	rec    gpusched.Steered
+	slice  time.Duration // 0: untouched
+	paused bool
+}
+
+// steering is the daemon's hold on the GPUs' own schedulers: whether this
+// host allows it, per GPU whether the driver answers, and per channel
+// group what gpuarb set. Its methods are safe for concurrent use; they
+// talk to the driver, so the daemon calls them without its own lock.
+type steering struct {
+	act    *gpusched.Actuator
+	ledger *gpusched.Ledger
+	meter  *meter.Meter
+	off    string // why this host cannot be steered ("": it can)
+
+	mu     sync.Mutex
+	gpus   map[int]string // per GPU probed: "" steerable, else why not
+	groups map[groupKey]*steered
+}
+
+// newSteering prepares steering, or says why it is off: disabled by the
+// daemon's flag, or not allowed on this host (gpusched.Available).
+func newSteering(disabled bool, ledgerPath string, m *meter.Meter) (*steering, error) {
+	s := &steering{act: gpusched.New(), meter: m, gpus: map[int]string{}, groups: map[groupKey]*steered{}}
+	switch {
+	case disabled:
+		s.off = "disabled (--gpu-scheduler off)"
+	default:
+		if err := gpusched.Available(); err != nil {
+			s.off = err.Error()
+		}
+	}
+	l, err := gpusched.OpenLedger(ledgerPath)
+	if err != nil {
+		return nil, err
+	}
+	s.ledger = l
+	return s, nil
+}
+
+// gpuState says whether a GPU can be steered, probing it through one of its
+// groups the first time: "" when it can, else why not.
+func (s *steering) gpuState(gpu int, probe gpusched.Group) string {
+	if s.off != "" {
+		return s.off
+	}
+	s.mu.Lock()
+	why, known := s.gpus[gpu]
+	s.mu.Unlock()
+	if known {
+		return why
+	}
+	if err := s.act.Probe(probe); err != nil {
+		why = fmt.Sprintf("the driver refused a harmless control: %v", err)
+	}
+	s.mu.Lock()
+	s.gpus[gpu] = why
+	s.mu.Unlock()
+	return why
+}
+
+// refuse marks a GPU as not steerable (a control failed there).
+func (s *steering) refuse(gpu int, why string) {
+	s.mu.Lock()
+	s.gpus[gpu] = why
+	s.mu.Unlock()
+}
+
+// Reasons are the GPUs that cannot be steered, and why.
+func (s *steering) Reasons() map[int]string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[int]string{}
+	for g, why := range s.gpus {
+		if why != "" {
+			out[g] = why
+		}
+	}
+	return out
+}
+
+// tenantGroups are one tenant's channel groups on one GPU, with its
+// decision there.
+type tenantGroups struct {
+	decision arbiter.Decision
+	groups   []gpusched.Group
+}
+
+// setSlices gives groups their timeslices, recording each group in the
+// ledger before its first change; groups already at theirs are left.
+func (s *steering) setSlices(want map[groupKey]time.Duration, groups map[groupKey]gpusched.Group) error {
+	var changes []gpusched.Change
+	var changed []*steered // beside changes; forget may drop them from s.groups meanwhile
+	keys := make([]groupKey, 0, len(want))
+	gs := make([]gpusched.Group, 0, len(want))
+	for k := range want {
+		keys = append(keys, k)
+		gs = append(gs, groups[k])
+	}
+	sts, errs := s.track(gs)
+	for i, st := range sts {
+		if st == nil || st.slice == want[keys[i]] {
+			continue
+		}
+		changes = append(changes, gpusched.Change{Group: gs[i], Timeslice: want[keys[i]]})
+		changed = append(changed, st)
+	}
+	if len(changes) == 0 {
+		return errors.Join(errs...)
+	}
+	// Only what took effect is recorded (and told to the meter): a group
+	// whose channels are not allocated yet gets its slice at a later step.
+	done, err := s.act.Apply(changes)
+	s.mu.Lock()
+	for i, c := range changes {
+		if done[i] {
+			changed[i].slice = c.Timeslice
+		}
+	}
+	s.mu.Unlock()
+	for i, c := range changes {
+		if done[i] {
+			s.meter.SetTimeslice(c.Group.PID, c.Timeslice)
+		}
+	}
+	return errors.Join(append(errs, err)...)
+}
+
+// track returns what gpuarb set on each group (nil where it failed),
+// recording the groups seen for the first time (with their own
+// timeslices, read first) in the ledger, in one write.
+func (s *steering) track(gs []gpusched.Group) ([]*steered, []error) {
+	out := make([]*steered, len(gs))
+	var fresh []*steered
+	var freshAt []int // fresh[j] is out[freshAt[j]]
+	var errs []error
+	s.mu.Lock()
+	for i, g := range gs {
+		out[i] = s.groups[keyOf(g)]
+	}
+	s.mu.Unlock()
+	for i, g := range gs {
+		if out[i] != nil {
+			continue
+		}
+		start, err := cgroup.StartTime(int(g.PID))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("pid %d: %w", g.PID, err))
+			continue
+		}
+		orig, err := s.act.Timeslice(g)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		out[i] = &steered{rec: gpusched.Steered{Group: g, Start: start, Original: orig}}
+		fresh, freshAt = append(fresh, out[i]), append(freshAt, i)
+	}
+	if len(fresh) == 0 {
+		return out, errs
+	}
+	recs := make([]gpusched.Steered, len(fresh))
+	for i, st := range fresh {
+		recs[i] = st.rec
+	}
+	if err := s.ledger.Add(recs...); err != nil {
+		// Not recorded, so never changed.
+		for _, i := range freshAt {
+			out[i] = nil
+		}
+		return out, append(errs, err)
+	}
+	s.mu.Lock()
+	for _, st := range fresh {
+		s.groups[keyOf(st.rec.Group)] = st
+	}
+	s.mu.Unlock()
+	return out, errs
+}
+
+// pause takes groups off the GPU (or puts them back) at once.
+func (s *steering) pause(groups []gpusched.Group, off bool) error {
+	var changes []gpusched.Change
+	var changed []*steered // beside changes; forget may drop them from s.groups meanwhile
+	sts, errs := s.track(groups)
+	for i, st := range sts {
+		if st != nil && st.paused != off {
+			changes = append(changes, gpusched.Change{Group: groups[i], Pause: &off})
+			changed = append(changed, st)
+		}
+	}
+	if len(changes) == 0 {
+		return errors.Join(errs...)
+	}
+	done, err := s.act.Apply(changes)
+	now := meter.MonotonicNow()
+	s.mu.Lock()
+	for i, st := range changed {
+		if done[i] {
+			st.paused = off
+		}
+	}
+	s.mu.Unlock()
+	for i, c := range changes {
+		if done[i] {
+			s.meter.SetPaused(c.Group.PID, off, now)
+		}
+	}
+	return errors.Join(append(errs, err)...)
+}
+
+// forget drops the groups of processes no longer listed (they exited):
+// their duplicates close and the ledger lets them go.
+func (s *steering) forget(live map[uint32]bool) {
+	s.mu.Lock()
+	var gone []*steered
+	for k, st := range s.groups {
+		if !live[k.pid] {
+			gone = append(gone, st)
+			delete(s.groups, k)
+		}
+	}
+	s.mu.Unlock()
+	recs := make([]gpusched.Steered, len(gone))
+	for i, st := range gone {
+		s.act.Forget(st.rec.Group.PID)
+		recs[i] = st.rec
+	}
+	_ = s.ledger.Remove(recs...)
+	s.act.Sweep()
+}
+
+// putBackAll resumes every group gpuarb paused and restores every
+// timeslice it changed, then forgets them all.
+func (s *steering) putBackAll() error {
+	s.mu.Lock()
+	all := make([]*steered, 0, len(s.groups))
+	for _, st := range s.groups {
+		all = append(all, st)
+	}
+	s.groups = map[groupKey]*steered{}
+	s.mu.Unlock()
+	return s.restore(all)
+}
+
+// putBack does what putBackAll does for groups gs only.
+func (s *steering) putBack(gs []gpusched.Group) error {
+	s.mu.Lock()
+	var some []*steered
+	for _, g := range gs {
+		if st := s.groups[keyOf(g)]; st != nil {
+			some = append(some, st)
+			delete(s.groups, keyOf(g))
+		}
+	}
+	s.mu.Unlock()
+	return s.restore(some)
+}
+
+// restore puts groups gpuarb no longer tracks back as they were, in one
+// Apply (a runlist restart per GPU), and lets the ledger go of those put
+// back and those whose processes ended, in one rewrite; a group that
+// could not be put back stays in the ledger for the guardian.
+func (s *steering) restore(all []*steered) error {
+	sort.Slice(all, func(i, j int) bool { return all[i].rec.Group.PID < all[j].rec.Group.PID })
+	resume := false
+	var changes []gpusched.Change
+	var live, done []gpusched.Steered
+	for _, st := range all {
+		if cgroup.Exited(int(st.rec.Group.PID), st.rec.Start) {
+			done = append(done, st.rec)
+			continue
+		}
+		changes = append(changes, gpusched.Change{Group: st.rec.Group, Pause: &resume, Timeslice: st.rec.Original})
+		live = append(live, st.rec)
+	}
+	var err error
+	if len(changes) > 0 {
+		var took []bool
+		took, err = s.act.Apply(changes)
+		now := meter.MonotonicNow()
+		for i, rec := range live {
+			if !took[i] {
+				continue
+			}
+			// The meter follows: a group it still thought paused would get
+			// no GPU in its replay, and a later resume of the group,
+			// tracked afresh as running, would never tell it.
+			s.meter.SetTimeslice(rec.Group.PID, rec.Original)
+			s.meter.SetPaused(rec.Group.PID, false, now)
+			done = append(done, rec)
+		}
+	}
+	_ = s.ledger.Remove(done...)
+	return err
+}
+
+// Close puts everything back and closes the duplicates.
+func (s *steering) Close() error {
+	err := s.putBackAll()
+	return errors.Join(err, s.act.Close())
+}
+
+// onlyGone tells whether every error err joins is one of a process that
+// has ended (gpusched.ErrGone): nothing to report.
+func onlyGone(err error) bool {
+	errs := flatten(err)
+	for _, e := range errs {
+		if !errors.Is(e, gpusched.ErrGone) {
+			return false
+		}
+	}
+	return len(errs) > 0
+}
+
+// refusal tells whether an error says the driver will not be steered (a
+// status it refused with), as opposed to a process that ended or another
+// passing failure.
+func refusal(err error) bool {
+	var se *gpusched.StatusError
+	for _, e := range flatten(err) {
+		if errors.As(e, &se) && !errors.Is(e, gpusched.ErrGone) {
+			return true
+		}
+	}
+	return false
+}
+
+// flatten lists the errors joined in err.
+func flatten(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		var out []error
+		for _, e := range j.Unwrap() {
+			out = append(out, flatten(e)...)
+		}
+		return out
+	}
+	return []error{err}
+}
+
+// pauseGate is a tenant's gate in scheduler mode: freezing it pauses its
+// channel groups (their queued work stays on the GPU, and runs at the
+// thaw), so a window gater holds it to the part of each period its
+// decision allows.
+type pauseGate struct {
+	s      *steering
+	name   string
+	groups func() []gpusched.Group // the tenant's groups now
+}
+
+func (p pauseGate) Freeze() error { return p.s.pause(p.groups(), true) }
+func (p pauseGate) Thaw() error   { return p.s.pause(p.groups(), false) }
+
+// Target describes the gate for the freeze ledger: nothing to freeze
+// there, the steering ledger records the groups.
+func (p pauseGate) Target() cgroup.Target { return cgroup.Target{Kind: "gpusched", Path: p.name} }

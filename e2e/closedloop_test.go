@@ -1,0 +1,127 @@
+package e2e
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/gpuarb/gpuarb/internal/testutil"
+)
+
+// Issue 14's closed-loop bars: four processes of tenant a against one of
+// tenant b, each a plain closed loop (a stream sync every 32 launches of
+// 1 ms kernels, every 1, 4 or 32 of 10 ms ones), the daemon on its probes
+// alone. Equal weights: the windows' median unfairness within 2%; weights
+// 1:3 and 1:9: b within ±2 pp of its target (its weighted share, or what
+// it takes alone if that is less). Unarbitrated, a's four processes take
+// 80%.
+//
+// Not bars, the cells that miss (BENCHMARKS.md and issue 14 have their
+// numbers): 1 ms kernels synced every 4 launches (unfairness 2.6-3.1%; b
+// at 72-73% for 75 and 84-86% for 90: the meter reads b 2-3 pp high
+// there, and a's four groups at the shortest slice switch some 2000
+// times a second at 20 µs each), every launch (b 10-25 pp short), and
+// 0.2 ms kernels, where the five processes' host time on this 2-vCPU VM
+// leaves the GPU idle a third of the time.
+func TestClosedLoops(t *testing.T) {
+	gpu := testutil.StartFakeGPU(t)
+	d := startDaemon(t)
+	for _, c := range []struct{ kernel, every string }{{"1", "32"}, {"10", "1"}, {"10", "4"}, {"10", "32"}} {
+		kernel, every := c.kernel, c.every
+		t.Run(fmt.Sprintf("%s ms kernels, sync every %s", kernel, every), func(t *testing.T) {
+			loop := []string{"loop", "--kernels-ms", kernel, "--sync-every", every, "--sync", "stream", "--duration", "40"}
+			cgs := map[string]*testutil.Cgroup{"a": testutil.NewCgroup(t, "four"), "b": testutil.NewCgroup(t, "one")}
+			testutil.Start(t, cgs["b"], gpu.Workload(t, loop...))
+			ws := trueShares(t, gpu, map[string]*testutil.Cgroup{"b": cgs["b"]}, time.Second, 2)
+			alone := median(col(ws, func(w map[string]float64) float64 { return w["b"] }))
+			for i := 0; i < 4; i++ {
+				testutil.Start(t, cgs["a"], gpu.Workload(t, loop...))
+			}
+			for _, wb := range []int{1, 3, 9} {
+				pol := "tenants:\n  - {name: a, cgroup: " + cgs["a"].Rel + ", weight: 100}\n  - {name: b, cgroup: " +
+					cgs["b"].Rel + ", weight: " + strconv.Itoa(100*wb) + "}\n"
+				if err := d.ApplyPolicy(t.Context(), []byte(pol)); err != nil {
+					t.Fatal(err)
+				}
+				ws := trueShares(t, gpu, cgs, 3*time.Second, 3)
+				b := col(ws, func(w map[string]float64) float64 { return w["b"] })
+				want := math.Min(float64(wb)/float64(1+wb), alone)
+				t.Logf("1:%d: b %s (target %.1f%%, alone %.1f%%), a %s", wb, pcts(b), 100*want, 100*alone,
+					pcts(col(ws, func(w map[string]float64) float64 { return w["a"] })))
+				switch {
+				case wb == 1 && want == 0.5:
+					requireFair(t, ws, "a (4)", "b (1)", "")
+				case math.Abs(median(b)-want) > 0.02:
+					logStatus(t, d)
+					t.Errorf("weights 1:%d: b's median %.1f%%, want %.1f%% ± 2 pp", wb, 100*median(b), 100*want)
+				}
+			}
+		})
+	}
+}
+
+// Issue 14's mixed-kernel scenario under the daemon with equal weights:
+// each tenant within 3 pp of 50% (median over 1 s windows), and the
+// daemon's estimate within 3 pp of the truth.
+func TestMixedKernelsFair(t *testing.T) {
+	gpu := testutil.StartFakeGPU(t)
+	d := startDaemon(t)
+	cgs := map[string]*testutil.Cgroup{"a": testutil.NewCgroup(t, "phased"), "b": testutil.NewCgroup(t, "steady")}
+	testutil.Start(t, cgs["a"], gpu.Workload(t, append(mixedPhased, "--duration", "20")...))
+	testutil.Start(t, cgs["b"], gpu.Workload(t, append(mixedSteady, "--duration", "20")...))
+	time.Sleep(3 * time.Second)
+	var errs, a []float64
+	for i := 0; i < 8; i++ {
+		ws := trueShares(t, gpu, cgs, 0, 1)
+		st, err := d.Status(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tn := range st.Tenants {
+			if tn.Cgroup == cgs["a"].Rel {
+				errs = append(errs, math.Abs(tn.Share-ws[0]["a"]))
+			}
+		}
+		a = append(a, ws[0]["a"])
+	}
+	t.Logf("phased tenant %s (equal weights), estimate off by %s", pcts(a), pcts(errs))
+	logStatus(t, d)
+	if m := median(a); math.Abs(m-0.5) > 0.03 {
+		t.Errorf("phased tenant's median %.1f%%, want 50 ± 3", 100*m)
+	}
+	if m := median(errs); m > 0.03 {
+		t.Errorf("estimate off by a median %.1f pp, want ≤ 3", 100*m)
+	}
+}
+
+// Issue 15's bar: a program shaped like the CUDA runtime (entry points from
+// cuGetProcAddress_v2 with the per-thread flag, the primary context,
+// cuLaunchKernelEx, an event-polled allocator: gpuwork train) holds weights
+// 1:3 against a plain hog within ±3 pp of its target (its weighted share,
+// or what it takes alone if less), both ways round.
+func TestRuntimeTenantWeighted(t *testing.T) {
+	gpu := testutil.StartFakeGPU(t)
+	d := startDaemon(t)
+	cgs := map[string]*testutil.Cgroup{"a": testutil.NewCgroup(t, "train"), "b": testutil.NewCgroup(t, "hog")}
+	testutil.Start(t, cgs["a"], gpu.Workload(t, "train", "--duration", "30"))
+	ws := trueShares(t, gpu, map[string]*testutil.Cgroup{"a": cgs["a"]}, time.Second, 2)
+	alone := median(col(ws, func(w map[string]float64) float64 { return w["a"] }))
+	testutil.Start(t, cgs["b"], gpu.Workload(t, "hog", "--duration", "30"))
+	for _, wa := range []int{300, 100 / 3} {
+		pol := "tenants:\n  - {name: a, cgroup: " + cgs["a"].Rel + ", weight: " + strconv.Itoa(wa) + "}\n  - {name: b, cgroup: " +
+			cgs["b"].Rel + ", weight: 100}\n"
+		if err := d.ApplyPolicy(t.Context(), []byte(pol)); err != nil {
+			t.Fatal(err)
+		}
+		ws := trueShares(t, gpu, cgs, 3*time.Second, 3)
+		a := col(ws, func(w map[string]float64) float64 { return w["a"] })
+		want := math.Min(float64(wa)/float64(wa+100), alone)
+		t.Logf("train weight %d vs hog 100: train %s (target %.1f%%, alone %.1f%%)", wa, pcts(a), 100*want, 100*alone)
+		if math.Abs(median(a)-want) > 0.03 {
+			logStatus(t, d)
+			t.Errorf("train at weight %d: median %.1f%%, want %.1f%% ± 3 pp", wa, 100*median(a), 100*want)
+		}
+	}
+}

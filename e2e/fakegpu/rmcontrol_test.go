@@ -1,0 +1,78 @@
+package fakegpu
+
+import (
+	"encoding/binary"
+	"testing"
+	"time"
+)
+
+// TestControlChecks runs the simulated driver's checks of RM controls:
+// sizes, commands, handles, privilege, and FIFO_DISABLE_CHANNELS' list.
+func TestControlChecks(t *testing.T) {
+	cfg := Config{}
+	cfg.setDefaults()
+	s := &Server{cfg: cfg, reg: newRegistry()}
+	g, err := newGPU(0, &s.cfg, s.reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const client, tsg, subdev, channel = 0xc1e00001, 0x5c000010, 0x5c000003, 0x5c000011
+	x, err := g.addContext(1, 42, "/", client, tsg, subdev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.removeContext(x)
+	x.chans[0].handle = channel
+	le := binary.LittleEndian
+	disable := func(foreign bool, event uint64) []byte {
+		p := make([]byte, 536)
+		p[0] = 1
+		le.PutUint32(p[4:], 1)
+		le.PutUint64(p[16:], event)
+		c := uint32(client)
+		if foreign {
+			c = 0xc1e00099
+		}
+		le.PutUint32(p[24:], c)
+		le.PutUint32(p[280:], channel)
+		return p
+	}
+	for _, tc := range []struct {
+		name           string
+		client, object uint32
+		cmd            uint32
+		params         []byte
+		admin          bool
+		want           uint32
+	}{
+		{"GET_INFO", client, tsg, CtrlTSGGetInfo, make([]byte, 4), false, nvOK},
+		{"unknown client", 0x1234, tsg, CtrlTSGGetInfo, make([]byte, 4), false, nvErrInvalidClient},
+		{"unknown object", client, 0x1234, CtrlTSGGetInfo, make([]byte, 4), false, nvErrInvalidObject},
+		{"wrong params size", client, tsg, CtrlTSGSetTimeslice, make([]byte, 4), false, nvErrInvalidParamSize},
+		{"unknown control", client, tsg, 0xa06c01ff, nil, false, nvErrInvalidCommand},
+		{"timeslice below the minimum", client, tsg, CtrlTSGSetTimeslice, le.AppendUint64(nil, 10), false, nvErrInvalidArgument},
+		{"restart without privilege", client, channel, CtrlChannelRestartRunlist, []byte{1, 0}, false, nvErrInsufficientPerms},
+		{"restart", client, channel, CtrlChannelRestartRunlist, []byte{1, 0}, true, nvOK},
+		{"restart through a handle that is no channel", client, tsg, CtrlChannelRestartRunlist, []byte{1, 0}, true, nvErrInvalidObject},
+		{"disable", client, subdev, CtrlSubdevFIFODisableChans, disable(false, 0), true, nvOK},
+		{"disable another client's channel", client, subdev, CtrlSubdevFIFODisableChans, disable(true, 0), true, nvErrInvalidClient},
+		{"disable with a preempt event", client, subdev, CtrlSubdevFIFODisableChans, disable(false, 1), true, nvErrInvalidArgument},
+		{"disable through a handle that is no subdevice", client, tsg, CtrlSubdevFIFODisableChans, disable(false, 0), true, nvErrInvalidObject},
+	} {
+		if status, _ := s.control(tc.client, tc.object, tc.cmd, tc.params, tc.admin); status != tc.want {
+			t.Errorf("%s: status 0x%x, want 0x%x", tc.name, status, tc.want)
+		}
+	}
+	// A timeslice set on a group that has run waits for a restart.
+	x.scheduled = true
+	if status, _ := s.control(client, tsg, CtrlTSGSetTimeslice, le.AppendUint64(nil, 3000), false); status != nvOK {
+		t.Fatalf("SET_TIMESLICE: 0x%x", status)
+	}
+	if x.timeslice != 0 || !x.chans[0].nextDisabled || x.chans[0].disabled {
+		t.Errorf("before the restart: timeslice %v, disabled %v (next %v)", x.timeslice, x.chans[0].disabled, x.chans[0].nextDisabled)
+	}
+	g.restartRunlist()
+	if x.timeslice != 3*time.Millisecond || !x.chans[0].disabled {
+		t.Errorf("after the restart: timeslice %v, disabled %v", x.timeslice, x.chans[0].disabled)
+	}
+}

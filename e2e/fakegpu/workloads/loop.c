@@ -1,0 +1,191 @@
+/* gpuwork loop: the general closed loop the scenario fuzzer draws from.
+ * Kernels of --kernels-ms (each its own function) are picked by --mix
+ * (cycle through them, random, or one per --phase-s phase), launched round
+ * robin over --streams (or as graphs of --graph kernels), with a sync every
+ * --sync-every launches (0: never; the queue limit blocks the loop instead)
+ * of kind --sync: stream (each stream used), ctx, event (record and
+ * synchronize one per stream) or poll (record, then cuEventQuery until
+ * done); --think-ms of CPU time follows each sync. */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gpuwork.h"
+
+#define MAX_KERNELS 32
+#define MAX_STREAMS 31
+
+enum sync_kind { SYNC_STREAM, SYNC_CTX, SYNC_EVENT, SYNC_POLL };
+enum mix_kind { MIX_CYCLE, MIX_RANDOM, MIX_PHASE };
+
+/* Parses "0.5,10,2" into ms; returns the count, -1 on a bad list. */
+static int parse_list(const char *s, double *ms, int max)
+{
+	char *copy = strdup(s), *save = NULL, *tok;
+	int n = 0;
+
+	for (tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		char *end;
+		double v = strtod(tok, &end);
+
+		if (*end || !(v > 0 && v <= 60000) || n == max) {
+			free(copy);
+			return -1;
+		}
+		ms[n++] = v;
+	}
+	free(copy);
+	return n;
+}
+
+/* Polls an event until it completes; the loop's waits as NCCL's proxy and
+ * PyTorch's allocator do them, without blocking in the driver. */
+static void poll_event(CUevent e)
+{
+	CUresult r;
+
+	while ((r = cu.EventQuery(e)) == CUDA_ERROR_NOT_READY && !g_stop)
+		usleep(100);
+	if (r && r != CUDA_ERROR_NOT_READY)
+		die("cuEventQuery", r);
+}
+
+int run_loop(const struct opts *o)
+{
+	double ms[MAX_KERNELS];
+	struct kernel k[MAX_KERNELS];
+	CUgraphExec graphs[MAX_KERNELS];
+	CUstream st[MAX_STREAMS];
+	CUevent ev[MAX_STREAMS];
+	uint8_t used[MAX_STREAMS] = { 0 };
+	struct progress p;
+	struct samples waits = { 0 };
+	int n = parse_list(o->kernel_list, ms, MAX_KERNELS);
+	int nst = o->streams < 1 ? 1 : (o->streams > MAX_STREAMS ? MAX_STREAMS : o->streams);
+	int graph = o->graph_nodes > 0 ? o->graph_nodes : 0;
+	enum sync_kind sync = SYNC_STREAM;
+	enum mix_kind mix = MIX_CYCLE;
+	uint64_t seed = o->seed ? o->seed : (uint64_t)getpid() * 2654435761u + 1, launches = 0, syncs = 0;
+
+	if (n <= 0) {
+		fprintf(stderr, "gpuwork loop: --kernels-ms %s: want a list of kernel durations in ms, such as 0.5,10\n",
+			o->kernel_list);
+		return 2;
+	}
+	if (!strcmp(o->sync, "ctx"))
+		sync = SYNC_CTX;
+	else if (!strcmp(o->sync, "event"))
+		sync = SYNC_EVENT;
+	else if (!strcmp(o->sync, "poll"))
+		sync = SYNC_POLL;
+	else if (strcmp(o->sync, "stream")) {
+		fprintf(stderr, "gpuwork loop: --sync %s: want stream, ctx, event or poll\n", o->sync);
+		return 2;
+	}
+	if (!strcmp(o->mix, "random"))
+		mix = MIX_RANDOM;
+	else if (!strcmp(o->mix, "phase"))
+		mix = MIX_PHASE;
+	else if (strcmp(o->mix, "cycle")) {
+		fprintf(stderr, "gpuwork loop: --mix %s: want cycle, random or phase\n", o->mix);
+		return 2;
+	}
+
+	setup(o);
+	load_kernels(o, ms, n, k);
+	for (int i = 0; i < nst; i++) {
+		if (i == 0 && o->runtime)
+			st[i] = NULL; /* the per-thread default stream, as the runtime's */
+		else
+			CHECK(cu.StreamCreate(&st[i], 1));
+		CHECK(cu.EventCreate(&ev[i], 0));
+	}
+	if (graph) {
+		/* One graph per kernel: graph i holds `graph` launches cycling through
+		 * the kernels from i, so graphs differ in cost as kernels do. */
+		CUstream cap;
+
+		CHECK(cu.StreamCreate(&cap, 1));
+		for (int i = 0; i < n; i++) {
+			CUgraph g;
+
+			CHECK(cu.StreamBeginCapture(cap, 0));
+			for (int j = 0; j < graph; j++)
+				launch_kernel(o, &k[(i + j) % n], cap);
+			CHECK(cu.StreamEndCapture(cap, &g));
+			CHECK(cu.GraphInstantiate(&graphs[i], g, 0));
+		}
+	}
+	progress_init(&p, o);
+	double end = p.t0 + o->duration;
+	while (!g_stop && now_s() < end) {
+		int pick;
+
+		switch (mix) {
+		case MIX_RANDOM:
+			pick = (int)(rnd(&seed) % (uint64_t)n);
+			break;
+		case MIX_PHASE:
+			pick = o->phase_s > 0 ? (int)((now_s() - p.t0) / o->phase_s) % n : 0;
+			break;
+		default:
+			pick = (int)(launches % (uint64_t)n);
+		}
+		int s = (int)(launches % (uint64_t)nst);
+
+		if (graph) {
+			CHECK(cu.GraphLaunch(graphs[pick], st[s]));
+			for (int j = 0; j < graph; j++)
+				p.gpu_ms += k[(pick + j) % n].ms;
+			p.kernels += graph;
+		} else {
+			launch_kernel(o, &k[pick], st[s]);
+			p.gpu_ms += k[pick].ms;
+			p.kernels++;
+		}
+		used[s] = 1;
+		launches++;
+		if (o->sync_every > 0 && launches % (uint64_t)o->sync_every == 0) {
+			double t0 = now_s();
+
+			switch (sync) {
+			case SYNC_CTX:
+				CHECK(cu.CtxSynchronize());
+				break;
+			case SYNC_STREAM:
+				for (int i = 0; i < nst; i++)
+					if (used[i])
+						CHECK(cu.StreamSynchronize(st[i]));
+				break;
+			case SYNC_EVENT:
+			case SYNC_POLL:
+				for (int i = 0; i < nst; i++)
+					if (used[i])
+						CHECK(cu.EventRecord(ev[i], st[i]));
+				for (int i = 0; i < nst; i++) {
+					if (!used[i])
+						continue;
+					if (sync == SYNC_EVENT)
+						CHECK(cu.EventSynchronize(ev[i]));
+					else
+						poll_event(ev[i]);
+				}
+				break;
+			}
+			memset(used, 0, sizeof(used));
+			add_sample(&waits, (now_s() - t0) * 1e3);
+			syncs++;
+			if (o->think_ms > 0)
+				usleep((useconds_t)(o->think_ms * 1000));
+		}
+		progress_tick(&p, &waits, "sync");
+	}
+	if (o->sync_every > 0)
+		CHECK(cu.CtxSynchronize());
+	summary_head(&p);
+	printf(",\"launches\":%llu,\"syncs\":%llu,\"sync_p50_ms\":%.3f,\"sync_p99_ms\":%.3f}\n", (unsigned long long)launches,
+	       (unsigned long long)syncs, pct(&waits, 0, 50), pct(&waits, 0, 99));
+	return 0;
+}

@@ -1,0 +1,272 @@
+/* gpuwork's single-purpose workloads: hog, greedy, infer, frames, storm,
+ * graph and fork. Each prints a JSON summary at exit and, with
+ * --interval, one JSON line per interval. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "gpuwork.h"
+
+/* One kernel of kernel_ms, loaded after setup. */
+static struct kernel one_kernel(const struct opts *o, double kernel_ms)
+{
+	struct kernel k;
+
+	load_kernels(o, &kernel_ms, 1, &k);
+	return k;
+}
+
+/* hog: long kernels, a deep queue, a sync only every `depth` launches. */
+int run_hog(const struct opts *o, double kernel_ms)
+{
+	struct progress p;
+	int nst = o->streams < 1 ? 1 : (o->streams > 31 ? 31 : o->streams);
+	CUstream st[32];
+	CUevent ev[2];
+	struct kernel k;
+	int batch = 0;
+
+	setup(o);
+	k = one_kernel(o, kernel_ms);
+	for (int i = 0; i < nst; i++)
+		CHECK(cu.StreamCreate(&st[i], 0));
+	CHECK(cu.EventCreate(&ev[0], 0));
+	CHECK(cu.EventCreate(&ev[1], 0));
+	progress_init(&p, o);
+	double end = p.t0 + o->duration;
+	while (!g_stop && now_s() < end) {
+		for (int i = 0; i < o->depth; i++)
+			launch_kernel(o, &k, st[i % nst]);
+		CHECK(cu.EventRecord(ev[batch & 1], st[0]));
+		if (batch > 0)
+			CHECK(cu.EventSynchronize(ev[(batch - 1) & 1]));
+		/* Count what is known complete: everything before the previous batch's event
+		 * on stream 0; other streams are synchronised at the end. */
+		p.kernels += o->depth;
+		p.gpu_ms += o->depth * k.ms;
+		batch++;
+		progress_tick(&p, NULL, NULL);
+	}
+	CHECK(cu.CtxSynchronize());
+	summary_head(&p);
+	printf(",\"kernel_ms\":%.3f,\"streams\":%d}\n", k.ms, nst);
+	return 0;
+}
+
+/* greedy: huge kernels, never a sync; blocks only when the ring is full. */
+int run_greedy(const struct opts *o)
+{
+	struct progress p;
+	struct kernel k;
+
+	setup(o);
+	k = one_kernel(o, o->kernel_ms);
+	progress_init(&p, o);
+	double end = p.t0 + o->duration;
+	while (!g_stop && now_s() < end) {
+		launch_kernel(o, &k, NULL);
+		p.kernels++;
+		p.gpu_ms += k.ms;
+		progress_tick(&p, NULL, NULL);
+	}
+	summary_head(&p);
+	printf(",\"kernel_ms\":%.3f,\"synced\":false}\n", k.ms);
+	fflush(stdout);
+	_exit(0); /* leave queued work behind, as a killed greedy tenant would */
+}
+
+/* infer: requests of a few short kernels and a sync; open loop at --rate
+ * (latency counted from the scheduled arrival) or closed loop. The sync
+ * wait alone (what a p99_sync_ms SLO is on) is reported beside it. */
+int run_infer(const struct opts *o)
+{
+	struct progress p;
+	struct samples lat = { 0 }, waits = { 0 };
+	CUstream s;
+	struct kernel k;
+	uint64_t i = 0;
+
+	setup(o);
+	k = one_kernel(o, o->kernel_ms);
+	CHECK(cu.StreamCreate(&s, 0));
+	progress_init(&p, o);
+	p.sync = &waits;
+	double end = p.t0 + o->duration;
+	while (!g_stop) {
+		double arrival = o->rate > 0 ? p.t0 + i / o->rate : now_s();
+
+		if (arrival >= end)
+			break;
+		if (o->rate > 0)
+			sleep_until(arrival);
+		if (g_stop)
+			break;
+		for (int j = 0; j < o->kernels; j++)
+			launch_kernel(o, &k, s);
+		double synced = now_s();
+		CHECK(cu.StreamSynchronize(s));
+		double done = now_s();
+		add_sample(&waits, (done - synced) * 1e3);
+		add_sample(&lat, (done - arrival) * 1e3);
+		p.kernels += o->kernels;
+		p.gpu_ms += o->kernels * k.ms;
+		i++;
+		progress_tick(&p, &lat, "latency");
+	}
+	summary_head(&p);
+	printf(",\"requests\":%zu,\"rate\":%.1f,\"latency_p50_ms\":%.3f,\"latency_p95_ms\":%.3f,\"latency_p99_ms\":%.3f,"
+	       "\"latency_max_ms\":%.3f,\"sync_p99_ms\":%.3f}\n",
+	       lat.n, o->rate, pct(&lat, 0, 50), pct(&lat, 0, 95), pct(&lat, 0, 99), pct(&lat, 0, 100), pct(&waits, 0, 99));
+	return 0;
+}
+
+/* frames: a render loop at a target FPS with a sync per frame; frame time
+ * is the interval between frame completions. */
+int run_frames(const struct opts *o)
+{
+	struct progress p;
+	struct samples ft = { 0 };
+	CUstream s;
+	double frame = 1.0 / o->fps;
+	int nk = o->kernels < 1 ? 1 : o->kernels;
+	struct kernel k;
+	double last = 0, next;
+	uint64_t frames = 0;
+
+	setup(o);
+	k = one_kernel(o, o->frame_ms / nk);
+	CHECK(cu.StreamCreate(&s, 0));
+	progress_init(&p, o);
+	double end = p.t0 + o->duration;
+	next = p.t0;
+	while (!g_stop && now_s() < end) {
+		sleep_until(next);
+		for (int j = 0; j < nk; j++)
+			launch_kernel(o, &k, s);
+		CHECK(cu.StreamSynchronize(s));
+		double t = now_s();
+		if (last > 0)
+			add_sample(&ft, (t - last) * 1e3);
+		last = t;
+		frames++;
+		p.kernels += nk;
+		p.gpu_ms += nk * k.ms;
+		next += frame;
+		if (next < t)
+			next = t; /* late: render the next frame at once, no catch-up burst */
+		progress_tick(&p, &ft, "frame");
+	}
+	double dur = now_s() - p.t0;
+	summary_head(&p);
+	printf(",\"frames\":%llu,\"target_fps\":%.1f,\"fps\":%.2f,\"frame_p50_ms\":%.3f,\"frame_p95_ms\":%.3f,"
+	       "\"frame_p99_ms\":%.3f,\"over_34ms\":%.4f,\"over_60ms\":%.4f}\n",
+	       (unsigned long long)frames, o->fps, frames / dur, pct(&ft, 0, 50), pct(&ft, 0, 95), pct(&ft, 0, 99),
+	       share_over(&ft, 34), share_over(&ft, 60));
+	return 0;
+}
+
+/* storm: tiny kernels at a high launch rate, a sync every 1000 launches. */
+int run_storm(const struct opts *o)
+{
+	struct progress p;
+	CUstream s;
+	struct kernel k;
+	uint64_t n = 0;
+
+	setup(o);
+	k = one_kernel(o, o->kernel_ms);
+	CHECK(cu.StreamCreate(&s, 0));
+	progress_init(&p, o);
+	double end = p.t0 + o->duration;
+	while (!g_stop) {
+		double t = now_s();
+		uint64_t due = o->rate > 0 ? (uint64_t)((t - p.t0) * o->rate) : n + 1000;
+
+		if (t >= end)
+			break;
+		while (n < due) {
+			launch_kernel(o, &k, s);
+			n++;
+			if (n % 1000 == 0)
+				CHECK(cu.StreamSynchronize(s));
+		}
+		p.kernels = n;
+		p.gpu_ms = n * k.ms;
+		progress_tick(&p, NULL, NULL);
+		if (o->rate > 0)
+			sleep_until(t + 0.001);
+	}
+	CHECK(cu.StreamSynchronize(s));
+	double dur = now_s() - p.t0;
+	summary_head(&p);
+	printf(",\"launches_per_s\":%.1f}\n", n / dur);
+	return 0;
+}
+
+/* graph: work submitted only through cuGraphLaunch. */
+int run_graph(const struct opts *o)
+{
+	struct progress p;
+	CUstream s;
+	CUgraph g;
+	CUgraphExec ge;
+	struct kernel k;
+	int nk = o->kernels < 1 ? 1 : o->kernels;
+
+	setup(o);
+	k = one_kernel(o, o->kernel_ms);
+	CHECK(cu.StreamCreate(&s, 0));
+	CHECK(cu.StreamBeginCapture(s, 0));
+	for (int j = 0; j < nk; j++)
+		launch_kernel(o, &k, s);
+	CHECK(cu.StreamEndCapture(s, &g));
+	CHECK(cu.GraphInstantiate(&ge, g, 0));
+	progress_init(&p, o);
+	double end = p.t0 + o->duration;
+	while (!g_stop && now_s() < end) {
+		CHECK(cu.GraphLaunch(ge, s));
+		CHECK(cu.StreamSynchronize(s));
+		p.kernels += nk;
+		p.gpu_ms += nk * k.ms;
+		progress_tick(&p, NULL, NULL);
+	}
+	summary_head(&p);
+	printf(",\"graph_kernels\":%d}\n", nk);
+	return 0;
+}
+
+/* fork: the parent does no GPU work; its children run hog. */
+int run_fork(const struct opts *o)
+{
+	pid_t kids[64];
+	int n = o->children < 1 ? 1 : (o->children > 64 ? 64 : o->children);
+	int failed = 0;
+	double t0 = now_s();
+
+	for (int i = 0; i < n; i++) {
+		kids[i] = fork();
+		if (kids[i] < 0) {
+			perror("gpuwork fork");
+			return 2;
+		}
+		if (kids[i] == 0) {
+			g_name = "fork-child";
+			exit(run_hog(o, o->kernel_ms));
+		}
+	}
+	for (int i = 0; i < n; i++) {
+		int st;
+
+		while (waitpid(kids[i], &st, 0) < 0 && errno == EINTR) {
+			for (int j = 0; g_stop && j < n; j++)
+				kill(kids[j], SIGTERM);
+		}
+		failed += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	}
+	printf("{\"workload\":\"fork\",\"pid\":%d,\"summary\":true,\"duration_s\":%.3f,\"children\":%d,\"failed\":%d}\n",
+	       getpid(), now_s() - t0, n, failed);
+	return failed ? 1 : 0;
+}

@@ -1,0 +1,213 @@
+package e2e
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gpuarb/gpuarb/api"
+	"github.com/gpuarb/gpuarb/cgroup"
+	"github.com/gpuarb/gpuarb/internal/testutil"
+)
+
+// sigcontEnv makes the test binary a hostile sibling: it sends SIGCONT to
+// the pid it names every millisecond until that process is gone.
+const sigcontEnv = "GPUARB_E2E_SIGCONT_PID"
+
+func TestMain(m *testing.M) {
+	if v := os.Getenv(sigcontEnv); v != "" {
+		pid, err := strconv.Atoi(v)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "sibling:", err)
+			os.Exit(2)
+		}
+		for syscall.Kill(pid, syscall.SIGCONT) == nil {
+			time.Sleep(time.Millisecond)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// Issue 18's first critical finding: a FIFO named libcuda.so.1, opened by
+// a tenant and never written, must not stall the daemon (it used to parse
+// it as ELF inside the ring-buffer reader, blocking with it). While such
+// an open is pending the daemon answers status within a second and keeps
+// metering another tenant.
+func TestFIFONamedLibcudaDoesNotStallTheDaemon(t *testing.T) {
+	gpu := testutil.StartFakeGPU(t)
+	d := startDaemon(t)
+	hogCg, hostileCg := testutil.NewCgroup(t, "hog"), testutil.NewCgroup(t, "hostile")
+	testutil.Start(t, hogCg, gpu.Workload(t, "hog", "--kernel-ms", "2", "--duration", "20"))
+	fifo := filepath.Join(t.TempDir(), "libcuda.so.1")
+	if err := unix.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	// A reader that blocks in open(2) until a writer comes, which never does.
+	testutil.Start(t, hostileCg, exec.Command("sh", "-c", `exec 3< "$0"`, fifo))
+	time.Sleep(500 * time.Millisecond)
+
+	events := func() (uint64, float64, time.Duration) {
+		start := time.Now()
+		st, err := d.Status(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var share float64
+		for _, tn := range st.Tenants {
+			if tn.Cgroup == hogCg.Rel {
+				share = tn.Share
+			}
+		}
+		return st.Probes.Events, share, time.Since(start)
+	}
+	before, _, _ := events()
+	time.Sleep(2 * time.Second)
+	after, share, took := events()
+	t.Logf("events %d → %d over 2 s with the FIFO open pending; hog's share %.1f%%; status in %v", before, after, 100*share, took)
+	if after-before < 100 {
+		t.Errorf("%d events in 2 s while a FIFO named libcuda.so.1 is being opened: the reader is stalled", after-before)
+	}
+	if share < 0.5 {
+		t.Errorf("the hog's metered share %.1f%%: metering stalled", 100*share)
+	}
+	if took > time.Second {
+		t.Errorf("status took %v", took)
+	}
+}
+
+// Issue 18's escapes by name (item 7): a tenant that loads libcuda under
+// another name — a renamed copy, or one copied into a memfd and loaded
+// from /proc/self/fd — is found by what it maps when it sets up its GPU
+// channels, probed, and held to its weight: 1:3 against a plain hog, it
+// gets 25% ± 3 pp (unprobed, it kept 50%).
+func TestLibcudaUnderAnotherNameIsArbitrated(t *testing.T) {
+	gpu := testutil.StartFakeGPU(t)
+	d := startDaemon(t)
+	lib, err := os.ReadFile(testutil.Bin(t, "libcuda.so.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	renamed := filepath.Join(t.TempDir(), "libgpu-runtime.so")
+	if err := os.WriteFile(renamed, lib, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ name, env string }{{"renamed", renamed}, {"memfd", "memfd:" + renamed}} {
+		t.Run(c.name, func(t *testing.T) {
+			cgs := map[string]*testutil.Cgroup{"a": testutil.NewCgroup(t, "hidden"), "b": testutil.NewCgroup(t, "plain")}
+			hidden := gpu.Workload(t, "hog", "--duration", "20")
+			hidden.Env = append(hidden.Env, "GPUWORK_LIBCUDA="+c.env)
+			p := testutil.Start(t, cgs["a"], hidden)
+			testutil.Start(t, cgs["b"], gpu.Workload(t, "hog", "--duration", "20"))
+			pol := "tenants:\n  - {name: a, cgroup: " + cgs["a"].Rel + ", weight: 100}\n  - {name: b, cgroup: " + cgs["b"].Rel + ", weight: 300}\n"
+			if err := d.ApplyPolicy(t.Context(), []byte(pol)); err != nil {
+				t.Fatal(err)
+			}
+			ws := trueShares(t, gpu, cgs, 3*time.Second, 3)
+			a := col(ws, func(w map[string]float64) float64 { return w["a"] })
+			st, err := d.Status(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("a (libcuda as %s) %s for 25%%; probes: %d scans, %d found by mapping, libcudas %q",
+				c.env, pcts(a), st.Probes.MappingScans, st.Probes.FoundByMapping, st.Probes.Libcudas)
+			found := false
+			for _, l := range st.Probes.Libcudas {
+				found = found || strings.HasSuffix(l, "(mapped by pid "+strconv.Itoa(p.Cmd.Process.Pid)+")")
+			}
+			if !found {
+				t.Errorf("no libcuda probed as mapped by pid %d: %q", p.Cmd.Process.Pid, st.Probes.Libcudas)
+			}
+			if m := median(a); math.Abs(m-0.25) > 0.03 {
+				t.Errorf("a's median %.1f%% at weight 1:3, want 25 ± 3 pp", 100*m)
+			}
+		})
+	}
+}
+
+// Issue 18, item 3: a sibling in the tenant's cgroup that sends SIGCONT to
+// its GPU process every millisecond does not escape its 30% limit at the
+// launch gate, with a deep queue or a shallow one: each escaped launch is
+// charged, and after three the tenant is paced by freezing its cgroup
+// (gate_escapes and the actuator in status say so). Charged but not
+// escalated it took 84% (deep) and 44% (shallow); unarbitrated, all of
+// the GPU. Paced by freezing it lands at 23-33% in most runs, but the
+// meter's launch cost learned through the storm is sometimes off, and 42%
+// was seen in 2 of 21 runs on this VM: the bar is escalation and at most
+// 50%, not the limit's precision. Nothing stays stopped or frozen after.
+func TestSIGCONTSiblingDoesNotEscapeTheLaunchGate(t *testing.T) {
+	gpu := testutil.StartFakeGPU(t)
+	d := startDaemon(t, "--gpu-scheduler", "off")
+	for _, c := range []struct {
+		name string
+		args []string
+	}{
+		{"deep queue", []string{"hog", "--kernel-ms", "1", "--depth", "8", "--duration", "20"}},
+		{"shallow queue", []string{"loop", "--kernels-ms", "1", "--sync-every", "1", "--sync", "stream", "--duration", "20"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cg := testutil.NewCgroup(t, "sibling")
+			p := testutil.Start(t, cg, gpu.Workload(t, c.args...))
+			pid := p.Cmd.Process.Pid
+			sibling := exec.Command(os.Args[0])
+			sibling.Env = append(os.Environ(), sigcontEnv+"="+strconv.Itoa(pid))
+			testutil.Start(t, cg, sibling)
+			pol := "tenants:\n  - {name: s, cgroup: " + cg.Rel + ", limit: 0.3}\n"
+			if err := d.ApplyPolicy(t.Context(), []byte(pol)); err != nil {
+				t.Fatal(err)
+			}
+			ws := trueShares(t, gpu, map[string]*testutil.Cgroup{"s": cg}, 3*time.Second, 3)
+			s := col(ws, func(w map[string]float64) float64 { return w["s"] })
+			st, err := d.Status(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var row *api.Tenant
+			for i := range st.Tenants {
+				if st.Tenants[i].Name == "s" {
+					row = &st.Tenants[i]
+				}
+			}
+			if row == nil {
+				t.Fatalf("no tenant s in %+v", st.Tenants)
+			}
+			t.Logf("limit 30%% with a SIGCONT sibling: %s; actuator %q, %d escapes, state %s", pcts(s), row.Actuator, row.GateEscapes, row.State)
+			m := median(s)
+			if m > 0.5 {
+				t.Errorf("median %.1f%% with a 30%% limit: the sibling's SIGCONTs escape the gate", 100*m)
+			}
+			if row.GateEscapes < 3 || row.Actuator != "freeze (launch gate escaped)" {
+				t.Errorf("escapes %d, actuator %q; want at least 3 and pacing by freezing", row.GateEscapes, row.Actuator)
+			}
+			if t.Failed() {
+				logStatus(t, d)
+				_, stderr := d.Proc.Output()
+				t.Logf("daemon log:\n%s", stderr[max(0, len(stderr)-3000):])
+			}
+			if err := d.ApplyPolicy(t.Context(), []byte("tenants: []\n")); err != nil {
+				t.Fatal(err)
+			}
+			deadline := time.Now().Add(2 * time.Second)
+			for {
+				frozen, _ := cgroup.V2Frozen(cg.Path)
+				if !frozen && !cgroup.Stopped(pid) {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("2 s after the limit was lifted: cgroup frozen %v, process stopped %v", frozen, cgroup.Stopped(pid))
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		})
+	}
+}

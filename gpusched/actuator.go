@@ -1,0 +1,336 @@
+// Package gpusched steers the GPU's own scheduler from outside the
+// application, with no change to the driver or the application: per
+// channel group (TSG) the timeslice, pause and resume (work already queued
+// included) and preemption, through the driver's RM controls
+// (REALGPU.md section 3). An RM client is bound to the open file it was
+// allocated on, so the controls go through that process's own control
+// file, duplicated with pidfd_getfd; privilege comes from the calling
+// task (root). The groups' handles come from the RM ioctls the probes
+// decode (ioctlspy.Table). Two transports share everything else: the
+// nvidia driver (an ioctl on the duplicate) and the simulated GPU (its
+// socket, the duplicate attached as proof).
+package gpusched
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gpuarb/gpuarb/ioctlspy"
+)
+
+// Group is one channel group of a process, as the probes name it.
+type Group = ioctlspy.Group
+
+// nvidiaMajor is the character major of /dev/nvidiactl and /dev/nvidiaN.
+const nvidiaMajor = 195
+
+// FakeGPUSocket is the simulated GPU's socket, beside its control node.
+const FakeGPUSocket = "fakegpu.sock"
+
+// ErrGone marks a failure because the process has ended: nothing to steer
+// any more, the GPU is not to blame.
+var ErrGone = errors.New("the process has ended")
+
+// Change is one group's new scheduling: a timeslice (0: unchanged), and
+// pause or resume (nil: unchanged).
+type Change struct {
+	Group     Group
+	Timeslice time.Duration
+	Pause     *bool
+}
+
+// Actuator steers channel groups. It is safe for concurrent use.
+type Actuator struct {
+	mu    sync.Mutex
+	procs map[uint32]*proc
+}
+
+// proc is a process whose groups the actuator steers: a pidfd (to tell
+// when it exits) and duplicates of its control files, each with the
+// transport that reaches its driver. The duplicates are never polled:
+// that would take the process's own event wake-ups.
+type proc struct {
+	pidfd int
+	files map[int32]*controlFile
+}
+
+type controlFile struct {
+	file *os.File
+	via  transport
+}
+
+// New returns an actuator.
+func New() *Actuator { return &Actuator{procs: map[uint32]*proc{}} }
+
+// Available tells whether this host lets a daemon steer other processes'
+// channel groups, and why not: it needs root (the driver computes
+// privilege from the calling task), pidfd_getfd (Linux 5.6) and ptrace
+// access to the processes (Yama ptrace_scope below 3).
+func Available() error {
+	if os.Geteuid() != 0 {
+		return errors.New("not root: the driver takes scheduling controls from administrators only")
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/yama/ptrace_scope"); err == nil && strings.TrimSpace(string(b)) == "3" {
+		return errors.New("Yama ptrace_scope is 3: no process may take another's file descriptors (pidfd_getfd)")
+	}
+	pidfd, err := unix.PidfdOpen(os.Getpid(), 0)
+	if err != nil {
+		return fmt.Errorf("pidfd_open: %w (Linux 5.3 or later is needed)", err)
+	}
+	defer unix.Close(pidfd)
+	fd, err := unix.PidfdGetfd(pidfd, 0, 0)
+	if err != nil {
+		return fmt.Errorf("pidfd_getfd: %w (Linux 5.6 or later is needed)", err)
+	}
+	unix.Close(fd)
+	return nil
+}
+
+// file returns the duplicate of group g's control file, made on first use.
+// Called with a.mu held.
+func (a *Actuator) file(g Group) (*controlFile, error) {
+	p := a.procs[g.PID]
+	if p == nil {
+		pidfd, err := unix.PidfdOpen(int(g.PID), 0)
+		if err != nil {
+			return nil, fmt.Errorf("pid %d: pidfd_open: %w", g.PID, err)
+		}
+		p = &proc{pidfd: pidfd, files: map[int32]*controlFile{}}
+		a.procs[g.PID] = p
+	}
+	if cf := p.files[g.FD]; cf != nil {
+		return cf, nil
+	}
+	fd, err := unix.PidfdGetfd(p.pidfd, int(g.FD), 0)
+	if err != nil {
+		return nil, fmt.Errorf("pid %d: pidfd_getfd of its control file %d: %w", g.PID, g.FD, err)
+	}
+	f := os.NewFile(uintptr(fd), fmt.Sprintf("pid %d fd %d", g.PID, g.FD))
+	via, err := transportOf(g, f)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	cf := &controlFile{file: f, via: via}
+	p.files[g.FD] = cf
+	return cf, nil
+}
+
+// transportOf picks the driver behind a control file: the nvidia driver
+// for its character major, else the simulated GPU whose socket lies beside
+// the node (as the process sees it, through /proc/PID/root).
+func transportOf(g Group, f *os.File) (transport, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return nil, fmt.Errorf("pid %d: control file %d: %w", g.PID, g.FD, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFCHR {
+		return nil, fmt.Errorf("pid %d: descriptor %d is not a character device", g.PID, g.FD)
+	}
+	if unix.Major(st.Rdev) == nvidiaMajor {
+		return nvidia{}, nil
+	}
+	path, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%d", g.PID, g.FD))
+	if err != nil {
+		return nil, fmt.Errorf("pid %d: control file %d: %w", g.PID, g.FD, err)
+	}
+	sock := fmt.Sprintf("/proc/%d/root%s", g.PID, filepath.Join(filepath.Dir(path), FakeGPUSocket))
+	if fi, err := os.Stat(sock); err == nil && fi.Mode()&os.ModeSocket != 0 {
+		return fakeGPU{socket: sock}, nil
+	}
+	return nil, fmt.Errorf("pid %d: control file %s (%d:%d) is neither an nvidia node nor a simulated GPU's", g.PID, path,
+		unix.Major(st.Rdev), unix.Minor(st.Rdev))
+}
+
+// control sends one RM control for group g; a refused one is a StatusError,
+// one that failed because the process ended wraps ErrGone.
+func (a *Actuator) control(g Group, object, cmd uint32, params []byte) error {
+	a.mu.Lock()
+	cf, err := a.file(g)
+	a.mu.Unlock()
+	if err == nil {
+		var status uint32
+		status, err = cf.via.control(cf.file, g.Client, object, cmd, params)
+		switch {
+		case err != nil:
+			err = fmt.Errorf("pid %d: %w", g.PID, err)
+		case status != nvOK:
+			err = fmt.Errorf("pid %d: %w", g.PID, &StatusError{Control: cmd, Status: status})
+		}
+	}
+	if err != nil && a.exited(g.PID) {
+		return fmt.Errorf("%w: %w", ErrGone, err)
+	}
+	return err
+}
+
+// exited tells whether process pid has ended (its pidfd is readable, or it
+// cannot be opened).
+func (a *Actuator) exited(pid uint32) bool {
+	a.mu.Lock()
+	p := a.procs[pid]
+	a.mu.Unlock()
+	if p == nil {
+		fd, err := unix.PidfdOpen(int(pid), 0)
+		if err != nil {
+			return true
+		}
+		defer unix.Close(fd)
+		return pidfdExited(fd)
+	}
+	return pidfdExited(p.pidfd)
+}
+
+func pidfdExited(fd int) bool {
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	n, err := unix.Poll(fds, 0)
+	return err == nil && n > 0
+}
+
+// Probe tells whether group g can be steered: its control file can be
+// duplicated and the driver answers a harmless control (GET_INFO) through
+// it. The error says why not.
+func (a *Actuator) Probe(g Group) error {
+	return a.control(g, g.TSG, ctrlTSGGetInfo, make([]byte, 4))
+}
+
+// Timeslice reads group g's timeslice.
+func (a *Actuator) Timeslice(g Group) (time.Duration, error) {
+	p := make([]byte, 8)
+	if err := a.control(g, g.TSG, ctrlTSGGetTimeslice, p); err != nil {
+		return 0, err
+	}
+	return time.Duration(binary.LittleEndian.Uint64(p)) * time.Microsecond, nil
+}
+
+// Preempt preempts group g once, waiting for it to finish: it stays
+// runnable.
+func (a *Actuator) Preempt(g Group) error {
+	return a.control(g, g.TSG, ctrlTSGPreempt, preemptParams())
+}
+
+// Apply makes the changes, then restarts the runlist of every GPU they
+// touch once, the commit that makes them take effect. A pause takes the
+// group's channels off the GPU: work already queued stays, and runs again
+// at its resume. done[i] reports whether changes[i] took effect (made and
+// committed): one that did not (a group whose channels are not allocated
+// yet, a process that ended, a refused control) is for the caller to try
+// again, not to record.
+func (a *Actuator) Apply(changes []Change) (done []bool, err error) {
+	var errs []error
+	done = make([]bool, len(changes))
+	commit := map[uint32][]Group{}
+	made := map[uint32][]int{}
+	for i, c := range changes {
+		g := c.Group
+		if len(g.Channels) == 0 {
+			errs = append(errs, fmt.Errorf("pid %d: group 0x%x has no channel", g.PID, g.TSG))
+			continue
+		}
+		if c.Timeslice > 0 {
+			if err := a.control(g, g.TSG, ctrlTSGSetTimeslice, timesliceParams(c.Timeslice)); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+		}
+		if c.Pause != nil {
+			if err := a.disable(g, *c.Pause); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+		}
+		commit[g.GPU] = append(commit[g.GPU], g)
+		made[g.GPU] = append(made[g.GPU], i)
+	}
+	gpus := make([]uint32, 0, len(commit))
+	for gpu := range commit {
+		gpus = append(gpus, gpu)
+	}
+	sort.Slice(gpus, func(i, j int) bool { return gpus[i] < gpus[j] })
+	for _, gpu := range gpus {
+		// Through any of the changed groups: one whose process just ended
+		// cannot carry it.
+		var err error
+		for _, g := range commit[gpu] {
+			if err = a.control(g, g.Channels[0], ctrlRestartRunlist, restartParams()); !errors.Is(err, ErrGone) {
+				break
+			}
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("restart the runlist of GPU %d: %w", gpu, err))
+			continue
+		}
+		for _, i := range made[gpu] {
+			done[i] = true
+		}
+	}
+	return done, errors.Join(errs...)
+}
+
+// disable takes group g's channels off the GPU, or puts them back.
+func (a *Actuator) disable(g Group, off bool) error {
+	if g.Subdevice == 0 {
+		return fmt.Errorf("pid %d: group 0x%x: no subdevice seen to disable channels through", g.PID, g.TSG)
+	}
+	var errs []error
+	for chunk := g.Channels; len(chunk) > 0; {
+		n := min(len(chunk), fifoDisableMax)
+		p, err := disableParams(off, g.Client, chunk[:n])
+		if err == nil {
+			err = a.control(g, g.Subdevice, ctrlFIFODisableChannels, p)
+		}
+		errs = append(errs, err)
+		chunk = chunk[n:]
+	}
+	return errors.Join(errs...)
+}
+
+// Forget closes the duplicates of a process (it exited, or is no longer
+// steered): held, they would keep its RM clients and GPU memory alive.
+func (a *Actuator) Forget(pid uint32) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.forget(pid)
+}
+
+func (a *Actuator) forget(pid uint32) {
+	p := a.procs[pid]
+	if p == nil {
+		return
+	}
+	for _, cf := range p.files {
+		cf.file.Close()
+	}
+	unix.Close(p.pidfd)
+	delete(a.procs, pid)
+}
+
+// Sweep forgets the processes that have exited (their pidfd is readable).
+func (a *Actuator) Sweep() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for pid, p := range a.procs {
+		if pidfdExited(p.pidfd) {
+			a.forget(pid)
+		}
+	}
+}
+
+// Close forgets every process.
+func (a *Actuator) Close() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for pid := range a.procs {
+		a.forget(pid)
+	}
+	return nil
+}

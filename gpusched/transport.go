@@ -1,0 +1,105 @@
+package gpusched
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"runtime"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// transport delivers an RM control to the driver through a duplicate of a
+// process's control file: the file that process's RM client is bound to.
+type transport interface {
+	control(file *os.File, client, object, cmd uint32, params []byte) (status uint32, err error)
+	String() string
+}
+
+// nvidia is the real driver: NV_ESC_RM_CONTROL on the duplicate.
+type nvidia struct{}
+
+// nvos54 is NVOS54_PARAMETERS, RM_CONTROL's argument.
+type nvos54 struct {
+	Client, Object, Cmd, Flags uint32
+	Params                     uint64
+	ParamsSize, Status         uint32
+}
+
+// rmControlIoctl is _IOWR('F', 0x2A, sizeof(NVOS54_PARAMETERS) = 32).
+const rmControlIoctl = 0xC020462A
+
+func (nvidia) String() string { return "nvidia" }
+
+func (nvidia) control(file *os.File, client, object, cmd uint32, params []byte) (uint32, error) {
+	if len(params) == 0 {
+		return 0, errors.New("rm control without params")
+	}
+	p := nvos54{Client: client, Object: object, Cmd: cmd, Params: uint64(uintptr(unsafe.Pointer(&params[0]))),
+		ParamsSize: uint32(len(params))}
+	_, _, errno := unix.Syscall(unix.SYS_IOCTL, file.Fd(), rmControlIoctl, uintptr(unsafe.Pointer(&p)))
+	runtime.KeepAlive(params)
+	if errno != 0 {
+		return 0, fmt.Errorf("rm control 0x%08x: ioctl: %w", cmd, errno)
+	}
+	return p.Status, nil
+}
+
+// fakeGPU is the simulated GPU: the control goes over its setup socket
+// (the one boundary a host without a GPU cannot have) with the duplicate
+// attached, and the simulator checks it is the file the client is bound
+// to, as the driver does.
+type fakeGPU struct{ socket string }
+
+// The simulator's setup protocol (e2e/fakegpu/libcuda/fakegpu_abi.h).
+const (
+	fakeOpRMControl = 8
+	fakeReqSize     = 64
+	fakeRespSize    = 32
+	fakeMaxParams   = 1024
+)
+
+func (f fakeGPU) String() string { return "fakegpu " + f.socket }
+
+func (f fakeGPU) control(file *os.File, client, object, cmd uint32, params []byte) (uint32, error) {
+	if len(params) > fakeMaxParams {
+		return 0, fmt.Errorf("rm control 0x%08x: %d bytes of params", cmd, len(params))
+	}
+	c, err := net.DialTimeout("unix", f.socket, time.Second)
+	if err != nil {
+		return 0, fmt.Errorf("rm control 0x%08x: simulated GPU at %s: %w", cmd, f.socket, err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	req := make([]byte, fakeReqSize, fakeReqSize+len(params))
+	le := binary.LittleEndian
+	le.PutUint32(req[0:], fakeOpRMControl)
+	le.PutUint32(req[4:], uint32(len(params)))
+	le.PutUint64(req[8:], uint64(client))
+	le.PutUint64(req[16:], uint64(object))
+	le.PutUint64(req[24:], uint64(cmd))
+	uc := c.(*net.UnixConn)
+	if _, _, err := uc.WriteMsgUnix(append(req, params...), unix.UnixRights(int(file.Fd())), nil); err != nil {
+		return 0, fmt.Errorf("rm control 0x%08x: %w", cmd, err)
+	}
+	runtime.KeepAlive(file)
+	resp := make([]byte, fakeRespSize)
+	if _, err := io.ReadFull(c, resp); err != nil {
+		return 0, fmt.Errorf("rm control 0x%08x: %w", cmd, err)
+	}
+	n := le.Uint64(resp[8:])
+	if n > fakeMaxParams {
+		return 0, fmt.Errorf("rm control 0x%08x: answer of %d bytes", cmd, n)
+	}
+	out := make([]byte, n)
+	if _, err := io.ReadFull(c, out); err != nil {
+		return 0, fmt.Errorf("rm control 0x%08x: %w", cmd, err)
+	}
+	copy(params, out)
+	return le.Uint32(resp[0:]), nil
+}

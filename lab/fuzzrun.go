@@ -1,0 +1,333 @@
+package lab
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gpuarb/gpuarb/api"
+	"github.com/gpuarb/gpuarb/e2e/fakegpu"
+)
+
+// RunOptions configure RunScenario.
+type RunOptions struct {
+	Bins   string // gpuarb, fakegpud, gpuwork, libcuda.so.1
+	Parent string // cgroup (as in /proc/PID/cgroup) under which the runs make theirs
+	// GPUArgs are extra fakegpud serve flags (--realism).
+	GPUArgs []string
+	// DaemonArgs are extra gpuarb daemon flags.
+	DaemonArgs []string
+	// Log, when set, is told each step.
+	Log func(format string, args ...any)
+	// Samples, when set, gets every 1 s sample of the runs as they end.
+	Samples func(arbitrated bool, ss []Sample)
+	// Logs, when set, is a directory that keeps, per seed, the daemon's
+	// log and its status at every sample (JSON lines).
+	Logs string
+}
+
+func (o RunOptions) logf(format string, args ...any) {
+	if o.Log != nil {
+		o.Log(format, args...)
+	}
+}
+
+// RunScenario runs a scenario three times on the simulated GPU — every
+// tenant alone (at once, each on a GPU of its own: its demand in each
+// second, phases and all), all together without gpuarb, all together with
+// the daemon arbitrating — sampling the ground truth every second, and
+// evaluates it.
+func RunScenario(ctx context.Context, sc Scenario, o RunOptions) (ScenarioResult, error) {
+	alone, err := runAlone(ctx, sc, o)
+	if err != nil {
+		return ScenarioResult{}, fmt.Errorf("scenario %d: demand alone: %w", sc.Seed, err)
+	}
+	o.logf("seed %d: demand alone (median of its seconds) %s", sc.Seed, formatShares(medianDemand(alone)))
+	unarb, err := runTogether(ctx, sc, o, false)
+	if err != nil {
+		return ScenarioResult{}, fmt.Errorf("scenario %d: without gpuarb: %w", sc.Seed, err)
+	}
+	arb, err := runTogether(ctx, sc, o, true)
+	if err != nil {
+		return ScenarioResult{}, fmt.Errorf("scenario %d: with gpuarb: %w", sc.Seed, err)
+	}
+	if o.Samples != nil {
+		o.Samples(false, unarb)
+		o.Samples(true, arb)
+	}
+	return sc.Evaluate(alone, arb, unarb), nil
+}
+
+// medianDemand is each tenant's median demand over the seconds it ran.
+func medianDemand(alone []Sample) map[string]float64 {
+	per := map[string][]float64{}
+	for _, s := range alone {
+		for name, v := range s.True {
+			per[name] = append(per[name], v)
+		}
+	}
+	out := map[string]float64{}
+	for name, xs := range per {
+		out[name] = Median(xs)
+	}
+	return out
+}
+
+func formatShares(m map[string]float64) string {
+	var parts []string
+	for k, v := range m {
+		parts = append(parts, fmt.Sprintf("%s %.1f%%", k, 100*v))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// stage is one run's simulated GPU, cgroups and processes; close undoes
+// all of it.
+type stage struct {
+	Cleanups
+	dir    string
+	gpu    *FakeGPU
+	daemon *Daemon
+	cgroup *Cgroup
+}
+
+func newStage(o RunOptions, name string, gpuArgs ...string) (_ *stage, err error) {
+	st := &stage{}
+	defer func() {
+		if err != nil {
+			st.Run()
+		}
+	}()
+	if st.dir, err = os.MkdirTemp("", "gpuarb-fuzz."); err != nil {
+		return nil, err
+	}
+	st.Add(func() { os.RemoveAll(st.dir) })
+	if st.cgroup, err = NewCgroup(o.Parent, name); err != nil {
+		return nil, err
+	}
+	st.Add(func() { _ = RemoveTree(st.cgroup.Path) })
+	if st.gpu, err = StartFakeGPU(o.Bins, st.dir, append(gpuArgs, o.GPUArgs...)...); err != nil {
+		return nil, err
+	}
+	st.Add(st.gpu.Proc.Stop)
+	return st, nil
+}
+
+// start starts a tenant's processes (extra adds gpuwork flags) in its
+// cgroup below the stage's; they run until the stage ends, or leave.
+func (st *stage) start(t ScenarioTenant, duration time.Duration, extra ...string) ([]*Proc, error) {
+	cg, err := st.cgroup.Sub(t.Name)
+	if err != nil {
+		return nil, err
+	}
+	st.Add(func() { _ = RemoveCgroup(cg.Path) })
+	var ps []*Proc
+	for i := range t.Procs {
+		args := append([]string{"loop", "--duration", strconv.FormatFloat(duration.Seconds(), 'f', 1, 64), "--seed",
+			strconv.Itoa(1000*i + 1)}, t.Args...)
+		p, err := Start(st.gpu.Workload(append(args, extra...)...), cg.Path)
+		if err != nil {
+			return nil, err
+		}
+		st.Add(p.Stop)
+		ps = append(ps, p)
+	}
+	return ps, nil
+}
+
+// runAlone runs every tenant alone on the scenario's timeline, each on a
+// simulated GPU of its own, and samples every second each one's share of
+// its GPU (in Sample.True, by tenant): what it would take alone in that
+// second. A tenant's phases run on the same clock as in the runs together,
+// so each second's targets follow them.
+func runAlone(ctx context.Context, sc Scenario, o RunOptions) ([]Sample, error) {
+	st, err := newStage(o, fmt.Sprintf("alone-%d", sc.Seed), "--gpus", strconv.Itoa(len(sc.Tenants)))
+	if err != nil {
+		return nil, err
+	}
+	defer st.Run()
+	if _, err := st.gpu.Stats(true); err != nil {
+		return nil, err
+	}
+	sctx, cancel := context.WithTimeout(ctx, sc.Duration+500*time.Millisecond)
+	defer cancel()
+	failed := st.followAll(sctx, cancel, sc, func(i int) []string { return []string{"--gpu", strconv.Itoa(i)} })
+	var out []Sample
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for at := time.Second; at <= sc.Duration; at += time.Second {
+		select {
+		case <-sctx.Done():
+			if err := failed(); err != nil {
+				return nil, err
+			}
+			return nil, sctx.Err()
+		case <-tick.C:
+		}
+		stats, err := st.gpu.Stats(true)
+		if err != nil {
+			return nil, err
+		}
+		s := Sample{At: at, True: map[string]float64{}}
+		for i, t := range sc.Tenants {
+			if t.Arrive < at && (t.Leave == 0 || t.Leave > at-time.Second) {
+				s.True[t.Name] = busyShare(stats, i)
+			}
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// followAll runs every tenant of the scenario on its timeline from now
+// (follow), tenant i with gpuwork flags extra(i). A tenant that cannot
+// start cancels the run; the returned function then says why.
+func (st *stage) followAll(ctx context.Context, cancel func(), sc Scenario, extra func(i int) []string) (failed func() error) {
+	var mu sync.Mutex
+	var first error
+	start := time.Now()
+	for i, t := range sc.Tenants {
+		go func(i int, t ScenarioTenant) {
+			if err := st.follow(ctx, t, start, sc.Duration, extra(i)...); err != nil {
+				mu.Lock()
+				if first == nil {
+					first = err
+				}
+				mu.Unlock()
+				cancel()
+			}
+		}(i, t)
+	}
+	return func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		return first
+	}
+}
+
+// follow starts a tenant at its arrival (start is the scenario's time
+// zero) with extra gpuwork flags, and ends its processes at its
+// departure; it returns once the tenant has left or ctx ends, with an
+// error only if it could not start.
+func (st *stage) follow(ctx context.Context, t ScenarioTenant, start time.Time, duration time.Duration, extra ...string) error {
+	if Sleep(ctx, time.Until(start.Add(t.Arrive))) != nil {
+		return nil
+	}
+	end := duration
+	if t.Leave > 0 {
+		end = t.Leave
+	}
+	ps, err := st.start(t, time.Until(start.Add(end)), extra...)
+	if err != nil || t.Leave == 0 {
+		return err
+	}
+	// It leaves then, its queued work with it: a loop's own deadline
+	// would first drain a queue of seconds.
+	if Sleep(ctx, time.Until(start.Add(t.Leave))) == nil {
+		for _, p := range ps {
+			p.Stop()
+		}
+	}
+	return nil
+}
+
+// busyShare is GPU i's busy share of the stats' window.
+func busyShare(st fakegpu.Stats, i int) float64 {
+	if i >= len(st.GPUs) || st.ElapsedNS == 0 {
+		return 0
+	}
+	return float64(st.GPUs[i].BusyNS) / float64(st.ElapsedNS)
+}
+
+// runTogether runs the scenario's tenants on one simulated GPU, with the
+// daemon arbitrating by the scenario's policy or without it, and samples
+// every second.
+func runTogether(ctx context.Context, sc Scenario, o RunOptions, arbitrate bool) ([]Sample, error) {
+	name := fmt.Sprintf("free-%d", sc.Seed)
+	if arbitrate {
+		name = fmt.Sprintf("arb-%d", sc.Seed)
+	}
+	st, err := newStage(o, name)
+	if err != nil {
+		return nil, err
+	}
+	defer st.Run()
+	var tenants []Tenant
+	for _, t := range sc.Tenants {
+		tenants = append(tenants, Tenant{Name: t.Name, Cgroup: filepath.Join(st.cgroup.Rel, t.Name)})
+	}
+	if arbitrate {
+		if err := os.WriteFile(filepath.Join(st.dir, "policy.yaml"), []byte(sc.Policy(st.cgroup.Rel)), 0o644); err != nil {
+			return nil, err
+		}
+		if st.daemon, err = StartDaemon(o.Bins, st.dir, o.DaemonArgs...); err != nil {
+			return nil, err
+		}
+		st.Add(st.daemon.Stop)
+	}
+	sctx, cancel := context.WithTimeout(ctx, sc.Duration+500*time.Millisecond)
+	defer cancel()
+	sm := &Sampler{GPU: st.gpu, Daemon: st.daemon, Tenants: tenants, Interval: time.Second}
+	if arbitrate && o.Logs != "" {
+		statuses, err := os.Create(filepath.Join(o.Logs, fmt.Sprintf("seed-%d-status.jsonl", sc.Seed)))
+		if err != nil {
+			return nil, err
+		}
+		defer statuses.Close()
+		enc := json.NewEncoder(statuses)
+		sm.Status = func(at time.Duration, status api.Status) {
+			_ = enc.Encode(struct {
+				At     float64    `json:"at_s"`
+				Status api.Status `json:"status"`
+			}{at.Seconds(), status})
+		}
+		st.Add(func() {
+			_, stderr := st.daemon.Proc.Output()
+			_ = os.WriteFile(filepath.Join(o.Logs, fmt.Sprintf("seed-%d-daemon.log", sc.Seed)), []byte(stderr), 0o644)
+		})
+	}
+	done := make(chan error, 1)
+	go func() { done <- sm.Run(sctx) }()
+	failed := st.followAll(sctx, cancel, sc, func(int) []string { return nil })
+	runErr := <-done
+	if err := failed(); err != nil {
+		return nil, err
+	}
+	if runErr != nil {
+		return nil, runErr
+	}
+	if st.daemon != nil && st.daemon.Proc.Done() {
+		_, stderr := st.daemon.Proc.Output()
+		return nil, fmt.Errorf("the daemon exited during the run: %s", tail(stderr, 4000))
+	}
+	return sm.Samples(), ctx.Err()
+}
+
+// tail is the last n bytes of s.
+func tail(s string, n int) string {
+	if len(s) > n {
+		return "…" + s[len(s)-n:]
+	}
+	return s
+}
+
+// Sleep waits d or until ctx ends (then its error).
+func Sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

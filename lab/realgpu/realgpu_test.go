@@ -1,0 +1,69 @@
+package realgpu
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// pmon output as nvidia-smi 5xx prints it: a header, then a line per
+// process per sample; "-" where a process ran nothing.
+const pmonSample = `# gpu         pid   type     sm    mem    enc    dec    jpg    ofa    command
+# Idx           #    C/G      %      %      %      %      %      %    name
+    0       4101     C     71     12      -      -      -      -    python3
+    0       4102     C     24      3      -      -      -      -    python3
+    0       4101     C     69     11      -      -      -      -    python3
+    0       4102     C      -      -      -      -      -      -    python3
+`
+
+func TestParsePmon(t *testing.T) {
+	got := parsePmon(pmonSample)
+	if len(got) != 2 || len(got[4101]) != 2 || got[4101][0] != 0.71 || got[4101][1] != 0.69 ||
+		len(got[4102]) != 2 || got[4102][0] != 0.24 || got[4102][1] != 0 {
+		t.Errorf("parsePmon: %v", got)
+	}
+}
+
+func TestDetectWithoutGPU(t *testing.T) {
+	var st unix.Stat_t
+	if unix.Stat("/dev/nvidiactl", &st) == nil {
+		t.Skip("this host has /dev/nvidiactl")
+	}
+	if _, err := Detect(context.Background(), "python3"); !errors.Is(err, ErrNoGPU) {
+		t.Errorf("Detect without /dev/nvidiactl: %v, want ErrNoGPU", err)
+	}
+}
+
+// The report keeps every step, failed ones with their error, in both
+// files.
+func TestReportWrite(t *testing.T) {
+	r := &Report{Host: Host{Kernel: "6.18", GPUs: []string{"GPU 0: NVIDIA H100"}}, Steps: []Step{
+		{Name: "ownership and permission", OK: true, Summary: "GET_INFO 0x0 | 0x23", Values: map[string]any{"via_fresh": 0x23}},
+		{Name: "preempt", Error: "rm control 0xa06c0105: NV_ERR_NOT_SUPPORTED"},
+	}}
+	dir := filepath.Join(t.TempDir(), "out")
+	if err := r.Write(dir); err != nil {
+		t.Fatal(err)
+	}
+	md, err := os.ReadFile(filepath.Join(dir, "report.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := os.ReadFile(filepath.Join(dir, "report.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"| ownership and permission | ok | GET_INFO 0x0 \\| 0x23 |", "**failed**: rm control 0xa06c0105", "## preempt", `"via_fresh": 35`} {
+		if !strings.Contains(string(md), want) {
+			t.Errorf("report.md lacks %q:\n%s", want, md)
+		}
+	}
+	if !strings.Contains(string(js), `"error": "rm control 0xa06c0105: NV_ERR_NOT_SUPPORTED"`) || r.Failed() != 1 {
+		t.Errorf("report.json %s, failed %d", js, r.Failed())
+	}
+}

@@ -1,0 +1,566 @@
+package meter
+
+import (
+	"math"
+	"sort"
+	"time"
+)
+
+type span struct{ start, end uint64 }
+
+// appendSpan adds [s, e) to spans, merging with the last one when they touch.
+func appendSpan(spans []span, s, e uint64) []span {
+	if n := len(spans); n > 0 && spans[n-1].end == s {
+		spans[n-1].end = e
+		return spans
+	}
+	return append(spans, span{s, e})
+}
+
+// sumIn sums the parts of spans within [from, to).
+func sumIn(spans []span, from, to uint64) float64 {
+	var ns float64
+	for _, sp := range spans {
+		if s, e := max(sp.start, from), min(sp.end, to); e > s {
+			ns += float64(e - s)
+		}
+	}
+	return ns
+}
+
+// dropSpans forgets spans that ended before cut.
+func dropSpans(spans []span, cut uint64) []span {
+	i := 0
+	for i < len(spans) && spans[i].end < cut {
+		i++
+	}
+	return spans[i:]
+}
+
+// costKey names what a launch runs: a kernel function, costed per block of
+// its grid, or an instantiated graph, costed per launch. The two learn
+// apart, each from the syncs that cover its launches.
+type costKey struct {
+	graph  bool
+	handle uint64
+}
+
+// cost is what the meter knows of one costKey: ns per block (a kernel) or
+// per launch (a graph), and whether a proof has taught it yet.
+type cost struct {
+	ns      float64
+	learned bool
+}
+
+// Initial cost guesses: large enough that a context counts as backlogged
+// until a draining sync teaches the meter its costs. A guess high rather
+// than low: the evidence that lowers a cost (work the replay still has
+// queued when a sync proves it done) is sharp, the evidence that raises
+// one (a drain later than the replay's) is blurred by the time-slicing's
+// phase.
+const (
+	initialNSPerBlock = 1e9
+	initialNSPerGraph = 1e12
+)
+
+// composition is how much of a stream's modeled work each costKey made,
+// cumulative since the stream began.
+type composition map[costKey]float64
+
+func (c composition) clone() composition {
+	out := make(composition, len(c))
+	for k, v := range c {
+		out[k] = v
+	}
+	return out
+}
+
+// minus is c − o, keys with no work dropped.
+func (c composition) minus(o composition) composition {
+	out := composition{}
+	for k, v := range c {
+		if d := v - o[k]; d > 1 {
+			out[k] = d
+		}
+	}
+	return out
+}
+
+// stream is one stream's modeled queue.
+type stream struct {
+	id       uint64  // the stream's key (ioctlspy stream keys)
+	left     float64 // modeled ns of work not yet run
+	got      float64 // GPU ns received since the queue was last empty
+	drained  uint64  // when the queue last became empty
+	launched bool    // work since the last draining sync
+	// Positions in the stream's modeled work, cumulative: enq was
+	// enqueued, ran has run in the replay, proven is known complete (the
+	// last sync or synchronized event).
+	enq, ran, proven float64
+	// comp is the work enqueued per costKey, cumulative; provenComp what
+	// of it was proven complete.
+	comp, provenComp composition
+	marks            []mark // recorded events not yet synchronized, by position
+	// bounds are where its queued kernels end (positions, ascending): a
+	// GPU that does not preempt switches contexts only there.
+	bounds []float64
+	// unseen is set until the first sync of a stream that may hold work
+	// queued before the meter could see it: that sync proves nothing.
+	unseen bool
+}
+
+// maxBounds bounds the kernel ends remembered per stream; beyond it, the
+// oldest queued kernels merge into one.
+const maxBounds = 4096
+
+// passBounds forgets the kernel ends the replay has run past.
+func (s *stream) passBounds() {
+	i := 0
+	for i < len(s.bounds) && s.bounds[i] <= s.ran+1 {
+		i++
+	}
+	s.bounds = s.bounds[i:]
+}
+
+// mark is a cuEventRecord: the event completes when the stream's work up
+// to pos has run; comp is the stream's composition at the record.
+type mark struct {
+	event   uint64
+	pos     float64
+	comp    composition
+	crossed uint64 // when the replay ran past pos (0: not yet)
+}
+
+// passMarks notes at t the marks the replay has now run past.
+func (s *stream) passMarks(t uint64) {
+	for i := range s.marks {
+		if s.marks[i].crossed == 0 && s.marks[i].pos <= s.ran+1 {
+			s.marks[i].crossed = t
+		}
+	}
+}
+
+// maxMarks bounds the events remembered per stream (recorded and never
+// synchronized ones are dropped oldest first).
+const maxMarks = 64
+
+// wait is a wait for the GPU in progress: a synchronizing call entered,
+// or a polling loop that found its work not done.
+type wait struct {
+	of     string
+	handle uint64
+	since  uint64
+}
+
+// gpuContext is what the meter keeps of one process using a GPU.
+type gpuContext struct {
+	pid     uint32
+	cgroup  uint64
+	gpu     int
+	streams []*stream // in order of first use
+	// unseenBefore is set for a process that ran before the meter could
+	// see it: each of its streams first seen may hold unseen work.
+	unseenBefore bool
+	costs        map[costKey]*cost
+	learned      bool // a proof has taught any of its costs
+	// evidence sums, per learned key, the proofs not applied yet.
+	evidence map[costKey]*evidence
+	// timeslice is its channel group's own timeslice (0: the GPU's), and
+	// paused set while gpuarb keeps its group off the GPU.
+	timeslice time.Duration
+	paused    bool
+	// owed is set while work a sync proved done is still queued in the
+	// replay (its phase is not the GPU's): the replay runs it next.
+	owed   bool
+	held   []span // when the replay gave it the GPU, oldest first
+	waited []span // when it had work but another context held the GPU
+	// waitedFor are its finished waits for the GPU (syncs, polls), waits
+	// those in progress; pausedFor when gpuarb kept its group off the GPU.
+	waitedFor []span
+	waits     []wait
+	pausedFor []span
+	launches  []uint64
+	syncs     []span // sync calls that returned, by return time
+	// drains are when its modeled work ran out (the replay ran it dry or
+	// a sync proved it done): a closed loop drains once a turn.
+	drains []uint64
+	mem    int64
+	allocs map[uint64]uint64
+	exited bool
+	total  Totals // since the context appeared in its cgroup and on its GPU
+	// Launches the launch gate held: they reach the GPU when the process
+	// is released (Released, or its next event), not when they were seen.
+	since      uint64 // its first event
+	deferred   []heldLaunch
+	heldAt     uint64 // when the first of deferred was held
+	releasedAt uint64
+	stopped    []span // when the launch gate held the process
+	// shape is its recent launches by costKey (LaunchCost prices it at
+	// the costs learned since); launchN counts the launches it has seen.
+	shape   map[costKey]*keyShape
+	launchN float64
+}
+
+// keyShape is one costKey's part of a context's recent launches: the
+// fraction of them it makes and the units (blocks) of one, smoothed.
+type keyShape struct{ frac, units float64 }
+
+// heldLaunch is a launch waiting for its process's release.
+type heldLaunch struct {
+	stream uint64
+	key    costKey
+	units  float64 // blocks, or 1 for a graph
+}
+
+// launchShapeWeight is the weight of one launch in a context's smoothed
+// launch shape, after a running mean over the first launches.
+const launchShapeWeight = 0.1
+
+// maxShapeKeys bounds the costKeys a launch shape follows; the rarest
+// make way for a new one.
+const maxShapeKeys = 64
+
+// noteLaunch adds one launch of units of key k to the launch shape.
+func (c *gpuContext) noteLaunch(k costKey, units float64) {
+	c.launchN++
+	w := max(launchShapeWeight, 1/c.launchN)
+	for _, s := range c.shape {
+		s.frac *= 1 - w
+	}
+	s := c.shape[k]
+	if s == nil {
+		if len(c.shape) >= maxShapeKeys {
+			var rarest costKey
+			least := 2.0
+			for key, x := range c.shape {
+				if x.frac < least {
+					rarest, least = key, x.frac
+				}
+			}
+			delete(c.shape, rarest)
+		}
+		s = &keyShape{units: units}
+		c.shape[k] = s
+	}
+	s.frac += w
+	s.units += max(w, 0.1) * (units - s.units)
+}
+
+// Totals are a context's cumulative counts, for counters that must not go
+// back when the window moves on.
+type Totals struct {
+	GPUNS    uint64 // estimated GPU ns received
+	Launches uint64 // kernel and graph launches, submissions
+	Syncs    uint64 // syncs that returned
+}
+
+// Add adds o to t.
+func (t *Totals) Add(o Totals) {
+	t.GPUNS += o.GPUNS
+	t.Launches += o.Launches
+	t.Syncs += o.Syncs
+}
+
+func (c *gpuContext) left() float64 {
+	var l float64
+	for _, s := range c.streams {
+		l += s.left
+	}
+	return l
+}
+
+// runnable tells whether the replay may give the context the GPU: it has
+// modeled work and gpuarb does not keep its group off the GPU.
+func (c *gpuContext) runnable() bool { return !c.paused && c.left() > 0 }
+
+// costOf returns the cost of a key, a guess until learned.
+func (c *gpuContext) costOf(k costKey) *cost {
+	if x := c.costs[k]; x != nil {
+		return x
+	}
+	x := &cost{ns: initialNSPerBlock}
+	if k.graph {
+		x.ns = initialNSPerGraph
+	}
+	c.costs[k] = x
+	return x
+}
+
+// work is the modeled GPU time of units of key k.
+func (c *gpuContext) work(k costKey, units float64) float64 { return units * c.costOf(k).ns }
+
+// run gives the context dt ns of GPU time, split over its busy streams.
+func (c *gpuContext) run(t, dt uint64) {
+	busy := 0
+	for _, s := range c.streams {
+		if s.left > 0 {
+			busy++
+		}
+	}
+	share := float64(dt) / float64(busy)
+	for _, s := range c.streams {
+		if s.left > 0 {
+			ran := min(share, s.left)
+			s.got += ran
+			s.ran += ran
+			s.left -= share
+			if s.left <= 1 {
+				s.ran += max(s.left, 0)
+				s.left = 0
+				s.drained = t + dt
+			}
+			s.passMarks(t + dt)
+			s.passBounds()
+		}
+	}
+	c.held = appendSpan(c.held, t, t+dt)
+	c.total.GPUNS += dt
+	if c.left() == 0 {
+		c.drains = append(c.drains, t+dt)
+	}
+}
+
+// backlog is the modeled work queued now, once costs are learned.
+func (c *gpuContext) backlog() uint64 {
+	if !c.learned {
+		return 0
+	}
+	return uint64(c.left())
+}
+
+// toBoundary is the replay time until one of the context's busy streams
+// finishes its running kernel (the GPU time is split among them).
+func (c *gpuContext) toBoundary() float64 {
+	busy := 0
+	for _, s := range c.streams {
+		if s.left > 0 {
+			busy++
+		}
+	}
+	next := c.left()
+	for _, s := range c.streams {
+		if s.left > 0 && len(s.bounds) > 0 {
+			next = min(next, (s.bounds[0]-s.ran)*float64(busy))
+		}
+	}
+	return max(next, 1)
+}
+
+// wantedIn is how long within [from, to) the context wanted the GPU: it
+// had work modeled (held or waited in the replay), waited for the GPU in a
+// sync or a polling loop, or was kept from it by gpuarb (held at the
+// launch gate, paused, or its cgroup frozen: frozen). The evidence of
+// waits and stops does not depend on the modeled queue.
+func (c *gpuContext) wantedIn(from, to uint64, frozen []span) float64 {
+	var all []span
+	for _, list := range [][]span{c.held, c.waited, c.waitedFor, c.stopped, c.pausedFor, frozen} {
+		for _, sp := range list {
+			if s, e := max(sp.start, from), min(sp.end, to); e > s {
+				all = append(all, span{s, e})
+			}
+		}
+	}
+	for _, w := range c.waits {
+		if s := max(w.since, from); to > s {
+			all = append(all, span{s, to})
+		}
+	}
+	if c.paused && len(c.pausedFor) == 0 {
+		all = append(all, span{from, to})
+	}
+	return unionLength(all)
+}
+
+// unionLength is the length of the union of spans.
+func unionLength(spans []span) float64 {
+	sort.Slice(spans, func(i, j int) bool { return spans[i].start < spans[j].start })
+	var total float64
+	var cur span
+	for i, sp := range spans {
+		switch {
+		case i == 0:
+			cur = sp
+		case sp.start <= cur.end:
+			cur.end = max(cur.end, sp.end)
+		default:
+			total += float64(cur.end - cur.start)
+			cur = sp
+		}
+	}
+	if len(spans) > 0 {
+		total += float64(cur.end - cur.start)
+	}
+	return total
+}
+
+// stream returns the stream with key h, made on first use.
+func (c *gpuContext) stream(h uint64) *stream {
+	if s := c.findStream(h); s != nil {
+		return s
+	}
+	s := &stream{id: h, comp: composition{}, provenComp: composition{}, unseen: c.unseenBefore}
+	c.streams = append(c.streams, s)
+	return s
+}
+
+// findStream returns the stream with key h, nil if it has none.
+func (c *gpuContext) findStream(h uint64) *stream {
+	for _, s := range c.streams {
+		if s.id == h {
+			return s
+		}
+	}
+	return nil
+}
+
+// learn applies a correction factor proven over a burst of the context's
+// work (its composition by costKey): the costs that made the burst, and
+// the work still queued, scale by it. Costs not yet learned take the whole
+// correction (the learned ones assumed right) when there are learned ones
+// in the burst; the first correction of a cost is taken whole, later ones
+// smoothed and bounded (one sync is one piece of evidence).
+func (c *gpuContext) learn(factor float64, burst composition) {
+	if len(burst) == 0 || math.IsNaN(factor) || math.IsInf(factor, 0) || factor <= 0 {
+		return
+	}
+	var known, unknown float64
+	for k, w := range burst {
+		if c.costOf(k).learned {
+			known += w
+		} else {
+			unknown += w
+		}
+	}
+	total := known + unknown
+	for k := range burst {
+		x := c.costOf(k)
+		f := factor
+		switch {
+		case !x.learned && known > 0:
+			// The burst's true work less what the learned costs made is the
+			// unlearned ones' (at least a little of it).
+			f = max(factor*total-known, 0.01*unknown) / unknown
+			x.learned = true
+		case !x.learned:
+			x.learned = true
+		default:
+			f = math.Pow(min(max(factor, 1/maxStep), maxStep), learnRate)
+		}
+		x.ns *= f
+	}
+	c.learned = true
+	// Queued work was costed at the old rates: it scales with them, or
+	// the next proof would correct the same error again.
+	scale := factor
+	if unknown == 0 {
+		scale = math.Pow(min(max(factor, 1/maxStep), maxStep), learnRate)
+	}
+	for _, s := range c.streams {
+		s.rescale(scale)
+	}
+}
+
+// rescale scales the stream's queued work (and the positions of its marks
+// and kernel ends in it) by scale.
+func (s *stream) rescale(scale float64) {
+	if s.left <= 0 {
+		return
+	}
+	s.left *= scale
+	s.enq = s.ran + s.left
+	for i := range s.marks {
+		if s.marks[i].pos > s.ran {
+			s.marks[i].pos = s.ran + (s.marks[i].pos-s.ran)*scale
+		}
+	}
+	for i := range s.bounds {
+		s.bounds[i] = s.ran + (s.bounds[i]-s.ran)*scale
+	}
+}
+
+// learnKey corrects one learned key's cost by factor (smoothed and bounded
+// as learn does), and its part of the queued work with it.
+func (c *gpuContext) learnKey(k costKey, factor float64) {
+	f := math.Pow(min(max(factor, 1/maxStep), maxStep), learnRate)
+	c.costOf(k).ns *= f
+	for _, s := range c.streams {
+		pending := s.comp.minus(s.provenComp)
+		var total float64
+		for _, w := range pending {
+			total += w
+		}
+		if total > 0 {
+			s.rescale(1 + (f-1)*pending[k]/total)
+		}
+	}
+}
+
+// evidence is what a learned key's proofs said since its cost last moved:
+// the replay's lateness (positive: the cost too high) against the modeled
+// work they covered, each proof's split among the keys by their part of
+// its work.
+type evidence struct {
+	late, covered float64
+	proofs        int
+}
+
+// minFactor keeps a correction positive: lateness of all the covered work
+// says the costs are far too high, not that the work was free.
+const minFactor = 1e-3
+
+// prove adds one proof's lateness over covered work of composition burst.
+// A proof that covers a key not learned yet corrects at once (a new kernel
+// or graph is far off, not by a phase); a learned key corrects once its
+// evidence sums evidenceWork or evidenceProofs (learn.go), by the share of
+// its covered work the lateness says was not there, or was missing.
+func (c *gpuContext) prove(late, covered float64, burst composition) {
+	var total float64
+	for _, w := range burst {
+		total += w
+	}
+	if covered <= 0 || total <= 0 || math.IsNaN(late) || math.IsInf(late, 0) {
+		return
+	}
+	for k := range burst {
+		if !c.costOf(k).learned {
+			c.learn(max(1-late/covered, minFactor), burst)
+			return
+		}
+	}
+	if c.evidence == nil {
+		c.evidence = map[costKey]*evidence{}
+	}
+	for k, w := range burst {
+		e := c.evidence[k]
+		if e == nil {
+			e = &evidence{}
+			c.evidence[k] = e
+		}
+		e.late += late * w / total
+		e.covered += covered * w / total
+		e.proofs++
+		if e.covered >= evidenceWork || e.proofs >= evidenceProofs {
+			c.learnKey(k, max(1-e.late/e.covered, minFactor))
+			delete(c.evidence, k)
+		}
+	}
+}
+
+// launchCost is the modeled GPU time of one of the context's launches, at
+// the costs learned now; a key still a guess counts at most
+// unlearnedCharge.
+func (c *gpuContext) launchCost() float64 {
+	var ns, frac float64
+	for k, s := range c.shape {
+		per := s.units * c.costOf(k).ns
+		if !c.costOf(k).learned {
+			per = min(per, unlearnedCharge)
+		}
+		ns += s.frac * per
+		frac += s.frac
+	}
+	if frac == 0 {
+		return 0
+	}
+	return ns / frac
+}

@@ -1,0 +1,259 @@
+package meter
+
+import (
+	"slices"
+	"time"
+
+	"github.com/gpuarb/gpuarb/ioctlspy"
+)
+
+const (
+	// realWait is the shortest sync that proves the stream still had work
+	// when the sync began (uprobe and wake-up overheads are below it).
+	realWait = 100 * time.Microsecond
+	// learnRate smooths cost corrections after the first one.
+	learnRate = 0.3
+	// maxStep bounds one correction of learned costs, either way.
+	maxStep = 2.0
+	// evidenceWork and evidenceProofs are how much modeled work, or how
+	// many proofs, a learned context's evidence sums before it corrects
+	// its costs. One proof's lateness is the replay's phase against the
+	// GPU's as much as its costs: beside others, a burst waits up to a
+	// rotation for its turn on either, at an unrelated phase, so its
+	// drain is early or late by up to that much. Summed over proofs the
+	// phases cancel and the costs' error remains.
+	evidenceWork   = float64(20 * time.Millisecond)
+	evidenceProofs = 16
+)
+
+// waitBegan records a wait for the GPU that has begun.
+func (m *Meter) waitBegan(h *ioctlspy.Header, e *ioctlspy.WaitBegin) {
+	c := m.context(h)
+	m.at(c, h.Start)
+	for _, w := range c.waits {
+		if w.of == e.Of && w.handle == e.Handle {
+			return // a poll already waiting
+		}
+	}
+	if len(c.waits) < maxWaits {
+		c.waits = append(c.waits, wait{of: e.Of, handle: e.Handle, since: h.Start})
+	}
+}
+
+// maxWaits bounds the waits a context keeps in progress (a thread waits
+// for one thing at a time; a process has few threads waiting).
+const maxWaits = 64
+
+// waitEnded closes the wait a returning sync ends and records it.
+func (c *gpuContext) waitEnded(h *ioctlspy.Header, e *ioctlspy.Sync) {
+	start := h.Start
+	c.waits = slices.DeleteFunc(c.waits, func(w wait) bool {
+		if w.of == e.Of && w.handle == e.Handle {
+			start = min(start, w.since)
+			return true
+		}
+		return false
+	})
+	if h.End > start {
+		c.waitedFor = appendSpan(c.waitedFor, start, h.End)
+	}
+}
+
+// sync applies what a returning sync proves: the synced streams drained
+// when it returned. The difference between the replay and that fact
+// corrects the costs of the work that ran since the last proof. A
+// completion query that found the work done proves the same.
+func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
+	c := m.context(h)
+	now := m.at(c, h.End)
+	c.waitEnded(h, e)
+	if c.left() > 0 {
+		defer func() {
+			if c.left() == 0 {
+				c.drains = append(c.drains, now)
+			}
+		}()
+	}
+	if !e.Polled {
+		c.syncs = append(c.syncs, span{h.Start, h.End})
+		c.total.Syncs++
+	}
+	var ids []uint64
+	switch e.Of {
+	case "stream":
+		ids = []uint64{e.Handle}
+	case "context":
+		for _, s := range c.streams {
+			ids = append(ids, s.id)
+		}
+	case "event":
+		m.eventSync(c, h, e.Handle, now)
+		return
+	default: // nouveau and DRM waits
+		ids = []uint64{nouveauStream}
+	}
+	var left, got, early float64
+	burst := composition{}
+	waited := h.DurationNS >= uint64(realWait)
+	any, unseen := false, false
+	for _, id := range ids {
+		s := c.findStream(id)
+		if s == nil || !s.launched {
+			continue
+		}
+		any = true
+		unseen = unseen || s.unseen
+		s.unseen = false
+		left += s.left
+		got += s.got
+		if s.left <= 0 && waited && s.drained+uint64(realWait) < now {
+			// Drained too early in the replay: the GPU still worked on it
+			// until the sync returned, at the holder's rate at best.
+			early = max(early, float64(now-max(s.drained, h.Start)))
+		}
+		for k, w := range s.comp.minus(s.provenComp) {
+			burst[k] += w
+		}
+		s.ran += s.left
+		s.proven = s.enq
+		s.provenComp = s.comp.clone()
+		s.marks = s.marks[:0]
+		s.bounds = s.bounds[:0]
+		s.left, s.got, s.launched = 0, 0, false
+		s.drained = now
+	}
+	if !any || got <= 0 || unseen || m.pausedDuring(c, h.Start, h.End) {
+		// A sync that spanned a stop waited for the resume, not the GPU;
+		// one of work queued before the meter saw it, for unseen work.
+		return
+	}
+	switch {
+	case !c.learned && waited:
+		// First evidence: the backlog assumed so far, or the wait if that
+		// is less; a context of tiny kernels must not start at its
+		// round-robin share.
+		c.learn(min(got, float64(h.DurationNS))/(got+left), burst)
+	case !c.learned:
+		// A sync that did not wait teaches a guess nothing (see eventSync).
+	default:
+		c.prove(m.lateness(c, left, early), got+left, burst)
+	}
+}
+
+// lateness is what one proof says of a learned context's costs, in its
+// own work: the replay still had left of the proven work queued (its
+// costs too high by up to that), or drained early ns before the GPU did
+// (too low by what it would have received meanwhile, its round-robin part
+// of the GPU). A drain late against others proves nothing where
+// latenessTeaches says so.
+func (m *Meter) lateness(c *gpuContext, left, early float64) float64 {
+	switch {
+	case left > 0:
+		return left
+	case early > 0 && m.latenessTeaches(c):
+		return -early / float64(m.busyContexts(c.gpu))
+	}
+	return 0
+}
+
+// record remembers where a stream's work stood when an event was recorded
+// on it; recording an event again moves it.
+func (m *Meter) record(s *stream, event uint64) {
+	s.marks = slices.DeleteFunc(s.marks, func(k mark) bool { return k.event == event })
+	if len(s.marks) == maxMarks {
+		s.marks = s.marks[1:]
+	}
+	k := mark{event: event, pos: s.enq, comp: s.comp.clone()}
+	if s.ran+1 >= s.enq {
+		k.crossed = s.drained
+	}
+	s.marks = append(s.marks, k)
+}
+
+// eventSync applies what a returning event synchronize (or a query that
+// found the event complete) proves: the stream's work up to the event's
+// mark ran by now. Work the replay still has queued before the mark is
+// dropped from it and its costs scaled down; a mark the replay passed
+// well before the wait ended scales them up. An event the meter never saw
+// recorded teaches nothing.
+func (m *Meter) eventSync(c *gpuContext, h *ioctlspy.Header, event uint64, now uint64) {
+	var s *stream
+	var k mark
+	for _, st := range c.streams {
+		if i := slices.IndexFunc(st.marks, func(x mark) bool { return x.event == event }); i >= 0 {
+			s, k = st, st.marks[i]
+			st.marks = slices.Delete(st.marks, i, i+1)
+			break
+		}
+	}
+	if s == nil || k.pos <= s.proven {
+		return
+	}
+	covered := k.pos - s.proven               // work the event covers since the last proof
+	ran := max(min(s.ran, k.pos)-s.proven, 0) // of which the replay ran
+	behind := k.pos - max(s.ran, s.proven)    // proven done, still queued in the replay
+	burst := k.comp.minus(s.provenComp)
+	s.proven = k.pos
+	s.provenComp = k.comp
+	unseen := s.unseen
+	s.unseen = false
+	if behind > 0 {
+		s.left -= behind
+		s.ran += behind
+		if s.left <= 1 {
+			s.left = 0
+			s.drained = now
+		}
+		s.passMarks(now)
+		s.passBounds()
+	}
+	if covered <= 0 || unseen || m.pausedDuring(c, h.Start, h.End) {
+		return
+	}
+	waited := h.DurationNS >= uint64(realWait)
+	switch {
+	case behind > 0 && !c.learned && waited:
+		c.learn(max(min(ran, float64(h.DurationNS)), 1)/covered, burst)
+	case !c.learned:
+		// A sync that did not wait proves the work done, not how long it
+		// took: scaled by what the replay ran of a guess, the costs would
+		// collapse (a paced tenant, whose kernels finish between its
+		// spaced launches, never waits).
+	default:
+		var early float64
+		if waited && k.crossed > 0 && k.crossed+uint64(realWait) < now {
+			early = float64(now - max(k.crossed, h.Start))
+		}
+		c.prove(m.lateness(c, max(behind, 0), early), covered, burst)
+	}
+}
+
+// latenessTeaches tells whether a drain later than the replay's says the
+// context's costs are too low. On a GPU that does not preempt, only when
+// no other context has work: there the replay fits whole kernels into
+// slices, and a cost just under a slice lets it run two where the GPU ran
+// one, so a drain late against others proves nothing (costs would climb
+// past the slice).
+func (m *Meter) latenessTeaches(c *gpuContext) bool {
+	return m.replayOf(c.gpu).preemptive || m.othersIdle(c)
+}
+
+// othersIdle tells whether no context but c has work in the replay.
+func (m *Meter) othersIdle(c *gpuContext) bool {
+	for _, o := range m.replayOf(c.gpu).runlist {
+		if o != c && o.left() > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func (m *Meter) busyContexts(gpu int) int {
+	n := 0
+	for _, c := range m.replayOf(gpu).runlist {
+		if c.left() > 0 {
+			n++
+		}
+	}
+	return n + 1
+}

@@ -1,0 +1,121 @@
+package meter
+
+import "math"
+
+// replay is one GPU's round-robin time-slicing, re-enacted on the modeled
+// queues: each context holds the GPU for its own timeslice while others
+// have work.
+type replay struct {
+	t        uint64
+	holder   *gpuContext
+	sliceEnd uint64
+	runlist  []*gpuContext
+	// The GPU's scheduling: its default timeslice, and whether it preempts
+	// a running kernel at the end of one; midKernel is set while the
+	// holder of a GPU that does not is inside a kernel.
+	slice      uint64
+	preemptive bool
+	midKernel  bool
+}
+
+// sliceOf is a context's timeslice on this GPU.
+func (r *replay) sliceOf(c *gpuContext) uint64 {
+	if c.timeslice > 0 {
+		return uint64(c.timeslice)
+	}
+	return r.slice
+}
+
+// rotation is the time the other contexts with work take before c's turn
+// comes round again: their timeslices, one each.
+func (r *replay) rotation(c *gpuContext) float64 {
+	var sum float64
+	for _, o := range r.runlist {
+		if o != c && o.runnable() {
+			sum += float64(r.sliceOf(o))
+		}
+	}
+	return sum
+}
+
+// next returns the first runnable context after `after` in runlist order.
+func (r *replay) next(after *gpuContext) *gpuContext {
+	start := 0
+	for i, c := range r.runlist {
+		if c == after {
+			start = i + 1
+			break
+		}
+	}
+	for i := range r.runlist {
+		if c := r.runlist[(start+i)%len(r.runlist)]; c.runnable() && c != after {
+			return c
+		}
+	}
+	if after != nil && after.runnable() {
+		return after
+	}
+	return nil
+}
+
+// advance re-enacts the GPU from r.t to `to`.
+func (r *replay) advance(to uint64) {
+	for r.t < to {
+		if r.holder == nil || !r.holder.runnable() {
+			r.holder = r.next(r.holder)
+			r.midKernel = false
+			if r.holder == nil {
+				r.t = to
+				return
+			}
+			r.sliceEnd = r.t + r.sliceOf(r.holder)
+		}
+		others := r.next(r.holder) != r.holder
+		switch {
+		case others && r.t >= r.sliceEnd && (r.preemptive || !r.midKernel):
+			r.holder = r.next(r.holder)
+			r.sliceEnd = r.t + r.sliceOf(r.holder)
+			r.midKernel = false
+		case !others && r.t >= r.sliceEnd:
+			r.sliceEnd = r.t + r.sliceOf(r.holder)
+		}
+		end := min(to, r.t+uint64(math.Ceil(r.holder.left())))
+		boundary := r.t + uint64(math.Ceil(r.holder.toBoundary()))
+		switch {
+		case others && r.t < r.sliceEnd:
+			end = min(end, r.sliceEnd)
+		case others && !r.preemptive && r.holder.learned:
+			// The slice is over: finish the kernel. A kernel of guessed
+			// cost is cut at the slice, or the guess would hold the GPU.
+			end = min(end, boundary)
+		}
+		if !r.preemptive && r.holder.learned {
+			end = min(end, boundary)
+		}
+		if end <= r.t {
+			end = r.t + 1
+		}
+		if others {
+			for _, c := range r.runlist {
+				if c != r.holder && c.runnable() {
+					c.waited = appendSpan(c.waited, r.t, end)
+				}
+			}
+		}
+		r.holder.run(r.t, end-r.t)
+		r.midKernel = !r.preemptive && r.holder.learned && end < boundary && r.holder.left() > 0
+		r.t = end
+	}
+}
+
+func (r *replay) remove(c *gpuContext) {
+	for i, x := range r.runlist {
+		if x == c {
+			r.runlist = append(r.runlist[:i], r.runlist[i+1:]...)
+			break
+		}
+	}
+	if r.holder == c {
+		r.holder = nil
+	}
+}
