@@ -13,7 +13,7 @@ export PATH := $(PATH):/usr/local/go/bin:/usr/lib/go/bin
 LIBCUDA_SRC := $(wildcard e2e/fakegpu/libcuda/*.c e2e/fakegpu/libcuda/*.h)
 GO_SRC      := $(shell find . -name '*.go' -not -path './bin/*') go.mod go.sum
 
-.PHONY: all build generate check-generate test test-unit lint demo bench realgpu clean deps deps-test install
+.PHONY: all build generate check-generate test test-unit fuzz lint demo bench realgpu clean deps deps-test install
 
 all: build
 
@@ -61,6 +61,17 @@ test: deps-test build lint
 
 test-unit:
 	$(GOTEST) -count=1 -short ./...
+
+# Fuzzes every parser of untrusted bytes for FUZZTIME each (make test runs
+# their seed corpora and the failures found so far, in testdata/fuzz).
+FUZZTIME ?= 30s
+FUZZ_TARGETS := ./policy:FuzzParse ./oci-hook:FuzzRulesFromAnnotations ./oci-hook:FuzzReadState \
+	./libvirt-hook:FuzzReadDomain ./ioctlspy:FuzzDecode ./bpf:FuzzParseDevice ./bpf:FuzzExportedFunctions
+fuzz: build
+	@for t in $(FUZZ_TARGETS); do \
+		echo "fuzz $$t for $(FUZZTIME)"; \
+		GPUARB_BIN=$(CURDIR)/$(BIN) $(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) "$${t%%:*}" || exit 1; \
+	done
 
 # Three runc containers attached by the OCI hook, unarbitrated then under
 # gpuarb; writes gpuarb-demo.png. Needs root.

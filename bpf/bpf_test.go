@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -418,4 +419,30 @@ func copyFile(t *testing.T, from, to string, mode os.FileMode) {
 	if err := os.WriteFile(to, data, mode); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// The daemon reads the exports of files tenants open under libcuda's name
+// or map: malformed ELF is an error, never a panic of the daemon.
+func FuzzExportedFunctions(f *testing.F) {
+	if dir := os.Getenv("GPUARB_BIN"); dir != "" {
+		if lib, err := os.ReadFile(filepath.Join(dir, "libcuda.so.1")); err == nil {
+			f.Add(lib)
+			f.Add(lib[:4096])
+		}
+	}
+	if exe, err := os.ReadFile("/proc/self/exe"); err == nil {
+		f.Add(exe[:64])
+	}
+	f.Add([]byte("\x7fELF"))
+	dir := f.TempDir()
+	f.Fuzz(func(t *testing.T, b []byte) {
+		p := filepath.Join(dir, "libcuda.so.1")
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		names, err := exportedFunctions(p)
+		if err == nil && !slices.IsSorted(names) {
+			t.Fatalf("exports not sorted: %q", names)
+		}
+	})
 }
