@@ -42,7 +42,7 @@ func RulesFromAnnotations(a map[string]string) (policy.Rules, error) {
 		}
 		if k == AnnotationName {
 			if err := policy.CheckTenantName(v); err != nil {
-				return policy.Rules{}, &AnnotationError{k, v, "must be 1–128 characters without spaces or '/'"}
+				return policy.Rules{}, &AnnotationError{k, v, "must be 1–128 printable characters without spaces or '/'"}
 			}
 			continue
 		}

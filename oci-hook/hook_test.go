@@ -107,6 +107,9 @@ func TestRulesFromAnnotations(t *testing.T) {
 		{map[string]string{AnnotationLimit: "150%"}, policy.Rules{}, AnnotationLimit},
 		{map[string]string{AnnotationLimit: "0"}, policy.Rules{}, AnnotationLimit},
 		{map[string]string{AnnotationPriority: "urgent"}, policy.Rules{}, AnnotationPriority},
+		{map[string]string{AnnotationSLOFPS: "NaN"}, policy.Rules{}, AnnotationSLOFPS},
+		{map[string]string{AnnotationLimit: "NaN%"}, policy.Rules{}, AnnotationLimit},
+		{map[string]string{AnnotationName: "a\x1b[2Jb"}, policy.Rules{}, AnnotationName},
 		{map[string]string{AnnotationSLOP99MS: "-1"}, policy.Rules{}, AnnotationSLOP99MS},
 		{map[string]string{AnnotationSLOFPS: "60", AnnotationSLOP99MS: "5"}, policy.Rules{}, AnnotationSLOFPS},
 		{map[string]string{AnnotationSLOFPS: "60", AnnotationPriority: "batch"}, policy.Rules{}, AnnotationPriority},
@@ -244,4 +247,28 @@ func TestRunBadInput(t *testing.T) {
 		!strings.Contains(err.Error(), "config.json") {
 		t.Errorf("missing bundle: %v", err)
 	}
+}
+
+// Annotations are the pod author's bytes: RulesFromAnnotations never
+// panics, and what it accepts is a valid tenant once the defaults fill it.
+func FuzzRulesFromAnnotations(f *testing.F) {
+	f.Add("weight", "300", "name", "a")
+	f.Add("priority", "latency", "slo-p99-ms", "20")
+	f.Add("limit", "30%", "slo-fps", "NaN")
+	f.Add("name", "a\u202eb", "weight", "1e9")
+	f.Fuzz(func(t *testing.T, k1, v1, k2, v2 string) {
+		a := map[string]string{annotationKeyPrefix + k1: v1, annotationKeyPrefix + k2: v2}
+		r, err := RulesFromAnnotations(a)
+		if err != nil {
+			var ae *AnnotationError
+			if !errors.As(err, &ae) {
+				t.Fatalf("error %v names no annotation", err)
+			}
+			return
+		}
+		tn := policy.Tenant{Name: TenantName("ctr1", a), Selector: policy.Selector{Cgroup: "/c"}, Rules: r}
+		if _, err := policy.Default().With(tn); err != nil {
+			t.Fatalf("accepted %v as %+v, which the daemon refuses: %v", a, tn, err)
+		}
+	})
 }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 )
 
 // The keys RulesFromStrings reads: what OCI annotations (gpuarb.io/KEY)
@@ -48,7 +50,8 @@ func RulesFromStrings(kv map[string]string) (Rules, error) {
 	}
 	if v, ok := kv[KeyLimit]; ok {
 		s, err := ParseShare(v)
-		if err != nil || s <= 0 || s > 1 {
+		// !(in range), not (out of range): NaN fails every comparison.
+		if err != nil || !(s > 0 && s <= 1) {
 			return r, &ValueError{Key: KeyLimit, Value: v, Msg: "want a share in (0, 1] as 0.3 or 30%"}
 		}
 		r.Limit = s
@@ -68,7 +71,7 @@ func RulesFromStrings(kv map[string]string) (Rules, error) {
 			return 0, nil
 		}
 		f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-		if err != nil || f <= 0 || f > max {
+		if err != nil || !(f > 0 && f <= max) {
 			return 0, &ValueError{Key: key, Value: v, Msg: fmt.Sprintf("want a number in (0, %g]", max)}
 		}
 		return f, nil
@@ -95,11 +98,13 @@ func RulesFromStrings(kv map[string]string) (Rules, error) {
 	return r, nil
 }
 
-// CheckTenantName fails unless s can name a tenant: 1–128 characters
-// without spaces or '/'.
+// CheckTenantName fails unless s can name a tenant: 1–128 printable
+// characters without spaces or '/'.
 func CheckTenantName(s string) error {
-	if s == "" || strings.ContainsAny(s, " \t\n/") || len(s) > 128 {
-		return fmt.Errorf("a tenant name must be 1–128 characters without spaces or '/', got %q", s)
+	// Names reach operators' terminals (top, trace): printable UTF-8 only.
+	bad := func(r rune) bool { return r == ' ' || r == '/' || r == utf8.RuneError || !unicode.IsPrint(r) }
+	if s == "" || strings.IndexFunc(s, bad) >= 0 || len(s) > 128 {
+		return fmt.Errorf("%q must be 1–128 printable characters without spaces or '/'", s)
 	}
 	return nil
 }
