@@ -153,6 +153,10 @@ var ErrNoDaemon = errors.New("gpuarb daemon is not running")
 // name that is not in the policy).
 var ErrNotFound = errors.New("not found")
 
+// ErrConflict is returned when a workload's attach names a tenant that is
+// not its own: one of the policy file's, or one another owner attached.
+var ErrConflict = errors.New("tenant name taken")
+
 // Client talks to the daemon over its Unix socket.
 type Client struct {
 	socket string
@@ -215,31 +219,66 @@ func (c *Client) do(ctx context.Context, method, path, contentType string, body 
 	if resp.StatusCode/100 != 2 {
 		defer resp.Body.Close()
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		if resp.StatusCode == http.StatusNotFound {
+		switch resp.StatusCode {
+		case http.StatusNotFound:
 			return nil, fmt.Errorf("%w: %s", ErrNotFound, bytes.TrimSpace(msg))
+		case http.StatusConflict:
+			return nil, fmt.Errorf("%w: %s", ErrConflict, bytes.TrimSpace(msg))
 		}
 		return nil, fmt.Errorf("daemon answered %s: %s", resp.Status, bytes.TrimSpace(msg))
 	}
 	return resp, nil
 }
 
-// Attach registers (or replaces) a tenant; body is a policy.Tenant as JSON.
-func (c *Client) Attach(ctx context.Context, tenantJSON []byte) error {
-	resp, err := c.do(ctx, http.MethodPost, TenantsPath, "application/json", tenantJSON)
-	if err != nil {
-		return fmt.Errorf("attach: %w", err)
-	}
-	return resp.Body.Close()
+// OwnerParam is the query parameter of POST and DELETE TenantsPath that
+// names the workload registering itself.
+const OwnerParam = "owner"
+
+// AttachResult is the daemon's answer to an attach.
+type AttachResult struct {
+	// Adjusted says, one line each, how the policy's admission rules
+	// bounded a workload's request (empty: admitted as requested).
+	Adjusted []string `json:"adjusted,omitempty"`
 }
 
-// Detach removes a named tenant (its processes are thawed and fall back to
-// the default policy).
-func (c *Client) Detach(ctx context.Context, name string) error {
-	resp, err := c.do(ctx, http.MethodDelete, TenantsPath+"/"+url.PathEscape(name), "", nil)
+// Attach registers (or replaces) a tenant; body is a policy.Tenant as JSON.
+//
+// owner is "" when the operator attaches (the rules stand as given, and
+// may replace a policy file entry of the same name for as long as the
+// attachment lasts). A hook registering a workload with rules the workload
+// brought (a container's annotations, a VM's metadata) passes the
+// workload as owner ("container ID", "vm UUID"): the policy's admission
+// rules bound those rules, and a name that belongs to the policy file or
+// to another owner is refused with ErrConflict.
+func (c *Client) Attach(ctx context.Context, owner string, tenantJSON []byte) (AttachResult, error) {
+	var res AttachResult
+	resp, err := c.do(ctx, http.MethodPost, TenantsPath+ownerQuery(owner), "application/json", tenantJSON)
+	if err != nil {
+		return res, fmt.Errorf("attach: %w", err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&res); err != nil && !errors.Is(err, io.EOF) {
+		return res, fmt.Errorf("attach: the daemon's answer: %w", err)
+	}
+	return res, nil
+}
+
+// Detach removes an attached tenant (its processes are thawed and fall
+// back to the policy file's entry of that name or the defaults). With an
+// owner, only that owner's attachment is removed (ErrNotFound otherwise).
+func (c *Client) Detach(ctx context.Context, owner, name string) error {
+	resp, err := c.do(ctx, http.MethodDelete, TenantsPath+"/"+url.PathEscape(name)+ownerQuery(owner), "", nil)
 	if err != nil {
 		return fmt.Errorf("detach %s: %w", name, err)
 	}
 	return resp.Body.Close()
+}
+
+func ownerQuery(owner string) string {
+	if owner == "" {
+		return ""
+	}
+	return "?" + url.Values{OwnerParam: {owner}}.Encode()
 }
 
 // Policy returns the policy in force as YAML.

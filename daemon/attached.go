@@ -26,7 +26,8 @@ func (d *Daemon) restoreAttachments() error {
 	}
 	kept := a.tenants[:0]
 	cfg := d.base
-	for _, t := range a.tenants {
+	for _, at := range a.tenants {
+		t := at.Tenant
 		why := ""
 		switch {
 		case t.PID != 0:
@@ -39,6 +40,8 @@ func (d *Daemon) restoreAttachments() error {
 		if why == "" {
 			if err := d.checkGates(t); err != nil {
 				why = err.Error()
+			} else if _, taken := cfg.Tenant(t.Name); taken && at.Owner != "" {
+				why = "the policy file has a tenant of that name"
 			} else if next, err := cfg.With(t); err != nil {
 				why = err.Error()
 			} else {
@@ -49,7 +52,7 @@ func (d *Daemon) restoreAttachments() error {
 			d.log.Info("not restoring an attached tenant", "tenant", t.Name, "why", why)
 			continue
 		}
-		kept = append(kept, t)
+		kept = append(kept, at)
 	}
 	dropped := len(a.tenants) - len(kept)
 	a.tenants = kept
@@ -77,7 +80,15 @@ func AttachedBeside(socket string) string {
 // VMs they name) so that a restarted daemon keeps them.
 type attachments struct {
 	path    string
-	tenants []policy.Tenant // as registered (rules not filled), in attach order
+	tenants []attachment // in attach order
+}
+
+// attachment is one registered tenant, as registered (rules not filled).
+type attachment struct {
+	policy.Tenant
+	// Owner is the workload that registered it with rules of its own (a
+	// container, a VM; see api.Client.Attach), "" for the operator.
+	Owner string `json:"owner,omitempty"`
 }
 
 // errBadAttachments marks an attached-tenants file that cannot be read.
@@ -100,18 +111,28 @@ func loadAttachments(path string) (*attachments, error) {
 	return a, nil
 }
 
-// set adds t, or replaces the tenant of its name.
-func (a *attachments) set(t policy.Tenant) {
+// get returns the attachment of a name.
+func (a *attachments) get(name string) (attachment, bool) {
+	for _, at := range a.tenants {
+		if at.Name == name {
+			return at, true
+		}
+	}
+	return attachment{}, false
+}
+
+// set adds at, or replaces the attachment of its name.
+func (a *attachments) set(at attachment) {
 	for i := range a.tenants {
-		if a.tenants[i].Name == t.Name {
-			a.tenants[i] = t
+		if a.tenants[i].Name == at.Name {
+			a.tenants[i] = at
 			return
 		}
 	}
-	a.tenants = append(a.tenants, t)
+	a.tenants = append(a.tenants, at)
 }
 
-// remove drops the named tenant; false when it was not attached.
+// remove drops the named attachment; false when there is none.
 func (a *attachments) remove(name string) bool {
 	for i := range a.tenants {
 		if a.tenants[i].Name == name {
@@ -122,18 +143,23 @@ func (a *attachments) remove(name string) bool {
 	return false
 }
 
-// onto returns base with every attachment added (replacing file entries
-// of the same name), validated.
-func (a *attachments) onto(base *policy.Config) (*policy.Config, error) {
-	cfg := base
-	for _, t := range a.tenants {
-		next, err := cfg.With(t)
+// onto returns base with every attachment added, validated. The
+// operator's attachments replace file entries of the same name; a
+// workload's never do (it is left out, and named in shadowed).
+func (a *attachments) onto(base *policy.Config) (cfg *policy.Config, shadowed []string, err error) {
+	cfg = base
+	for _, at := range a.tenants {
+		if _, inFile := base.Tenant(at.Name); inFile && at.Owner != "" {
+			shadowed = append(shadowed, at.Name)
+			continue
+		}
+		next, err := cfg.With(at.Tenant)
 		if err != nil {
-			return nil, fmt.Errorf("attached tenant %s: %w", t.Name, err)
+			return nil, nil, fmt.Errorf("attached tenant %s: %w", at.Name, err)
 		}
 		cfg = next
 	}
-	return cfg, nil
+	return cfg, shadowed, nil
 }
 
 // save writes the file atomically.

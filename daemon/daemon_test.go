@@ -19,6 +19,7 @@ import (
 	"github.com/gpuarb/gpuarb/internal/testutil"
 	"github.com/gpuarb/gpuarb/ioctlspy"
 	"github.com/gpuarb/gpuarb/meter"
+	"github.com/gpuarb/gpuarb/policy"
 )
 
 func TestTenantName(t *testing.T) {
@@ -165,34 +166,15 @@ func TestExactShareBesideTheEstimate(t *testing.T) {
 // to install it dropped the rest).
 func TestConcurrentAttachesAllCount(t *testing.T) {
 	testutil.Privileged(t)
-	dir := t.TempDir()
-	cfg := Config{
-		Socket: filepath.Join(dir, "gpuarb.sock"), PinPath: filepath.Join(bpf.BPFFSPath, "gpuarb-test-"+filepath.Base(dir)),
-		PolicyPath: filepath.Join(dir, "policy.yaml"),
-		Devices:    []bpf.Device{{Major: 1, Minor: 7, Kind: bpf.KindNvidiaCtl}},
-		Log:        slog.New(slog.NewTextHandler(io.Discard, nil)), Version: "test",
-	}
-	d, err := Start(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("run: %v", err)
-		}
-	})
+	client := runDaemon(t, "")
 	parent := testutil.NewCgroup(t, "attach")
 	const n = 16
-	client := api.NewClient(cfg.Socket)
 	errs := make(chan error, n)
 	for i := range n {
 		cg := testutil.Sub(t, parent, fmt.Sprintf("t%d", i))
 		go func() {
-			errs <- client.Attach(t.Context(), fmt.Appendf(nil, `{"name": "t%d", "cgroup": %q, "weight": %d}`, i, cg.Rel, 100+i))
+			_, err := client.Attach(t.Context(), "", fmt.Appendf(nil, `{"name": "t%d", "cgroup": %q, "weight": %d}`, i, cg.Rel, 100+i))
+			errs <- err
 		}()
 	}
 	for range n {
@@ -213,4 +195,121 @@ func TestConcurrentAttachesAllCount(t *testing.T) {
 	if len(missing) > 0 {
 		t.Errorf("%d concurrent attaches, %v missing from the policy:\n%s", n, missing, pol)
 	}
+}
+
+// runDaemon starts a daemon with the policy file policyYAML ("": none) and
+// runs it until the test ends; it returns a client of its socket.
+func runDaemon(t *testing.T, policyYAML string) *api.Client {
+	t.Helper()
+	dir := t.TempDir()
+	cfg := Config{
+		Socket: filepath.Join(dir, "gpuarb.sock"), PinPath: filepath.Join(bpf.BPFFSPath, "gpuarb-test-"+filepath.Base(dir)),
+		PolicyPath: filepath.Join(dir, "policy.yaml"),
+		Devices:    []bpf.Device{{Major: 1, Minor: 7, Kind: bpf.KindNvidiaCtl}},
+		Log:        slog.New(slog.NewTextHandler(io.Discard, nil)), Version: "test",
+	}
+	if policyYAML != "" {
+		if err := os.WriteFile(cfg.PolicyPath, []byte(policyYAML), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d, err := Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	})
+	return api.NewClient(cfg.Socket)
+}
+
+// A workload (a container's hook, a VM's) registers itself with rules it
+// brought: the policy's admission rules bound them, it cannot take or
+// remove a name that is not its own, and the operator's file entries stay
+// the operator's.
+func TestWorkloadsAttachOnlyWhatIsTheirs(t *testing.T) {
+	testutil.Privileged(t)
+	parent := testutil.NewCgroup(t, "owners")
+	ops, a, b := testutil.Sub(t, parent, "ops"), testutil.Sub(t, parent, "a"), testutil.Sub(t, parent, "b")
+	client := runDaemon(t, fmt.Sprintf(`
+tenants: [{name: ops, cgroup: %s, weight: 500}]
+admission: [{cgroup_prefix: %s, max_weight: 1000}]
+`, ops.Rel, parent.Rel))
+	ctx := t.Context()
+	attach := func(owner, name string, cg *testutil.Cgroup, rules string) (api.AttachResult, error) {
+		return client.Attach(ctx, owner, fmt.Appendf(nil, `{"name": %q, "cgroup": %q%s}`, name, cg.Rel, rules))
+	}
+	// policyHas checks the named tenants' rules in the policy in force
+	// (nil: the name is absent).
+	policyHas := func(want map[string]*policy.Rules) {
+		t.Helper()
+		out, err := client.Policy(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pol, err := policy.Parse(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, w := range want {
+			got, ok := pol.Tenant(name)
+			switch {
+			case w == nil && ok:
+				t.Errorf("policy has %s: %+v", name, got)
+			case w != nil && (!ok || got.Rules != *w):
+				t.Errorf("policy's %s: %+v (present %v), want %+v", name, got.Rules, ok, *w)
+			}
+		}
+	}
+
+	// Bounded: weight 10000 and latency against a cap of 1000 without latency.
+	res, err := attach("container a", "wa", a, `, "weight": 10000, "priority": "latency", "slo": {"p99_sync_ms": 1}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Adjusted) != 2 || !strings.Contains(res.Adjusted[0], "10000 lowered to 1000") {
+		t.Errorf("adjusted %q, want the weight lowered and latency refused", res.Adjusted)
+	}
+	policyHas(map[string]*policy.Rules{"wa": {Weight: 1000, Priority: policy.Normal}})
+	// The operator is not bounded.
+	if res, err := attach("", "wb", b, `, "weight": 10000, "priority": "latency"`); err != nil || len(res.Adjusted) != 0 {
+		t.Errorf("operator's attach: %v, adjusted %q", err, res.Adjusted)
+	}
+	policyHas(map[string]*policy.Rules{"wb": {Weight: 10000, Priority: policy.Latency}})
+
+	// Names that are not the workload's own.
+	for _, tc := range []struct{ owner, name, want string }{
+		{"container b", "ops", "policy file"},
+		{"container b", "wa", "attached by container a"},
+		{"container b", "wb", "attached by the operator"},
+	} {
+		if _, err := attach(tc.owner, tc.name, b, ""); !errors.Is(err, api.ErrConflict) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s attaching %s: %v, want ErrConflict saying %q", tc.owner, tc.name, err, tc.want)
+		}
+	}
+	for _, tc := range []struct{ owner, name string }{{"container b", "wa"}, {"container b", "ops"}, {"container a", "wb"}} {
+		if err := client.Detach(ctx, tc.owner, tc.name); !errors.Is(err, api.ErrNotFound) {
+			t.Errorf("%s detaching %s: %v, want ErrNotFound", tc.owner, tc.name, err)
+		}
+	}
+	policyHas(map[string]*policy.Rules{"ops": {Weight: 500, Priority: policy.Normal}, "wa": {Weight: 1000, Priority: policy.Normal},
+		"wb": {Weight: 10000, Priority: policy.Latency}})
+	// The operator detaches attachments only; file entries are the file's.
+	if err := client.Detach(ctx, "", "ops"); !errors.Is(err, api.ErrConflict) || !strings.Contains(err.Error(), "remove it there") {
+		t.Errorf("operator detaching the file's ops: %v, want ErrConflict", err)
+	}
+	// A workload re-registering itself (a restarted container) may.
+	if _, err := attach("container a", "wa", a, `, "weight": 700`); err != nil {
+		t.Errorf("container a again: %v", err)
+	}
+	if err := client.Detach(ctx, "container a", "wa"); err != nil {
+		t.Errorf("container a detaching wa: %v", err)
+	}
+	policyHas(map[string]*policy.Rules{"wa": nil, "ops": {Weight: 500, Priority: policy.Normal}})
 }

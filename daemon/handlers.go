@@ -10,6 +10,9 @@ import (
 	"net/http"
 	"os"
 	"reflect"
+	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 
@@ -99,10 +102,22 @@ func (d *Daemon) routes(mux *http.ServeMux) {
 			http.Error(w, "tenant: "+err.Error(), http.StatusBadRequest)
 			return
 		}
+		owner := r.URL.Query().Get(api.OwnerParam)
+		if err := checkOwner(owner); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
 		if t.Cgroup != "" {
 			t.Cgroup = normalizeCgroup(t.Cgroup, d.mount)
 		}
+		var res api.AttachResult
 		err := d.updatePolicy("attach "+t.Name, func(cur *policy.Config) (*policy.Config, error) {
+			if owner != "" {
+				if err := d.nameFree(t.Name, owner); err != nil {
+					return nil, err
+				}
+				res.Adjusted = cur.Admit(t.Cgroup, &t.Rules)
+			}
 			cfg, err := cur.With(t)
 			if err == nil {
 				err = d.checkGates(t)
@@ -110,32 +125,54 @@ func (d *Daemon) routes(mux *http.ServeMux) {
 			if err != nil {
 				return nil, err
 			}
-			d.attached.set(t)
+			d.attached.set(attachment{Tenant: t, Owner: owner})
 			if err := d.attached.save(); err != nil {
 				d.log.Warn("attached, but a restarted daemon will not know it", "tenant", t.Name, "err", err)
 			}
 			return cfg, nil
 		})
-		if err != nil {
+		switch {
+		case errors.Is(err, errNameTaken):
+			http.Error(w, err.Error(), http.StatusConflict)
+			return
+		case err != nil:
 			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
 		}
+		for _, a := range res.Adjusted {
+			d.log.Warn("admission bounded a workload's request", "tenant", t.Name, "owner", owner, "change", a)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(res)
 	}))
 	mux.HandleFunc("DELETE "+api.TenantsPath+"/{name}", rootOnly(func(w http.ResponseWriter, r *http.Request) {
 		name := r.PathValue("name")
-		err := d.updatePolicy("detach "+name, func(cur *policy.Config) (*policy.Config, error) {
-			cfg, ok := cur.Without(name)
-			if !ok {
-				return nil, errNoTenant
+		owner := r.URL.Query().Get(api.OwnerParam)
+		err := d.updatePolicy("detach "+name, func(*policy.Config) (*policy.Config, error) {
+			at, ok := d.attached.get(name)
+			_, inFile := d.base.Tenant(name)
+			switch {
+			case !ok && inFile && owner == "":
+				return nil, fmt.Errorf("%w: %q is a tenant of the policy file %s, not an attached one: remove it there and reload", errNameTaken, name, d.cfg.PolicyPath)
+			case !ok:
+				return nil, fmt.Errorf("%w: no attached tenant %q", errNoTenant, name)
+			case owner != "" && at.Owner != owner:
+				return nil, fmt.Errorf("%w: tenant %q is not attached by %s", errNoTenant, name, owner)
 			}
-			if d.attached.remove(name) {
-				if err := d.attached.save(); err != nil {
-					d.log.Warn("detached, but a restarted daemon would attach it again", "tenant", name, "err", err)
-				}
+			d.attached.remove(name)
+			if err := d.attached.save(); err != nil {
+				d.log.Warn("detached, but a restarted daemon would attach it again", "tenant", name, "err", err)
 			}
-			return cfg, nil
+			cfg, _, err := d.attached.onto(d.base)
+			return cfg, err
 		})
-		if errors.Is(err, errNoTenant) {
-			http.Error(w, fmt.Sprintf("no tenant %q in the policy", name), http.StatusNotFound)
+		switch {
+		case errors.Is(err, errNoTenant):
+			http.Error(w, err.Error(), http.StatusNotFound)
+		case errors.Is(err, errNameTaken):
+			http.Error(w, err.Error(), http.StatusConflict)
+		case err != nil:
+			http.Error(w, err.Error(), http.StatusInternalServerError)
 		}
 	}))
 	mux.HandleFunc("POST "+api.ThawPath, rootOnly(func(w http.ResponseWriter, _ *http.Request) {
@@ -190,8 +227,38 @@ func reshaped(old, cfg *policy.Config, name string) bool {
 	return inOld != inNew || !reflect.DeepEqual(was, is)
 }
 
-// errNoTenant is a detach of a tenant the policy does not have.
+// errNoTenant is a detach of a tenant that is not attached (by its owner).
 var errNoTenant = errors.New("no such tenant")
+
+// errNameTaken is a workload's attach under a name that is not its own,
+// or an operator's detach of a policy file entry.
+var errNameTaken = errors.New("tenant name taken")
+
+// nameFree refuses a workload's attach under the name of a policy file
+// tenant or of a tenant another owner (or the operator) attached: a
+// container must not replace, or at its exit remove, what is not its own.
+// Called with d.mu held.
+func (d *Daemon) nameFree(name, owner string) error {
+	if _, inFile := d.base.Tenant(name); inFile {
+		return fmt.Errorf("%w: %q is a tenant of the policy file %s", errNameTaken, name, d.cfg.PolicyPath)
+	}
+	if at, ok := d.attached.get(name); ok && at.Owner != owner {
+		by := at.Owner
+		if by == "" {
+			by = "the operator"
+		}
+		return fmt.Errorf("%w: %q is attached by %s", errNameTaken, name, by)
+	}
+	return nil
+}
+
+// checkOwner refuses an owner that could not be shown or logged plainly.
+func checkOwner(owner string) error {
+	if len(owner) > 256 || strings.IndexFunc(owner, func(r rune) bool { return r == utf8.RuneError || !unicode.IsPrint(r) }) >= 0 {
+		return fmt.Errorf("owner %q: want at most 256 printable characters", owner)
+	}
+	return nil
+}
 
 // updatePolicy installs the policy next derives from the one in force
 // (called with d.mu held; an error installs nothing): tenants whose rules
@@ -261,10 +328,14 @@ func (d *Daemon) Reload() error {
 // tenants stay.
 func (d *Daemon) setBase(base *policy.Config, why string) error {
 	return d.updatePolicy(why, func(*policy.Config) (*policy.Config, error) {
-		cfg, err := d.attached.onto(base)
-		if err == nil {
-			d.base = base
+		cfg, shadowed, err := d.attached.onto(base)
+		if err != nil {
+			return nil, err
 		}
-		return cfg, err
+		d.base = base
+		for _, name := range shadowed {
+			d.log.Warn("a workload's attached tenant has the name of a policy file tenant; the file's entry applies", "tenant", name)
+		}
+		return cfg, nil
 	})
 }

@@ -335,11 +335,11 @@ func TestAttachesLeaveTheOthersHeld(t *testing.T) {
 		n := 0
 		defer func() { churned <- n }()
 		for ctx.Err() == nil {
-			if err := d.Attach(ctx, fmt.Appendf(nil, `{"name": "comer", "cgroup": %q, "weight": 300}`, comer.Rel)); err != nil {
+			if _, err := d.Attach(ctx, "container comer", fmt.Appendf(nil, `{"name": "comer", "cgroup": %q, "weight": 300}`, comer.Rel)); err != nil {
 				return
 			}
 			time.Sleep(100 * time.Millisecond)
-			if err := d.Detach(ctx, "comer"); err != nil {
+			if err := d.Detach(ctx, "container comer", "comer"); err != nil {
 				return
 			}
 			n++

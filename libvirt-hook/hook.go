@@ -17,6 +17,7 @@ package libvirthook
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"encoding/xml"
@@ -29,6 +30,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/gpuarb/gpuarb/api"
 	"github.com/gpuarb/gpuarb/cgroup"
@@ -108,6 +111,30 @@ func (e *PolicyError) Error() string {
 	return fmt.Sprintf("<gpuarb:policy %s=%q>: %s", e.Attr, e.Value, e.Msg)
 }
 
+// defaultName is the tenant a domain is registered as when its policy
+// names none: "vm-" and the domain name, made a valid tenant name.
+func (d *Domain) defaultName() string {
+	n := "vm-" + strings.Map(func(r rune) rune {
+		if r == '/' || r == ' ' || r == utf8.RuneError || !unicode.IsPrint(r) {
+			return '_'
+		}
+		return r
+	}, d.Name)
+	for len(n) > 128 {
+		_, size := utf8.DecodeLastRuneInString(n)
+		n = n[:len(n)-size]
+	}
+	return n
+}
+
+func attach(ctx context.Context, client *api.Client, owner string, t policy.Tenant) (api.AttachResult, error) {
+	body, err := json.Marshal(t)
+	if err != nil {
+		return api.AttachResult{}, err
+	}
+	return client.Attach(ctx, owner, body)
+}
+
 // attrName is the attribute that names the tenant.
 const attrName = "name"
 
@@ -115,25 +142,17 @@ const attrName = "name"
 // policy's name attribute, else "vm-" and the domain name; rules from the
 // policy's other attributes.
 func (d *Domain) Tenant() (policy.Tenant, error) {
-	t := policy.Tenant{Name: "vm-" + strings.Map(func(r rune) rune {
-		if r == '/' || r == ' ' || r == '\t' || r == '\n' {
-			return '_'
-		}
-		return r
-	}, d.Name)}
+	t := policy.Tenant{Name: d.defaultName()}
 	kv := map[string]string{}
 	for k, v := range d.Policy {
 		if k == attrName {
 			if err := policy.CheckTenantName(v); err != nil {
-				return t, &PolicyError{k, v, "must be 1–128 characters without spaces or '/'"}
+				return t, &PolicyError{k, v, "must be 1–128 printable characters without spaces or '/'"}
 			}
 			t.Name = v
 			continue
 		}
 		kv[k] = v
-	}
-	if len(t.Name) > 128 {
-		t.Name = t.Name[:128]
 	}
 	rules, err := policy.RulesFromStrings(kv)
 	var ve *policy.ValueError
@@ -211,12 +230,18 @@ func Run(ctx context.Context, name string, op Operation, stdin io.Reader, o Opti
 		o.ProcRoot = "/proc"
 	}
 	t, perr := d.Tenant()
+	fallback := d.defaultName()
 	act.Tenant.Name = t.Name
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
 	client := api.NewClient(o.Socket)
+	owner := "vm " + cmp.Or(d.UUID, d.Name)
 	if op.unregisters() {
-		err := client.Detach(ctx, t.Name)
+		err := client.Detach(ctx, owner, t.Name)
+		if errors.Is(err, api.ErrNotFound) && t.Name != fallback {
+			// Registered under vm-DOMAIN: its name was taken at start.
+			err = client.Detach(ctx, owner, fallback)
+		}
 		switch {
 		case err == nil:
 			act.Detached = true
@@ -243,15 +268,21 @@ func Run(ctx context.Context, name string, op Operation, stdin io.Reader, o Opti
 		return act, err
 	}
 	t.Cgroup = VMCgroup(cg)
-	act.Tenant = t
-	body, err := json.Marshal(t)
-	if err != nil {
-		return act, err
+	res, err := attach(ctx, client, owner, t)
+	if errors.Is(err, api.ErrConflict) && t.Name != fallback {
+		// The metadata names a tenant that is not this VM's: register it
+		// as vm-DOMAIN rather than leave it unarbitrated.
+		act.Warnings = append(act.Warnings, fmt.Sprintf("%v; registered as %s instead", err, fallback))
+		t.Name = fallback
+		res, err = attach(ctx, client, owner, t)
 	}
-	if err := client.Attach(ctx, body); err != nil {
+	act.Tenant = t
+	if err != nil {
 		act.Warnings = append(act.Warnings, daemonWarning(err, o.Timeout))
 		return act, nil
 	}
+	// How the policy's admission rules bounded what the metadata asked.
+	act.Warnings = append(act.Warnings, res.Adjusted...)
 	act.Registered = true
 	return act, nil
 }

@@ -150,7 +150,8 @@ type Action struct {
 	// Detached is set by poststop.
 	Detached bool
 	// Warnings are what the runtime's log should show (fail-open paths,
-	// a policy fallen back to the defaults, a cgroup path disagreement).
+	// a policy fallen back to the defaults, a cgroup path disagreement,
+	// a name taken, rules bounded by the policy's admission rules).
 	Warnings []string
 }
 
@@ -178,8 +179,13 @@ func Run(ctx context.Context, stage Stage, stdin io.Reader, o Options) (Action, 
 	defer cancel()
 	client := api.NewClient(o.Socket)
 
+	owner := Owner(st.ID)
 	if stage == Poststop {
-		err := client.Detach(ctx, name)
+		err := client.Detach(ctx, owner, name)
+		if errors.Is(err, api.ErrNotFound) && name != st.ID {
+			// Registered under its id: its name was taken at start.
+			err = client.Detach(ctx, owner, st.ID)
+		}
 		switch {
 		case err == nil:
 			act.Detached = true
@@ -209,14 +215,32 @@ func Run(ctx context.Context, stage Stage, stdin io.Reader, o Options) (Action, 
 	}
 	act.Tenant.Cgroup = cg
 	act.Tenant.Rules = rules
-	body, err := json.Marshal(act.Tenant)
-	if err != nil {
-		return act, err
+	res, err := attach(ctx, client, owner, act.Tenant)
+	if errors.Is(err, api.ErrConflict) && name != st.ID {
+		// The annotation names a tenant that is not this container's:
+		// register it under its id rather than leave it unarbitrated.
+		act.Warnings = append(act.Warnings, fmt.Sprintf("%v; registered as %s instead", err, st.ID))
+		act.Tenant.Name = st.ID
+		res, err = attach(ctx, client, owner, act.Tenant)
 	}
-	if err := client.Attach(ctx, body); err != nil {
+	if err != nil {
 		return act, daemonError(&act, o, err)
 	}
+	// How the policy's admission rules bounded what the annotations asked.
+	act.Warnings = append(act.Warnings, res.Adjusted...)
 	return act, nil
+}
+
+// Owner is how the hook names a container to the daemon: the owner of
+// the tenant it registers (api.Client.Attach).
+func Owner(id string) string { return "container " + id }
+
+func attach(ctx context.Context, client *api.Client, owner string, t policy.Tenant) (api.AttachResult, error) {
+	body, err := json.Marshal(t)
+	if err != nil {
+		return api.AttachResult{}, err
+	}
+	return client.Attach(ctx, owner, body)
 }
 
 // daemonError applies the fail-open/fail-closed choice to an error that

@@ -1,6 +1,3 @@
-// Package policy holds tenants and their rules — weight, limit, priority and
-// SLO — and the per-GPU sharing mode, as read from YAML or set through the
-// daemon's API, and validates them. It neither measures nor enforces.
 package policy
 
 import (
@@ -12,8 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"gopkg.in/yaml.v3"
 )
@@ -172,6 +167,9 @@ type Config struct {
 	GPUs []GPU `yaml:"gpus,omitempty" json:"gpus,omitempty"`
 	// Tenants are the named tenants.
 	Tenants []Tenant `yaml:"tenants,omitempty" json:"tenants,omitempty"`
+	// Admission bounds the rules workloads request for themselves (OCI
+	// annotations, libvirt domain metadata); none: admitted as requested.
+	Admission []Admission `yaml:"admission,omitempty" json:"admission,omitempty"`
 }
 
 // Default returns the policy used when no file exists.
@@ -219,7 +217,7 @@ func Parse(data []byte) (*Config, error) {
 
 // typeNames words the YAML decoder's messages without Go type names.
 var typeNames = strings.NewReplacer(" in type policy.Config", " in the policy", " in type policy.Tenant", " in a tenant",
-	" in type policy.GPU", " in a GPU", " in type policy.Rules", " in the defaults", " in type policy.SLO", " in an SLO",
+	" in type policy.GPU", " in a GPU", " in type policy.Rules", " in the defaults", " in type policy.SLO", " in an SLO", " in type policy.Admission", " in an admission rule",
 	"into policy.Weight", "into a weight", "into policy.Share", "into a share", "into time.Duration", "into a duration")
 
 // lineError is a value that does not decode, reported with its line and
@@ -352,15 +350,16 @@ func (c *Config) Validate() error {
 		}
 		names[t.Name] = true
 	}
+	for i, a := range c.Admission {
+		errs = append(errs, a.validate(fmt.Sprintf("admission[%d]", i)))
+	}
 	return errors.Join(errs...)
 }
 
 // Validate checks one tenant; field prefixes the field names in errors.
 func (t *Tenant) Validate(field string) error {
-	// Names reach operators' terminals (top, trace): printable UTF-8 only.
-	bad := func(r rune) bool { return r == ' ' || r == '/' || r == utf8.RuneError || !unicode.IsPrint(r) }
-	if t.Name == "" || strings.IndexFunc(t.Name, bad) >= 0 || len(t.Name) > 128 {
-		return &FieldError{field + ".name", fmt.Sprintf("%q must be 1–128 printable characters without spaces or '/'", t.Name)}
+	if err := CheckTenantName(t.Name); err != nil {
+		return &FieldError{field + ".name", err.Error()}
 	}
 	n := 0
 	if t.Cgroup != "" {
@@ -480,6 +479,7 @@ func (c *Config) clone() *Config {
 	n := *c
 	n.GPUs = append([]GPU(nil), c.GPUs...)
 	n.Tenants = append([]Tenant(nil), c.Tenants...)
+	n.Admission = append([]Admission(nil), c.Admission...)
 	return &n
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -110,6 +111,11 @@ func TestRejects(t *testing.T) {
 		{"tenants: [{name: a, cgroup: /a, limit: NaN}]", "tenants[0].limit"},
 		{"tenants: [{name: a, cgroup: /a, priority: latency, slo: {p99_sync_ms: .inf}}]", "tenants[0].slo.p99_sync_ms"},
 		{"tenants: [{name: a, cgroup: /a, priority: latency, slo: {fps: .nan}}]", "tenants[0].slo.fps"},
+		{"admission: [{cgroup_prefix: kubepods}]", "admission[0].cgroup_prefix"},
+		{"admission: [{cgroup_prefix: /kubepods/}]", "admission[0].cgroup_prefix"},
+		{"admission: [{max_weight: 1000}]", "admission[0].cgroup_prefix"},
+		{"admission: [{cgroup_prefix: /, max_weight: 20000}]", "admission[0].max_weight"},
+		{"admission: [{cgroup_prefix: /, max_weight: 0}]", "line 1: weight"},
 	} {
 		_, err := Parse([]byte(tc.yaml))
 		var fe *FieldError
@@ -196,4 +202,61 @@ period: 1ms
 	if strings.Contains(err.Error(), "policy.") {
 		t.Errorf("error names Go types:\n%v", err)
 	}
+}
+
+// The policy file and `policy apply` bodies are untrusted bytes: Parse
+// never panics, what it accepts validates, and its YAML reads back to the
+// same policy, admission included.
+func FuzzParse(f *testing.F) {
+	for _, seed := range []string{
+		"", "period: 100ms\n", "defaults: {weight: 100, priority: normal}\n",
+		"tenants: [{name: a, cgroup: /a, weight: 300, limit: 30%}]\n",
+		"tenants: [{name: i, container_id: 3f2a, priority: latency, slo: {p99_sync_ms: 20}}]\n",
+		"gpus: [{index: 1, mode: timeslice}, {index: 2, preemptive: false, timeslice: 4ms}]\n",
+		"admission: [{cgroup_prefix: /, max_weight: 1000}, {cgroup_prefix: /k, allow_latency: true}]\n",
+		"tenants: [{name: a, cgroup: /a, limit: .nan}]\n", "weight: &a [*a]\n",
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := Parse(data)
+		if err != nil {
+			return
+		}
+		if err := c.Validate(); err != nil {
+			t.Fatalf("Parse accepted a policy that does not validate: %v", err)
+		}
+		out, err := c.YAML()
+		if err != nil {
+			t.Fatal(err)
+		}
+		back, err := Parse(out)
+		if err != nil {
+			t.Fatalf("its own YAML does not parse: %v\n%s", err, out)
+		}
+		if !reflect.DeepEqual(normalized(c), normalized(back)) {
+			t.Fatalf("round trip changed the policy:\n%+v\n%+v", c, back)
+		}
+		r := Rules{Weight: MaxWeight, Priority: Latency}
+		c.Admit("/a/b", &r)
+		r.fillFrom(c.Defaults)
+		if err := r.Validate("admitted"); err != nil {
+			t.Fatalf("admitted rules do not validate: %v", err)
+		}
+	})
+}
+
+// normalized makes empty and nil lists alike for comparison.
+func normalized(c *Config) Config {
+	n := *c
+	if len(n.GPUs) == 0 {
+		n.GPUs = nil
+	}
+	if len(n.Tenants) == 0 {
+		n.Tenants = nil
+	}
+	if len(n.Admission) == 0 {
+		n.Admission = nil
+	}
+	return n
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/urfave/cli/v2"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpuarb/gpuarb/api"
@@ -111,6 +112,7 @@ func TestKubernetesManifest(t *testing.T) {
 	var ds *appsv1.DaemonSet
 	configMaps := map[string]*corev1.ConfigMap{}
 	var namespaces []string
+	var netpols []*networkingv1.NetworkPolicy
 	for _, doc := range bytes.Split(data, []byte("\n---\n")) {
 		var meta struct{ Kind string }
 		if err := yaml.Unmarshal(doc, &meta); err != nil {
@@ -124,6 +126,8 @@ func TestKubernetesManifest(t *testing.T) {
 			obj = &corev1.ConfigMap{}
 		case "DaemonSet":
 			obj = &appsv1.DaemonSet{}
+		case "NetworkPolicy":
+			obj = &networkingv1.NetworkPolicy{}
 		default:
 			t.Fatalf("unexpected kind %q", meta.Kind)
 		}
@@ -137,6 +141,8 @@ func TestKubernetesManifest(t *testing.T) {
 			configMaps[o.Name] = o
 		case *appsv1.DaemonSet:
 			ds = o
+		case *networkingv1.NetworkPolicy:
+			netpols = append(netpols, o)
 		}
 	}
 	if ds == nil {
@@ -226,6 +232,26 @@ func TestKubernetesManifest(t *testing.T) {
 	if len(daemon.Ports) != 1 || fmt.Sprint(daemon.Ports[0].ContainerPort) != port ||
 		ds.Spec.Template.Annotations["prometheus.io/port"] != port {
 		t.Errorf("metrics on %q, ports %+v, annotations %v", addr, daemon.Ports, ds.Spec.Template.Annotations)
+	}
+	// and not open to the whole cluster network: a NetworkPolicy selects
+	// the daemon's pods and admits the port from selected namespaces only.
+	guarded := false
+	for _, np := range netpols {
+		selects := np.Namespace == ds.Namespace
+		for k, v := range np.Spec.PodSelector.MatchLabels {
+			selects = selects && ds.Spec.Template.Labels[k] == v
+		}
+		for _, in := range np.Spec.Ingress {
+			for _, from := range in.From {
+				if selects && from.NamespaceSelector != nil && len(from.NamespaceSelector.MatchLabels) > 0 &&
+					len(in.Ports) == 1 && in.Ports[0].Port != nil && in.Ports[0].Port.String() == port {
+					guarded = true
+				}
+			}
+		}
+	}
+	if !guarded {
+		t.Error("the metrics port is open to every pod: no NetworkPolicy limits it to selected namespaces")
 	}
 }
 

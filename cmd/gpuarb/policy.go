@@ -86,7 +86,8 @@ Examples:
 			if err != nil {
 				return err
 			}
-			if err := api.NewClient(c.String("socket")).Attach(c.Context, body); err != nil {
+			// The operator attaches: no owner, no admission bounds.
+			if _, err := api.NewClient(c.String("socket")).Attach(c.Context, "", body); err != nil {
 				return cli.Exit("gpuarb attach: "+err.Error(), 1)
 			}
 			fmt.Fprintf(c.App.Writer, "attached %s\n", t.Name)
@@ -98,14 +99,14 @@ Examples:
 func detachCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "detach",
-		Usage:     "remove a tenant from the policy (it is thawed and falls back to the defaults)",
+		Usage:     "remove an attached tenant (it is thawed and falls back to the policy file's entry or the defaults)",
 		ArgsUsage: "NAME",
 		Flags:     []cli.Flag{socketFlag()},
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 1 {
 				return cli.Exit("gpuarb detach: give the tenant NAME", 2)
 			}
-			if err := api.NewClient(c.String("socket")).Detach(c.Context, c.Args().First()); err != nil {
+			if err := api.NewClient(c.String("socket")).Detach(c.Context, "", c.Args().First()); err != nil {
 				return cli.Exit("gpuarb detach: "+err.Error(), 1)
 			}
 			fmt.Fprintf(c.App.Writer, "detached %s\n", c.Args().First())
