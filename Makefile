@@ -70,7 +70,7 @@ FUZZ_TARGETS := ./policy:FuzzParse ./oci-hook:FuzzRulesFromAnnotations ./oci-hoo
 fuzz: build
 	@for t in $(FUZZ_TARGETS); do \
 		echo "fuzz $$t for $(FUZZTIME)"; \
-		GPUARB_BIN=$(CURDIR)/$(BIN) $(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) "$${t%%:*}" || exit 1; \
+		GPUARB_BIN=$(CURDIR)/$(BIN) $(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 5s "$${t%%:*}" || exit 1; \
 	done
 
 # Three runc containers attached by the OCI hook, unarbitrated then under
