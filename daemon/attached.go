@@ -65,6 +65,7 @@ func (d *Daemon) restoreAttachments() error {
 		d.log.Info("restored attached tenants", "tenants", len(kept), "file", a.path)
 	}
 	d.attached, d.policy = a, cfg
+	d.pinPIDs()
 	return nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"os/exec"
@@ -64,10 +65,13 @@ type classifier struct {
 	trees    map[int]map[int]bool // pid tenant root -> its process tree
 }
 
-func newClassifier(cfg *policy.Config, mount string, r *cgroup.Resolver) *classifier {
+// newClassifier classifies by cfg; pidStarts pins its pid tenants to their
+// processes (Daemon.pidStarts): a pid tenant whose process is gone, its
+// pid perhaps another's by now, holds no process.
+func newClassifier(cfg *policy.Config, mount string, r *cgroup.Resolver, pidStarts map[int]uint64) *classifier {
 	c := &classifier{cfg: cfg, mount: mount, resolver: r, trees: map[int]map[int]bool{}}
 	for _, t := range cfg.Tenants {
-		if t.PID != 0 {
+		if t.PID != 0 && pidStarts[t.PID] != 0 && pidStart(t.PID) == pidStarts[t.PID] {
 			c.trees[t.PID] = processTree(t.PID)
 		}
 	}
@@ -151,12 +155,13 @@ func (d *Daemon) control(ctx context.Context) {
 	window := d.controlWindow()
 	d.mu.Lock()
 	cfg, enforcing := d.policy, d.enforcing
+	pidStarts := maps.Clone(d.pidStarts)
 	heldBack := map[string]bool{}
 	for name, t := range d.tenants {
 		heldBack[name] = t.heldSince(now.Add(-window))
 	}
 	d.mu.Unlock()
-	cl := newClassifier(cfg, d.mount, d.resolver)
+	cl := newClassifier(cfg, d.mount, d.resolver, pidStarts)
 	_, short := d.meter.Contexts(window)
 	_, long := d.meter.Contexts(d.cfg.Window)
 	res := control.Step(control.Input{Window: window, Settled: d.cfg.Window, Short: short, Long: long, Assign: cl.assign,
@@ -532,6 +537,9 @@ func (w *wakers) wake(pid uint32, cgroupID uint64) {
 // gateFor makes the gate of a tenant, refusing what must never be stopped.
 func (d *Daemon) gateFor(t *tenant) (cgroup.Gate, error) {
 	if t.pid != 0 {
+		if pidStart(t.pid) != d.pidStarts[t.pid] {
+			return nil, fmt.Errorf("pid %d is no longer the process attached", t.pid)
+		}
 		return cgroup.NewSignalGate(t.pid)
 	}
 	if strings.HasPrefix(t.cgroup, "cgroup:") {

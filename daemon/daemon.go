@@ -101,9 +101,13 @@ type Daemon struct {
 	mu     sync.Mutex
 	// policy and arbitration, under mu: policy is base (the file or the
 	// last `policy apply`) with the attached tenants
-	policy       *policy.Config
-	base         *policy.Config
-	attached     *attachments
+	policy   *policy.Config
+	base     *policy.Config
+	attached *attachments
+	// pidStarts pins each pid tenant to its process: the start time of
+	// the process its pid named when it was attached or first appeared
+	// in the policy. A pid reused by another process is not the tenant's.
+	pidStarts    map[int]uint64
 	enforcing    bool
 	arb          *arbiter.Arbiter
 	tenants      map[string]*tenant
@@ -163,7 +167,7 @@ func (c *Config) setDefaults() {
 func Start(cfg Config) (_ *Daemon, err error) {
 	cfg.setDefaults()
 	d := &Daemon{cfg: cfg, log: cfg.Log, ungroupedSince: map[tenantGPU]time.Time{}, meter: meter.New(meter.Config{Window: cfg.Window, Lag: 20 * time.Millisecond}),
-		arb: arbiter.New(arbiter.DefaultParams()), tenants: map[string]*tenant{}, enforcing: !cfg.ObserveOnly,
+		arb: arbiter.New(arbiter.DefaultParams()), tenants: map[string]*tenant{}, pidStarts: map[int]uint64{}, enforcing: !cfg.ObserveOnly,
 		epoch: time.Now(), mode: cgroup.DetectMode()}
 	defer func() {
 		if err != nil {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -312,4 +313,42 @@ admission: [{cgroup_prefix: %s, max_weight: 1000}]
 		t.Errorf("container a detaching wa: %v", err)
 	}
 	policyHas(map[string]*policy.Rules{"wa": nil, "ops": {Weight: 500, Priority: policy.Normal}})
+}
+
+// A pid tenant is its process, not its pid: once the process is gone and
+// the pid names another (pid reuse), that other process is neither
+// classified into the tenant nor gated as it (issue 18 item 9).
+func TestPIDTenantIsPinnedToItsProcess(t *testing.T) {
+	child := exec.Command("sleep", "30")
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = child.Process.Kill(); _ = child.Wait() })
+	pid := child.Process.Pid
+	start := pidStart(pid)
+	if start == 0 {
+		t.Fatal("no start time for the child")
+	}
+	cfg, err := policy.Default().With(policy.Tenant{Name: "p", Selector: policy.Selector{PID: pid}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		pinned uint64
+		want   bool
+		why    string
+	}{
+		{start, true, "the process attached"},
+		{start + 1, false, "another process under the same pid"},
+		{0, false, "no process when attached"},
+	} {
+		name, _, _, _ := newClassifier(cfg, "", nil, map[int]uint64{pid: tc.pinned}).classify(uint32(pid), 0)
+		if (name == "p") != tc.want {
+			t.Errorf("%s: classified into %q", tc.why, name)
+		}
+		d := &Daemon{pidStarts: map[int]uint64{pid: tc.pinned}}
+		if _, err := d.gateFor(&tenant{name: "p", pid: pid}); (err == nil) != tc.want {
+			t.Errorf("%s: gate err %v", tc.why, err)
+		}
+	}
 }

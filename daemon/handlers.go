@@ -125,6 +125,10 @@ func (d *Daemon) routes(mux *http.ServeMux) {
 			if err != nil {
 				return nil, err
 			}
+			if t.PID != 0 {
+				// Attached now: the process its pid names now.
+				d.pidStarts[t.PID] = pidStart(t.PID)
+			}
 			d.attached.set(attachment{Tenant: t, Owner: owner})
 			if err := d.attached.save(); err != nil {
 				d.log.Warn("attached, but a restarted daemon will not know it", "tenant", t.Name, "err", err)
@@ -292,6 +296,7 @@ func (d *Daemon) updatePolicy(why string, next func(cur *policy.Config) (*policy
 		}
 	}
 	d.policy = cfg
+	d.pinPIDs()
 	d.enforcing = !d.cfg.ObserveOnly
 	d.mu.Unlock()
 	for _, f := range finish {
@@ -303,6 +308,36 @@ func (d *Daemon) updatePolicy(why string, next func(cur *policy.Config) (*policy
 	d.meter.SetScheduling(cfg.Scheduling)
 	d.log.Info("policy changed", "by", why, "tenants", len(cfg.Tenants), "period", cfg.Period)
 	return nil
+}
+
+// pinPIDs pins the pid tenants the policy gained to the processes their
+// pids name now and forgets those it lost. Called with d.mu held.
+func (d *Daemon) pinPIDs() {
+	has := map[int]bool{}
+	for _, t := range d.policy.Tenants {
+		if t.PID == 0 {
+			continue
+		}
+		has[t.PID] = true
+		if _, ok := d.pidStarts[t.PID]; !ok {
+			d.pidStarts[t.PID] = pidStart(t.PID)
+		}
+	}
+	for pid := range d.pidStarts {
+		if !has[pid] {
+			delete(d.pidStarts, pid)
+		}
+	}
+}
+
+// pidStart is the start time of the process pid names, 0 (no process
+// starts at 0) when there is none.
+func pidStart(pid int) uint64 {
+	start, err := cgroup.StartTime(pid)
+	if err != nil {
+		return 0
+	}
+	return start
 }
 
 // Reload re-reads the policy file; a bad file keeps the policy in force.
