@@ -159,9 +159,9 @@ func (d *Daemon) routes(mux *http.ServeMux) {
 			case !ok && inFile && owner == "":
 				return nil, fmt.Errorf("%w: %q is a tenant of the policy file %s, not an attached one: remove it there and reload", errNameTaken, name, d.cfg.PolicyPath)
 			case !ok:
-				return nil, fmt.Errorf("%w: no attached tenant %q", errNoTenant, name)
+				return nil, fmt.Errorf("%w %q is attached", errNoTenant, name)
 			case owner != "" && at.Owner != owner:
-				return nil, fmt.Errorf("%w: tenant %q is not attached by %s", errNoTenant, name, owner)
+				return nil, fmt.Errorf("%w %q is attached by %s", errNoTenant, name, owner)
 			}
 			d.attached.remove(name)
 			if err := d.attached.save(); err != nil {
@@ -232,7 +232,7 @@ func reshaped(old, cfg *policy.Config, name string) bool {
 }
 
 // errNoTenant is a detach of a tenant that is not attached (by its owner).
-var errNoTenant = errors.New("no such tenant")
+var errNoTenant = errors.New("no tenant")
 
 // errNameTaken is a workload's attach under a name that is not its own,
 // or an operator's detach of a policy file entry.
