@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/containerd/cgroups/v3/cgroup1"
@@ -34,7 +35,48 @@ type Gate interface {
 type V2Gate struct {
 	dir string
 	m   *cgroup2.Manager
+	own ownership
 }
+
+// ownership keeps a gate from undoing a freeze or stop it did not make:
+// `docker pause`, an operator's freeze, a shell's Ctrl-Z. A gate about to
+// freeze what is already frozen by someone else leaves it be, and its
+// next thaw leaves it frozen. (A freeze someone makes while the gate
+// holds the tenant cannot be told from the gate's own: the thaw ends
+// both.) A gate made from the ledger after a crash knows nothing and
+// thaws.
+type ownership struct {
+	mu     sync.Mutex
+	held   bool // this gate froze it and has not thawed it
+	theirs bool // someone else's freeze was in place when it was to freeze
+}
+
+// freeze says whether the gate is to freeze now (it does not hold it and
+// alreadyFrozen, asked only then, says no one else does).
+func (o *ownership) freeze(alreadyFrozen func() bool) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	switch {
+	case o.held:
+		return false
+	case alreadyFrozen():
+		o.theirs = true
+		return false
+	}
+	o.held, o.theirs = true, false
+	return true
+}
+
+// thaw says whether the gate is to thaw now: not when the freeze in place
+// is someone else's.
+func (o *ownership) thaw() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	skip := o.theirs && !o.held
+	o.held, o.theirs = false, false
+	return !skip
+}
+
 
 // NewV2Gate returns the gate of the cgroup at rel ("/a/b") under the v2
 // mount, after checking that freezing it is safe.
@@ -62,8 +104,12 @@ func newV2GateUnchecked(mount, rel string) (*V2Gate, error) {
 	return &V2Gate{dir: filepath.Join(mount, rel), m: m}, nil
 }
 
-// Freeze writes cgroup.freeze and waits for "frozen 1" in cgroup.events.
+// Freeze writes cgroup.freeze and waits for "frozen 1" in cgroup.events;
+// a cgroup someone else froze is left as it is.
 func (g *V2Gate) Freeze() error {
+	if !g.own.freeze(func() bool { return readTrimmed(filepath.Join(g.dir, "cgroup.freeze")) == "1" }) {
+		return nil
+	}
 	if err := g.m.Freeze(); err != nil {
 		return fmt.Errorf("freeze %s: %w", g.dir, err)
 	}
@@ -83,8 +129,11 @@ func (g *V2Gate) Freeze() error {
 	}
 }
 
-// Thaw writes cgroup.freeze 0.
+// Thaw writes cgroup.freeze 0, unless the freeze is someone else's.
 func (g *V2Gate) Thaw() error {
+	if !g.own.thaw() {
+		return nil
+	}
 	if err := g.m.Thaw(); err != nil {
 		return fmt.Errorf("thaw %s: %w", g.dir, err)
 	}
@@ -93,6 +142,15 @@ func (g *V2Gate) Thaw() error {
 
 // Target implements Gate.
 func (g *V2Gate) Target() Target { return Target{Kind: KindV2, Path: g.dir} }
+
+// readTrimmed reads a one-line control file ("" when it cannot).
+func readTrimmed(path string) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(data))
+}
 
 // V2Frozen reads "frozen" from a cgroup directory's cgroup.events.
 func V2Frozen(dir string) (bool, error) {
@@ -113,6 +171,7 @@ func V2Frozen(dir string) (bool, error) {
 type V1Gate struct {
 	dir string
 	cg  cgroup1.Cgroup
+	own ownership
 }
 
 // NewV1Gate returns the gate of the freezer cgroup rel ("/a/b").
@@ -143,6 +202,9 @@ func newV1GateUnchecked(rel string) (*V1Gate, error) {
 // of holding the tenant half-frozen.
 func (g *V1Gate) Freeze() error {
 	state := filepath.Join(g.dir, "freezer.state")
+	if !g.own.freeze(func() bool { st := readTrimmed(state); return st == "FROZEN" || st == "FREEZING" }) {
+		return nil
+	}
 	deadline := time.Now().Add(FreezeTimeout)
 	for {
 		if err := os.WriteFile(state, []byte("FROZEN"), 0); err != nil {
@@ -152,7 +214,7 @@ func (g *V1Gate) Freeze() error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			thawErr := g.Thaw()
+			thawErr := g.Thaw() // and the gate no longer holds it
 			return errors.Join(fmt.Errorf("freeze %s: %w within %v", g.dir, ErrNotFrozen, FreezeTimeout), thawErr)
 		}
 		time.Sleep(200 * time.Microsecond)
@@ -160,8 +222,11 @@ func (g *V1Gate) Freeze() error {
 }
 
 // Thaw resumes the cgroup (cgroup1 waits until THAWED, which the kernel
-// reaches at once).
+// reaches at once), unless the freeze is someone else's.
 func (g *V1Gate) Thaw() error {
+	if !g.own.thaw() {
+		return nil
+	}
 	if err := g.cg.Thaw(); err != nil {
 		return fmt.Errorf("thaw %s: %w", g.dir, err)
 	}

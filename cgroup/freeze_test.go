@@ -293,3 +293,101 @@ func TestContinueProcessAndExited(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// A gate never undoes a freeze or stop it did not make (`docker pause`, an
+// operator's freeze, Ctrl-Z): it leaves such a tenant as it found it. What
+// it froze itself, even twice over, its thaw resumes.
+func TestGatesLeaveSomeoneElsesFreeze(t *testing.T) {
+	testutil.Privileged(t)
+	t.Run("v2", func(t *testing.T) {
+		cg := testutil.NewCgroup(t, "theirs")
+		pid := busy(t, cg, "while :; do :; done").Cmd.Process.Pid
+		mount, _ := cgroup.UnifiedMount()
+		g, err := cgroup.NewV2Gate(mount, cg.Rel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		freezeFile := filepath.Join(cg.Path, "cgroup.freeze")
+		t.Cleanup(func() { _ = os.WriteFile(freezeFile, []byte("0"), 0) })
+		if err := os.WriteFile(freezeFile, []byte("1"), 0); err != nil { // docker pause
+			t.Fatal(err)
+		}
+		for i := 0; i < 500; i++ { // the kernel confirms it in cgroup.events
+			if f, _ := cgroup.V2Frozen(cg.Path); f {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		if err := g.Freeze(); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.Thaw(); err != nil {
+			t.Fatal(err)
+		}
+		if f, _ := cgroup.V2Frozen(cg.Path); !f || runs(t, pid, 300*time.Millisecond) {
+			t.Error("the gate's thaw undid someone else's freeze")
+		}
+		if err := os.WriteFile(freezeFile, []byte("0"), 0); err != nil { // docker unpause
+			t.Fatal(err)
+		}
+		for range 2 { // its own freeze, asked twice
+			if err := g.Freeze(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := g.Thaw(); err != nil {
+			t.Fatal(err)
+		}
+		if f, _ := cgroup.V2Frozen(cg.Path); f || !runs(t, pid, 300*time.Millisecond) {
+			t.Error("the gate's thaw did not undo its own freeze")
+		}
+	})
+	t.Run("signal", func(t *testing.T) {
+		// A tree of a parent and two children; one child was stopped by
+		// someone else before the gate stops the tree.
+		p := busy(t, nil, `sh -c 'while :; do :; done' & sh -c 'while :; do :; done' & while :; do :; done`)
+		pid := p.Cmd.Process.Pid
+		var kids []int
+		for i := 0; i < 100 && len(kids) < 2; i++ {
+			data, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/task/" + strconv.Itoa(pid) + "/children")
+			kids = kids[:0]
+			for _, f := range strings.Fields(string(data)) {
+				k, _ := strconv.Atoi(f)
+				kids = append(kids, k)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if len(kids) < 2 {
+			t.Fatalf("children %v", kids)
+		}
+		for _, k := range kids {
+			t.Cleanup(func() { _ = syscall.Kill(k, syscall.SIGKILL) })
+		}
+		theirs, other := kids[0], kids[1]
+		if err := syscall.Kill(theirs, syscall.SIGSTOP); err != nil { // Ctrl-Z
+			t.Fatal(err)
+		}
+		for i := 0; i < 100 && !cgroup.Stopped(theirs); i++ {
+			time.Sleep(5 * time.Millisecond)
+		}
+		g, err := cgroup.NewSignalGate(pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := g.Freeze(); err != nil {
+			t.Fatal(err)
+		}
+		if runs(t, other, 200*time.Millisecond) {
+			t.Error("a process the gate stopped used CPU")
+		}
+		if err := g.Thaw(); err != nil {
+			t.Fatal(err)
+		}
+		if !runs(t, other, 300*time.Millisecond) || !runs(t, pid, 300*time.Millisecond) {
+			t.Error("the gate's thaw did not resume what it stopped")
+		}
+		if !cgroup.Stopped(theirs) || runs(t, theirs, 200*time.Millisecond) {
+			t.Error("the gate's thaw resumed a process someone else had stopped")
+		}
+	})
+}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -14,9 +15,18 @@ import (
 // SignalGate stops a bare process and its descendants with SIGSTOP and
 // resumes them with SIGCONT, for tenants attached by pid. The process is
 // identified by pid and start time, so a reused pid is never signalled.
+//
+// Processes already stopped when it stops the tree (a shell's Ctrl-Z, a
+// debugger) were stopped by someone else: it leaves them stopped at its
+// thaw. (One stopped while the gate holds the tree cannot be told from
+// its own stop: the thaw resumes it.)
 type SignalGate struct {
 	pid   int
 	start uint64
+	mu    sync.Mutex
+	// theirs are the processes stopped by someone else at the last
+	// Freeze, by pid and start time.
+	theirs map[int]uint64
 }
 
 // NewSignalGate returns the gate of a process tree, refusing PID 1, gpuarb
@@ -45,11 +55,33 @@ func NewSignalGate(pid int) (*SignalGate, error) {
 // SignalGateOf rebuilds a gate from a ledger entry.
 func SignalGateOf(pid int, start uint64) *SignalGate { return &SignalGate{pid: pid, start: start} }
 
-// Freeze sends SIGSTOP to the process and every descendant.
-func (g *SignalGate) Freeze() error { return g.signal(syscall.SIGSTOP) }
+// Freeze sends SIGSTOP to the process and every descendant not already
+// stopped.
+func (g *SignalGate) Freeze() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.theirs = map[int]uint64{}
+	return g.signal(syscall.SIGSTOP, func(p int, st procStat) bool {
+		if st.state == 'T' || st.state == 't' {
+			g.theirs[p] = st.start
+			return false
+		}
+		return true
+	})
+}
 
-// Thaw sends SIGCONT to the process and every descendant.
-func (g *SignalGate) Thaw() error { return g.signal(syscall.SIGCONT) }
+// Thaw sends SIGCONT to the process and every descendant, but those
+// someone else had stopped before Freeze.
+func (g *SignalGate) Thaw() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	theirs := g.theirs
+	g.theirs = nil
+	return g.signal(syscall.SIGCONT, func(p int, st procStat) bool {
+		start, ok := theirs[p]
+		return !ok || start != st.start
+	})
+}
 
 // ContinueProcess sends SIGCONT to one process (not its descendants) if it
 // is still the one that started at start (clock ticks since boot, as in
@@ -77,7 +109,9 @@ func (g *SignalGate) Alive() bool {
 	return err == nil && st.start == g.start
 }
 
-func (g *SignalGate) signal(sig syscall.Signal) error {
+// signal sends sig to the tree's processes that pick, given each one's
+// stat, chooses.
+func (g *SignalGate) signal(sig syscall.Signal, pick func(pid int, st procStat) bool) error {
 	if !g.Alive() {
 		return fmt.Errorf("pid %d: %w", g.pid, os.ErrProcessDone)
 	}
@@ -85,6 +119,9 @@ func (g *SignalGate) signal(sig syscall.Signal) error {
 	self := os.Getpid()
 	for _, p := range Descendants(g.pid) {
 		if p == self {
+			continue
+		}
+		if st, err := readStat(p); err != nil || !pick(p, st) {
 			continue
 		}
 		if err := unix.Kill(p, sig); err != nil && !errors.Is(err, unix.ESRCH) {

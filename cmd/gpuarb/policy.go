@@ -28,6 +28,13 @@ func attachCommand() *cli.Command {
 		Description: `Names a cgroup (as in /proc/PID/cgroup, e.g. /kubepods/pod1/ctr, or a full
 path under the cgroup mount) or a process tree (--pid, throttled with
 SIGSTOP/SIGCONT) as a tenant. Re-attaching a name replaces its rules.
+A --pid tenant is the process that pid names now, and its descendants.
+
+A process started from an interactive shell: if the shell exits while
+gpuarb holds the process stopped, the kernel sends SIGHUP to its process
+group (an orphaned group with a stopped member), which ends it unless it
+ignores SIGHUP. Start such work with setsid or nohup, or attach it by
+cgroup (systemd-run --scope).
 Examples:
   gpuarb attach --cgroup /gpu/train --name train --weight 300
   gpuarb attach --pid 4242 --limit 30%
