@@ -28,7 +28,11 @@ policy from its annotations:
   gpuarb.io/weight=300  gpuarb.io/limit=30%  gpuarb.io/priority=latency
   gpuarb.io/slo-p99-ms=20  gpuarb.io/slo-fps=60
 
-poststop unregisters it. The hook returns within 1 s. If the daemon is down
+The policy file's admission rules bound what annotations may ask for (a
+weight over the cap is lowered, latency dropped unless allowed), and a
+name that belongs to the policy file or to another tenant is refused: the
+container is then registered under its id. Each change is printed as a
+warning. poststop unregisters it. The hook returns within 1 s. If the daemon is down
 or slow the container starts anyway and a warning is printed, unless
 --fail-closed. Invalid annotations fail the hook unless
 --default-on-bad-policy. Install it with 'gpuarb hooks install'.`,
@@ -77,7 +81,8 @@ tenant named vm-DOMAIN, with the policy in the domain's metadata:
                    weight="300" limit="30%" priority="normal"/>
   </metadata>
 
-(attributes: name, weight, limit, priority, slo-p99-ms, slo-fps). On
+(attributes: name, weight, limit, priority, slo-p99-ms, slo-fps), bounded
+by the policy file's admission rules as a container's annotations are. On
 stopped and release it removes the tenant; other operations do nothing.
 A daemon that is down or slow only yields a warning (the VM runs
 unarbitrated). Install it with 'gpuarb hooks install --runtime libvirt'.`,
