@@ -77,7 +77,6 @@ func (o *ownership) thaw() bool {
 	return !skip
 }
 
-
 // NewV2Gate returns the gate of the cgroup at rel ("/a/b") under the v2
 // mount, after checking that freezing it is safe.
 func NewV2Gate(mount, rel string) (*V2Gate, error) {
