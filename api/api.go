@@ -120,6 +120,10 @@ type Probes struct {
 	// from a memfd).
 	MappingScans   uint64 `json:"mapping_scans"`
 	FoundByMapping uint64 `json:"found_by_mapping"`
+	// ExitsReconciled are processes the meter ended because they were
+	// gone from /proc with no exit event seen (lost with the ring's
+	// overflow): their modeled work stopped there.
+	ExitsReconciled uint64 `json:"exits_reconciled"`
 }
 
 // Status is the daemon's status document.

@@ -201,5 +201,14 @@ func StartTime(pid int) (uint64, error) {
 // another process.
 func Exited(pid int, start uint64) bool {
 	st, err := readStat(pid)
-	return err != nil || st.state == 'Z' || st.state == 'X' || st.flags&pfExiting != 0 || st.start != start
+	return err != nil || gone(st) || st.start != start
 }
+
+// Gone reports whether no process runs under pid: there is none, or it is
+// a zombie or exiting.
+func Gone(pid int) bool {
+	st, err := readStat(pid)
+	return err != nil || gone(st)
+}
+
+func gone(st procStat) bool { return st.state == 'Z' || st.state == 'X' || st.flags&pfExiting != 0 }

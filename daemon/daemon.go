@@ -135,6 +135,19 @@ type Daemon struct {
 	ungroupedSince map[tenantGPU]time.Time
 	// published is the last control step's view for status and metrics.
 	published atomic.Pointer[stepView]
+	// exitsReconciled counts the processes reconcileExits ended.
+	exitsReconciled atomic.Uint64
+}
+
+// reconcileExits ends in the meter the processes that are gone from /proc
+// though no exit event said so (events lost when the ring buffer was
+// full): their modeled queues would otherwise run on, and their state
+// would never be pruned. Once a window, a stat per metered process.
+func (d *Daemon) reconcileExits() {
+	if n := d.meter.Reconcile(func(pid uint32) bool { return !cgroup.Gone(int(pid)) }); n > 0 {
+		d.exitsReconciled.Add(uint64(n))
+		d.log.Info("ended processes whose exit events were lost", "processes", n)
+	}
 }
 
 func (c *Config) setDefaults() {
@@ -398,6 +411,7 @@ loop:
 			}
 		case <-exactTick.C:
 			d.sampleExact()
+			d.reconcileExits()
 		case err := <-errs:
 			runErr = err
 			break loop

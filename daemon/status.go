@@ -148,6 +148,7 @@ func (d *Daemon) Status() api.Status {
 	if d.probes != nil {
 		st.Probes.Libcudas = d.probes.Libcudas()
 		st.Probes.LostEvents, _ = d.probes.Lost()
+		st.Probes.ExitsReconciled = d.exitsReconciled.Load()
 		st.Probes.UprobeMulti = d.probes.UprobeMulti()
 		st.Probes.UnrecordedLaunches, _ = d.probes.UnrecordedLaunches()
 	}

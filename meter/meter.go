@@ -365,15 +365,39 @@ func (m *Meter) Observe(ev ioctlspy.Event) {
 		}
 	case *ioctlspy.ProcessExit:
 		if c := m.ctxs[h.PID]; c != nil {
-			m.at(c, h.End)
-			c.streams = nil // the driver drops a dead process's work
-			c.deferred = nil
-			c.waits = nil
-			c.exited = true
-			c.mem = 0
-			clear(c.allocs)
+			m.exit(c, h.End)
 		}
 	}
+}
+
+// exit ends a process at t: the driver drops a dead process's work.
+func (m *Meter) exit(c *gpuContext, t uint64) {
+	m.at(c, t)
+	c.streams = nil
+	c.deferred = nil
+	c.waits = nil
+	c.exited = true
+	c.mem = 0
+	clear(c.allocs)
+}
+
+// Reconcile ends, now, the processes the meter still models that alive
+// says are gone: their exit was never observed (the ring buffer was full
+// and the event lost). Without it their queued work would run on in the
+// replay and their state would never be pruned. It returns how many it
+// ended.
+func (m *Meter) Reconcile(alive func(pid uint32) bool) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.horizon()
+	n := 0
+	for pid, c := range m.ctxs {
+		if !c.exited && !alive(pid) {
+			m.exit(c, now)
+			n++
+		}
+	}
+	return n
 }
 
 // SubmittedNS returns the GPU ns launched so far by the processes of the

@@ -784,3 +784,36 @@ func TestGraphsLearnApartFromKernels(t *testing.T) {
 		t.Errorf("kernel %.0f ns a block (true 1000), graph %.0f ns a launch (true 5e6)", k, g)
 	}
 }
+
+// An exit the probes never delivered (a full ring buffer) is found by
+// Reconcile: the process's queued work stops where it is found gone, as
+// an observed exit would stop it, and live processes are left alone.
+func TestReconcileEndsProcessesWhoseExitWasLost(t *testing.T) {
+	base := 10 * 1000 * ms
+	clk := &clock{t: base}
+	m := New(Config{Now: clk.now})
+	m.Observe(launch(1, 100, base, 7))
+	m.Observe(launch(2, 200, base, 7))
+	clk.t = base + 600*ms
+	if n := m.Reconcile(func(pid uint32) bool { return pid == 2 }); n != 1 {
+		t.Fatalf("reconciled %d processes, want 1", n)
+	}
+	if n := m.Reconcile(func(uint32) bool { return false }); n != 1 {
+		t.Fatalf("second pass reconciled %d, want 1 (pid 2 only)", n)
+	}
+	clk.t = base + 1000*ms
+	got := byCgroup(m.Snapshot())
+	// Both shared the GPU until 600 ms; pid 2, ended by the second pass
+	// at 600 ms too, ran no more either.
+	if !near(got[100].Share, 0.3) || !near(got[200].Share, 0.3) {
+		t.Errorf("shares %.3f and %.3f, want 0.3 each (the GPU idle after 600 ms)", got[100].Share, got[200].Share)
+	}
+	clk.t = base + 3000*ms
+	m.Tick()
+	if n := m.Reconcile(func(uint32) bool { return false }); n != 0 {
+		t.Errorf("ended processes reconciled again: %d", n)
+	}
+	if len(m.ctxs) != 0 {
+		t.Errorf("%d contexts kept after the window, want the ended ones pruned", len(m.ctxs))
+	}
+}

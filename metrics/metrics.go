@@ -35,6 +35,7 @@ var (
 	gpuBusy     = desc("gpu_busy_ratio", "Fraction of the GPU's time some tenant held it in the last window (0..1).", []string{"gpu"})
 	probeEvents = desc("probe_events_total", "Events read from the probes' ring buffer.", nil)
 	probeLost   = desc("probe_lost_events_total", "Events the probes dropped because the ring buffer was full.", nil)
+	exitsRecon  = desc("meter_exits_reconciled_total", "Processes the meter ended because they were gone with no exit event seen (lost).", nil)
 	enforcing   = desc("enforcing", "1 while the arbiter enforces the policy, 0 while it only observes.", nil)
 	build       = desc("build_info", "The daemon's version.", []string{"version"})
 )
@@ -85,6 +86,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(probeEvents, prometheus.CounterValue, float64(st.Probes.Events))
 	ch <- prometheus.MustNewConstMetric(probeLost, prometheus.CounterValue, float64(st.Probes.LostEvents))
+	ch <- prometheus.MustNewConstMetric(exitsRecon, prometheus.CounterValue, float64(st.Probes.ExitsReconciled))
 	on := 0.0
 	if st.Enforcing {
 		on = 1
