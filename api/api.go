@@ -141,6 +141,18 @@ type Status struct {
 	// ControlNS is the mean time of one control step (measure, decide,
 	// gate) over the last window.
 	ControlNS uint64 `json:"control_ns"`
+	// Guardian is the thaw guardian, which resumes every tenant if the
+	// daemon dies (absent when the daemon runs without one).
+	Guardian *Guardian `json:"guardian,omitempty"`
+}
+
+// Guardian is the state of the thaw guardian.
+type Guardian struct {
+	// PID is the running guardian's (0: none is running now: it died and
+	// is being started again, or could not be).
+	PID int `json:"pid"`
+	// Restarts counts the guardians started after one died.
+	Restarts uint64 `json:"restarts"`
 }
 
 // Endpoints that change the daemon's state; they require root.

@@ -6,12 +6,9 @@ import (
 	"fmt"
 	"maps"
 	"math"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/gpuarb/gpuarb/arbiter"
@@ -683,63 +680,3 @@ func (d *Daemon) stopAllGates() {
 		d.log.Warn("gpu scheduler: putting channel groups back", "err", err)
 	}
 }
-
-// startGuardian starts the thaw guardian: a process outside the daemon's
-// session that holds the read end of a pipe and thaws everything in the
-// ledger when the pipe closes — when the daemon exits in any way.
-func (d *Daemon) startGuardian() error {
-	if len(d.cfg.Guardian) == 0 {
-		return nil
-	}
-	r, w, err := os.Pipe()
-	if err != nil {
-		return fmt.Errorf("guardian pipe: %w", err)
-	}
-	cmd := exec.Command(d.cfg.Guardian[0], d.cfg.Guardian[1:]...)
-	cmd.ExtraFiles = []*os.File{r} // fd 3
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		r.Close()
-		w.Close()
-		return fmt.Errorf("start guardian: %w", err)
-	}
-	r.Close()
-	d.guardianPipe = w
-	go func() { _ = cmd.Wait() }()
-	d.log.Info("thaw guardian started", "pid", cmd.Process.Pid)
-	return nil
-}
-
-// Guard is the thaw guardian's body: it waits until the daemon is gone —
-// fd (its pipe) closes, or the daemon process (pid, started at start)
-// has exited — and resumes everything it may have left stopped
-// (ThawLeftovers). The pid is watched because an exiting process releases
-// its files last-in-first-out after every probe link is torn down (each
-// uprobe waits for a grace period): the pipe closes up to a second after
-// the daemon died, while ThawLeftovers first opens every launch gate, so
-// probes still attached hold nobody.
-func Guard(fd *os.File, pid int, start uint64, ledger, pinPath string) ([]string, error) {
-	closed := make(chan struct{})
-	go func() {
-		buf := make([]byte, 64)
-		for {
-			if _, err := fd.Read(buf); err != nil {
-				close(closed)
-				return
-			}
-		}
-	}()
-	tick := time.NewTicker(guardPoll)
-	defer tick.Stop()
-	for !cgroup.Exited(pid, start) {
-		select {
-		case <-closed:
-			return ThawLeftovers(ledger, pinPath)
-		case <-tick.C:
-		}
-	}
-	return ThawLeftovers(ledger, pinPath)
-}
-
-// guardPoll is how often the guardian looks at the daemon's process.
-const guardPoll = 10 * time.Millisecond

@@ -107,16 +107,16 @@ type Daemon struct {
 	// pidStarts pins each pid tenant to its process: the start time of
 	// the process its pid named when it was attached or first appeared
 	// in the policy. A pid reused by another process is not the tenant's.
-	pidStarts    map[int]uint64
-	enforcing    bool
-	arb          *arbiter.Arbiter
-	tenants      map[string]*tenant
-	counted      contextCounts
-	ledger       *cgroup.Ledger
-	mode         cgroup.Mode
-	mount        string
-	epoch        time.Time
-	guardianPipe *os.File
+	pidStarts map[int]uint64
+	enforcing bool
+	arb       *arbiter.Arbiter
+	tenants   map[string]*tenant
+	counted   contextCounts
+	ledger    *cgroup.Ledger
+	mode      cgroup.Mode
+	mount     string
+	epoch     time.Time
+	guardian  *guardian // nil without Config.Guardian
 
 	// exact figures, under mu
 	exactPrev   exact.Sample
@@ -217,8 +217,11 @@ func Start(cfg Config) (_ *Daemon, err error) {
 	if d.steer.off != "" {
 		d.log.Info("not steering the GPUs' own schedulers: pacing at the launch gate", "why", d.steer.off)
 	}
-	if err := d.startGuardian(); err != nil {
-		return nil, err
+	if len(cfg.Guardian) > 0 {
+		d.guardian = &guardian{argv: cfg.Guardian, log: d.log}
+		if err := d.guardian.start(); err != nil {
+			return nil, err
+		}
 	}
 	mounted, err := bpf.EnsureFilesystems()
 	if err != nil {
@@ -473,9 +476,8 @@ func (d *Daemon) Stop() error {
 		_ = os.Remove(SteerLedgerBeside(d.cfg.Ledger))
 		d.steer = nil
 	}
-	if d.guardianPipe != nil {
-		_ = d.guardianPipe.Close() // the guardian finds nothing left to thaw and exits
-		d.guardianPipe = nil
+	if d.guardian != nil {
+		d.guardian.stop()
 	}
 	if d.server != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

@@ -145,6 +145,10 @@ func (d *Daemon) Status() api.Status {
 		}
 		return st.Tenants[i].Name < st.Tenants[j].Name
 	})
+	if d.guardian != nil {
+		pid, restarts := d.guardian.state()
+		st.Guardian = &api.Guardian{PID: pid, Restarts: restarts}
+	}
 	if d.probes != nil {
 		st.Probes.Libcudas = d.probes.Libcudas()
 		st.Probes.LostEvents, _ = d.probes.Lost()

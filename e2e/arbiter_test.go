@@ -434,6 +434,10 @@ func TestArbiterGuardianThawsAfterSIGKILL(t *testing.T) {
 	if err != nil || len(ledger) != 2 {
 		t.Fatalf("ledger %v %v", ledger, err)
 	}
+	// The guardian the daemon started is killed first (issue 18 item 8):
+	// the daemon starts another, status says so, and that one resumes
+	// the tenants below.
+	guardianRestarted(t, d)
 	if err := d.Proc.Cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
@@ -458,6 +462,38 @@ func TestArbiterGuardianThawsAfterSIGKILL(t *testing.T) {
 	out, err := exec.Command(testutil.Bin(t, "gpuarb"), "thaw", "--all", "--socket", d.Socket, "--pin-path", d.PinPath).CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "no daemon") {
 		t.Errorf("thaw --all: %v %s", err, out)
+	}
+}
+
+// guardianRestarted kills the daemon's thaw guardian and waits until the
+// daemon has started another, as status shows.
+func guardianRestarted(t *testing.T, d runningDaemon) {
+	t.Helper()
+	st, err := d.Status(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Guardian == nil || st.Guardian.PID == 0 || st.Guardian.Restarts != 0 {
+		t.Fatalf("guardian before: %+v", st.Guardian)
+	}
+	first := st.Guardian.PID
+	if err := syscall.Kill(first, syscall.SIGKILL); err != nil { // started by this test's daemon
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		st, err = d.Status(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g := st.Guardian; g != nil && g.PID != 0 && g.PID != first && g.Restarts == 1 && !cgroup.Gone(g.PID) {
+			t.Logf("guardian %d killed, %d started", first, g.PID)
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("guardian not restarted 5 s after it was killed: %+v", st.Guardian)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 

@@ -146,6 +146,14 @@ func printTable(w io.Writer, st api.Status, key string) error {
 	if !st.Enforcing {
 		fmt.Fprintln(tw, "(observing only: nothing is throttled)")
 	}
+	// The guardian is news only when it is not running or has died.
+	if g := st.Guardian; g != nil && (g.PID == 0 || g.Restarts > 0) {
+		state := fmt.Sprintf("pid %d", g.PID)
+		if g.PID == 0 {
+			state = "not running"
+		}
+		fmt.Fprintf(tw, "(thaw guardian %s, restarted %d times)\n", state, g.Restarts)
+	}
 	return tw.Flush()
 }
 
