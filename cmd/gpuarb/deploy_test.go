@@ -204,7 +204,11 @@ func TestKubernetesManifest(t *testing.T) {
 		t.Errorf("policy ConfigMap: %v", err)
 	}
 	// Every command is one this binary accepts.
-	lines := [][]string{daemon.Command, daemon.Lifecycle.PreStop.Exec.Command, daemon.ReadinessProbe.Exec.Command}
+	if daemon.LivenessProbe == nil || daemon.LivenessProbe.Exec == nil {
+		t.Fatal("no liveness probe: a hung daemon would never be restarted")
+	}
+	lines := [][]string{daemon.Command, daemon.Lifecycle.PreStop.Exec.Command, daemon.ReadinessProbe.Exec.Command,
+		daemon.LivenessProbe.Exec.Command}
 	for _, c := range pod.InitContainers {
 		if len(c.Command) == 3 && c.Command[1] == "-c" {
 			lines = append(lines, shellCommands(c.Command[2])...)
