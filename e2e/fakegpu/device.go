@@ -845,7 +845,9 @@ func (g *gpu) nextEvent(now int64) int64 {
 		// slice end cost the host 10,000 wake-ups a second at 100 µs
 		// slices, CPU time the tenants' own processes then lacked.
 		if !g.cfg.NoPreempt && g.sliceEnd > now {
-			next = min(next, g.sliceEnd+g.wallFor(g.shortestReadyKernel()))
+			// (Work, not wall time: a kernel runs no faster than its
+			// work, and the co-runners' slowdown may change by then.)
+			next = min(next, g.sliceEnd+g.shortestReadyKernel())
 		}
 	}
 	if g.copying {

@@ -524,6 +524,10 @@ int main(void)
 	EXPECT(cu.GraphGetNodes(g, NULL, &nodes), CUDA_SUCCESS);
 	CHECK(nodes == 200);
 	EXPECT(cu.GraphInstantiate(&ge, g, 0), CUDA_SUCCESS);
+	/* Each launch is timed behind a 50 ms kernel, so that all of its
+	 * nodes are queued before the first runs: a host stall while they
+	 * are written would otherwise idle the GPU between them. */
+	EXPECT(cu.LaunchKernel(gemm, 2500, 1, 1, 128, 1, 1, 0, s2, NULL, NULL), CUDA_SUCCESS);
 	EXPECT(cu.EventRecord(e1, s2), CUDA_SUCCESS);
 	EXPECT(cu.GraphLaunch(ge, s2), CUDA_SUCCESS);
 	EXPECT(cu.EventRecord(e2, s2), CUDA_SUCCESS);
@@ -537,6 +541,7 @@ int main(void)
 	EXPECT(cu.StreamEndCapture(s2, &g2), CUDA_SUCCESS);
 	EXPECT(cu.GraphExecUpdate(ge, g2, &info), CUDA_SUCCESS);
 	CHECK(info.result == 0);
+	EXPECT(cu.LaunchKernel(gemm, 2500, 1, 1, 128, 1, 1, 0, s2, NULL, NULL), CUDA_SUCCESS);
 	EXPECT(cu.EventRecord(e1, s2), CUDA_SUCCESS);
 	EXPECT(cu.GraphLaunch(ge, s2), CUDA_SUCCESS);
 	EXPECT(cu.EventRecord(e2, s2), CUDA_SUCCESS);
