@@ -76,7 +76,7 @@ func writePolicy(t *testing.T, cfg string) string {
 
 // Bar 1: tenant a runs 4 GPU processes, b one; equal weights.
 func TestArbiterUnequalProcesses(t *testing.T) {
-	requireFairInTwoRuns(t, "a", "b", "(unarbitrated: 80/20, 60%)", func(t *testing.T) []map[string]float64 {
+	measureTwice(t, func(t *testing.T, miss missFunc) {
 		gpu := testutil.StartFakeGPU(t)
 		d := startDaemon(t)
 		cgs := map[string]*testutil.Cgroup{"a": testutil.NewCgroup(t, "four"), "b": testutil.NewCgroup(t, "one")}
@@ -87,7 +87,7 @@ func TestArbiterUnequalProcesses(t *testing.T) {
 		ws := trueShares(t, gpu, cgs, 4*time.Second, 6)
 		logStatus(t, d)
 		requireThrottled(t, d, cgs["a"].Rel)
-		return ws
+		requireFair(t, miss, ws, "a", "b", "(unarbitrated: 80/20, 60%)")
 	})
 }
 
@@ -124,26 +124,28 @@ func requireThrottled(t *testing.T, d runningDaemon, rel string) {
 func TestArbiterWeights(t *testing.T) {
 	for _, wb := range []int{3, 9} {
 		t.Run("1:"+strconv.Itoa(wb), func(t *testing.T) {
-			gpu := testutil.StartFakeGPU(t)
-			cgs := map[string]*testutil.Cgroup{"a": testutil.NewCgroup(t, "w1"), "b": testutil.NewCgroup(t, "w"+strconv.Itoa(wb))}
-			pol := writePolicy(t, "tenants:\n  - {name: a, cgroup: "+cgs["a"].Rel+", weight: 100}\n  - {name: b, cgroup: "+cgs["b"].Rel+", weight: "+strconv.Itoa(100*wb)+"}\n")
-			d := startDaemon(t)
-			data, _ := os.ReadFile(pol)
-			if err := d.ApplyPolicy(t.Context(), data); err != nil {
-				t.Fatal(err)
-			}
-			testutil.Start(t, cgs["a"], gpu.Workload(t, "hog", "--duration", "20"))
-			testutil.Start(t, cgs["b"], gpu.Workload(t, "hog", "--duration", "20"))
-			ws := trueShares(t, gpu, cgs, 4*time.Second, 6)
-			want := 1 / float64(1+wb)
-			a := col(ws, func(w map[string]float64) float64 { return w["a"] })
-			b := col(ws, func(w map[string]float64) float64 { return w["b"] })
-			t.Logf("target %.1f%%/%.1f%%, true a %s b %s (unarbitrated 50/50)", 100*want, 100*(1-want), pcts(a), pcts(b))
-			logStatus(t, d)
-			if e := math.Abs(median(a) - want); e > 0.02 {
-				t.Errorf("tenant a median %.1f%%, want %.1f ± 2 pp", 100*median(a), 100*want)
-			}
-			requireThrottled(t, d, cgs["a"].Rel)
+			measureTwice(t, func(t *testing.T, miss missFunc) {
+				gpu := testutil.StartFakeGPU(t)
+				cgs := map[string]*testutil.Cgroup{"a": testutil.NewCgroup(t, "w1"), "b": testutil.NewCgroup(t, "w"+strconv.Itoa(wb))}
+				pol := writePolicy(t, "tenants:\n  - {name: a, cgroup: "+cgs["a"].Rel+", weight: 100}\n  - {name: b, cgroup: "+cgs["b"].Rel+", weight: "+strconv.Itoa(100*wb)+"}\n")
+				d := startDaemon(t)
+				data, _ := os.ReadFile(pol)
+				if err := d.ApplyPolicy(t.Context(), data); err != nil {
+					t.Fatal(err)
+				}
+				testutil.Start(t, cgs["a"], gpu.Workload(t, "hog", "--duration", "20"))
+				testutil.Start(t, cgs["b"], gpu.Workload(t, "hog", "--duration", "20"))
+				ws := trueShares(t, gpu, cgs, 4*time.Second, 6)
+				want := 1 / float64(1+wb)
+				a := col(ws, func(w map[string]float64) float64 { return w["a"] })
+				b := col(ws, func(w map[string]float64) float64 { return w["b"] })
+				t.Logf("target %.1f%%/%.1f%%, true a %s b %s (unarbitrated 50/50)", 100*want, 100*(1-want), pcts(a), pcts(b))
+				logStatus(t, d)
+				if e := math.Abs(median(a) - want); e > 0.02 {
+					miss("tenant a median %.1f%%, want %.1f ± 2 pp", 100*median(a), 100*want)
+				}
+				requireThrottled(t, d, cgs["a"].Rel)
+			})
 		})
 	}
 }
@@ -154,6 +156,10 @@ func TestArbiterWeights(t *testing.T) {
 // back as a whole. Weights 1:1:2 hold within ±3 pp (unarbitrated, a third
 // each).
 func TestArbiterUnsteeredTenantBesideSteered(t *testing.T) {
+	measureTwice(t, unsteeredBesideSteered)
+}
+
+func unsteeredBesideSteered(t *testing.T, miss missFunc) {
 	gpu := testutil.StartFakeGPU(t)
 	cgs := map[string]*testutil.Cgroup{"a": testutil.NewCgroup(t, "early"), "b": testutil.NewCgroup(t, "late1"), "c": testutil.NewCgroup(t, "late2")}
 	testutil.Start(t, cgs["a"], gpu.Workload(t, "hog", "--duration", "25"))
@@ -176,7 +182,7 @@ func TestArbiterUnsteeredTenantBesideSteered(t *testing.T) {
 		got := col(ws, func(w map[string]float64) float64 { return w[name] })
 		t.Logf("%s: %s for %.0f%%", name, pcts(got), 100*want)
 		if e := math.Abs(median(got) - want); e > 0.03 {
-			t.Errorf("tenant %s median %.1f%%, want %.0f ± 3 pp", name, 100*median(got), 100*want)
+			miss("tenant %s median %.1f%%, want %.0f ± 3 pp", name, 100*median(got), 100*want)
 		}
 	}
 	if len(st.GPUs) != 1 || st.GPUs[0].Actuator != "gpu scheduler" {
@@ -362,34 +368,18 @@ func TestAttachesLeaveTheOthersHeld(t *testing.T) {
 // Bars 4 and 8: a lone hog with a 30% limit stays at or below 31%; without
 // a limit it gets at least 95%.
 func TestArbiterLimitAndWorkConservation(t *testing.T) {
-	// A run that misses runs once more and the second is asserted, as the
-	// accuracy matrix does: one CI-like make test run read 28.6 36.5 31.9
-	// 36.9 25.5 (median 31.9%), and three runs right after 29.5-30.6.
-	for attempt := 1; attempt <= 2; attempt++ {
-		var alone, capped []float64
-		t.Run(fmt.Sprintf("run %d", attempt), func(t *testing.T) { alone, capped = limitedLoneHog(t) })
-		if t.Failed() {
-			return
-		}
-		var missed []string
+	measureTwice(t, func(t *testing.T, miss missFunc) {
+		alone, capped := limitedLoneHog(t)
 		if m := median(alone); m < 0.95 {
-			missed = append(missed, fmt.Sprintf("lone tenant got %.1f%%, want ≥ 95%%", 100*m))
+			miss("lone tenant got %.1f%%, want ≥ 95%%", 100*m)
 		}
 		if m := median(capped); m > 0.31 {
-			missed = append(missed, fmt.Sprintf("limited tenant median %.1f%%, want ≤ 31%%", 100*m))
+			miss("limited tenant median %.1f%%, want ≤ 31%%", 100*m)
 		}
 		if median(capped) > median(alone)-0.1 {
-			missed = append(missed, fmt.Sprintf("the limit did not lower the share: %.1f%% -> %.1f%%", 100*median(alone), 100*median(capped)))
+			miss("the limit did not lower the share: %.1f%% -> %.1f%%", 100*median(alone), 100*median(capped))
 		}
-		switch {
-		case len(missed) == 0:
-			return
-		case attempt == 1:
-			t.Logf("run 1 missed: %s; once more", strings.Join(missed, "; "))
-		default:
-			t.Error(strings.Join(missed, "; "))
-		}
-	}
+	})
 }
 
 // limitedLoneHog measures a lone hog's true share per window, alone and
@@ -658,7 +648,7 @@ func summary(t *testing.T, p *testutil.Proc) map[string]float64 {
 // Bar 2: a non-preemptive GPU, 20 ms kernels against 2 ms kernels, equal
 // weights: median unfairness over 1 s windows within 2%.
 func TestArbiterNonPreemptive(t *testing.T) {
-	requireFairInTwoRuns(t, "a (20 ms)", "b (2 ms)", "", func(t *testing.T) []map[string]float64 {
+	measureTwice(t, func(t *testing.T, miss missFunc) {
 		gpu := testutil.StartFakeGPU(t, "--no-preempt")
 		d := startDaemon(t)
 		// The operator tells gpuarb the GPU runs kernels to completion.
@@ -675,13 +665,17 @@ func TestArbiterNonPreemptive(t *testing.T) {
 		testutil.Start(t, cgs["b"], gpu.Workload(t, "hog", "--kernel-ms", "2", "--duration", "20"))
 		ws := trueShares(t, gpu, cgs, 4*time.Second, 6)
 		logStatus(t, d)
-		return ws
+		requireFair(t, miss, ws, "a (20 ms)", "b (2 ms)", "")
 	})
 }
 
 // Bar 7: a tenant arriving mid-run beside a hog, with three times its
 // weight, is within 5 pp of its target (75%) within 1 s.
 func TestArbiterArrival(t *testing.T) {
+	measureTwice(t, arrival)
+}
+
+func arrival(t *testing.T, miss missFunc) {
 	gpu := testutil.StartFakeGPU(t)
 	cgs := map[string]*testutil.Cgroup{"a": testutil.NewCgroup(t, "first"), "b": testutil.NewCgroup(t, "arriving")}
 	d := startDaemon(t)
@@ -729,12 +723,13 @@ func TestArbiterArrival(t *testing.T) {
 	t.Logf("arriving tenant, 100 ms windows: %s", pcts(b))
 	logStatus(t, d)
 	if reached < 0 {
-		t.Fatalf("never settled within 5 pp of 75%%")
+		miss("never settled within 5 pp of 75%%")
+		return
 	}
 	after := time.Duration(reached) * 100 * time.Millisecond
 	t.Logf("every 500 ms window from %v after arriving within 5 pp of its target", after)
 	if after > time.Second {
-		t.Errorf("reached its target %v after arriving, want ≤ 1 s", after)
+		miss("reached its target %v after arriving, want ≤ 1 s", after)
 	}
 }
 
@@ -742,6 +737,10 @@ func TestArbiterArrival(t *testing.T) {
 // FPS within 5%. Each needs 6 ms of GPU a frame at 60 fps (36%); beside
 // the hog, unarbitrated, both run at 49.6 fps.
 func TestArbiterFrameSLO(t *testing.T) {
+	measureTwice(t, frameSLO)
+}
+
+func frameSLO(t *testing.T, miss missFunc) {
 	gpu := testutil.StartFakeGPU(t)
 	cgs := map[string]*testutil.Cgroup{"f1": testutil.NewCgroup(t, "game1"), "f2": testutil.NewCgroup(t, "game2"), "hog": testutil.NewCgroup(t, "batch")}
 	d := startDaemon(t)
@@ -779,7 +778,7 @@ func TestArbiterFrameSLO(t *testing.T) {
 		t.Logf("frames %d: %v fps per second after 4 s (target 60); whole run %.1f fps, p99 frame %.1f ms, over 34 ms %.1f%%",
 			i+1, fps, s["fps"], s["frame_p99_ms"], 100*s["over_34ms"])
 		if len(fps) < 3 || median(fps) < 57 {
-			t.Errorf("frames %d at a median %.1f fps, want 60 ± 5%%", i+1, median(fps))
+			miss("frames %d at a median %.1f fps, want 60 ± 5%%", i+1, median(fps))
 		}
 	}
 }
@@ -794,9 +793,29 @@ func TestArbiterFrameSLO(t *testing.T) {
 // their channel groups at the shortest timeslice infer's turn comes within
 // 0.1 ms.
 func TestArbiterLatencyTenant(t *testing.T) {
+	// The GPU's scheduler serves it within the others' shortest slices:
+	// the median request as if alone, the tail within a small multiple of
+	// alone (issue 16's goal, 1.5×, is not reached on this 2-vCPU VM: the
+	// daemon's and the simulator's threads delay the request's own
+	// wake-ups), and the GPU stays busy. The tail is the median of the
+	// per-second p99s, and each phase is compared with infer alone
+	// measured just before it, in the same run: this VM stalls for
+	// milliseconds at times (infer's per-second p99 alone read 1.7 ms in
+	// one run and 11 ms in the next, of one build). BENCHMARKS.md shows
+	// the whole-run p99.
+	for _, others := range []string{"greedy", "hog"} {
+		t.Run("beside two "+others+" tenants", func(t *testing.T) {
+			measureTwice(t, func(t *testing.T, miss missFunc) { latencyBeside(t, miss, others) })
+		})
+	}
+}
+
+// latencyBeside measures infer alone for 4 s, then beside two tenants of
+// the workload others, and reports the bars it misses.
+func latencyBeside(t *testing.T, miss missFunc, others string) {
 	gpu := testutil.StartFakeGPU(t)
-	cgs := map[string]*testutil.Cgroup{"infer": testutil.NewCgroup(t, "infer"), "g1": testutil.NewCgroup(t, "greedy1"),
-		"g2": testutil.NewCgroup(t, "greedy2"), "h1": testutil.NewCgroup(t, "hog1"), "h2": testutil.NewCgroup(t, "hog2")}
+	cgs := map[string]*testutil.Cgroup{"infer": testutil.NewCgroup(t, "infer"), "o1": testutil.NewCgroup(t, others+"1"),
+		"o2": testutil.NewCgroup(t, others+"2")}
 	d := startDaemon(t)
 	pol := "tenants:\n  - {name: infer, cgroup: " + cgs["infer"].Rel + ", priority: latency, slo: {p99_sync_ms: 3}}\n"
 	if err := d.ApplyPolicy(t.Context(), []byte(pol)); err != nil {
@@ -805,120 +824,43 @@ func TestArbiterLatencyTenant(t *testing.T) {
 	infer := func(secs string) *testutil.Proc {
 		return testutil.Start(t, cgs["infer"], gpu.Workload(t, "infer", "--rate", "200", "--duration", secs, "--interval", "1"))
 	}
-	// measureAlone runs infer alone for 4 s: its p50 and the median of its
-	// per-second p99s, the reference of the phase measured right after.
-	measureAlone := func() (p50, steady float64) {
-		p := infer("4")
-		s := summary(t, p)
-		steady = median(perSecond(p, "latency_p99_ms", 1))
-		t.Logf("infer alone: p99 %.2f ms, per-second p99 %.2f ms, p50 %.2f ms", s["latency_p99_ms"], steady, s["latency_p50_ms"])
-		return s["latency_p50_ms"], steady
+	p := infer("4")
+	s := summary(t, p)
+	aloneP50, aloneSteady := s["latency_p50_ms"], median(perSecond(p, "latency_p99_ms", 1))
+	t.Logf("infer alone: p99 %.2f ms, per-second p99 %.2f ms, p50 %.2f ms", s["latency_p99_ms"], aloneSteady, aloneP50)
+
+	testutil.Start(t, cgs["o1"], gpu.Workload(t, others, "--duration", "12"))
+	testutil.Start(t, cgs["o2"], gpu.Workload(t, others, "--duration", "12"))
+	time.Sleep(2 * time.Second)
+	p = infer("8")
+	ws := trueShares(t, gpu, cgs, 3*time.Second, 4)
+	s = summary(t, p)
+	logStatus(t, d)
+	busy := median(col(ws, func(w map[string]float64) float64 { return w["busy"] }))
+	steady, p50 := median(perSecond(p, "latency_p99_ms", 1)), s["latency_p50_ms"]
+	t.Logf("infer beside two %s tenants: p99 %.2f ms, per-second p99 %.2f ms (%.1f× alone), p50 %.2f ms; GPU busy %s (median %.1f%%)",
+		others, s["latency_p99_ms"], steady, steady/aloneSteady, p50,
+		pcts(col(ws, func(w map[string]float64) float64 { return w["busy"] })), 100*busy)
+	if p50 > 1.25*aloneP50 {
+		miss("infer p50 beside %s tenants %.2f ms, alone %.2f ms: want within 1.25×", others, p50, aloneP50)
 	}
-	phase := func(name, workload string, a, b *testutil.Cgroup, aloneSteady float64) (steady, p50, busy float64) {
-		others := []*testutil.Proc{
-			testutil.Start(t, a, gpu.Workload(t, workload, "--duration", "12")),
-			testutil.Start(t, b, gpu.Workload(t, workload, "--duration", "12")),
-		}
-		time.Sleep(2 * time.Second)
-		p := infer("8")
-		ws := trueShares(t, gpu, cgs, 3*time.Second, 4)
-		s := summary(t, p)
-		logStatus(t, d)
-		busy = median(col(ws, func(w map[string]float64) float64 { return w["busy"] }))
-		steady = median(perSecond(p, "latency_p99_ms", 1))
-		t.Logf("infer beside two %s tenants: p99 %.2f ms, per-second p99 %.2f ms (%.1f× alone), p50 %.2f ms; GPU busy %s (median %.1f%%)",
-			name, s["latency_p99_ms"], steady, steady/aloneSteady, s["latency_p50_ms"],
-			pcts(col(ws, func(w map[string]float64) float64 { return w["busy"] })), 100*busy)
-		for _, o := range others {
-			_ = o.Cmd.Process.Kill()
-		}
-		time.Sleep(500 * time.Millisecond)
-		return steady, s["latency_p50_ms"], busy
+	if steady > 2.5*aloneSteady {
+		miss("infer per-second p99 beside %s tenants %.2f ms, alone %.2f ms: want within 2.5×", others, steady, aloneSteady)
 	}
-	for _, others := range []string{"greedy", "hog"} {
-		// The GPU's scheduler serves it within the others' shortest
-		// slices: the median request as if alone, the tail within a
-		// small multiple of alone (issue 16's goal, 1.5×, is not reached
-		// on this 2-vCPU VM: the daemon's and the simulator's threads
-		// delay the request's own wake-ups), and the GPU stays busy. The
-		// tail is the median of the per-second p99s, each phase is
-		// compared with infer alone measured just before it, and a phase
-		// that misses is measured once more, alone too: this VM stalls
-		// for milliseconds at times (infer's per-second p99 alone read
-		// 1.7 ms in one run and 11 ms in the next, of one build), which
-		// one run cannot tell from gpuarb's doing; a regression misses
-		// twice. BENCHMARKS.md shows the whole-run p99.
-		var missed []string
-		for attempt := 1; attempt <= 2; attempt++ {
-			aloneP50, aloneSteady := measureAlone()
-			steady, p50, busy := phase(others, others, cgs[others[:1]+"1"], cgs[others[:1]+"2"], aloneSteady)
-			missed = nil
-			if p50 > 1.25*aloneP50 {
-				missed = append(missed, fmt.Sprintf("infer p50 beside %s tenants %.2f ms, alone %.2f ms: want within 1.25×", others, p50, aloneP50))
-			}
-			if steady > 2.5*aloneSteady {
-				missed = append(missed, fmt.Sprintf("infer per-second p99 beside %s tenants %.2f ms, alone %.2f ms: want within 2.5×", others, steady, aloneSteady))
-			}
-			if busy < 0.9 {
-				missed = append(missed, fmt.Sprintf("GPU busy %.1f%% beside %s tenants and the latency tenant, want ≥ 90%%", 100*busy, others))
-			}
-			if len(missed) == 0 {
-				break
-			}
-			t.Logf("attempt %d: %s", attempt, strings.Join(missed, "; "))
-		}
-		for _, m := range missed {
-			t.Error(m)
-		}
+	if busy < 0.9 {
+		miss("GPU busy %.1f%% beside %s tenants and the latency tenant, want ≥ 90%%", 100*busy, others)
 	}
 }
 
-// requireFair logs tenants a's and b's true shares per window and asserts
-// a median unfairness of at most 2%.
-func requireFair(t *testing.T, ws []map[string]float64, aName, bName, note string) {
-	t.Helper()
-	if miss := fairness(t, ws, aName, bName, note); miss != "" {
-		t.Error(miss)
-	}
-}
-
-// fairness logs tenants a's and b's true shares per window and says how
-// they miss a median unfairness of at most 2% ("" when they do not).
-func fairness(t *testing.T, ws []map[string]float64, aName, bName, note string) string {
+// requireFair logs tenants a's and b's true shares per window and
+// reports a median unfairness above 2% as a miss.
+func requireFair(t *testing.T, miss missFunc, ws []map[string]float64, aName, bName, note string) {
 	t.Helper()
 	u := col(ws, unfairness)
 	t.Logf("true shares %s %s  %s %s  unfairness %s %s", aName, pcts(col(ws, func(w map[string]float64) float64 { return w["a"] })),
 		bName, pcts(col(ws, func(w map[string]float64) float64 { return w["b"] })), pcts(u), note)
 	if m := median(u); m > 0.02 {
-		return fmt.Sprintf("median unfairness %.1f%%, want ≤ 2%%", 100*m)
-	}
-	return ""
-}
-
-// requireFairInTwoRuns runs a scenario (its GPU, daemon and tenants its
-// own, removed when it returns) and asserts requireFair's bar on its
-// windows. A run that misses runs once more and the second is asserted,
-// as the accuracy matrix does: one CI run had the non-preemptive pair
-// 86% unfair for a window and 10% in the median, and the same test
-// passed 18 runs of 18 on a 2-vCPU VM right after, alone and beside two
-// CPU hogs (median unfairness at most 1.2%); a regression misses twice.
-func requireFairInTwoRuns(t *testing.T, aName, bName, note string, scenario func(t *testing.T) []map[string]float64) {
-	t.Helper()
-	for attempt := 1; attempt <= 2; attempt++ {
-		var ws []map[string]float64
-		t.Run(fmt.Sprintf("run %d", attempt), func(t *testing.T) { ws = scenario(t) })
-		if t.Failed() {
-			return
-		}
-		miss := fairness(t, ws, aName, bName, note)
-		switch {
-		case miss == "":
-			return
-		case attempt == 1:
-			t.Logf("run 1 missed: %s; once more", miss)
-		default:
-			t.Error(miss)
-		}
+		miss("median unfairness %.1f%%, want ≤ 2%%", 100*m)
 	}
 }
 

@@ -107,33 +107,35 @@ func TestLibcudaUnderAnotherNameIsArbitrated(t *testing.T) {
 	}
 	for _, c := range []struct{ name, env string }{{"renamed", renamed}, {"memfd", "memfd:" + renamed}} {
 		t.Run(c.name, func(t *testing.T) {
-			cgs := map[string]*testutil.Cgroup{"a": testutil.NewCgroup(t, "hidden"), "b": testutil.NewCgroup(t, "plain")}
-			hidden := gpu.Workload(t, "hog", "--duration", "20")
-			hidden.Env = append(hidden.Env, "GPUWORK_LIBCUDA="+c.env)
-			p := testutil.Start(t, cgs["a"], hidden)
-			testutil.Start(t, cgs["b"], gpu.Workload(t, "hog", "--duration", "20"))
-			pol := "tenants:\n  - {name: a, cgroup: " + cgs["a"].Rel + ", weight: 100}\n  - {name: b, cgroup: " + cgs["b"].Rel + ", weight: 300}\n"
-			if err := d.ApplyPolicy(t.Context(), []byte(pol)); err != nil {
-				t.Fatal(err)
-			}
-			ws := trueShares(t, gpu, cgs, 3*time.Second, 3)
-			a := col(ws, func(w map[string]float64) float64 { return w["a"] })
-			st, err := d.Status(t.Context())
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Logf("a (libcuda as %s) %s for 25%%; probes: %d scans, %d found by mapping, libcudas %q",
-				c.env, pcts(a), st.Probes.MappingScans, st.Probes.FoundByMapping, st.Probes.Libcudas)
-			found := false
-			for _, l := range st.Probes.Libcudas {
-				found = found || strings.HasSuffix(l, "(mapped by pid "+strconv.Itoa(p.Cmd.Process.Pid)+")")
-			}
-			if !found {
-				t.Errorf("no libcuda probed as mapped by pid %d: %q", p.Cmd.Process.Pid, st.Probes.Libcudas)
-			}
-			if m := median(a); math.Abs(m-0.25) > 0.03 {
-				t.Errorf("a's median %.1f%% at weight 1:3, want 25 ± 3 pp", 100*m)
-			}
+			measureTwice(t, func(t *testing.T, miss missFunc) {
+				cgs := map[string]*testutil.Cgroup{"a": testutil.NewCgroup(t, "hidden"), "b": testutil.NewCgroup(t, "plain")}
+				hidden := gpu.Workload(t, "hog", "--duration", "20")
+				hidden.Env = append(hidden.Env, "GPUWORK_LIBCUDA="+c.env)
+				p := testutil.Start(t, cgs["a"], hidden)
+				testutil.Start(t, cgs["b"], gpu.Workload(t, "hog", "--duration", "20"))
+				pol := "tenants:\n  - {name: a, cgroup: " + cgs["a"].Rel + ", weight: 100}\n  - {name: b, cgroup: " + cgs["b"].Rel + ", weight: 300}\n"
+				if err := d.ApplyPolicy(t.Context(), []byte(pol)); err != nil {
+					t.Fatal(err)
+				}
+				ws := trueShares(t, gpu, cgs, 3*time.Second, 3)
+				a := col(ws, func(w map[string]float64) float64 { return w["a"] })
+				st, err := d.Status(t.Context())
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Logf("a (libcuda as %s) %s for 25%%; probes: %d scans, %d found by mapping, libcudas %q",
+					c.env, pcts(a), st.Probes.MappingScans, st.Probes.FoundByMapping, st.Probes.Libcudas)
+				found := false
+				for _, l := range st.Probes.Libcudas {
+					found = found || strings.HasSuffix(l, "(mapped by pid "+strconv.Itoa(p.Cmd.Process.Pid)+")")
+				}
+				if !found {
+					t.Errorf("no libcuda probed as mapped by pid %d: %q", p.Cmd.Process.Pid, st.Probes.Libcudas)
+				}
+				if m := median(a); math.Abs(m-0.25) > 0.03 {
+					miss("a's median %.1f%% at weight 1:3, want 25 ± 3 pp", 100*m)
+				}
+			})
 		})
 	}
 }
@@ -225,6 +227,10 @@ func TestSIGCONTSiblingDoesNotEscapeTheLaunchGate(t *testing.T) {
 // it could never meet about 5%), and the container's exit removes only
 // its own tenant.
 func TestAnnotationsAreBoundedByAdmission(t *testing.T) {
+	measureTwice(t, annotationsBoundedByAdmission)
+}
+
+func annotationsBoundedByAdmission(t *testing.T, miss missFunc) {
 	r := testutil.NewRunc(t)
 	gpu := testutil.StartFakeGPU(t)
 	parent := testutil.NewCgroup(t, "admit")
@@ -283,7 +289,7 @@ func TestAnnotationsAreBoundedByAdmission(t *testing.T) {
 		pcts(col(ws, func(w map[string]float64) float64 { return w["greedy"] })))
 	if m := median(o); m < 0.07 {
 		logStatus(t, d)
-		t.Errorf("the operator's tenant got %.1f%% beside the bounded container, want its 9.1%% (≥ 7)", 100*m)
+		miss("the operator's tenant got %.1f%% beside the bounded container, want its 9.1%% (≥ 7)", 100*m)
 	}
 
 	if err := pc.Wait(t, 20*time.Second); err != nil {

@@ -25,19 +25,16 @@ import (
 func TestDemo(t *testing.T) {
 	testutil.Privileged(t)
 	testutil.Require(t, "runc", "apt-get install runc")
-	misses := demoRun(t, 1)
-	if len(misses) == 0 {
-		return
-	}
-	t.Logf("run 1 missed: %s; running once more", strings.Join(misses, "; "))
-	for _, m := range demoRun(t, 2) {
-		t.Error(m)
-	}
+	measureTwice(t, func(t *testing.T, miss missFunc) {
+		for _, m := range demoRun(t) {
+			miss("%s", m)
+		}
+	})
 }
 
 // demoRun runs the quick demo once and returns the bars it missed; what it
 // left behind fails the test at once.
-func demoRun(t *testing.T, run int) (misses []string) {
+func demoRun(t *testing.T) (misses []string) {
 	t.Helper()
 	chart := filepath.Join(t.TempDir(), "demo.png")
 	out, err := exec.Command(testutil.Bin(t, "gpuarb-lab"), "demo", "--quick", "--simulated", "--chart", chart).CombinedOutput()
@@ -55,8 +52,8 @@ func demoRun(t *testing.T, run int) (misses []string) {
 	a, b := row("train-a"), row("train-b")
 	sync := latencyLine(t, text, `p99 sync wait \(median of per-second p99s\): without gpuarb ([\d.]+) ms, with gpuarb ([\d.]+) ms \(SLO ([\d.]+) ms\)`)
 	request := latencyLine(t, text, `p99 request latency, from the scheduled arrival: without gpuarb ([\d.]+) ms, with gpuarb ([\d.]+) ms`)
-	t.Logf("run %d: train-a %v, train-b %v (unarbitrated, target, measured, true); infer p99 sync wait %.2f ms without gpuarb, %.2f with (SLO %.0f), request %.2f / %.2f",
-		run, a, b, sync[0], sync[1], sync[2], request[0], request[1])
+	t.Logf("train-a %v, train-b %v (unarbitrated, target, measured, true); infer p99 sync wait %.2f ms without gpuarb, %.2f with (SLO %.0f), request %.2f / %.2f",
+		a, b, sync[0], sync[1], sync[2], request[0], request[1])
 	if b[3] < 2*a[3] || a[0] < 30 || b[0] < 30 {
 		misses = append(misses, fmt.Sprintf("weights 100:300 not enforced: unarbitrated %.1f/%.1f, under gpuarb %.1f/%.1f", a[0], b[0], a[3], b[3]))
 	}

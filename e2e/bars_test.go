@@ -1,0 +1,44 @@
+package e2e
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// missFunc reports a bar a measured run missed, in t.Errorf's form.
+type missFunc func(format string, args ...any)
+
+// measureTwice runs a measured scenario as the subtest "run 1" and
+// asserts its bars. The scenario reports each bar it misses with miss;
+// everything else it checks (setup, status, what is left behind) fails it
+// at once, as usual. A run that misses a bar runs once more, from
+// scratch, as "run 2", and that run's misses fail the test.
+//
+// Every bar is a median of a few 1 s windows of the simulator's truth,
+// taken on a 2-vCPU VM whose host stalls for tens of milliseconds at
+// times, with the daemon, the simulator and the tenants sharing those
+// CPUs. CI runs have missed single bars that way — the unsteered tenant
+// beside steered ones at 28.7% for 25 ± 3, the non-preemptive pair 9.6%
+// unfair, the lone hog's limit at 31.9% for 31 — each passing every run
+// made right after it (4 of 4, 18 of 18, 3 of 3). A regression misses
+// twice; a stall, rarely.
+func measureTwice(t *testing.T, scenario func(t *testing.T, miss missFunc)) {
+	t.Helper()
+	for attempt := 1; attempt <= 2; attempt++ {
+		var missed []string
+		t.Run(fmt.Sprintf("run %d", attempt), func(t *testing.T) {
+			scenario(t, func(format string, args ...any) { missed = append(missed, fmt.Sprintf(format, args...)) })
+		})
+		switch {
+		case t.Failed() || len(missed) == 0:
+			return
+		case attempt == 1:
+			t.Logf("run 1 missed: %s; once more", strings.Join(missed, "; "))
+		default:
+			for _, m := range missed {
+				t.Error(m)
+			}
+		}
+	}
+}
