@@ -178,6 +178,14 @@ func (d *Daemon) control(ctx context.Context) {
 	snap := d.meter.Snapshot()
 
 	d.mu.Lock()
+	if d.policy != cfg || d.enforcing != enforcing {
+		// The policy changed while this step classified by the old one:
+		// acting on it would gate tenants by entries that are gone (a
+		// removed cgroup, refused and then never gated again). The next
+		// period steps by the new one.
+		d.mu.Unlock()
+		return
+	}
 	var finish []func()
 	d.arb.SetWindows(int(math.Ceil(float64(window)/float64(cfg.Period))), int(math.Ceil(float64(d.cfg.Window)/float64(cfg.Period))))
 	decisions := d.arb.Step(res.Inputs, func(gpu int) arbiter.Actuation { return actuation[gpu] })
