@@ -124,6 +124,10 @@ type Probes struct {
 	// gone from /proc with no exit event seen (lost with the ring's
 	// overflow): their modeled work stopped there.
 	ExitsReconciled uint64 `json:"exits_reconciled"`
+	// UnfollowedForks are processes forked below a pid tenant's that the
+	// probes could not follow (their table was full): a double fork takes
+	// such a process out of its tenant.
+	UnfollowedForks uint64 `json:"unfollowed_forks"`
 }
 
 // Status is the daemon's status document.

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -445,4 +446,92 @@ func FuzzExportedFunctions(f *testing.F) {
 			t.Fatalf("exports not sorted: %q", names)
 		}
 	})
+}
+
+// A followed process's double fork (a subshell that starts a process in
+// the background and exits, leaving it to init) does not take the
+// grandchild out of the tree: the fork probe follows it for the same
+// root, though /proc shows it below the root no more, and it leaves at
+// its exit.
+func TestFollowedTreeKeepsDoubleForks(t *testing.T) {
+	p := loadForTest(t, Options{})
+	pidFile := filepath.Join(t.TempDir(), "grandchild")
+	root := testutil.Start(t, nil, exec.Command("sh", "-c",
+		`sleep 0.3; (sh -c 'echo $$ > `+pidFile+`; exec sleep 30' &); exec sleep 30`))
+	rootPID := root.Cmd.Process.Pid
+	if err := p.Follow(rootPID, []int{rootPID}); err != nil {
+		t.Fatal(err)
+	}
+	var grandchild int
+	for deadline := time.Now().Add(5 * time.Second); grandchild == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the grandchild never wrote its pid")
+		}
+		data, _ := os.ReadFile(pidFile)
+		grandchild, _ = strconv.Atoi(strings.TrimSpace(string(data)))
+	}
+	exited := false
+	t.Cleanup(func() {
+		if !exited { // by pid, while it is still ours: it was not seen to exit
+			_ = unix.Kill(grandchild, syscall.SIGKILL)
+		}
+	})
+	if ppid := parentOf(t, grandchild); ppid == rootPID {
+		t.Fatalf("the grandchild's parent is the root: no double fork")
+	}
+	followed, err := p.Followed(rootPID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(followed)
+	if !slices.Contains(followed, rootPID) || !slices.Contains(followed, grandchild) || len(followed) != 2 {
+		t.Errorf("followed for %d: %v, want the root and the reparented grandchild %d (the exited subshell gone)", rootPID, followed, grandchild)
+	}
+	if err := unix.Kill(grandchild, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if followed, _ = p.Followed(rootPID); !slices.Contains(followed, grandchild) {
+			exited = true
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("grandchild %d still followed after its exit: %v", grandchild, followed)
+		}
+	}
+	if err := p.Unfollow(rootPID); err != nil {
+		t.Fatal(err)
+	}
+	if followed, err = p.Followed(rootPID); err != nil || len(followed) != 0 {
+		t.Errorf("followed after Unfollow: %v (%v)", followed, err)
+	}
+	if n, err := p.UnfollowedForks(); err != nil || n != 0 {
+		t.Errorf("unfollowed forks %d (%v), want 0", n, err)
+	}
+}
+
+// parentOf reads a process's parent pid from /proc.
+func parentOf(t *testing.T, pid int) int {
+	t.Helper()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+1:]))
+	ppid, _ := strconv.Atoi(f[1])
+	return ppid
+}
+
+// The constants Go keeps beside the generated ones match the object: the
+// gate table's size.
+func TestGateSlotsMatchTheObject(t *testing.T) {
+	spec, err := loadGpuarb()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"gpuarb_gates", "gpuarb_gate_allow"} {
+		if n := spec.Maps[name].MaxEntries; n != GateSlots {
+			t.Errorf("%s holds %d slots, GateSlots is %d", name, n, GateSlots)
+		}
+	}
 }

@@ -12,13 +12,13 @@ import (
 // Kind tells the probes how to decode ioctls on a device.
 type Kind uint32
 
-// Device kinds, as stored in the device table.
+// Device kinds, as stored in the device table: enum dev_kind in gpuarb.h.
 const (
-	KindNone      Kind = 0
-	KindNvidiaCtl Kind = 1 // /dev/nvidiactl: RM escapes
-	KindNvidiaGPU Kind = 2 // /dev/nvidiaN: RM escapes
-	KindNvidiaUVM Kind = 3 // /dev/nvidia-uvm: plain integer commands
-	KindDRM       Kind = 4 // /dev/dri/*: DRM and nouveau ioctls
+	KindNone      = Kind(gpuarbDevKindDEV_NONE)
+	KindNvidiaCtl = Kind(gpuarbDevKindDEV_NVIDIA_CTL) // /dev/nvidiactl: RM escapes
+	KindNvidiaGPU = Kind(gpuarbDevKindDEV_NVIDIA_GPU) // /dev/nvidiaN: RM escapes
+	KindNvidiaUVM = Kind(gpuarbDevKindDEV_NVIDIA_UVM) // /dev/nvidia-uvm: plain integer commands
+	KindDRM       = Kind(gpuarbDevKindDEV_DRM)        // /dev/dri/*: DRM and nouveau ioctls
 )
 
 const anyMinor = 0xffffffff

@@ -23,10 +23,10 @@ import (
 // after a whole batch of launches has been queued; a gate stops the batch
 // at the launch it cannot afford.
 
-// Gate member kinds, as enum gate_kind in gpuarb.h.
+// Gate member kinds: enum gate_kind in gpuarb.h.
 const (
-	gateCgroup  = 1
-	gateProcess = 2
+	gateCgroup  = uint32(gpuarbGateKindGATE_CGROUP)
+	gateProcess = uint32(gpuarbGateKindGATE_PROCESS)
 )
 
 // GateSlots is the number of launch gates the probes hold.

@@ -47,6 +47,8 @@ struct signal_struct {
 } __attribute__((preserve_access_index));
 
 struct task_struct {
+	int pid;
+	int tgid;
 	struct files_struct *files;
 	struct task_struct *group_leader;
 	__u64 start_boottime;
@@ -98,6 +100,7 @@ struct proc_info {
 
 struct lost_counter {
 	__u64 events;
+	__u64 unfollowed; /* forks below a followed process gpuarb_trees had no room for */
 };
 
 struct ioctl_stash {
@@ -175,6 +178,18 @@ struct {
 	__type(key, __u32);
 	__type(value, struct lost_counter);
 } gpuarb_lost SEC(".maps");
+
+/* Processes followed for pid tenants, by tgid; the value is the root's pid
+ * (the tenant's). The daemon puts a root and its descendants in; every
+ * process forked below one of them is added at fork, so a double fork that
+ * reparents it (to init or a subreaper) does not take it out of its
+ * tenant; a process leaves at its exit. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, __u32);
+} gpuarb_trees SEC(".maps");
 
 /* In-flight calls: removed at syscall exit or uretprobe, so a plain
  * preallocated hash (no LRU list lock on every update). */
@@ -257,10 +272,14 @@ static __always_inline __u64 wakeup_flag(const struct event *e)
 										    : BPF_RB_NO_WAKEUP;
 }
 
-/* Keep the event type and the entry point numbers in the object's BTF for
- * bpf2go. */
+/* Keep the record type and the enums Go shares in the object's BTF for
+ * bpf2go, which generates their Go constants: nothing is mirrored by hand. */
 const struct event *unused_event __attribute__((unused));
 const enum cuda_func *unused_cuda_func __attribute__((unused));
+const enum dev_kind *unused_dev_kind __attribute__((unused));
+const enum event_type *unused_event_type __attribute__((unused));
+const enum event_flags *unused_event_flags __attribute__((unused));
+const enum gate_kind *unused_gate_kind __attribute__((unused));
 
 static __always_inline void count_lost(void)
 {
@@ -1076,6 +1095,7 @@ int gpuarb_process_exit(void *ctx)
 	if (tgid != (__u32)id)
 		return 0;
 	bpf_map_delete_elem(&gpuarb_held, &tgid); /* a held process that dies is released */
+	bpf_map_delete_elem(&gpuarb_trees, &tgid); /* its pid may name another process next */
 	p = bpf_map_lookup_elem(&gpuarb_procs, &tgid);
 	if (!p)
 		return 0;
@@ -1085,6 +1105,28 @@ int gpuarb_process_exit(void *ctx)
 		return 0;
 	e->ts_enter = e->ts_exit = bpf_ktime_get_ns();
 	bpf_ringbuf_submit(e, wakeup_flag(e));
+	return 0;
+}
+
+/* A new process (not a thread) forked by a followed one is followed, for the
+ * same root. */
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(gpuarb_process_fork, struct task_struct *parent, struct task_struct *child)
+{
+	__u32 ptgid = parent->tgid, ctgid = child->tgid, zero = 0;
+	struct lost_counter *l;
+	__u32 *root;
+
+	if (child->pid != child->tgid)
+		return 0;
+	root = bpf_map_lookup_elem(&gpuarb_trees, &ptgid);
+	if (!root)
+		return 0;
+	if (bpf_map_update_elem(&gpuarb_trees, &ctgid, root, BPF_ANY)) {
+		l = bpf_map_lookup_elem(&gpuarb_lost, &zero);
+		if (l)
+			__sync_fetch_and_add(&l->unfollowed, 1);
+	}
 	return 0;
 }
 

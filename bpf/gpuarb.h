@@ -197,7 +197,8 @@ struct held_proc {
 	__u32 flags;    /* HELD_* */
 };
 
-/* One record on the ring buffer. Layout is mirrored by ioctlspy.Record. */
+/* One record on the ring buffer. bpf2go generates its Go layout (bpf.Record),
+ * from which ioctlspy takes its offsets. */
 struct event {
 	__u64 ts_enter;
 	__u64 ts_exit;

@@ -149,6 +149,16 @@ type gpuarbDevKey struct {
 	Minor uint32
 }
 
+type gpuarbDevKind uint32
+
+const (
+	gpuarbDevKindDEV_NONE       gpuarbDevKind = 0
+	gpuarbDevKindDEV_NVIDIA_CTL gpuarbDevKind = 1
+	gpuarbDevKindDEV_NVIDIA_GPU gpuarbDevKind = 2
+	gpuarbDevKindDEV_NVIDIA_UVM gpuarbDevKind = 3
+	gpuarbDevKindDEV_DRM        gpuarbDevKind = 4
+)
+
 type gpuarbEvent struct {
 	_         structs.HostLayout
 	TsEnter   uint64
@@ -175,6 +185,22 @@ type gpuarbEvent struct {
 	Path      [128]int8
 }
 
+type gpuarbEventFlags uint32
+
+const (
+	gpuarbEventFlagsEVF_HELD  gpuarbEventFlags = 1
+	gpuarbEventFlagsEVF_BEGIN gpuarbEventFlags = 2
+)
+
+type gpuarbEventType uint32
+
+const (
+	gpuarbEventTypeEV_IOCTL        gpuarbEventType = 1
+	gpuarbEventTypeEV_CUDA         gpuarbEventType = 2
+	gpuarbEventTypeEV_EXIT         gpuarbEventType = 3
+	gpuarbEventTypeEV_LIBCUDA_OPEN gpuarbEventType = 4
+)
+
 type gpuarbGate struct {
 	_          structs.HostLayout
 	Admitted   uint64
@@ -189,6 +215,13 @@ type gpuarbGateKey struct {
 	Kind uint32
 	Pad  uint32
 }
+
+type gpuarbGateKind uint32
+
+const (
+	gpuarbGateKindGATE_CGROUP  gpuarbGateKind = 1
+	gpuarbGateKindGATE_PROCESS gpuarbGateKind = 2
+)
 
 type gpuarbHeldProc struct {
 	_       structs.HostLayout
@@ -211,8 +244,9 @@ type gpuarbIoctlStash struct {
 }
 
 type gpuarbLostCounter struct {
-	_      structs.HostLayout
-	Events uint64
+	_          structs.HostLayout
+	Events     uint64
+	Unfollowed uint64
 }
 
 type gpuarbPathBuf struct {
@@ -259,6 +293,7 @@ const (
 	gpuarbMapGpuarbPolls           = "gpuarb_polls"
 	gpuarbMapGpuarbProcs           = "gpuarb_procs"
 	gpuarbMapGpuarbScratch         = "gpuarb_scratch"
+	gpuarbMapGpuarbTrees           = "gpuarb_trees"
 	gpuarbProgGpuarbCuCopy         = "gpuarb_cu_copy"
 	gpuarbProgGpuarbCuCtxCreate    = "gpuarb_cu_ctx_create"
 	gpuarbProgGpuarbCuCtxCreateRet = "gpuarb_cu_ctx_create_ret"
@@ -277,9 +312,14 @@ const (
 	gpuarbProgGpuarbIoctlExit      = "gpuarb_ioctl_exit"
 	gpuarbProgGpuarbOpenat         = "gpuarb_openat"
 	gpuarbProgGpuarbProcessExit    = "gpuarb_process_exit"
+	gpuarbProgGpuarbProcessFork    = "gpuarb_process_fork"
 	gpuarbVarGateMembers           = "gate_members"
 	gpuarbVarUnusedCudaFunc        = "unused_cuda_func"
+	gpuarbVarUnusedDevKind         = "unused_dev_kind"
 	gpuarbVarUnusedEvent           = "unused_event"
+	gpuarbVarUnusedEventFlags      = "unused_event_flags"
+	gpuarbVarUnusedEventType       = "unused_event_type"
+	gpuarbVarUnusedGateKind        = "unused_gate_kind"
 	gpuarbVarWakeupBytes           = "wakeup_bytes"
 )
 
@@ -343,6 +383,7 @@ type gpuarbProgramSpecs struct {
 	GpuarbIoctlExit      *ebpf.ProgramSpec `ebpf:"gpuarb_ioctl_exit"`
 	GpuarbOpenat         *ebpf.ProgramSpec `ebpf:"gpuarb_openat"`
 	GpuarbProcessExit    *ebpf.ProgramSpec `ebpf:"gpuarb_process_exit"`
+	GpuarbProcessFork    *ebpf.ProgramSpec `ebpf:"gpuarb_process_fork"`
 }
 
 // gpuarbMapSpecs contains maps before they are loaded into the kernel.
@@ -364,16 +405,21 @@ type gpuarbMapSpecs struct {
 	GpuarbPolls     *ebpf.MapSpec `ebpf:"gpuarb_polls"`
 	GpuarbProcs     *ebpf.MapSpec `ebpf:"gpuarb_procs"`
 	GpuarbScratch   *ebpf.MapSpec `ebpf:"gpuarb_scratch"`
+	GpuarbTrees     *ebpf.MapSpec `ebpf:"gpuarb_trees"`
 }
 
 // gpuarbVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type gpuarbVariableSpecs struct {
-	GateMembers    *ebpf.VariableSpec `ebpf:"gate_members"`
-	UnusedCudaFunc *ebpf.VariableSpec `ebpf:"unused_cuda_func"`
-	UnusedEvent    *ebpf.VariableSpec `ebpf:"unused_event"`
-	WakeupBytes    *ebpf.VariableSpec `ebpf:"wakeup_bytes"`
+	GateMembers      *ebpf.VariableSpec `ebpf:"gate_members"`
+	UnusedCudaFunc   *ebpf.VariableSpec `ebpf:"unused_cuda_func"`
+	UnusedDevKind    *ebpf.VariableSpec `ebpf:"unused_dev_kind"`
+	UnusedEvent      *ebpf.VariableSpec `ebpf:"unused_event"`
+	UnusedEventFlags *ebpf.VariableSpec `ebpf:"unused_event_flags"`
+	UnusedEventType  *ebpf.VariableSpec `ebpf:"unused_event_type"`
+	UnusedGateKind   *ebpf.VariableSpec `ebpf:"unused_gate_kind"`
+	WakeupBytes      *ebpf.VariableSpec `ebpf:"wakeup_bytes"`
 }
 
 // gpuarbObjects contains all objects after they have been loaded into the kernel.
@@ -411,6 +457,7 @@ type gpuarbMaps struct {
 	GpuarbPolls     *ebpf.Map `ebpf:"gpuarb_polls"`
 	GpuarbProcs     *ebpf.Map `ebpf:"gpuarb_procs"`
 	GpuarbScratch   *ebpf.Map `ebpf:"gpuarb_scratch"`
+	GpuarbTrees     *ebpf.Map `ebpf:"gpuarb_trees"`
 }
 
 func (m *gpuarbMaps) Close() error {
@@ -430,6 +477,7 @@ func (m *gpuarbMaps) Close() error {
 		m.GpuarbPolls,
 		m.GpuarbProcs,
 		m.GpuarbScratch,
+		m.GpuarbTrees,
 	)
 }
 
@@ -437,10 +485,14 @@ func (m *gpuarbMaps) Close() error {
 //
 // It can be passed to loadGpuarbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type gpuarbVariables struct {
-	GateMembers    *ebpf.Variable `ebpf:"gate_members"`
-	UnusedCudaFunc *ebpf.Variable `ebpf:"unused_cuda_func"`
-	UnusedEvent    *ebpf.Variable `ebpf:"unused_event"`
-	WakeupBytes    *ebpf.Variable `ebpf:"wakeup_bytes"`
+	GateMembers      *ebpf.Variable `ebpf:"gate_members"`
+	UnusedCudaFunc   *ebpf.Variable `ebpf:"unused_cuda_func"`
+	UnusedDevKind    *ebpf.Variable `ebpf:"unused_dev_kind"`
+	UnusedEvent      *ebpf.Variable `ebpf:"unused_event"`
+	UnusedEventFlags *ebpf.Variable `ebpf:"unused_event_flags"`
+	UnusedEventType  *ebpf.Variable `ebpf:"unused_event_type"`
+	UnusedGateKind   *ebpf.Variable `ebpf:"unused_gate_kind"`
+	WakeupBytes      *ebpf.Variable `ebpf:"wakeup_bytes"`
 }
 
 // gpuarbPrograms contains all programs after they have been loaded into the kernel.
@@ -465,6 +517,7 @@ type gpuarbPrograms struct {
 	GpuarbIoctlExit      *ebpf.Program `ebpf:"gpuarb_ioctl_exit"`
 	GpuarbOpenat         *ebpf.Program `ebpf:"gpuarb_openat"`
 	GpuarbProcessExit    *ebpf.Program `ebpf:"gpuarb_process_exit"`
+	GpuarbProcessFork    *ebpf.Program `ebpf:"gpuarb_process_fork"`
 }
 
 func (p *gpuarbPrograms) Close() error {
@@ -487,6 +540,7 @@ func (p *gpuarbPrograms) Close() error {
 		p.GpuarbIoctlExit,
 		p.GpuarbOpenat,
 		p.GpuarbProcessExit,
+		p.GpuarbProcessFork,
 	)
 }
 

@@ -8,7 +8,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/features"
@@ -168,6 +167,11 @@ func Load(opts Options) (_ *Probes, err error) {
 		}
 		p.links = append(p.links, l)
 	}
+	fork, err := link.AttachTracing(link.TracingOptions{Program: p.objs.GpuarbProcessFork})
+	if err != nil {
+		return nil, fmt.Errorf("attach tp_btf/sched_process_fork: %w", err)
+	}
+	p.links = append(p.links, fork)
 	return p, nil
 }
 
@@ -499,29 +503,3 @@ func RemovePins(dir string) error {
 
 // PinnedMaps lists the maps pinned under a pin path, in a fixed order.
 func PinnedMaps() []string { return append([]string(nil), pinnedMaps...) }
-
-// EventSize is the size of one ring-buffer record (struct event).
-func EventSize() int { return int(unsafe.Sizeof(gpuarbEvent{})) }
-
-// EventOffset returns the offset of a field of struct event by its C name,
-// or -1; decoders use it to check their layout.
-func EventOffset(field string) int {
-	var e gpuarbEvent
-	switch field {
-	case "args":
-		return int(unsafe.Offsetof(e.Args))
-	case "arg":
-		return int(unsafe.Offsetof(e.Arg))
-	case "params":
-		return int(unsafe.Offsetof(e.Params))
-	case "path":
-		return int(unsafe.Offsetof(e.Path))
-	case "comm":
-		return int(unsafe.Offsetof(e.Comm))
-	case "arg_len":
-		return int(unsafe.Offsetof(e.ArgLen))
-	case "flags":
-		return int(unsafe.Offsetof(e.Flags))
-	}
-	return -1
-}

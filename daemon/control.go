@@ -7,6 +7,7 @@ import (
 	"maps"
 	"math"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -64,12 +65,16 @@ type classifier struct {
 
 // newClassifier classifies by cfg; pidStarts pins its pid tenants to their
 // processes (Daemon.pidStarts): a pid tenant whose process is gone, its
-// pid perhaps another's by now, holds no process.
-func newClassifier(cfg *policy.Config, mount string, r *cgroup.Resolver, pidStarts map[int]uint64) *classifier {
+// pid perhaps another's by now, holds no process. tree lists a pid
+// tenant's processes (Daemon.pidTree).
+func newClassifier(cfg *policy.Config, mount string, r *cgroup.Resolver, pidStarts map[int]uint64, tree func(root int) []int) *classifier {
 	c := &classifier{cfg: cfg, mount: mount, resolver: r, trees: map[int]map[int]bool{}}
 	for _, t := range cfg.Tenants {
 		if t.PID != 0 && pidStarts[t.PID] != 0 && pidStart(t.PID) == pidStarts[t.PID] {
-			c.trees[t.PID] = processTree(t.PID)
+			c.trees[t.PID] = map[int]bool{}
+			for _, p := range tree(t.PID) {
+				c.trees[t.PID][p] = true
+			}
 		}
 	}
 	return c
@@ -114,13 +119,33 @@ func under(path, dir string) bool {
 	return path == dir || strings.HasPrefix(path, strings.TrimSuffix(dir, "/")+"/")
 }
 
-// processTree returns pid and its descendants as a set.
-func processTree(pid int) map[int]bool {
-	tree := map[int]bool{}
-	for _, p := range cgroup.Descendants(pid) {
-		tree[p] = true
+// pidTree returns a pid tenant's processes: its root, what /proc shows
+// below it, and what was forked below it and reparented since (a double
+// fork: the probes follow every fork below a followed process). It has
+// the probes follow the ones /proc shows. Without probes, /proc's tree.
+func (d *Daemon) pidTree(root int) []int {
+	pids := cgroup.Descendants(root)
+	if d.probes == nil {
+		return pids
 	}
-	return tree
+	if err := d.probes.Follow(root, pids); err != nil {
+		d.log.Warn("follow pid tenant", "pid", root, "err", err)
+	}
+	followed, err := d.probes.Followed(root)
+	if err != nil {
+		d.log.Warn("follow pid tenant", "pid", root, "err", err)
+	}
+	in := make(map[int]bool, len(pids))
+	for _, p := range pids {
+		in[p] = true
+	}
+	for _, p := range followed {
+		if !in[p] && !cgroup.Gone(p) {
+			in[p] = true
+			pids = append(pids, p)
+		}
+	}
+	return pids
 }
 
 // controlWindow is the span of the shares the arbiter steers by: long
@@ -158,7 +183,7 @@ func (d *Daemon) control(ctx context.Context) {
 		heldBack[name] = t.heldSince(now.Add(-window))
 	}
 	d.mu.Unlock()
-	cl := newClassifier(cfg, d.mount, d.resolver, pidStarts)
+	cl := newClassifier(cfg, d.mount, d.resolver, pidStarts, d.pidTree)
 	_, short := d.meter.Contexts(window)
 	_, long := d.meter.Contexts(d.cfg.Window)
 	res := control.Step(control.Input{Window: window, Settled: d.cfg.Window, Short: short, Long: long, Assign: cl.assign,
@@ -249,7 +274,7 @@ func (d *Daemon) control(ctx context.Context) {
 		}
 		if t.launches != nil && t.pid != 0 {
 			// A pid tenant's tree changes as it forks.
-			if err := t.launches.SetMembers(nil, cgroup.Descendants(t.pid)); err != nil {
+			if err := t.launches.SetMembers(nil, slices.Collect(maps.Keys(cl.trees[t.pid]))); err != nil {
 				d.log.Warn("launch gate", "tenant", name, "err", err)
 			}
 		}
@@ -626,7 +651,7 @@ func (d *Daemon) newLaunchGate(t *tenant) (*bpf.LaunchGate, error) {
 	var cgroups []uint64
 	var pids []int
 	if t.pid != 0 {
-		pids = cgroup.Descendants(t.pid)
+		pids = d.pidTree(t.pid)
 	} else {
 		id, err := cgroup.ID(filepath.Join(d.mount, t.cgroup))
 		if err != nil {

@@ -342,7 +342,7 @@ func TestPIDTenantIsPinnedToItsProcess(t *testing.T) {
 		{start + 1, false, "another process under the same pid"},
 		{0, false, "no process when attached"},
 	} {
-		name, _, _, _ := newClassifier(cfg, "", nil, map[int]uint64{pid: tc.pinned}).classify(uint32(pid), 0)
+		name, _, _, _ := newClassifier(cfg, "", nil, map[int]uint64{pid: tc.pinned}, cgroup.Descendants).classify(uint32(pid), 0)
 		if (name == "p") != tc.want {
 			t.Errorf("%s: classified into %q", tc.why, name)
 		}

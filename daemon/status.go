@@ -155,6 +155,7 @@ func (d *Daemon) Status() api.Status {
 		st.Probes.ExitsReconciled = d.exitsReconciled.Load()
 		st.Probes.UprobeMulti = d.probes.UprobeMulti()
 		st.Probes.UnrecordedLaunches, _ = d.probes.UnrecordedLaunches()
+		st.Probes.UnfollowedForks, _ = d.probes.UnfollowedForks()
 	}
 	if d.spy != nil {
 		st.Probes.Events, _ = d.spy.Counts()

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -300,4 +301,64 @@ func annotationsBoundedByAdmission(t *testing.T, miss missFunc) {
 		t.Errorf("the container's tenant is still in the policy after its exit: %v\n%s", err, out)
 	}
 	opsRules("after the container's exit,")
+}
+
+// Issue 18 item 9: a pid tenant's shell that double-forks its GPU worker
+// (a subshell starts it in the background and exits: the worker is
+// reparented, below the tenant's process no more) keeps the worker in the
+// tenant. The probes follow every fork below a pid tenant's processes, so
+// the worker is metered as the tenant's and held to its 30% limit; had it
+// escaped, it would run as its cgroup's own tenant, unlimited (all of the
+// GPU).
+func TestPIDTenantKeepsDoubleForkedWorker(t *testing.T) {
+	gpu := testutil.StartFakeGPU(t)
+	d := startDaemon(t)
+	measureTwice(t, func(t *testing.T, miss missFunc) {
+		cg := testutil.NewCgroup(t, "doublefork")
+		pidFile := filepath.Join(t.TempDir(), "worker")
+		hog := gpu.Workload(t, "hog", "--duration", "12")
+		shell := exec.Command("sh", append([]string{"-c",
+			`sleep 1; ("$@" >/dev/null 2>&1 & echo $! > ` + pidFile + `); exec sleep 14`, "sh", hog.Path}, hog.Args[1:]...)...)
+		shell.Env = hog.Env
+		root := testutil.Start(t, cg, shell).Cmd.Process.Pid
+		pol := fmt.Sprintf("tenants:\n  - {name: p, pid: %d, limit: 0.3}\n", root)
+		if err := d.ApplyPolicy(t.Context(), []byte(pol)); err != nil {
+			t.Fatal(err)
+		}
+		var worker int
+		for deadline := time.Now().Add(5 * time.Second); worker == 0; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("the worker never started")
+			}
+			data, _ := os.ReadFile(pidFile)
+			worker, _ = strconv.Atoi(strings.TrimSpace(string(data)))
+		}
+		workerStart, err := cgroup.StartTime(worker)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { // by pid and start time: ours, double-forked away from the test
+			if !cgroup.Exited(worker, workerStart) {
+				_ = unix.Kill(worker, syscall.SIGKILL)
+			}
+		})
+		if slices.Contains(cgroup.Descendants(root), worker) {
+			t.Fatalf("worker %d is still below the tenant's process %d: no double fork", worker, root)
+		}
+		ws := trueShares(t, gpu, map[string]*testutil.Cgroup{"p": cg}, 3*time.Second, 4)
+		p := col(ws, func(w map[string]float64) float64 { return w["p"] })
+		st, err := d.Status(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		row := tenantByName(st, "p")
+		t.Logf("double-forked worker of pid tenant p (limit 30%%): %s; status %+v", pcts(p), row)
+		if row == nil || row.Processes < 1 || row.Share < 0.2 {
+			logStatus(t, d)
+			t.Errorf("tenant p does not hold the worker: %+v", row)
+		}
+		if m := median(p); m > 0.31 {
+			miss("the double-forked worker took %.1f%% with its tenant's 30%% limit, want ≤ 31%%", 100*m)
+		}
+	})
 }

@@ -287,17 +287,6 @@ func TestDecodeErrors(t *testing.T) {
 	}
 }
 
-func TestRecordLayoutMatchesBPF(t *testing.T) {
-	if got := bpf.EventSize(); got != RecordSize {
-		t.Fatalf("bpf event is %d bytes, ioctlspy reads %d", got, RecordSize)
-	}
-	for name, off := range map[string]int{"args": offArgs, "arg": offArg, "params": offParams, "path": offPath, "comm": offComm, "arg_len": offArgLen, "flags": offFlags} {
-		if got := bpf.EventOffset(name); got != off {
-			t.Errorf("field %s at %d in bpf, %d in ioctlspy", name, got, off)
-		}
-	}
-}
-
 func TestTable(t *testing.T) {
 	tbl := NewTable()
 	apply := func(r Record) {

@@ -11,54 +11,56 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"unsafe"
+
+	"github.com/gpuarb/gpuarb/bpf"
 )
 
-// Record layout, mirroring struct event in bpf/gpuarb.h.
-const (
-	offTsEnter   = 0
-	offTsExit    = 8
-	offCgroupID  = 16
-	offRet       = 24
-	offType      = 32
-	offTgid      = 36
-	offTid       = 40
-	offDevMajor  = 44
-	offDevMinor  = 48
-	offDevKind   = 52
-	offCmd       = 56
-	offEsc       = 60
-	offFunc      = 64
-	offArgLen    = 68
-	offParamsLen = 70
-	offFlags     = 72
-	offComm      = 80
-	offArgs      = 96
-	offArg       = 160
-	offParams    = 224
-	offPath      = 288
+// rec gives the record layout: struct event in bpf/gpuarb.h, as bpf2go
+// generates it (nothing mirrored by hand).
+var rec bpf.Record
 
-	commLen    = 16
-	numArgs    = 8
-	payloadLen = 64
-	pathLen    = 128
+// Record layout.
+const (
+	offTsEnter   = int(unsafe.Offsetof(rec.TsEnter))
+	offTsExit    = int(unsafe.Offsetof(rec.TsExit))
+	offCgroupID  = int(unsafe.Offsetof(rec.CgroupId))
+	offRet       = int(unsafe.Offsetof(rec.Ret))
+	offType      = int(unsafe.Offsetof(rec.Type))
+	offTgid      = int(unsafe.Offsetof(rec.Tgid))
+	offTid       = int(unsafe.Offsetof(rec.Tid))
+	offDevMajor  = int(unsafe.Offsetof(rec.DevMajor))
+	offDevMinor  = int(unsafe.Offsetof(rec.DevMinor))
+	offDevKind   = int(unsafe.Offsetof(rec.DevKind))
+	offCmd       = int(unsafe.Offsetof(rec.Cmd))
+	offEsc       = int(unsafe.Offsetof(rec.Esc))
+	offFunc      = int(unsafe.Offsetof(rec.Func))
+	offArgLen    = int(unsafe.Offsetof(rec.ArgLen))
+	offParamsLen = int(unsafe.Offsetof(rec.ParamsLen))
+	offFlags     = int(unsafe.Offsetof(rec.Flags))
+	offComm      = int(unsafe.Offsetof(rec.Comm))
+	offArgs      = int(unsafe.Offsetof(rec.Args))
+	offArg       = int(unsafe.Offsetof(rec.Arg))
+	offParams    = int(unsafe.Offsetof(rec.Params))
+	offPath      = int(unsafe.Offsetof(rec.Path))
+
+	commLen    = len(rec.Comm)
+	numArgs    = len(rec.Args)
+	payloadLen = len(rec.Arg)
+	pathLen    = len(rec.Path)
 
 	// RecordSize is the size of one raw record.
-	RecordSize = 416
+	RecordSize = int(unsafe.Sizeof(rec))
 )
 
-// Record types, as enum event_type in bpf/gpuarb.h.
+// Record types and flags: enum event_type and enum event_flags.
 const (
-	recIoctl       = 1
-	recCuda        = 2
-	recExit        = 3
-	recLibcudaOpen = 4
-)
-
-// Record flags, as enum event_flags in bpf/gpuarb.h: the launch gate held
-// the process at this call (EVF_HELD); a wait began (EVF_BEGIN).
-const (
-	flagHeld  = 1
-	flagBegin = 2
+	recIoctl       = bpf.RecordIoctl
+	recCuda        = bpf.RecordCuda
+	recExit        = bpf.RecordExit
+	recLibcudaOpen = bpf.RecordLibcudaOpen
+	flagHeld       = bpf.FlagHeld
+	flagBegin      = bpf.FlagBegin
 )
 
 // ErrShortRecord is returned for a record smaller than RecordSize.

@@ -36,6 +36,7 @@ var (
 	probeEvents = desc("probe_events_total", "Events read from the probes' ring buffer.", nil)
 	probeLost   = desc("probe_lost_events_total", "Events the probes dropped because the ring buffer was full.", nil)
 	exitsRecon  = desc("meter_exits_reconciled_total", "Processes the meter ended because they were gone with no exit event seen (lost).", nil)
+	unfollowed  = desc("probe_unfollowed_forks_total", "Processes forked below a pid tenant's that the probes could not follow (table full).", nil)
 	enforcing   = desc("enforcing", "1 while the arbiter enforces the policy, 0 while it only observes.", nil)
 	build       = desc("build_info", "The daemon's version.", []string{"version"})
 )
@@ -57,7 +58,7 @@ func NewCollector(status func() api.Status) *Collector {
 // Describe sends every metric's description.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{gpuSeconds, share, target, duty, throttled, launches, syncs, memory,
-		syncP99, processes, gpuBusy, probeEvents, probeLost, enforcing, build} {
+		syncP99, processes, gpuBusy, probeEvents, probeLost, exitsRecon, unfollowed, enforcing, build} {
 		ch <- d
 	}
 }
@@ -87,6 +88,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(probeEvents, prometheus.CounterValue, float64(st.Probes.Events))
 	ch <- prometheus.MustNewConstMetric(probeLost, prometheus.CounterValue, float64(st.Probes.LostEvents))
 	ch <- prometheus.MustNewConstMetric(exitsRecon, prometheus.CounterValue, float64(st.Probes.ExitsReconciled))
+	ch <- prometheus.MustNewConstMetric(unfollowed, prometheus.CounterValue, float64(st.Probes.UnfollowedForks))
 	on := 0.0
 	if st.Enforcing {
 		on = 1

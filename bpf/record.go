@@ -1,0 +1,20 @@
+package bpf
+
+// Record is the layout of one ring-buffer record: struct event in
+// gpuarb.h, as bpf2go generates it. Decoders take their offsets from it.
+type Record = gpuarbEvent
+
+// Record types: enum event_type in gpuarb.h.
+const (
+	RecordIoctl       = uint32(gpuarbEventTypeEV_IOCTL)
+	RecordCuda        = uint32(gpuarbEventTypeEV_CUDA)
+	RecordExit        = uint32(gpuarbEventTypeEV_EXIT)
+	RecordLibcudaOpen = uint32(gpuarbEventTypeEV_LIBCUDA_OPEN)
+)
+
+// Record flags: enum event_flags in gpuarb.h. FlagHeld: the launch gate
+// held the process at this call; FlagBegin: a wait began.
+const (
+	FlagHeld  = uint32(gpuarbEventFlagsEVF_HELD)
+	FlagBegin = uint32(gpuarbEventFlagsEVF_BEGIN)
+)
