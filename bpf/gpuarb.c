@@ -100,7 +100,6 @@ struct proc_info {
 
 struct lost_counter {
 	__u64 events;
-	__u64 unfollowed; /* forks below a followed process gpuarb_trees had no room for */
 };
 
 struct ioctl_stash {
@@ -190,6 +189,14 @@ struct {
 	__type(key, __u32);
 	__type(value, __u32);
 } gpuarb_trees SEC(".maps");
+
+/* Forks below a followed process that gpuarb_trees had no room for. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} gpuarb_unfollowed SEC(".maps");
 
 /* In-flight calls: removed at syscall exit or uretprobe, so a plain
  * preallocated hash (no LRU list lock on every update). */
@@ -1114,8 +1121,8 @@ SEC("tp_btf/sched_process_fork")
 int BPF_PROG(gpuarb_process_fork, struct task_struct *parent, struct task_struct *child)
 {
 	__u32 ptgid = parent->tgid, ctgid = child->tgid, zero = 0;
-	struct lost_counter *l;
 	__u32 *root;
+	__u64 *full;
 
 	if (child->pid != child->tgid)
 		return 0;
@@ -1123,9 +1130,9 @@ int BPF_PROG(gpuarb_process_fork, struct task_struct *parent, struct task_struct
 	if (!root)
 		return 0;
 	if (bpf_map_update_elem(&gpuarb_trees, &ctgid, root, BPF_ANY)) {
-		l = bpf_map_lookup_elem(&gpuarb_lost, &zero);
-		if (l)
-			__sync_fetch_and_add(&l->unfollowed, 1);
+		full = bpf_map_lookup_elem(&gpuarb_unfollowed, &zero);
+		if (full)
+			__sync_fetch_and_add(full, 1);
 	}
 	return 0;
 }

@@ -244,9 +244,8 @@ type gpuarbIoctlStash struct {
 }
 
 type gpuarbLostCounter struct {
-	_          structs.HostLayout
-	Events     uint64
-	Unfollowed uint64
+	_      structs.HostLayout
+	Events uint64
 }
 
 type gpuarbPathBuf struct {
@@ -294,6 +293,7 @@ const (
 	gpuarbMapGpuarbProcs           = "gpuarb_procs"
 	gpuarbMapGpuarbScratch         = "gpuarb_scratch"
 	gpuarbMapGpuarbTrees           = "gpuarb_trees"
+	gpuarbMapGpuarbUnfollowed      = "gpuarb_unfollowed"
 	gpuarbProgGpuarbCuCopy         = "gpuarb_cu_copy"
 	gpuarbProgGpuarbCuCtxCreate    = "gpuarb_cu_ctx_create"
 	gpuarbProgGpuarbCuCtxCreateRet = "gpuarb_cu_ctx_create_ret"
@@ -390,22 +390,23 @@ type gpuarbProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type gpuarbMapSpecs struct {
-	GpuarbAllocs    *ebpf.MapSpec `ebpf:"gpuarb_allocs"`
-	GpuarbCgroups   *ebpf.MapSpec `ebpf:"gpuarb_cgroups"`
-	GpuarbCtxs      *ebpf.MapSpec `ebpf:"gpuarb_ctxs"`
-	GpuarbDevices   *ebpf.MapSpec `ebpf:"gpuarb_devices"`
-	GpuarbEvents    *ebpf.MapSpec `ebpf:"gpuarb_events"`
-	GpuarbGateAllow *ebpf.MapSpec `ebpf:"gpuarb_gate_allow"`
-	GpuarbGateKeys  *ebpf.MapSpec `ebpf:"gpuarb_gate_keys"`
-	GpuarbGates     *ebpf.MapSpec `ebpf:"gpuarb_gates"`
-	GpuarbHeld      *ebpf.MapSpec `ebpf:"gpuarb_held"`
-	GpuarbLost      *ebpf.MapSpec `ebpf:"gpuarb_lost"`
-	GpuarbPendCu    *ebpf.MapSpec `ebpf:"gpuarb_pend_cu"`
-	GpuarbPendIo    *ebpf.MapSpec `ebpf:"gpuarb_pend_io"`
-	GpuarbPolls     *ebpf.MapSpec `ebpf:"gpuarb_polls"`
-	GpuarbProcs     *ebpf.MapSpec `ebpf:"gpuarb_procs"`
-	GpuarbScratch   *ebpf.MapSpec `ebpf:"gpuarb_scratch"`
-	GpuarbTrees     *ebpf.MapSpec `ebpf:"gpuarb_trees"`
+	GpuarbAllocs     *ebpf.MapSpec `ebpf:"gpuarb_allocs"`
+	GpuarbCgroups    *ebpf.MapSpec `ebpf:"gpuarb_cgroups"`
+	GpuarbCtxs       *ebpf.MapSpec `ebpf:"gpuarb_ctxs"`
+	GpuarbDevices    *ebpf.MapSpec `ebpf:"gpuarb_devices"`
+	GpuarbEvents     *ebpf.MapSpec `ebpf:"gpuarb_events"`
+	GpuarbGateAllow  *ebpf.MapSpec `ebpf:"gpuarb_gate_allow"`
+	GpuarbGateKeys   *ebpf.MapSpec `ebpf:"gpuarb_gate_keys"`
+	GpuarbGates      *ebpf.MapSpec `ebpf:"gpuarb_gates"`
+	GpuarbHeld       *ebpf.MapSpec `ebpf:"gpuarb_held"`
+	GpuarbLost       *ebpf.MapSpec `ebpf:"gpuarb_lost"`
+	GpuarbPendCu     *ebpf.MapSpec `ebpf:"gpuarb_pend_cu"`
+	GpuarbPendIo     *ebpf.MapSpec `ebpf:"gpuarb_pend_io"`
+	GpuarbPolls      *ebpf.MapSpec `ebpf:"gpuarb_polls"`
+	GpuarbProcs      *ebpf.MapSpec `ebpf:"gpuarb_procs"`
+	GpuarbScratch    *ebpf.MapSpec `ebpf:"gpuarb_scratch"`
+	GpuarbTrees      *ebpf.MapSpec `ebpf:"gpuarb_trees"`
+	GpuarbUnfollowed *ebpf.MapSpec `ebpf:"gpuarb_unfollowed"`
 }
 
 // gpuarbVariableSpecs contains global variables before they are loaded into the kernel.
@@ -442,22 +443,23 @@ func (o *gpuarbObjects) Close() error {
 //
 // It can be passed to loadGpuarbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type gpuarbMaps struct {
-	GpuarbAllocs    *ebpf.Map `ebpf:"gpuarb_allocs"`
-	GpuarbCgroups   *ebpf.Map `ebpf:"gpuarb_cgroups"`
-	GpuarbCtxs      *ebpf.Map `ebpf:"gpuarb_ctxs"`
-	GpuarbDevices   *ebpf.Map `ebpf:"gpuarb_devices"`
-	GpuarbEvents    *ebpf.Map `ebpf:"gpuarb_events"`
-	GpuarbGateAllow *ebpf.Map `ebpf:"gpuarb_gate_allow"`
-	GpuarbGateKeys  *ebpf.Map `ebpf:"gpuarb_gate_keys"`
-	GpuarbGates     *ebpf.Map `ebpf:"gpuarb_gates"`
-	GpuarbHeld      *ebpf.Map `ebpf:"gpuarb_held"`
-	GpuarbLost      *ebpf.Map `ebpf:"gpuarb_lost"`
-	GpuarbPendCu    *ebpf.Map `ebpf:"gpuarb_pend_cu"`
-	GpuarbPendIo    *ebpf.Map `ebpf:"gpuarb_pend_io"`
-	GpuarbPolls     *ebpf.Map `ebpf:"gpuarb_polls"`
-	GpuarbProcs     *ebpf.Map `ebpf:"gpuarb_procs"`
-	GpuarbScratch   *ebpf.Map `ebpf:"gpuarb_scratch"`
-	GpuarbTrees     *ebpf.Map `ebpf:"gpuarb_trees"`
+	GpuarbAllocs     *ebpf.Map `ebpf:"gpuarb_allocs"`
+	GpuarbCgroups    *ebpf.Map `ebpf:"gpuarb_cgroups"`
+	GpuarbCtxs       *ebpf.Map `ebpf:"gpuarb_ctxs"`
+	GpuarbDevices    *ebpf.Map `ebpf:"gpuarb_devices"`
+	GpuarbEvents     *ebpf.Map `ebpf:"gpuarb_events"`
+	GpuarbGateAllow  *ebpf.Map `ebpf:"gpuarb_gate_allow"`
+	GpuarbGateKeys   *ebpf.Map `ebpf:"gpuarb_gate_keys"`
+	GpuarbGates      *ebpf.Map `ebpf:"gpuarb_gates"`
+	GpuarbHeld       *ebpf.Map `ebpf:"gpuarb_held"`
+	GpuarbLost       *ebpf.Map `ebpf:"gpuarb_lost"`
+	GpuarbPendCu     *ebpf.Map `ebpf:"gpuarb_pend_cu"`
+	GpuarbPendIo     *ebpf.Map `ebpf:"gpuarb_pend_io"`
+	GpuarbPolls      *ebpf.Map `ebpf:"gpuarb_polls"`
+	GpuarbProcs      *ebpf.Map `ebpf:"gpuarb_procs"`
+	GpuarbScratch    *ebpf.Map `ebpf:"gpuarb_scratch"`
+	GpuarbTrees      *ebpf.Map `ebpf:"gpuarb_trees"`
+	GpuarbUnfollowed *ebpf.Map `ebpf:"gpuarb_unfollowed"`
 }
 
 func (m *gpuarbMaps) Close() error {
@@ -478,6 +480,7 @@ func (m *gpuarbMaps) Close() error {
 		m.GpuarbProcs,
 		m.GpuarbScratch,
 		m.GpuarbTrees,
+		m.GpuarbUnfollowed,
 	)
 }
 

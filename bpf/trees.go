@@ -51,11 +51,12 @@ func (p *Probes) Unfollow(root int) error {
 }
 
 // UnfollowedForks counts the processes forked below a followed one that
-// the probes could not follow: their table was full.
+// the probes could not follow since they were loaded: their table was
+// full.
 func (p *Probes) UnfollowedForks() (uint64, error) {
-	var v gpuarbLostCounter
-	if err := p.objs.GpuarbLost.Lookup(uint32(0), &v); err != nil {
-		return 0, fmt.Errorf("read lost counter: %w", err)
+	var n uint64
+	if err := p.objs.GpuarbUnfollowed.Lookup(uint32(0), &n); err != nil {
+		return 0, fmt.Errorf("read unfollowed forks: %w", err)
 	}
-	return v.Unfollowed, nil
+	return n, nil
 }

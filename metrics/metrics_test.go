@@ -20,7 +20,7 @@ func TestScrapeStatus(t *testing.T) {
 			{Name: "infer", GPU: 1, Share: 0.2, Duty: 1, GPUNSTotal: 1_000_000, LaunchesTotal: 7, SyncsTotal: 7},
 		},
 		GPUs:   []api.GPU{{Index: 0, BusyShare: 0.95}, {Index: 1, BusyShare: 0.2}},
-		Probes: api.Probes{Events: 123456, LostEvents: 3, ExitsReconciled: 2},
+		Probes: api.Probes{Events: 123456, LostEvents: 3, ExitsReconciled: 2, UnfollowedForks: 5},
 	}
 	srv := httptest.NewServer(Handler(func() api.Status { return st }))
 	defer srv.Close()
@@ -47,6 +47,7 @@ func TestScrapeStatus(t *testing.T) {
 		{"gpuarb_probe_events_total", nil, 123456, dto.MetricType_COUNTER},
 		{"gpuarb_probe_lost_events_total", nil, 3, dto.MetricType_COUNTER},
 		{"gpuarb_meter_exits_reconciled_total", nil, 2, dto.MetricType_COUNTER},
+		{"gpuarb_probe_unfollowed_forks_total", nil, 5, dto.MetricType_COUNTER},
 		{"gpuarb_enforcing", nil, 1, dto.MetricType_GAUGE},
 		{"gpuarb_build_info", map[string]string{"version": "v9"}, 1, dto.MetricType_GAUGE},
 	} {
