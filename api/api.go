@@ -61,6 +61,12 @@ type Tenant struct {
 	// ended (a SIGCONT from a sibling): each escaped launch is charged,
 	// and at 3 its pacing moves to freezing its cgroup.
 	GateEscapes uint64 `json:"gate_escapes,omitempty"`
+	// GateErrors are the operations holding it back that failed (a
+	// freeze not confirmed in time and undone, a cgroup gone, a pause the
+	// driver refused), LastGateError the last one: while they grow it may
+	// get more than its share.
+	GateErrors    uint64 `json:"gate_errors,omitempty"`
+	LastGateError string `json:"last_gate_error,omitempty"`
 	// Demand is what it would take of the GPU alone, as its waits and idle
 	// time say (1: backlogged); WantShare the part of the window its
 	// processes wanted the GPU, summed.

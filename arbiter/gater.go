@@ -2,6 +2,7 @@ package arbiter
 
 import (
 	"context"
+	"errors"
 	"math"
 	"sync"
 	"time"
@@ -443,12 +444,19 @@ func (a *account) charge(ns, rate float64) {
 	a.balance = math.Max(a.balance-ns, -rate*float64(maxDebt))
 }
 
+// freeze stops the tenant. A freeze that fails, or that the kernel does not
+// confirm in time, is undone at once: the tenant runs on (nothing is left
+// half-frozen for a thaw that would never come), and the error is reported.
 func (g *Gater) freeze(from time.Time) {
 	if g.OnFreeze != nil {
 		g.OnFreeze(from, time.Time{})
 	}
-	if err := g.gate.Freeze(); err != nil && g.OnError != nil {
-		g.OnError(err)
+	if err := g.gate.Freeze(); err != nil {
+		g.report(errors.Join(err, g.gate.Thaw()))
+		if g.OnFreeze != nil {
+			g.OnFreeze(from, time.Now())
+		}
+		return
 	}
 	g.mu.Lock()
 	g.frozen = true

@@ -298,3 +298,78 @@ func TestAccountCapsCreditBeforeTheChargeAndBoundsDebt(t *testing.T) {
 		t.Fatalf("debt %.0f ns, want at most %.0f", a.balance, want)
 	}
 }
+
+// unconfirmedGate is a cgroup whose freeze the kernel never confirms (a
+// task in uninterruptible sleep): every Freeze fails with ErrNotFrozen.
+type unconfirmedGate struct {
+	mu             sync.Mutex
+	freezes, thaws int
+	frozenUnthawed bool
+}
+
+func (u *unconfirmedGate) Freeze() error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.freezes++
+	u.frozenUnthawed = true
+	return cgroup.ErrNotFrozen
+}
+
+func (u *unconfirmedGate) Thaw() error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.thaws++
+	u.frozenUnthawed = false
+	return nil
+}
+
+func (u *unconfirmedGate) Target() cgroup.Target { return cgroup.Target{} }
+
+// Issue 18 item 11: a freeze that fails is undone at once — the tenant is
+// never left half-frozen waiting for the window's end — reported, and the
+// meter's pause is closed where it began; the gater does not call the
+// tenant frozen.
+func TestFailedFreezeIsUndoneAndReported(t *testing.T) {
+	gate := &unconfirmedGate{}
+	g := NewGater(gate, 20*time.Millisecond, time.Now())
+	var mu sync.Mutex
+	var errs, opened, closed int
+	g.OnError = func(error) { mu.Lock(); errs++; mu.Unlock() }
+	g.OnFreeze = func(from, to time.Time) {
+		mu.Lock()
+		defer mu.Unlock()
+		if to.IsZero() {
+			opened++
+		} else {
+			closed++
+		}
+	}
+	g.Set(0.2, 0)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { g.Run(ctx); close(done) }()
+	var sawFrozen bool
+	for start := time.Now(); time.Since(start) < 300*time.Millisecond; time.Sleep(time.Millisecond) {
+		frozen, _ := g.State()
+		sawFrozen = sawFrozen || frozen
+	}
+	cancel()
+	<-done
+	gate.mu.Lock()
+	defer gate.mu.Unlock()
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("%d freezes, %d thaws, %d errors, pauses opened %d closed %d", gate.freezes, gate.thaws, errs, opened, closed)
+	if gate.freezes < 5 || gate.frozenUnthawed || gate.thaws < gate.freezes {
+		t.Errorf("%d freezes, %d thaws, left frozen %v: want every failed freeze undone", gate.freezes, gate.thaws, gate.frozenUnthawed)
+	}
+	if errs < gate.freezes {
+		t.Errorf("%d errors reported for %d failed freezes", errs, gate.freezes)
+	}
+	if opened != closed {
+		t.Errorf("meter pauses opened %d, closed %d", opened, closed)
+	}
+	if sawFrozen {
+		t.Error("the gater called the tenant frozen though no freeze held")
+	}
+}

@@ -104,25 +104,27 @@ func newV2GateUnchecked(mount, rel string) (*V2Gate, error) {
 }
 
 // Freeze writes cgroup.freeze and waits for "frozen 1" in cgroup.events;
-// a cgroup someone else froze is left as it is.
+// a cgroup someone else froze is left as it is. A freeze not confirmed
+// within FreezeTimeout (a task in uninterruptible sleep) is undone, as
+// V1Gate does: the tenant is not left half-frozen.
 func (g *V2Gate) Freeze() error {
 	if !g.own.freeze(func() bool { return readTrimmed(filepath.Join(g.dir, "cgroup.freeze")) == "1" }) {
 		return nil
 	}
 	if err := g.m.Freeze(); err != nil {
-		return fmt.Errorf("freeze %s: %w", g.dir, err)
+		return errors.Join(fmt.Errorf("freeze %s: %w", g.dir, err), g.Thaw())
 	}
 	deadline := time.Now().Add(FreezeTimeout)
 	for {
 		frozen, err := V2Frozen(g.dir)
 		if err != nil {
-			return err
+			return errors.Join(err, g.Thaw())
 		}
 		if frozen {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("freeze %s: %w within %v", g.dir, ErrNotFrozen, FreezeTimeout)
+			return errors.Join(fmt.Errorf("freeze %s: %w within %v", g.dir, ErrNotFrozen, FreezeTimeout), g.Thaw())
 		}
 		time.Sleep(200 * time.Microsecond)
 	}

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"math"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -53,6 +55,31 @@ type tenant struct {
 	done       chan struct{}
 	target     cgroup.Target
 	refused    bool // no gate could be made (logged once)
+	// gateErrors are the failed freezes, thaws, pauses and gate
+	// operations of its gaters and pausers, kept across their restarts.
+	gateErrors errorCount
+}
+
+// errorCount counts failures and keeps the last one, safe for concurrent
+// use (a tenant's gater reports without the daemon's lock).
+type errorCount struct {
+	n    atomic.Uint64
+	last atomic.Pointer[string]
+}
+
+func (c *errorCount) note(err error) {
+	msg := err.Error()
+	c.last.Store(&msg)
+	c.n.Add(1)
+}
+
+// get returns the count and the last error ("" when none).
+func (c *errorCount) get() (uint64, string) {
+	n := c.n.Load()
+	if p := c.last.Load(); p != nil {
+		return n, *p
+	}
+	return n, ""
 }
 
 // classifier assigns processes to tenants for one control step.
@@ -501,6 +528,7 @@ func (d *Daemon) startPauser(ctx context.Context, t *tenant, period time.Duratio
 			d.log.Debug("gpu scheduler: pause", "tenant", name, "err", err) // its processes ended meanwhile
 			return
 		}
+		t.gateErrors.note(err)
 		d.log.Warn("gpu scheduler: pause", "tenant", name, "err", err)
 	}
 	t.pauseCancel, t.pauseDone = runGater(ctx, t.pauser)
@@ -626,7 +654,14 @@ func (d *Daemon) startGate(ctx context.Context, t *tenant, period time.Duration)
 		}
 	}
 	name := t.name
-	t.gater.OnError = func(err error) { d.log.Warn("gate", "tenant", name, "err", err) }
+	t.gater.OnError = func(err error) {
+		if errors.Is(err, os.ErrProcessDone) || errors.Is(err, fs.ErrNotExist) {
+			d.log.Debug("gate", "tenant", name, "err", err) // its processes or cgroup ended meanwhile
+			return
+		}
+		t.gateErrors.note(err)
+		d.log.Warn("gate", "tenant", name, "err", err)
+	}
 	t.cancel, t.done = runGater(ctx, t.gater)
 }
 

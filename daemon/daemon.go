@@ -393,8 +393,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 	defer tick.Stop()
 	period := d.period()
 	d.sampleExact()
-	exactTick := time.NewTicker(d.cfg.Window)
-	defer exactTick.Stop()
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		d.sampleEveryWindow(ctx)
+	}()
 	var runErr error
 loop:
 	for {
@@ -412,16 +415,33 @@ loop:
 				period = p
 				tick.Reset(p)
 			}
-		case <-exactTick.C:
-			d.sampleExact()
-			d.reconcileExits()
 		case err := <-errs:
 			runErr = err
 			break loop
 		}
 	}
 	cancel()
+	<-sampled
 	return errors.Join(runErr, d.Stop())
+}
+
+// sampleEveryWindow reads the exact source and ends the processes whose
+// exit was lost, once a window until ctx ends. Both scan /proc (every
+// process's fds, every process's stat), which on a host of many processes
+// can take longer than a control period: off the control loop, they never
+// delay a step.
+func (d *Daemon) sampleEveryWindow(ctx context.Context) {
+	tick := time.NewTicker(d.cfg.Window)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			d.sampleExact()
+			d.reconcileExits()
+		}
+	}
 }
 
 // noteControl keeps the durations of the control steps of the last window.

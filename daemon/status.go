@@ -113,6 +113,7 @@ func (d *Daemon) Status() api.Status {
 		if t.gater != nil {
 			row.GateEscapes, _ = t.gater.Escapes()
 		}
+		row.GateErrors, row.LastGateError = t.gateErrors.get()
 	}
 	for _, pt := range d.policy.Tenants {
 		if listed[pt.Name] {

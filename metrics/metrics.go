@@ -32,6 +32,7 @@ var (
 	memory      = desc("tenant_memory_bytes", "GPU memory the tenant holds (allocated minus freed).", tenantLabels)
 	syncP99     = desc("tenant_sync_p99_seconds", "99th percentile of the tenant's sync waits in the last window.", tenantLabels)
 	processes   = desc("tenant_processes", "Processes of the tenant using the GPU.", tenantLabels)
+	gateErrors  = desc("tenant_gate_errors_total", "Failed freezes, thaws and pauses of the tenant (each undone; it may get more than its share meanwhile).", tenantLabels)
 	gpuBusy     = desc("gpu_busy_ratio", "Fraction of the GPU's time some tenant held it in the last window (0..1).", []string{"gpu"})
 	probeEvents = desc("probe_events_total", "Events read from the probes' ring buffer.", nil)
 	probeLost   = desc("probe_lost_events_total", "Events the probes dropped because the ring buffer was full.", nil)
@@ -58,7 +59,7 @@ func NewCollector(status func() api.Status) *Collector {
 // Describe sends every metric's description.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{gpuSeconds, share, target, duty, throttled, launches, syncs, memory,
-		syncP99, processes, gpuBusy, probeEvents, probeLost, exitsRecon, unfollowed, enforcing, build} {
+		syncP99, processes, gateErrors, gpuBusy, probeEvents, probeLost, exitsRecon, unfollowed, enforcing, build} {
 		ch <- d
 	}
 }
@@ -81,6 +82,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		m(memory, prometheus.GaugeValue, float64(t.MemBytes))
 		m(syncP99, prometheus.GaugeValue, t.SyncP99MS/1e3)
 		m(processes, prometheus.GaugeValue, float64(t.Processes))
+		m(gateErrors, prometheus.CounterValue, float64(t.GateErrors))
 	}
 	for _, g := range st.GPUs {
 		ch <- prometheus.MustNewConstMetric(gpuBusy, prometheus.GaugeValue, g.BusyShare, strconv.Itoa(g.Index))

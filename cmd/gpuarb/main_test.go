@@ -253,3 +253,21 @@ func TestNamesAreShownEscaped(t *testing.T) {
 		t.Errorf("the table carries an escape:\n%q", b.String())
 	}
 }
+
+// A tenant whose freezes or pauses fail says so under the table, with the
+// last error.
+func TestStatusShowsGateErrors(t *testing.T) {
+	var b strings.Builder
+	st := api.Status{WindowNS: 1e9, Enforcing: true, Tenants: []api.Tenant{
+		{Name: "ok", Cgroup: "/ok"},
+		{Name: "stuck", Cgroup: "/stuck", GateErrors: 3, LastGateError: "freeze /sys/fs/cgroup/stuck: freeze not confirmed within 100ms"},
+	}}
+	if err := printTable(&b, st, "share"); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	if !strings.Contains(out, "(stuck: 3 failed freeze, thaw or pause operations; last: freeze /sys/fs/cgroup/stuck: freeze not confirmed within 100ms)") ||
+		strings.Contains(out, "(ok:") {
+		t.Errorf("status table:\n%s", out)
+	}
+}

@@ -146,6 +146,13 @@ func printTable(w io.Writer, st api.Status, key string) error {
 	if !st.Enforcing {
 		fmt.Fprintln(tw, "(observing only: nothing is throttled)")
 	}
+	// Failed freezes, thaws and pauses: the tenant may get more than its
+	// share while they go on.
+	for _, t := range st.Tenants {
+		if t.GateErrors > 0 {
+			fmt.Fprintf(tw, "(%s: %d failed freeze, thaw or pause operations; last: %s)\n", shown(t.Name), t.GateErrors, shown(t.LastGateError))
+		}
+	}
 	// The guardian is news only when it is not running or has died.
 	if g := st.Guardian; g != nil && (g.PID == 0 || g.Restarts > 0) {
 		state := fmt.Sprintf("pid %d", g.PID)
