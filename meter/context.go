@@ -478,10 +478,15 @@ func (s *stream) rescale(scale float64) {
 	}
 }
 
-// learnKey corrects one learned key's cost by factor (smoothed and bounded
-// as learn does), and its part of the queued work with it.
+// learnKey corrects one learned key's cost by factor, and its part of the
+// queued work with it: smoothed within maxStep (phase noise), a whole
+// maxStep beyond it (the evidence says the cost is far off, and a smoothed
+// step would take dozens of corrections to get there).
 func (c *gpuContext) learnKey(k costKey, factor float64) {
-	f := math.Pow(min(max(factor, 1/maxStep), maxStep), learnRate)
+	f := math.Pow(factor, learnRate)
+	if factor > maxStep || factor < 1/maxStep {
+		f = min(max(factor, 1/maxStep), maxStep)
+	}
 	c.costOf(k).ns *= f
 	for _, s := range c.streams {
 		pending := s.comp.minus(s.provenComp)
@@ -539,7 +544,7 @@ func (c *gpuContext) prove(late, covered float64, burst composition) {
 		e.late += late * w / total
 		e.covered += covered * w / total
 		e.proofs++
-		if e.covered >= evidenceWork || e.proofs >= evidenceProofs {
+		if e.covered >= evidenceWork || e.proofs >= evidenceProofs || e.proofs >= decisiveProofs && math.Abs(e.late) >= evidenceWork {
 			c.learnKey(k, max(1-e.late/e.covered, minFactor))
 			delete(c.evidence, k)
 		}

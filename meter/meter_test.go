@@ -817,3 +817,31 @@ func TestReconcileEndsProcessesWhoseExitWasLost(t *testing.T) {
 		t.Errorf("%d contexts kept after the window, want the ended ones pruned", len(m.ctxs))
 	}
 }
+
+// A cost learned far too low (a first proof taken from a short wait, as a
+// tenant of 7.6 ms kernels paused by gpuarb once learned 0.11 ms) is
+// corrected within a few seconds of closed-loop syncs: proofs whose
+// lateness sums evidenceWork correct at once, by a whole maxStep while the
+// evidence says the cost is off by more, however little modeled work they
+// covered.
+func TestFarTooLowCostRecovers(t *testing.T) {
+	clk := &clock{t: 10 * 1000 * ms}
+	m := New(Config{Now: clk.now})
+	const fn = 0xc
+	clk.t = burst(m, clk, 1, fn, 100, 8, 80*ms, 4*ms, clk.t) // 8 × 10 ms: learned right
+	c := m.ctxs[1]
+	k := costKey{handle: fn}
+	c.costs[k].ns /= 70
+	start := clk.t
+	for clk.t < start+3000*ms {
+		clk.t = burst(m, clk, 1, fn, 100, 8, 80*ms, 4*ms, clk.t)
+	}
+	if got := c.costs[k].ns; math.Abs(got/100000-1) > 0.1 {
+		t.Errorf("cost per block %.0f ns 3 s after it was set 70× too low, want 100000 ± 10%%", got)
+	}
+	m.Tick()
+	_, cs := m.Contexts(500 * time.Millisecond)
+	if got := cs[0].Share; math.Abs(got-80.0/84) > 0.03 {
+		t.Errorf("share %.3f, want %.3f (80 ms of work, 4 ms of thought)", got, 80.0/84)
+	}
+}
