@@ -462,14 +462,7 @@ func TestFollowedTreeKeepsDoubleForks(t *testing.T) {
 	if err := p.Follow(rootPID, []int{rootPID}); err != nil {
 		t.Fatal(err)
 	}
-	var grandchild int
-	for deadline := time.Now().Add(5 * time.Second); grandchild == 0; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the grandchild never wrote its pid")
-		}
-		data, _ := os.ReadFile(pidFile)
-		grandchild, _ = strconv.Atoi(strings.TrimSpace(string(data)))
-	}
+	grandchild := testutil.ReadPIDFile(t, pidFile, 5*time.Second)
 	exited := false
 	t.Cleanup(func() {
 		if !exited { // by pid, while it is still ours: it was not seen to exit

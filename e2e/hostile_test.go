@@ -325,14 +325,7 @@ func TestPIDTenantKeepsDoubleForkedWorker(t *testing.T) {
 		if err := d.ApplyPolicy(t.Context(), []byte(pol)); err != nil {
 			t.Fatal(err)
 		}
-		var worker int
-		for deadline := time.Now().Add(5 * time.Second); worker == 0; time.Sleep(10 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatal("the worker never started")
-			}
-			data, _ := os.ReadFile(pidFile)
-			worker, _ = strconv.Atoi(strings.TrimSpace(string(data)))
-		}
+		worker := testutil.ReadPIDFile(t, pidFile, 5*time.Second)
 		workerStart, err := cgroup.StartTime(worker)
 		if err != nil {
 			t.Fatal(err)

@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -149,4 +151,20 @@ func (p *Proc) Wait(t testing.TB, timeout time.Duration) error {
 		t.Fatalf("%v; stderr: %s", err, stderr)
 	}
 	return err
+}
+
+// ReadPIDFile waits up to timeout for a process the test started
+// indirectly (a double fork, a daemonized child) to write its pid to path,
+// and returns it; none by then fails the test.
+func ReadPIDFile(t testing.TB, path string, timeout time.Duration) int {
+	t.Helper()
+	for deadline := time.Now().Add(timeout); ; time.Sleep(10 * time.Millisecond) {
+		data, _ := os.ReadFile(path)
+		if pid, err := strconv.Atoi(strings.TrimSpace(string(data))); err == nil && pid > 0 {
+			return pid
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no pid in %s after %v", path, timeout)
+		}
+	}
 }
