@@ -192,7 +192,7 @@ func runDemo(ctx context.Context, out io.Writer, bins, chart string, tl demoTime
 	if err := demoReport(out, samples, stdout, tl); err != nil {
 		return err
 	}
-	if err := demoChart(chart, samples, tl); err != nil {
+	if err := demoChart(chart, samples, stdout, tl); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "\nchart of the shares over time: %s\n== stopping the containers, the daemon and the simulated GPU\n", chart)
@@ -342,7 +342,11 @@ func demoReport(out io.Writer, samples []lab.Sample, inferOut string, tl demoTim
 }
 
 // demoChart draws the true shares over time, with gpuarb's targets dashed.
-func demoChart(path string, samples []lab.Sample, tl demoTimeline) error {
+// Under the title it says how the inference service's p99 sync wait did
+// without and with gpuarb, and why, once train-b has ended, infer's target
+// stands above its true share: its target is what it may take (its demand
+// counts the time it waits in syncs), and train-a takes what it leaves.
+func demoChart(path string, samples []lab.Sample, inferOut string, tl demoTimeline) error {
 	var lines []lab.Line
 	for i, name := range []string{"infer", "train-a", "train-b"} {
 		var x, y, tx, ty []float64
@@ -356,5 +360,19 @@ func demoChart(path string, samples []lab.Sample, tl demoTimeline) error {
 			lab.Line{Name: name + " target", X: tx, Y: ty, Dashed: true, Color: i})
 	}
 	title := fmt.Sprintf("gpuarb demo: unarbitrated until %.0f s, then arbitrated; train-b ends at %.0f s", tl.enforce.Seconds(), tl.stopB.Seconds())
+	settle := 2 * time.Second
+	at, sync, _ := inferSeconds(inferOut)
+	title += fmt.Sprintf("\ninfer's p99 sync wait: %.1f ms without gpuarb, %.1f ms with (SLO %s ms)",
+		lab.Median(between(at, sync, settle, tl.enforce)), lab.Median(between(at, sync, tl.enforce+settle, tl.stopB)), inferSLOms)
+	var target, used []float64
+	for _, s := range samples {
+		if t, ok := s.Target["infer"]; ok && s.At > tl.stopB+time.Second {
+			target, used = append(target, t), append(used, s.True["infer"])
+		}
+	}
+	if len(target) > 0 && lab.Median(target) > lab.Median(used)+0.02 {
+		title += fmt.Sprintf("\nafter train-b ends, infer uses %.0f%% of the %.0f%% it may take; train-a gets the rest",
+			100*lab.Median(used), 100*lab.Median(target))
+	}
 	return lab.LineChart(path, title, "seconds", "share of the GPU (%)", 115, lines)
 }
