@@ -149,22 +149,32 @@ func under(path, dir string) bool {
 // pidTree returns a pid tenant's processes: its root, what /proc shows
 // below it, and what was forked below it and reparented since (a double
 // fork: the probes follow every fork below a followed process). It has
-// the probes follow the ones /proc shows. Without probes, /proc's tree.
+// the probes follow the ones /proc shows that they do not follow yet (at
+// the tenant's first step, all of them; then only what a fork the probes
+// missed left). Without probes, /proc's tree.
 func (d *Daemon) pidTree(root int) []int {
 	pids := cgroup.Descendants(root)
 	if d.probes == nil {
 		return pids
 	}
-	if err := d.probes.Follow(root, pids); err != nil {
-		d.log.Warn("follow pid tenant", "pid", root, "err", err)
-	}
 	followed, err := d.probes.Followed(root)
 	if err != nil {
 		d.log.Warn("follow pid tenant", "pid", root, "err", err)
 	}
+	isFollowed := make(map[int]bool, len(followed))
+	for _, p := range followed {
+		isFollowed[p] = true
+	}
 	in := make(map[int]bool, len(pids))
+	var missing []int
 	for _, p := range pids {
 		in[p] = true
+		if !isFollowed[p] {
+			missing = append(missing, p)
+		}
+	}
+	if err := d.probes.Follow(root, missing); err != nil {
+		d.log.Warn("follow pid tenant", "pid", root, "err", err)
 	}
 	for _, p := range followed {
 		if !in[p] && !cgroup.Gone(p) {
