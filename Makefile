@@ -17,7 +17,7 @@ GO_SRC      := $(shell find . -name '*.go' -not -path './bin/*') go.mod go.sum
 
 all: build
 
-build: $(BIN)/gpuarb $(BIN)/fakegpud $(BIN)/libcuda.so.1 $(BIN)/gpuwork $(BIN)/gpuarb-lab
+build: $(BIN)/gpuarb $(BIN)/fakegpud $(BIN)/libcuda.so.1 $(BIN)/gpuwork $(BIN)/gpuwork-static $(BIN)/gpuarb-lab
 
 $(BIN)/gpuarb: $(GO_SRC)
 	$(GO) build $(GOFLAGS_B) -o $@ ./cmd/gpuarb
@@ -39,6 +39,12 @@ GPUWORK_SRC := $(wildcard e2e/fakegpu/workloads/*.c e2e/fakegpu/workloads/*.h)
 $(BIN)/gpuwork: $(GPUWORK_SRC)
 	@mkdir -p $(BIN)
 	$(CC) $(CFLAGS) -Wl,-rpath,'$$ORIGIN' -o $@ $(filter %.c,$(GPUWORK_SRC)) -ldl -lm
+
+# gpuwork with the simulated driver linked in and stripped: a tenant that
+# maps no libcuda and whose launches no uprobe sees (issue 18, item 7).
+$(BIN)/gpuwork-static: $(GPUWORK_SRC) $(LIBCUDA_SRC)
+	@mkdir -p $(BIN)
+	$(CC) $(CFLAGS) -DGPUWORK_STATIC -s -o $@ $(filter %.c,$(GPUWORK_SRC) $(LIBCUDA_SRC)) -lpthread -lm
 
 # Regenerates the BPF objects (needs clang, llvm-strip, libbpf headers).
 generate:

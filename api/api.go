@@ -57,6 +57,12 @@ type Tenant struct {
 	// GateEscapes reached 3; "launch gate (channel groups unknown)" on a
 	// steered GPU for a tenant whose channel groups gpuarb never saw.
 	Actuator string `json:"actuator,omitempty"`
+	// UnprobedPIDs are its processes that set up GPU channels but map no
+	// libcuda gpuarb probes (a driver linked in, or a copy it could not
+	// probe): their launches are unseen, so each is metered as busy
+	// whenever gpuarb lets it run, and held by pausing its channel groups
+	// or freezing its cgroup, never at the launch gate.
+	UnprobedPIDs []int `json:"unprobed_pids,omitempty"`
 	// GateEscapes are its holds at the launch gate that someone else
 	// ended (a SIGCONT from a sibling): each escaped launch is charged,
 	// and at 3 its pacing moves to freezing its cgroup.

@@ -87,6 +87,12 @@ type Input struct {
 	// cannot reach it, so it is paced at the launch gate while the others
 	// are steered.
 	Unsteered bool
+	// Unprobed is set for a tenant with processes whose launches no probe
+	// sees (a driver of their own): its share is the meter's assumption
+	// that they are busy whenever they may run, and a rate cannot pace
+	// launches nobody sees, so it is held by freezing part of each period
+	// and never takes the slack.
+	Unprobed bool
 	// SyncP99MS and FPS are the measured SLO figures (0: none seen).
 	SyncP99MS float64
 	FPS       float64
@@ -489,7 +495,7 @@ func (a *Arbiter) crowdedOut(ts []Input, targets []float64, free int) bool {
 func (a *Arbiter) slackTaker(ts []Input, targets []float64, duty func(Input) float64, headroom float64) int {
 	best, last := -1, -1
 	for i, t := range ts {
-		if !t.Busy || t.Rules.Priority == policy.Latency || t.Rules.Limit > 0 || demandOf(t, duty(t), headroom) <= targets[i] {
+		if !t.Busy || t.Unprobed || t.Rules.Priority == policy.Latency || t.Rules.Limit > 0 || demandOf(t, duty(t), headroom) <= targets[i] {
 			continue
 		}
 		if (key{t.Name, t.GPU}) == a.taker {

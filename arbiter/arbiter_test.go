@@ -155,6 +155,17 @@ func TestUncostedTakesTheSlack(t *testing.T) {
 	}
 }
 
+// A tenant with unprobed processes never takes the slack, uncosted as it
+// is: its share is an assumption and its duty what holds it.
+func TestUnprobedNeverTakesTheSlack(t *testing.T) {
+	in := []Input{hog("plain", 0.5, 1), hog("unprobed", 0.5, 1)}
+	in[1].Costed, in[1].Unprobed = false, true
+	ds := New(Params{}).Step(in, pacing)
+	if ds[0].Duty != 1 || ds[0].Reason != "takes the slack" || ds[1].Duty != 0.5 {
+		t.Errorf("%+v", ds)
+	}
+}
+
 // A tenant that wants less than its target is not paced.
 func TestNotCompeting(t *testing.T) {
 	a := New(Params{})

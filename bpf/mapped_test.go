@@ -1,7 +1,6 @@
 package bpf
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -92,22 +91,22 @@ func TestAttachMappedFindsLibcudaUnderAnyName(t *testing.T) {
 		if _, err := out.Read(make([]byte, 6)); err != nil {
 			t.Fatalf("helper mapping %s: %v", spec, err)
 		}
-		n, err := p.AttachMapped(cmd.Process.Pid)
-		if n != 1 || err != nil {
-			t.Errorf("%s: attached %d, %v; want the one libcuda it maps", spec, n, err)
+		n, probed, err := p.AttachMapped(cmd.Process.Pid)
+		if n != 1 || !probed || err != nil {
+			t.Errorf("%s: attached %d (maps a probed copy: %v), %v; want the one libcuda it maps", spec, n, probed, err)
 		}
-		if n, err := p.AttachMapped(cmd.Process.Pid); n != 0 || err != nil {
-			t.Errorf("%s again: attached %d, %v; want nothing new", spec, n, err)
+		if n, probed, err := p.AttachMapped(cmd.Process.Pid); n != 0 || !probed || err != nil {
+			t.Errorf("%s again: attached %d (maps a probed copy: %v), %v; want nothing new, probed", spec, n, probed, err)
 		}
 	}
 	libs := p.Libcudas()
 	if len(libs) != 2 {
 		t.Errorf("probed %q, want the renamed copy and the memfd", libs)
 	}
-	if n, err := p.AttachMapped(os.Getpid()); n != 0 || err != nil {
-		t.Errorf("a process mapping no libcuda: attached %d, %v", n, err)
+	if n, probed, err := p.AttachMapped(os.Getpid()); n != 0 || probed || err != nil {
+		t.Errorf("a process mapping no libcuda: attached %d (maps a probed copy: %v), %v", n, probed, err)
 	}
-	if n, err := p.AttachMapped(1 << 30); n != 0 || err != nil && !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("a process that is gone: attached %d, %v; want nothing, no error", n, err)
+	if n, probed, err := p.AttachMapped(1 << 30); n != 0 || probed || err != nil {
+		t.Errorf("a process that is gone: attached %d (maps a probed copy: %v), %v; want nothing, no error", n, probed, err)
 	}
 }

@@ -289,15 +289,17 @@ func (p *Probes) AttachLibcuda(path string) (attached bool, err error) {
 // loaded from a memfd or by a call the openat probe does not see. Each
 // mapping is opened through /proc/PID/map_files (its very inode, deleted
 // or not, without resolving a path) and only if it is a regular file.
-// It returns how many copies it attached; a process that exits meanwhile
-// is not an error.
-func (p *Probes) AttachMapped(pid int) (attached int, err error) {
+// It returns how many copies it attached and whether the process maps a
+// probed copy at all (one attached now or before): a process with GPU
+// channels that maps none submits work no uprobe sees. A process that
+// exits meanwhile is not an error (and maps nothing).
+func (p *Probes) AttachMapped(pid int) (attached int, probed bool, err error) {
 	maps, err := executableMappings(pid)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH) {
-			return 0, nil
+			return 0, false, nil
 		}
-		return 0, err
+		return 0, false, err
 	}
 	var errs []error
 	for _, m := range maps {
@@ -305,6 +307,7 @@ func (p *Probes) AttachMapped(pid int) (attached int, err error) {
 		_, known := p.libcudas[m.id]
 		p.mu.Unlock()
 		if known {
+			probed = true
 			continue
 		}
 		f, st, err := openMapping(pid, m.addr)
@@ -319,11 +322,12 @@ func (p *Probes) AttachMapped(pid int) (attached int, err error) {
 		switch {
 		case ok:
 			attached++
+			probed = true
 		case err != nil && !errors.Is(err, ErrNotLibcuda):
 			errs = append(errs, err)
 		}
 	}
-	return attached, errors.Join(errs...)
+	return attached, probed, errors.Join(errs...)
 }
 
 // attachFile attaches the uprobes to an opened libcuda candidate; path

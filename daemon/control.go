@@ -51,10 +51,15 @@ type tenant struct {
 	launchCost atomic.Uint64
 	gater      *arbiter.Gater
 	launches   *bpf.LaunchGate // nil: paced by freezing
+	gatePeriod time.Duration   // its gater's period
 	cancel     context.CancelFunc
 	done       chan struct{}
 	target     cgroup.Target
 	refused    bool // no gate could be made (logged once)
+	// unprobed are its processes that use the GPU through a driver no
+	// probe sees (Daemon.meterUnprobed): it is held by pausing its groups
+	// or freezing it, never paced at the launch gate, which they pass.
+	unprobed []int
 	// gateErrors are the failed freezes, thaws, pauses and gate
 	// operations of its gaters and pausers, kept across their restarts.
 	gateErrors errorCount
@@ -185,6 +190,31 @@ func (d *Daemon) pidTree(root int) []int {
 	return pids
 }
 
+// meterUnprobed hands the meter the live processes that have GPU channel
+// groups but map no libcuda the probes could attach to (ioctlspy's
+// Unprobed): their launches are unseen, so the meter models each as busy
+// whenever it may run. It logs each one once and returns them.
+func (d *Daemon) meterUnprobed() map[uint32]bool {
+	out := map[uint32]bool{}
+	if d.spy == nil {
+		return out
+	}
+	now := meter.MonotonicNow()
+	for _, p := range d.spy.Unprobed() {
+		if cgroup.Gone(int(p.PID)) {
+			continue
+		}
+		out[p.PID] = true
+		d.meter.SetUnprobed(p.PID, p.CgroupID, int(p.Groups()[0].GPU), now)
+		if !d.unprobed[p.PID] {
+			d.log.Warn("a process uses the GPU through a driver gpuarb does not probe: it is metered as busy whenever it may run and held by pausing its channel groups or freezing it",
+				"pid", p.PID, "comm", p.Comm)
+		}
+	}
+	d.unprobed = out
+	return out
+}
+
 // controlWindow is the span of the shares the arbiter steers by: long
 // enough to average over a hog's deep queue, short enough to react
 // within a second, and never longer than the meter keeps.
@@ -221,6 +251,7 @@ func (d *Daemon) control(ctx context.Context) {
 	}
 	d.mu.Unlock()
 	cl := newClassifier(cfg, d.mount, d.resolver, pidStarts, d.pidTree)
+	unprobed := d.meterUnprobed()
 	_, short := d.meter.Contexts(window)
 	_, long := d.meter.Contexts(d.cfg.Window)
 	res := control.Step(control.Input{Window: window, Settled: d.cfg.Window, Short: short, Long: long, Assign: cl.assign,
@@ -236,6 +267,15 @@ func (d *Daemon) control(ctx context.Context) {
 		u := actuation[in.GPU] == arbiter.Scheduler && unsteered[tenantGPU{in.Name, in.GPU}]
 		res.Inputs[i].Unsteered = u
 		res.Tenants[in.Name].GPUs[in.GPU].Unsteered = u // what status shows
+	}
+	withUnprobed := map[string]bool{}
+	for name, ct := range res.Tenants {
+		for _, m := range ct.Members {
+			withUnprobed[name] = withUnprobed[name] || unprobed[m.PID] && !m.Exited
+		}
+	}
+	for i := range res.Inputs {
+		res.Inputs[i].Unprobed = withUnprobed[res.Inputs[i].Name]
 	}
 	snap := d.meter.Snapshot()
 
@@ -263,12 +303,17 @@ func (d *Daemon) control(ctx context.Context) {
 		for _, id := range ct.CgroupIDs {
 			t.cgroupIDs[id] = true
 		}
+		t.unprobed = nil
 		for _, m := range ct.Members {
 			seen = append(seen, member{m.PID, m.CgroupID, t})
 			if !m.Exited {
 				t.anyPID = int(m.PID)
 			}
+			if unprobed[m.PID] && !m.Exited {
+				t.unprobed = append(t.unprobed, int(m.PID))
+			}
 		}
+		slices.Sort(t.unprobed)
 		for gpu, in := range ct.GPUs {
 			t.inputs[gpu] = *in
 		}
@@ -327,6 +372,11 @@ func (d *Daemon) control(ctx context.Context) {
 		}
 		if !enforcing {
 			duty = 1
+		}
+		if len(t.unprobed) > 0 {
+			// Its unprobed processes' launches pass the launch gate
+			// unseen: freeze it for the rest of each period instead.
+			paced = false
 		}
 		finish = append(finish, d.actOn(ctx, t, scheduled, duty, offset, paced, cfg.Period))
 	}
@@ -432,6 +482,17 @@ func (d *Daemon) actuations(cfg *policy.Config, res control.Result, groups map[s
 	return out, unsteered
 }
 
+// unprobedPeriod is the least period of the freeze windows of a tenant
+// with unprobed processes on a GPU gpuarb cannot steer. A freeze reaches
+// only what it has not submitted yet: the work it queued before runs on
+// within the freeze, unseen, so freezes must be long beside its queue,
+// yet the meter's window (1 s) must hold several periods or the share it
+// steers by swings with their phase. At 500 ms a hog of 1 ms kernels 8 to
+// 16 deep gets 26% for 25 (TestUnprobedGPUProcessIsHeld); one of 20 ms
+// kernels 16 deep keeps its unarbitrated 50% whatever the duty. The GPU's own
+// scheduler, where it can be steered, reaches queued work.
+const unprobedPeriod = 500 * time.Millisecond
+
 // ungroupedGrace is how long a busy tenant may go without a channel group
 // the probes saw before it is paced at the launch gate instead of steered:
 // a process that has just set up its GPU may not be in the table at the
@@ -504,7 +565,16 @@ func (d *Daemon) actOn(ctx context.Context, t *tenant, scheduled bool, duty, off
 		}
 	default:
 		finish = append(finish, d.stopPauser(t))
-		if duty < 1 && t.gater == nil && !t.refused {
+		if len(t.unprobed) > 0 {
+			period = max(period, unprobedPeriod)
+		}
+		switch {
+		case t.gater != nil && t.gatePeriod != period:
+			// Its period changed (a process of it turned out unprobed):
+			// the gater ends now, its successor starts next step, once
+			// this one has left the ledger.
+			finish = append(finish, d.stopGater(t))
+		case duty < 1 && t.gater == nil && !t.refused:
 			d.startGate(ctx, t, period)
 		}
 		switch {
@@ -640,7 +710,7 @@ func (d *Daemon) startGate(ctx context.Context, t *tenant, period time.Duration)
 		return
 	}
 	t.target = g.Target()
-	t.gater = arbiter.NewGater(g, period, d.epoch)
+	t.gater, t.gatePeriod = arbiter.NewGater(g, period, d.epoch), period
 	ids := make([]uint64, 0, len(t.cgroupIDs))
 	for id := range t.cgroupIDs {
 		ids = append(ids, id)

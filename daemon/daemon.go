@@ -133,6 +133,9 @@ type Daemon struct {
 	// ungroupedSince is when a busy tenant was first seen on a GPU without
 	// a channel group (used by the control loop only).
 	ungroupedSince map[tenantGPU]time.Time
+	// unprobed are the processes the last control step metered as using
+	// the GPU through a driver gpuarb does not probe (control loop only).
+	unprobed map[uint32]bool
 	// published is the last control step's view for status and metrics.
 	published atomic.Pointer[stepView]
 	// exitsReconciled counts the processes reconcileExits ended.

@@ -51,6 +51,7 @@ func (d *Daemon) publish(res control.Result, snap meter.Snapshot, actuation map[
 				}
 			}
 			row.BurstNS = in.BurstNS
+			row.UnprobedPIDs = t.unprobed
 			row.Actuator = actuatorName(actuation[gpu], t)
 			if in.Unsteered {
 				row.Actuator = actuatorName(arbiter.Pacing, t) + " (channel groups unknown)"
@@ -78,6 +79,9 @@ func actuatorName(a arbiter.Actuation, t *tenant) string {
 		return "gpu scheduler"
 	case arbiter.Windows:
 		return "freeze windows"
+	}
+	if t != nil && len(t.unprobed) > 0 {
+		return "freeze (launches unseen)"
 	}
 	if t != nil && t.gater != nil && t.launches == nil {
 		return "freeze"
@@ -189,12 +193,14 @@ func liveState(row *api.Tenant, t *tenant, enforcing bool) (string, uint64) {
 		var stopped bool
 		stopped, throttled = t.gater.State()
 		_, escalated := t.gater.Escapes()
+		// Escalated, or with unprobed processes, it is frozen in windows.
+		atGate := t.launches != nil && !escalated && len(t.unprobed) == 0
 		switch {
-		case stopped && t.launches != nil && !escalated:
+		case stopped && atGate:
 			state = "held" // a process held at the launch gate
 		case stopped:
 			state = "frozen"
-		case row.Duty < 1 && enforcing && t.launches != nil:
+		case row.Duty < 1 && enforcing && atGate:
 			state = "paced"
 		case row.Duty < 1 && enforcing:
 			state = "throttled"

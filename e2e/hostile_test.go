@@ -141,6 +141,74 @@ func TestLibcudaUnderAnotherNameIsArbitrated(t *testing.T) {
 	}
 }
 
+// Issue 18, item 7: a process that sets up GPU channels with a driver of
+// its own (gpuwork-static: the simulated libcuda linked in, its symbols
+// stripped) maps no libcuda and no uprobe sees its launches. It is metered
+// as busy whenever gpuarb lets it run and held by what reaches it without
+// its launches: its channel groups paused on a steered GPU, its cgroup
+// frozen in windows of a second otherwise. At weight 1:3 against a plain
+// hog it gets 25% ± 3 pp where steered, a hog of 20 ms kernels 16 deep;
+// by freezing, a hog of 1 ms kernels 8 to 16 deep gets 15 to 28% (its
+// share while thawed is not seen, so it may get less). Unseen, both kept
+// 50%. A freeze does not reach work queued before it: by freezing alone
+// the deep hog keeps 50% (measured; the steered GPU is the answer).
+func TestUnprobedGPUProcessIsHeld(t *testing.T) {
+	gpu := testutil.StartFakeGPU(t)
+	for _, c := range []struct {
+		name, actuator string
+		args, work     []string
+		settle         time.Duration // the freeze's duty rises 0.05 a second from its target
+		low            float64
+	}{
+		{"steered", "gpu scheduler", nil, nil, 3 * time.Second, 0.22},
+		{"frozen", "freeze (launches unseen)", []string{"--gpu-scheduler", "off"}, []string{"--kernel-ms", "1"}, 6 * time.Second, 0.15},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			d := startDaemon(t, c.args...)
+			measureTwice(t, func(t *testing.T, miss missFunc) {
+				cgs := map[string]*testutil.Cgroup{"a": testutil.NewCgroup(t, "unprobed"), "b": testutil.NewCgroup(t, "plain")}
+				hidden := gpu.Workload(t, append([]string{"hog", "--duration", "20"}, c.work...)...)
+				hidden.Path = testutil.Bin(t, "gpuwork-static")
+				p := testutil.Start(t, cgs["a"], hidden)
+				testutil.Start(t, cgs["b"], gpu.Workload(t, "hog", "--duration", "20"))
+				pol := "tenants:\n  - {name: a, cgroup: " + cgs["a"].Rel + ", weight: 100}\n  - {name: b, cgroup: " + cgs["b"].Rel + ", weight: 300}\n"
+				if err := d.ApplyPolicy(t.Context(), []byte(pol)); err != nil {
+					t.Fatal(err)
+				}
+				ws := trueShares(t, gpu, cgs, c.settle, 3)
+				a := col(ws, func(w map[string]float64) float64 { return w["a"] })
+				st, err := d.Status(t.Context())
+				if err != nil {
+					t.Fatal(err)
+				}
+				var row *api.Tenant
+				for i := range st.Tenants {
+					switch tn := &st.Tenants[i]; tn.Name {
+					case "a":
+						row = tn
+					case "b":
+						if len(tn.UnprobedPIDs) > 0 {
+							t.Errorf("the plain hog's processes %v read as unprobed", tn.UnprobedPIDs)
+						}
+					}
+				}
+				if row == nil {
+					t.Fatalf("the unprobed process's tenant is not in status: %+v", st.Tenants)
+				}
+				t.Logf("a (pid %d, its own driver) %s for 25%%; status: unprobed %v, actuator %q, state %s, share %.1f%%, target %.1f%%, duty %.2f, %s",
+					p.Cmd.Process.Pid, pcts(a), row.UnprobedPIDs, row.Actuator, row.State, 100*row.Share, 100*row.TargetShare, row.Duty, row.Reason)
+				if !slices.Contains(row.UnprobedPIDs, p.Cmd.Process.Pid) || row.Actuator != c.actuator {
+					t.Errorf("status: unprobed %v, actuator %q; want pid %d and %q", row.UnprobedPIDs, row.Actuator, p.Cmd.Process.Pid, c.actuator)
+				}
+				if m := median(a); m > 0.28 || m < c.low {
+					logStatus(t, d)
+					miss("a's median %.1f%% at weight 1:3, want %.0f to 28%%", 100*m, 100*c.low)
+				}
+			})
+		})
+	}
+}
+
 // Issue 18, item 3: a sibling in the tenant's cgroup that sends SIGCONT to
 // its GPU process every millisecond does not escape its 30% limit at the
 // launch gate, with a deep queue or a shallow one: each escaped launch is

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -37,6 +39,12 @@ type Spy struct {
 	// scans counts the processes whose mappings were searched for
 	// libcuda copies, scanAttached the copies that found.
 	scans, scanAttached atomic.Uint64
+
+	// unprobed are the processes whose last mapping scan found no probed
+	// libcuda: they set up GPU channels, so they submit work no uprobe
+	// sees. Kept until they exit or a scan finds one.
+	mu       sync.Mutex
+	unprobed map[uint32]bool
 }
 
 // attachJob is one piece of the attach worker's work: a libcuda opened
@@ -67,7 +75,8 @@ func NewSpy(p *bpf.Probes) (*Spy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open ring buffer reader: %w", err)
 	}
-	return &Spy{probes: p, reader: rd, table: NewTable(), self: uint32(os.Getpid()), OnError: func(error) {}}, nil
+	return &Spy{probes: p, reader: rd, table: NewTable(), self: uint32(os.Getpid()), OnError: func(error) {},
+		unprobed: map[uint32]bool{}}, nil
 }
 
 // Probes are the probes this Spy reads.
@@ -160,6 +169,9 @@ func (s *Spy) Run(ctx context.Context, handle func(Event)) error {
 			}
 		case *ProcessExit:
 			delete(scanned, e.PID)
+			s.mu.Lock()
+			delete(s.unprobed, e.PID)
+			s.mu.Unlock()
 		}
 		s.table.Apply(ev)
 		handle(ev)
@@ -181,14 +193,47 @@ func (s *Spy) attachOpened(e *LibcudaOpened) {
 	}
 }
 
-// attachMapped probes the libcuda copies a process maps under any name.
+// attachMapped probes the libcuda copies a process maps under any name,
+// and notes a process that maps none it could probe.
 func (s *Spy) attachMapped(pid uint32) {
 	s.scans.Add(1)
-	n, err := s.probes.AttachMapped(int(pid))
+	n, probed, err := s.probes.AttachMapped(int(pid))
 	s.scanAttached.Add(uint64(n))
 	if err != nil {
 		s.OnError(fmt.Errorf("pid %d: %w", pid, err))
+		return
 	}
+	_, live := s.table.Process(pid)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case probed:
+		delete(s.unprobed, pid)
+	case live && len(s.unprobed) < maxScanned:
+		s.unprobed[pid] = true
+	}
+}
+
+// Unprobed returns the processes with GPU channel groups that map no
+// libcuda copy the probes could attach to (a driver linked into the
+// program and stripped, a copy that is not an ELF the probes accept):
+// their launches and syncs are unseen. The daemon meters them as busy
+// whenever it lets them run and holds them without the launch gate.
+func (s *Spy) Unprobed() []Process {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []Process
+	for pid := range s.unprobed {
+		p, ok := s.table.Process(pid)
+		switch {
+		case !ok:
+			delete(s.unprobed, pid) // gone: its exit was applied before the scan
+		case len(p.Groups()) > 0:
+			out = append(out, p)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].PID < out[j].PID })
+	return out
 }
 
 // Close stops a running Run and releases the reader.

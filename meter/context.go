@@ -169,6 +169,11 @@ type gpuContext struct {
 	// paused set while gpuarb keeps its group off the GPU.
 	timeslice time.Duration
 	paused    bool
+	// unprobed is set for a process whose launches no probe sees (it has
+	// GPU channels but maps no probed libcuda): the replay gives it work
+	// whenever it may run, none while its cgroup is frozen (frozenNow).
+	unprobed  bool
+	frozenNow bool
 	// owed is set while work a sync proved done is still queued in the
 	// replay (its phase is not the GPU's): the replay runs it next.
 	owed   bool
@@ -261,7 +266,17 @@ func (t *Totals) Add(o Totals) {
 	t.Syncs += o.Syncs
 }
 
+// unprobedWork is what an unprobed context has queued while it may run:
+// more than any replay step covers, so it never drains.
+const unprobedWork = float64(time.Hour)
+
 func (c *gpuContext) left() float64 {
+	if c.unprobed {
+		if c.frozenNow || c.exited {
+			return 0
+		}
+		return unprobedWork
+	}
 	var l float64
 	for _, s := range c.streams {
 		l += s.left
@@ -291,6 +306,11 @@ func (c *gpuContext) work(k costKey, units float64) float64 { return units * c.c
 
 // run gives the context dt ns of GPU time, split over its busy streams.
 func (c *gpuContext) run(t, dt uint64) {
+	if c.unprobed {
+		c.held = appendSpan(c.held, t, t+dt)
+		c.total.GPUNS += dt
+		return
+	}
 	busy := 0
 	for _, s := range c.streams {
 		if s.left > 0 {

@@ -54,6 +54,9 @@ type Meter struct {
 	// preexisting are processes that ran before the meter could see them
 	// (SetPreexisting), until their context appears.
 	preexisting map[uint32]bool
+	// unprobed counts the contexts SetUnprobed made (Paused looks for
+	// them only when there are any).
+	unprobed int
 }
 
 // SetPreexisting names the processes that ran before the probes could
@@ -148,8 +151,37 @@ func (m *Meter) SetPaused(pid uint32, paused bool, t uint64) {
 	}
 }
 
+// SetUnprobed tells the meter, at t (CLOCK_MONOTONIC ns), that a process
+// of cgroupID has GPU channels on gpu but maps no probed libcuda
+// (ioctlspy.Spy.Unprobed): its launches and syncs are unseen. Nothing says
+// when it has work, so the replay models it as a hog whenever it may run
+// — its channel group not paused (SetPaused), its cgroup not frozen
+// (Paused) — taking its turns beside the others, and as drained while
+// frozen: an upper bound on what it takes between freezes, short of what
+// a deep queue it left behind still runs. Calling it again is a no-op; a
+// process that exited stays ended.
+func (m *Meter) SetUnprobed(pid uint32, cgroupID uint64, gpu int, t uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if c := m.ctxs[pid]; c != nil && (c.exited || c.unprobed && c.cgroup == cgroupID && c.gpu == gpu) {
+		return
+	}
+	c := m.context(&ioctlspy.Header{PID: pid, CgroupID: cgroupID, Start: t})
+	m.moveGPU(c, gpu)
+	m.at(c, t)
+	c.unprobed = true
+	c.frozenNow = false
+	if ps := m.frozen[cgroupID]; len(ps) > 0 && ps[len(ps)-1].end == math.MaxUint64 {
+		c.frozenNow = true
+	}
+	m.unprobed++
+}
+
 func (m *Meter) context(h *ioctlspy.Header) *gpuContext {
 	c := m.ctxs[h.PID]
+	if c != nil && c.exited && c.unprobed {
+		m.unprobed-- // its pid is another process's now
+	}
 	if c == nil || c.exited {
 		c = &gpuContext{pid: h.PID, allocs: map[uint64]uint64{}, costs: map[costKey]*cost{}, shape: map[costKey]*keyShape{},
 			since: h.Start, unseenBefore: m.preexisting[h.PID]}
@@ -279,12 +311,32 @@ func (m *Meter) Released(pid uint32, since, t uint64) {
 func (m *Meter) Paused(cgroupID, from, to uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.unprobed > 0 {
+		m.freezeUnprobed(cgroupID, from, to)
+	}
 	ps := m.frozen[cgroupID]
 	if n := len(ps); n > 0 && ps[n-1].start == from {
 		ps[n-1].end = to
 		return
 	}
 	m.frozen[cgroupID] = append(ps, span{from, to})
+}
+
+// freezeUnprobed stops or resumes, in the replay, the unprobed contexts of
+// a cgroup frozen from `from` (to is math.MaxUint64 while it lasts).
+func (m *Meter) freezeUnprobed(cgroupID, from, to uint64) {
+	for _, c := range m.ctxs {
+		if !c.unprobed || c.exited || c.cgroup != cgroupID {
+			continue
+		}
+		if to == math.MaxUint64 {
+			m.at(c, from)
+			c.frozenNow = true
+		} else {
+			m.at(c, to)
+			c.frozenNow = false
+		}
+	}
 }
 
 // pausedDuring reports whether the context's process was stopped by the
@@ -476,6 +528,9 @@ func (m *Meter) prune(now uint64) {
 		c.drains = dropBefore(c.drains, cut)
 		c.syncs = dropSpans(c.syncs, cut)
 		if c.exited && len(c.held) == 0 && len(c.launches) == 0 && len(c.syncs) == 0 {
+			if c.unprobed {
+				m.unprobed--
+			}
 			delete(m.ctxs, pid)
 			m.replayOf(c.gpu).remove(c)
 		}

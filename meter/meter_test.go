@@ -845,3 +845,56 @@ func TestFarTooLowCostRecovers(t *testing.T) {
 		t.Errorf("share %.3f, want %.3f (80 ms of work, 4 ms of thought)", got, 80.0/84)
 	}
 }
+
+// A process whose launches no probe sees (SetUnprobed) takes its turns
+// beside the others whenever it may run, wants the GPU all the time, and
+// runs nothing while its cgroup is frozen or its group paused.
+func TestUnprobedProcessIsABusyContext(t *testing.T) {
+	base := 10 * 1000 * ms
+	clk := &clock{t: base}
+	m := New(Config{Now: clk.now})
+	c := m.context(&ioctlspy.Header{PID: 1, CgroupID: 100})
+	c.costs[costKey{}] = &cost{ns: float64(ms), learned: true}
+	c.learned = true
+	for i := 0; i < 3000; i++ {
+		m.Observe(launchFn(1, 100, base, 7, 0, 1))
+	}
+	m.SetUnprobed(2, 200, 0, base)
+	m.SetUnprobed(2, 200, 0, base) // again: no change
+	clk.t = base + 1000*ms
+	got := byCgroup(m.Snapshot())
+	if !near(got[100].Share, 0.5) || !near(got[200].Share, 0.5) || !got[200].Busy {
+		t.Errorf("beside a hog: %.3f / %.3f (busy %v), want 0.5 / 0.5, busy", got[100].Share, got[200].Share, got[200].Busy)
+	}
+	// Frozen for the first 600 ms of the next second: the hog alone.
+	m.Paused(200, clk.t, math.MaxUint64)
+	m.Paused(200, clk.t, clk.t+600*ms)
+	clk.t += 1000 * ms
+	got = byCgroup(m.Snapshot())
+	if !near(got[100].Share, 0.8) || !near(got[200].Share, 0.2) {
+		t.Errorf("frozen 600 ms of 1000: %.3f / %.3f, want 0.8 / 0.2", got[100].Share, got[200].Share)
+	}
+	_, ctxs := m.Contexts(time.Second)
+	for _, cs := range ctxs {
+		if cs.PID == 2 && math.Abs(float64(cs.WantNS)/float64(time.Second)-1) > 0.01 {
+			t.Errorf("unprobed context wanted %v of the second, want all of it (frozen counts)", time.Duration(cs.WantNS))
+		}
+	}
+	m.SetPaused(2, true, clk.t)
+	clk.t += 1000 * ms
+	if got = byCgroup(m.Snapshot()); got[200].Share != 0 || !near(got[100].Share, 1) {
+		t.Errorf("paused: %.3f / %.3f, want 0 / 1", got[100].Share, got[200].Share)
+	}
+	m.Observe(&ioctlspy.ProcessExit{Header: hdr(2, 200, clk.t, clk.t)})
+	m.SetUnprobed(2, 200, 0, clk.t) // a late report of an exited process
+	m.SetPaused(2, false, clk.t)
+	clk.t += 1000 * ms
+	if got = byCgroup(m.Snapshot()); got[200].Share != 0 {
+		t.Errorf("after its exit: %.3f, want 0", got[200].Share)
+	}
+	clk.t += 3000 * ms
+	m.Tick()
+	if m.ctxs[2] != nil || m.unprobed != 0 {
+		t.Errorf("exited unprobed context kept (%d counted)", m.unprobed)
+	}
+}

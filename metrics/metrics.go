@@ -33,6 +33,7 @@ var (
 	syncP99     = desc("tenant_sync_p99_seconds", "99th percentile of the tenant's sync waits in the last window.", tenantLabels)
 	processes   = desc("tenant_processes", "Processes of the tenant using the GPU.", tenantLabels)
 	gateErrors  = desc("tenant_gate_errors_total", "Failed freezes, thaws and pauses of the tenant (each undone; it may get more than its share meanwhile).", tenantLabels)
+	unprobed    = desc("tenant_unprobed_processes", "Processes of the tenant using the GPU through a driver gpuarb does not probe (metered as busy whenever they may run).", tenantLabels)
 	gpuBusy     = desc("gpu_busy_ratio", "Fraction of the GPU's time some tenant held it in the last window (0..1).", []string{"gpu"})
 	probeEvents = desc("probe_events_total", "Events read from the probes' ring buffer.", nil)
 	probeLost   = desc("probe_lost_events_total", "Events the probes dropped because the ring buffer was full.", nil)
@@ -59,7 +60,7 @@ func NewCollector(status func() api.Status) *Collector {
 // Describe sends every metric's description.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{gpuSeconds, share, target, duty, throttled, launches, syncs, memory,
-		syncP99, processes, gateErrors, gpuBusy, probeEvents, probeLost, exitsRecon, unfollowed, enforcing, build} {
+		syncP99, processes, gateErrors, unprobed, gpuBusy, probeEvents, probeLost, exitsRecon, unfollowed, enforcing, build} {
 		ch <- d
 	}
 }
@@ -83,6 +84,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		m(syncP99, prometheus.GaugeValue, t.SyncP99MS/1e3)
 		m(processes, prometheus.GaugeValue, float64(t.Processes))
 		m(gateErrors, prometheus.CounterValue, float64(t.GateErrors))
+		m(unprobed, prometheus.GaugeValue, float64(len(t.UnprobedPIDs)))
 	}
 	for _, g := range st.GPUs {
 		ch <- prometheus.MustNewConstMetric(gpuBusy, prometheus.GaugeValue, g.BusyShare, strconv.Itoa(g.Index))

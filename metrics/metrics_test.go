@@ -16,7 +16,8 @@ func TestScrapeStatus(t *testing.T) {
 	st := api.Status{Version: "v9", Enforcing: true,
 		Tenants: []api.Tenant{
 			{Name: "train", GPU: 0, Share: 0.7, TargetShare: 0.5, Duty: 0.6, GPUNSTotal: 12_500_000_000,
-				ThrottledNS: 3_000_000_000, LaunchesTotal: 4000, SyncsTotal: 40, MemBytes: 1 << 30, SyncP99MS: 25, Processes: 4, GateErrors: 2},
+				ThrottledNS: 3_000_000_000, LaunchesTotal: 4000, SyncsTotal: 40, MemBytes: 1 << 30, SyncP99MS: 25, Processes: 4, GateErrors: 2,
+				UnprobedPIDs: []int{77, 78}},
 			{Name: "infer", GPU: 1, Share: 0.2, Duty: 1, GPUNSTotal: 1_000_000, LaunchesTotal: 7, SyncsTotal: 7},
 		},
 		GPUs:   []api.GPU{{Index: 0, BusyShare: 0.95}, {Index: 1, BusyShare: 0.2}},
@@ -43,6 +44,7 @@ func TestScrapeStatus(t *testing.T) {
 		{"gpuarb_tenant_sync_p99_seconds", train, 0.025, dto.MetricType_GAUGE},
 		{"gpuarb_tenant_processes", train, 4, dto.MetricType_GAUGE},
 		{"gpuarb_tenant_gate_errors_total", train, 2, dto.MetricType_COUNTER},
+		{"gpuarb_tenant_unprobed_processes", train, 2, dto.MetricType_GAUGE},
 		{"gpuarb_tenant_launches_total", map[string]string{"tenant": "infer", "gpu": "1"}, 7, dto.MetricType_COUNTER},
 		{"gpuarb_gpu_busy_ratio", map[string]string{"gpu": "0"}, 0.95, dto.MetricType_GAUGE},
 		{"gpuarb_probe_events_total", nil, 123456, dto.MetricType_COUNTER},

@@ -255,18 +255,20 @@ func TestNamesAreShownEscaped(t *testing.T) {
 }
 
 // A tenant whose freezes or pauses fail says so under the table, with the
-// last error.
+// last error; one with processes gpuarb cannot probe names them.
 func TestStatusShowsGateErrors(t *testing.T) {
 	var b strings.Builder
 	st := api.Status{WindowNS: 1e9, Enforcing: true, Tenants: []api.Tenant{
 		{Name: "ok", Cgroup: "/ok"},
 		{Name: "stuck", Cgroup: "/stuck", GateErrors: 3, LastGateError: "freeze /sys/fs/cgroup/stuck: freeze not confirmed within 100ms"},
+		{Name: "own-driver", Cgroup: "/own", UnprobedPIDs: []int{4242}, Actuator: "freeze (launches unseen)"},
 	}}
 	if err := printTable(&b, st, "share"); err != nil {
 		t.Fatal(err)
 	}
 	out := b.String()
 	if !strings.Contains(out, "(stuck: 3 failed freeze, thaw or pause operations; last: freeze /sys/fs/cgroup/stuck: freeze not confirmed within 100ms)") ||
+		!strings.Contains(out, "(own-driver: pids [4242] use the GPU through a driver gpuarb does not probe: metered as busy whenever they may run, held by freeze (launches unseen))") ||
 		strings.Contains(out, "(ok:") {
 		t.Errorf("status table:\n%s", out)
 	}

@@ -153,6 +153,13 @@ func printTable(w io.Writer, st api.Status, key string) error {
 			fmt.Fprintf(tw, "(%s: %d failed freeze, thaw or pause operations; last: %s)\n", shown(t.Name), t.GateErrors, shown(t.LastGateError))
 		}
 	}
+	// Work nobody sees: the tenant is metered by assumption.
+	for _, t := range st.Tenants {
+		if len(t.UnprobedPIDs) > 0 {
+			fmt.Fprintf(tw, "(%s: pids %v use the GPU through a driver gpuarb does not probe: metered as busy whenever they may run, held by %s)\n",
+				shown(t.Name), t.UnprobedPIDs, shown(t.Actuator))
+		}
+	}
 	// The guardian is news only when it is not running or has died.
 	if g := st.Guardian; g != nil && (g.PID == 0 || g.Restarts > 0) {
 		state := fmt.Sprintf("pid %d", g.PID)

@@ -86,6 +86,7 @@ static void *find(void *lib, getproc_fn gp, const char *name, const char *base, 
 	return p;
 }
 
+#ifndef GPUWORK_STATIC
 /* memfd_copy copies a file into an anonymous memory file and returns the
  * path that opens it (/proc/self/fd/N): a library loaded from there is
  * mapped as "/memfd:... (deleted)", under no file name at all. */
@@ -111,11 +112,28 @@ static const char *memfd_copy(const char *path)
 	snprintf(name, sizeof name, "/proc/self/fd/%d", fd);
 	return name;
 }
+#endif
+
+#ifdef GPUWORK_STATIC
+/* gpuwork-static has the simulated driver linked in, its symbols stripped:
+ * no libcuda is loaded or mapped, no symbol names an entry point (a tenant
+ * whose launches no uprobe can see). Its entry points come from its own
+ * cuGetProcAddress_v2, as --api runtime does. */
+CUresult cuInit(unsigned int flags);
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, unsigned long long flags, int *status);
+#endif
 
 static void load_libcuda(int runtime)
 {
+	void *h = NULL;
+#ifdef GPUWORK_STATIC
+	cu.Init = cuInit;
+	getproc = cuGetProcAddress_v2;
+	if (runtime) {
+		CUresult (*version)(int *) = NULL;
+		int v = 0, st = -1;
+#else
 	const char *path = getenv("GPUWORK_LIBCUDA");
-	void *h;
 
 	if (path && strncmp(path, "memfd:", 6) == 0)
 		path = memfd_copy(path + 6);
@@ -132,6 +150,7 @@ static void load_libcuda(int runtime)
 		int v = 0, st = -1;
 
 		*(void **)&getproc = find(h, NULL, "cuGetProcAddress_v2", "cuGetProcAddress", 1);
+#endif
 		if (getproc("cuDriverGetVersion", (void **)&version, 2020, 0, &st) == 0 && version && version(&v) == 0 &&
 		    v < runtime_version)
 			runtime_version = v;

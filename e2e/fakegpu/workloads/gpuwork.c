@@ -144,6 +144,13 @@ int main(int argc, char **argv)
 	int stack = !strcmp(g_name, "train") || !strcmp(g_name, "serve") || !strcmp(g_name, "collective");
 
 	o.runtime = api ? !strcmp(api, "runtime") : stack;
+#ifdef GPUWORK_STATIC
+	if (!o.runtime && api) {
+		fprintf(stderr, "gpuwork-static: --api driver: its entry points come only from cuGetProcAddress_v2\n");
+		return 2;
+	}
+	o.runtime = 1;
+#endif
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
 	setvbuf(stdout, NULL, _IOLBF, 0);
