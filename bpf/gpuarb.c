@@ -198,6 +198,35 @@ struct {
 	__type(value, __u64);
 } gpuarb_unfollowed SEC(".maps");
 
+/* Opens of files named libcuda.so* each cgroup may report: OPEN_BURST at
+ * once, then OPEN_RATE a second. Any process can open such a name (a
+ * missing file costs it nothing) as fast as it likes; beyond its budget the
+ * opens are counted in gpuarb_open_drops and not reported, so they cannot
+ * flood the ring buffer the meter reads. A real process opens libcuda a
+ * few times; the mapping scan finds any copy an unreported open loaded. */
+#define OPEN_BURST 64
+#define OPEN_RATE 64 /* per second */
+#define NSEC 1000000000ULL
+
+struct open_budget {
+	__u64 at;     /* the refill clock, ns */
+	__u64 tokens; /* opens it may still report */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u64); /* cgroup id */
+	__type(value, struct open_budget);
+} gpuarb_open_budget SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} gpuarb_open_drops SEC(".maps");
+
 /* In-flight calls: removed at syscall exit or uretprobe, so a plain
  * preallocated hash (no LRU list lock on every update). */
 struct {
@@ -1151,6 +1180,39 @@ static __always_inline int libcuda_at(const char *p, __u32 i)
 	       p[(i + 8) & (GPUARB_PATH - 1)] == 's' && p[(i + 9) & (GPUARB_PATH - 1)] == 'o';
 }
 
+/* Takes one open from a cgroup's budget; counts the drop when it is spent.
+ * Updates from several CPUs at once may race: the budget is approximate. */
+static __always_inline int open_allowed(__u64 cgid)
+{
+	struct open_budget fresh = { .tokens = OPEN_BURST - 1 }, *b;
+	__u64 now = bpf_ktime_get_ns(), refill, *drops;
+	__u32 zero = 0;
+
+	b = bpf_map_lookup_elem(&gpuarb_open_budget, &cgid);
+	if (!b) {
+		fresh.at = now;
+		bpf_map_update_elem(&gpuarb_open_budget, &cgid, &fresh, BPF_ANY);
+		return 1;
+	}
+	refill = now > b->at ? (now - b->at) * OPEN_RATE / NSEC : 0;
+	if (refill > 0) {
+		b->at += refill * NSEC / OPEN_RATE;
+		b->tokens += refill;
+		if (b->tokens >= OPEN_BURST) {
+			b->tokens = OPEN_BURST;
+			b->at = now;
+		}
+	}
+	if (b->tokens > 0) {
+		b->tokens--;
+		return 1;
+	}
+	drops = bpf_map_lookup_elem(&gpuarb_open_drops, &zero);
+	if (drops)
+		__sync_fetch_and_add(drops, 1);
+	return 0;
+}
+
 SEC("tracepoint/syscalls/sys_enter_openat")
 int gpuarb_openat(struct sys_enter_ctx *ctx)
 {
@@ -1174,7 +1236,7 @@ int gpuarb_openat(struct sys_enter_ctx *ctx)
 			break;
 		}
 	}
-	if (!found)
+	if (!found || !open_allowed(bpf_get_current_cgroup_id()))
 		return 0;
 	e = event_reserve(EV_LIBCUDA_OPEN, bpf_get_current_pid_tgid(), bpf_get_current_cgroup_id());
 	if (!e)

@@ -248,6 +248,12 @@ type gpuarbLostCounter struct {
 	Events uint64
 }
 
+type gpuarbOpenBudget struct {
+	_      structs.HostLayout
+	At     uint64
+	Tokens uint64
+}
+
 type gpuarbPathBuf struct {
 	_    structs.HostLayout
 	Path [128]int8
@@ -287,6 +293,8 @@ const (
 	gpuarbMapGpuarbGates           = "gpuarb_gates"
 	gpuarbMapGpuarbHeld            = "gpuarb_held"
 	gpuarbMapGpuarbLost            = "gpuarb_lost"
+	gpuarbMapGpuarbOpenBudget      = "gpuarb_open_budget"
+	gpuarbMapGpuarbOpenDrops       = "gpuarb_open_drops"
 	gpuarbMapGpuarbPendCu          = "gpuarb_pend_cu"
 	gpuarbMapGpuarbPendIo          = "gpuarb_pend_io"
 	gpuarbMapGpuarbPolls           = "gpuarb_polls"
@@ -400,6 +408,8 @@ type gpuarbMapSpecs struct {
 	GpuarbGates      *ebpf.MapSpec `ebpf:"gpuarb_gates"`
 	GpuarbHeld       *ebpf.MapSpec `ebpf:"gpuarb_held"`
 	GpuarbLost       *ebpf.MapSpec `ebpf:"gpuarb_lost"`
+	GpuarbOpenBudget *ebpf.MapSpec `ebpf:"gpuarb_open_budget"`
+	GpuarbOpenDrops  *ebpf.MapSpec `ebpf:"gpuarb_open_drops"`
 	GpuarbPendCu     *ebpf.MapSpec `ebpf:"gpuarb_pend_cu"`
 	GpuarbPendIo     *ebpf.MapSpec `ebpf:"gpuarb_pend_io"`
 	GpuarbPolls      *ebpf.MapSpec `ebpf:"gpuarb_polls"`
@@ -453,6 +463,8 @@ type gpuarbMaps struct {
 	GpuarbGates      *ebpf.Map `ebpf:"gpuarb_gates"`
 	GpuarbHeld       *ebpf.Map `ebpf:"gpuarb_held"`
 	GpuarbLost       *ebpf.Map `ebpf:"gpuarb_lost"`
+	GpuarbOpenBudget *ebpf.Map `ebpf:"gpuarb_open_budget"`
+	GpuarbOpenDrops  *ebpf.Map `ebpf:"gpuarb_open_drops"`
 	GpuarbPendCu     *ebpf.Map `ebpf:"gpuarb_pend_cu"`
 	GpuarbPendIo     *ebpf.Map `ebpf:"gpuarb_pend_io"`
 	GpuarbPolls      *ebpf.Map `ebpf:"gpuarb_polls"`
@@ -474,6 +486,8 @@ func (m *gpuarbMaps) Close() error {
 		m.GpuarbGates,
 		m.GpuarbHeld,
 		m.GpuarbLost,
+		m.GpuarbOpenBudget,
+		m.GpuarbOpenDrops,
 		m.GpuarbPendCu,
 		m.GpuarbPendIo,
 		m.GpuarbPolls,

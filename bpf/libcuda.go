@@ -243,3 +243,15 @@ func openMapping(pid int, addr string) (*os.File, unix.Stat_t, error) {
 	}
 	return os.NewFile(uintptr(fd), name), st, nil
 }
+
+// LibcudaOpensDropped counts the opens of files named libcuda.so* the
+// probes did not report since they were loaded: their cgroup had spent its
+// budget (64 at once, then 64 a second), so a flood of opens cannot fill
+// the ring buffer.
+func (p *Probes) LibcudaOpensDropped() (uint64, error) {
+	var n uint64
+	if err := p.objs.GpuarbOpenDrops.Lookup(uint32(0), &n); err != nil {
+		return 0, fmt.Errorf("read dropped libcuda opens: %w", err)
+	}
+	return n, nil
+}

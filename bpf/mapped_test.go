@@ -1,6 +1,7 @@
 package bpf
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -108,5 +109,36 @@ func TestAttachMappedFindsLibcudaUnderAnyName(t *testing.T) {
 	}
 	if n, probed, err := p.AttachMapped(1 << 30); n != 0 || probed || err != nil {
 		t.Errorf("a process that is gone: attached %d (maps a probed copy: %v), %v; want nothing, no error", n, probed, err)
+	}
+}
+
+// Issue 18, item 6: the libcuda copies probed are bounded. A copy beyond
+// MaxLibcudas is refused and counted, and a process that maps only such a
+// copy reads as mapping no probed libcuda (it is then held as unprobed).
+func TestLibcudaCopiesAreBounded(t *testing.T) {
+	p := loadForTest(t, Options{MaxLibcudas: 1})
+	if ok, err := p.AttachLibcuda(testutil.Bin(t, "libcuda.so.1")); !ok || err != nil {
+		t.Fatalf("first copy: %v, %v", ok, err)
+	}
+	renamed := t.TempDir() + "/libgpu-runtime.so"
+	copyFile(t, testutil.Bin(t, "libcuda.so.1"), renamed, 0o755)
+	if ok, err := p.AttachLibcuda(renamed); ok || !errors.Is(err, ErrTooManyLibcudas) {
+		t.Errorf("a second copy beyond the bound: %v, %v; want ErrTooManyLibcudas", ok, err)
+	}
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), mapHelperEnv+"="+renamed)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Start(t, nil, cmd)
+	if _, err := out.Read(make([]byte, 6)); err != nil {
+		t.Fatalf("helper mapping %s: %v", renamed, err)
+	}
+	if n, probed, err := p.AttachMapped(cmd.Process.Pid); n != 0 || probed || err != nil {
+		t.Errorf("a process mapping only the refused copy: attached %d (maps a probed copy: %v), %v; want 0, false, nil", n, probed, err)
+	}
+	if n := p.RefusedLibcudas(); n != 2 {
+		t.Errorf("%d copies refused, want 2 (the open and the mapping)", n)
 	}
 }

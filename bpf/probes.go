@@ -45,7 +45,19 @@ type Options struct {
 	// NoUprobeMulti attaches a uprobe per libcuda symbol even where the
 	// kernel has uprobe_multi links.
 	NoUprobeMulti bool
+	// MaxLibcudas bounds the libcuda copies probed at once (each takes a
+	// uprobe per entry point); 0 means DefaultMaxLibcudas. A copy beyond
+	// it is refused and counted (RefusedLibcudas): a process that maps
+	// only refused copies has no probed libcuda, and is held as one
+	// whose launches nobody sees.
+	MaxLibcudas int
 }
+
+// DefaultMaxLibcudas is the default bound on the libcuda copies probed:
+// a host has one per driver install and container image that brings its
+// own, tens at most; a tenant that makes copies without end (a memfd per
+// process) must not make the daemon attach without end.
+const DefaultMaxLibcudas = 256
 
 // Probes owns gpuarb's BPF objects and links. Close releases them and
 // leaves pins; Unpin removes the pins.
@@ -60,6 +72,9 @@ type Probes struct {
 	notLibcuda map[notLibcudaMark]struct{}
 	// multi is set when the uprobe programs load for uprobe_multi links.
 	multi bool
+	// maxLibcudas bounds libcudas; refused counts the copies refused.
+	maxLibcudas int
+	refused     uint64
 
 	gates gateTable
 }
@@ -122,7 +137,11 @@ func Load(opts Options) (_ *Probes, err error) {
 		collOpts.Maps.PinPath = opts.PinPath
 	}
 
-	p := &Probes{pinPath: opts.PinPath, libcudas: map[fileID]*libcudaProbe{}, notLibcuda: map[notLibcudaMark]struct{}{}}
+	p := &Probes{pinPath: opts.PinPath, libcudas: map[fileID]*libcudaProbe{}, notLibcuda: map[notLibcudaMark]struct{}{},
+		maxLibcudas: opts.MaxLibcudas}
+	if p.maxLibcudas <= 0 {
+		p.maxLibcudas = DefaultMaxLibcudas
+	}
 	if !opts.NoUprobeMulti && features.HaveBPFLinkUprobeMulti() == nil {
 		// One link per program for all of a libcuda's variants.
 		for _, name := range uprobePrograms {
@@ -262,6 +281,18 @@ var uprobePrograms = []string{"gpuarb_cu_launch", "gpuarb_cu_launch_ex", "gpuarb
 // kernel launch entry point of the CUDA driver API.
 var ErrNotLibcuda = errors.New("not a libcuda: it exports no kernel launch entry point")
 
+// ErrTooManyLibcudas is returned for a libcuda copy beyond
+// Options.MaxLibcudas.
+var ErrTooManyLibcudas = errors.New("too many libcuda copies probed already")
+
+// RefusedLibcudas counts the libcuda copies refused because
+// Options.MaxLibcudas were probed already.
+func (p *Probes) RefusedLibcudas() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.refused
+}
+
 // attachment is one program attached to some symbols of a libcuda.
 type attachment struct {
 	prog    *ebpf.Program
@@ -323,8 +354,8 @@ func (p *Probes) AttachMapped(pid int) (attached int, probed bool, err error) {
 		case ok:
 			attached++
 			probed = true
-		case err != nil && !errors.Is(err, ErrNotLibcuda):
-			errs = append(errs, err)
+		case err != nil && !errors.Is(err, ErrNotLibcuda) && !errors.Is(err, ErrTooManyLibcudas):
+			errs = append(errs, err) // refusals are counted, not errors
 		}
 	}
 	return attached, probed, errors.Join(errs...)
@@ -382,6 +413,10 @@ func (p *Probes) attachFile(f *os.File, st unix.Stat_t, path string) (attached b
 	if launches == 0 {
 		p.rememberNotLibcuda(notMark)
 		return false, fmt.Errorf("libcuda %s: %w", path, ErrNotLibcuda)
+	}
+	if len(p.libcudas) >= p.maxLibcudas {
+		p.refused++
+		return false, fmt.Errorf("libcuda %s: %w (%d)", path, ErrTooManyLibcudas, p.maxLibcudas)
 	}
 	ex, err := link.OpenExecutable(opened)
 	if err != nil {

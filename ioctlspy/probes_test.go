@@ -85,6 +85,14 @@ func openNode(env string) (int, error) {
 func runHelper(kind string) error {
 	a := newArena()
 	switch kind {
+	case "opens":
+		// A flood of opens of a libcuda that is not there.
+		for i := 0; i < 5000; i++ {
+			if f, err := os.Open("/nonexistent-gpuarb/libcuda.so.1"); err == nil {
+				f.Close()
+			}
+		}
+		return nil
 	case "nvidia":
 		nv, err := openNode("NV_NODE")
 		if err != nil {
@@ -646,5 +654,43 @@ func TestLibcudaCopyFoundWhenOpened(t *testing.T) {
 	// Launches start a few ms after the open; the attach races the first ones.
 	if n := len(byType[*ioctlspy.Launch](evs)); n < 100 {
 		t.Errorf("%d launches seen through the copy, want ≥ 100 of ~700", n)
+	}
+}
+
+// A flood of opens of files named libcuda (here missing ones) is reported
+// up to its cgroup's budget (64 at once, 64 a second) and counted beyond
+// it, so it cannot fill the ring buffer; another cgroup's open is still
+// reported.
+func TestLibcudaOpenFloodIsBudgeted(t *testing.T) {
+	probes, c := startSpy(t, nil, 0)
+	dropped0, err := probes.LibcudaOpensDropped()
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	flood := runHelperIn(t, testutil.NewCgroup(t, "flood"), "opens")
+	took := time.Since(start)
+	other := exec.Command("cat", "/nonexistent-gpuarb/other/libcuda.so.1")
+	testutil.Start(t, testutil.NewCgroup(t, "other"), other).Wait(t, 5*time.Second)
+	count := func(pid int) int {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return len(byType[*ioctlspy.LibcudaOpened](c.events[uint32(pid)]))
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for count(other.Process.Pid) == 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	dropped, err := probes.LibcudaOpensDropped()
+	if err != nil {
+		t.Fatal(err)
+	}
+	reported, allowed := count(flood), 64+int(64*took.Seconds())+2
+	t.Logf("5000 opens in %v: %d reported, %d dropped", took, reported, dropped-dropped0)
+	if reported < 64 || reported > allowed || int(dropped-dropped0) < 5000-allowed {
+		t.Errorf("5000 opens in %v: %d reported (want 64 to %d), %d dropped", took, reported, allowed, dropped-dropped0)
+	}
+	if n := count(other.Process.Pid); n != 1 {
+		t.Errorf("another cgroup's open: %d reported, want 1", n)
 	}
 }

@@ -188,7 +188,8 @@ func (s *Spy) attachOpened(e *LibcudaOpened) {
 		path = bpf.ProcessPath(int(e.PID), path)
 	}
 	// A process that already exited leaves nothing to probe.
-	if _, err := s.probes.AttachLibcuda(path); err != nil && !errors.Is(err, bpf.ErrNotLibcuda) && !errors.Is(err, os.ErrNotExist) {
+	_, err := s.probes.AttachLibcuda(path)
+	if err != nil && !errors.Is(err, bpf.ErrNotLibcuda) && !errors.Is(err, bpf.ErrTooManyLibcudas) && !errors.Is(err, os.ErrNotExist) {
 		s.OnError(err)
 	}
 }

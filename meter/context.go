@@ -2,6 +2,7 @@ package meter
 
 import (
 	"math"
+	"slices"
 	"sort"
 	"time"
 )
@@ -413,14 +414,52 @@ func unionLength(spans []span) float64 {
 	return total
 }
 
-// stream returns the stream with key h, made on first use.
-func (c *gpuContext) stream(h uint64) *stream {
+// Bounds on what one context keeps, whatever handles its process passes:
+// streams (a drained one makes way for a new one; with none drained, the
+// new stream's work goes to overflowStream) and cost keys (beyond the
+// bound, new kernels and graphs share overflowKey). Real processes stay
+// far below both (PyTorch uses tens of streams and hundreds of kernels).
+const (
+	maxStreams  = 1024
+	maxCostKeys = 4096
+)
+
+// overflowStream and overflowKey take what a context's bounds have no
+// room for.
+const overflowStream = ^uint64(0) - 1
+
+var overflowKey = costKey{handle: ^uint64(0) - 1}
+
+// stream returns the stream with key h, made on first use; folded is set
+// when the bound sent h's work to the overflow stream.
+func (c *gpuContext) stream(h uint64) (s *stream, folded bool) {
 	if s := c.findStream(h); s != nil {
-		return s
+		return s, false
 	}
-	s := &stream{id: h, comp: composition{}, provenComp: composition{}, unseen: c.unseenBefore}
+	if len(c.streams) >= maxStreams {
+		i := slices.IndexFunc(c.streams, func(s *stream) bool { return s.left <= 0 && len(s.marks) == 0 && s.id != overflowStream })
+		if i < 0 {
+			if s := c.findStream(overflowStream); s != nil {
+				return s, true
+			}
+			// The oldest stream, its work kept, becomes the overflow.
+			c.streams[0].id = overflowStream
+			return c.streams[0], true
+		}
+		c.streams = slices.Delete(c.streams, i, i+1)
+	}
+	s = &stream{id: h, comp: composition{}, provenComp: composition{}, unseen: c.unseenBefore}
 	c.streams = append(c.streams, s)
-	return s
+	return s, false
+}
+
+// keyFor returns k, or overflowKey once the context has maxCostKeys costs
+// and k is not one of them; folded tells which.
+func (c *gpuContext) keyFor(k costKey) (key costKey, folded bool) {
+	if _, ok := c.costs[k]; ok || len(c.costs) < maxCostKeys {
+		return k, false
+	}
+	return overflowKey, true
 }
 
 // findStream returns the stream with key h, nil if it has none.

@@ -57,6 +57,26 @@ type Meter struct {
 	// unprobed counts the contexts SetUnprobed made (Paused looks for
 	// them only when there are any).
 	unprobed int
+	// folded counts launches and event records that a context's bounds
+	// sent to its overflow stream or cost; untrackedAllocs the allocations
+	// beyond maxAllocs (Bounded).
+	folded, untrackedAllocs uint64
+}
+
+// maxAllocs bounds the allocations a context tracks: beyond it, memory is
+// neither counted nor freed.
+const maxAllocs = 1 << 16
+
+// Bounded returns how many launches and event records went to a context's
+// overflow stream or cost because it passed maxStreams streams or
+// maxCostKeys kernels and graphs, and how many allocations were not
+// tracked beyond maxAllocs, since the meter started: what a process that
+// passes ever new handles costs the daemon is bounded, not its metering
+// (the work is still charged).
+func (m *Meter) Bounded() (folded, untrackedAllocs uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.folded, m.untrackedAllocs
 }
 
 // SetPreexisting names the processes that ran before the probes could
@@ -240,7 +260,10 @@ const unlearnedCharge = float64(20 * time.Millisecond)
 func (m *Meter) enqueue(c *gpuContext, l heldLaunch, t uint64) {
 	m.at(c, t)
 	work := c.work(l.key, l.units)
-	s := c.stream(l.stream)
+	s, folded := c.stream(l.stream)
+	if folded {
+		m.folded++
+	}
 	if s.left <= 0 {
 		s.got = 0
 	}
@@ -266,6 +289,10 @@ func (m *Meter) enqueue(c *gpuContext, l heldLaunch, t uint64) {
 // launch enqueues a launch, or keeps it until its process is released when
 // the launch gate held it there.
 func (m *Meter) launch(c *gpuContext, h *ioctlspy.Header, l heldLaunch) {
+	var folded bool
+	if l.key, folded = c.keyFor(l.key); folded {
+		m.folded++
+	}
 	switch {
 	case !h.Held:
 		m.enqueue(c, l, h.Start)
@@ -382,7 +409,11 @@ func (m *Meter) Observe(ev ioctlspy.Event) {
 	case *ioctlspy.EventRecord:
 		c := m.context(h)
 		m.at(c, h.Start)
-		m.record(c.stream(e.Stream), e.Event)
+		s, folded := c.stream(e.Stream)
+		if folded {
+			m.folded++
+		}
+		m.record(s, e.Event)
 	case *ioctlspy.Submission:
 		// A submission ioctl went through before its process was held:
 		// it is never deferred.
@@ -404,10 +435,14 @@ func (m *Meter) Observe(ev ioctlspy.Event) {
 			m.moveGPU(m.context(h), int(e.Device))
 		}
 	case *ioctlspy.MemAlloc:
-		if e.Ret == 0 {
-			c := m.context(h)
+		if e.Ret != 0 {
+			break
+		}
+		if c := m.context(h); len(c.allocs) < maxAllocs {
 			c.mem += int64(e.Bytes)
 			c.allocs[e.DPtr] = e.Bytes
+		} else {
+			m.untrackedAllocs++
 		}
 	case *ioctlspy.MemFree:
 		c := m.context(h)

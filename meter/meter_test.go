@@ -898,3 +898,38 @@ func TestUnprobedProcessIsABusyContext(t *testing.T) {
 		t.Errorf("exited unprobed context kept (%d counted)", m.unprobed)
 	}
 }
+
+// A process that passes ever new stream, kernel and allocation handles
+// costs the meter a bounded context: drained streams make way, the rest
+// goes to one overflow stream and cost, allocations beyond the bound are
+// not tracked; its work is still charged, and its share is still read.
+func TestContextStateIsBounded(t *testing.T) {
+	base := 10 * 1000 * ms
+	clk := &clock{t: base}
+	m := New(Config{Now: clk.now})
+	m.Observe(launch(2, 200, base, 7)) // a plain hog beside it
+	for i := uint64(0); i < 20000; i++ {
+		m.Observe(launchFn(1, 100, base+i*1000, 1000+i, 5000+i, 1))
+		m.Observe(&ioctlspy.MemAlloc{Header: hdr(1, 100, base+i*1000, base+i*1000), DPtr: 1 << 32 * (i + 1), Bytes: 1})
+	}
+	c := m.ctxs[1]
+	if len(c.streams) > maxStreams || len(c.costs) > maxCostKeys+1 || len(c.allocs) > maxAllocs { // +1: the overflow key
+		t.Errorf("context keeps %d streams, %d costs, %d allocations; bounds %d, %d, %d",
+			len(c.streams), len(c.costs), len(c.allocs), maxStreams, maxCostKeys, maxAllocs)
+	}
+	folded, untracked := m.Bounded()
+	if folded < 20000-maxCostKeys || untracked != 0 {
+		t.Errorf("folded %d launches (want ≥ %d), %d allocations untracked (want 0 below the bound)", folded, 20000-maxCostKeys, untracked)
+	}
+	clk.t = base + 1000*ms
+	got := byCgroup(m.Snapshot())
+	if !near(got[100].Share, 0.5) || !near(got[200].Share, 0.5) {
+		t.Errorf("shares %.3f / %.3f, want 0.5 each: the folded work still runs", got[100].Share, got[200].Share)
+	}
+	for i := uint64(0); i < maxAllocs; i++ {
+		m.Observe(&ioctlspy.MemAlloc{Header: hdr(1, 100, clk.t, clk.t), DPtr: 1<<48 + i, Bytes: 1})
+	}
+	if _, untracked := m.Bounded(); untracked != 20000 || len(c.allocs) != maxAllocs {
+		t.Errorf("%d allocations untracked, %d tracked; want 20000 beyond the bound of %d", untracked, len(c.allocs), maxAllocs)
+	}
+}

@@ -20,8 +20,9 @@ func TestScrapeStatus(t *testing.T) {
 				UnprobedPIDs: []int{77, 78}},
 			{Name: "infer", GPU: 1, Share: 0.2, Duty: 1, GPUNSTotal: 1_000_000, LaunchesTotal: 7, SyncsTotal: 7},
 		},
-		GPUs:   []api.GPU{{Index: 0, BusyShare: 0.95}, {Index: 1, BusyShare: 0.2}},
-		Probes: api.Probes{Events: 123456, LostEvents: 3, ExitsReconciled: 2, UnfollowedForks: 5},
+		GPUs: []api.GPU{{Index: 0, BusyShare: 0.95}, {Index: 1, BusyShare: 0.2}},
+		Probes: api.Probes{Events: 123456, LostEvents: 3, ExitsReconciled: 2, UnfollowedForks: 5, LibcudaOpensDropped: 6,
+			LibcudasRefused: 7, FoldedLaunches: 8, UntrackedAllocs: 9},
 	}
 	srv := httptest.NewServer(Handler(func() api.Status { return st }))
 	defer srv.Close()
@@ -51,6 +52,10 @@ func TestScrapeStatus(t *testing.T) {
 		{"gpuarb_probe_lost_events_total", nil, 3, dto.MetricType_COUNTER},
 		{"gpuarb_meter_exits_reconciled_total", nil, 2, dto.MetricType_COUNTER},
 		{"gpuarb_probe_unfollowed_forks_total", nil, 5, dto.MetricType_COUNTER},
+		{"gpuarb_probe_libcuda_opens_dropped_total", nil, 6, dto.MetricType_COUNTER},
+		{"gpuarb_probe_libcudas_refused_total", nil, 7, dto.MetricType_COUNTER},
+		{"gpuarb_meter_folded_launches_total", nil, 8, dto.MetricType_COUNTER},
+		{"gpuarb_meter_untracked_allocs_total", nil, 9, dto.MetricType_COUNTER},
 		{"gpuarb_enforcing", nil, 1, dto.MetricType_GAUGE},
 		{"gpuarb_build_info", map[string]string{"version": "v9"}, 1, dto.MetricType_GAUGE},
 	} {
