@@ -75,23 +75,10 @@ func TestFIFONamedLibcudaDoesNotStallTheDaemon(t *testing.T) {
 	testutil.Start(t, hostileCg, exec.Command("sh", "-c", `exec 3< "$0"`, fifo))
 	time.Sleep(500 * time.Millisecond)
 
-	events := func() (uint64, float64, time.Duration) {
-		start := time.Now()
-		st, err := d.Status(t.Context())
-		if err != nil {
-			t.Fatal(err)
-		}
-		var share float64
-		for _, tn := range st.Tenants {
-			if tn.Cgroup == hogCg.Rel {
-				share = tn.Share
-			}
-		}
-		return st.Probes.Events, share, time.Since(start)
-	}
-	before, _, _ := events()
+	b, _, _ := probesAndShare(t, d, hogCg)
 	time.Sleep(2 * time.Second)
-	after, share, took := events()
+	a, share, took := probesAndShare(t, d, hogCg)
+	before, after := b.Events, a.Events
 	t.Logf("events %d → %d over 2 s with the FIFO open pending; hog's share %.1f%%; status in %v", before, after, 100*share, took)
 	if after-before < 100 {
 		t.Errorf("%d events in 2 s while a FIFO named libcuda.so.1 is being opened: the reader is stalled", after-before)
@@ -102,6 +89,24 @@ func TestFIFONamedLibcudaDoesNotStallTheDaemon(t *testing.T) {
 	if took > time.Second {
 		t.Errorf("status took %v", took)
 	}
+}
+
+// probesAndShare reads the daemon's status: its probes' figures, the
+// metered share of the tenant of cgroup cg, and how long status took.
+func probesAndShare(t *testing.T, d runningDaemon, cg *testutil.Cgroup) (api.Probes, float64, time.Duration) {
+	t.Helper()
+	start := time.Now()
+	st, err := d.Status(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var share float64
+	for _, tn := range st.Tenants {
+		if tn.Cgroup == cg.Rel {
+			share = tn.Share
+		}
+	}
+	return st.Probes, share, time.Since(start)
 }
 
 // Issue 18, item 6: a tenant that opens files named libcuda.so.1 without
@@ -121,21 +126,7 @@ func TestLibcudaOpenFloodDoesNotDrownMetering(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(2 * time.Second)
-	probe := func() (api.Probes, float64, time.Duration) {
-		start := time.Now()
-		st, err := d.Status(t.Context())
-		if err != nil {
-			t.Fatal(err)
-		}
-		var share float64
-		for _, tn := range st.Tenants {
-			if tn.Cgroup == hogCg.Rel {
-				share = tn.Share
-			}
-		}
-		return st.Probes, share, time.Since(start)
-	}
-	before, _, _ := probe()
+	before, _, _ := probesAndShare(t, d, hogCg)
 	flood := exec.Command(os.Args[0])
 	flood.Env = append(os.Environ(), openFloodEnv+"="+dir)
 	testutil.Start(t, testutil.NewCgroup(t, "flood"), flood)
@@ -146,7 +137,7 @@ func TestLibcudaOpenFloodDoesNotDrownMetering(t *testing.T) {
 		time.Sleep(time.Second)
 		var share float64
 		var took time.Duration
-		after, share, took = probe()
+		after, share, took = probesAndShare(t, d, hogCg)
 		slowest = max(slowest, took)
 		shares = append(shares, share)
 	}
