@@ -226,6 +226,10 @@ func (m *Meter) moveGPU(c *gpuContext, gpu int) {
 	old.remove(c)
 	c.gpu = gpu
 	c.total = Totals{}
+	// What it held and waited for was on the other GPU, by that GPU's
+	// replay clock: counted here too it would read as more than all of
+	// this GPU (FuzzEventStream).
+	c.held, c.waited = nil, nil
 	r := m.replayOf(gpu)
 	r.runlist = append(r.runlist, c)
 }
