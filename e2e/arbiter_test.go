@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -426,25 +427,8 @@ func limitedLoneHog(t *testing.T) (alone, capped []float64) {
 // (SIGSTOP); the guardian continues them from the pinned held table.
 func TestArbiterGuardianThawsAfterSIGKILL(t *testing.T) {
 	gpu := testutil.StartFakeGPU(t)
-	cg := testutil.NewCgroup(t, "guarded")
 	d := startDaemon(t, "--gpu-scheduler", "off")
-	inCgroup := testutil.Start(t, cg, gpu.Workload(t, "hog", "--duration", "30")).Cmd.Process.Pid
-	bare := testutil.Start(t, nil, gpu.Workload(t, "hog", "--duration", "30"))
-	pid := bare.Cmd.Process.Pid
-	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) })
-	pol := "tenants:\n  - {name: c, cgroup: " + cg.Rel + ", limit: 0.1}\n  - {name: p, pid: " + strconv.Itoa(pid) + ", limit: 0.1}\n"
-	if err := d.ApplyPolicy(t.Context(), []byte(pol)); err != nil {
-		t.Fatal(err)
-	}
-	// Wait until both are stopped at the same instant (the rate is 10%:
-	// they are held most of the time).
-	deadline := time.Now().Add(10 * time.Second)
-	for !(cgroup.Stopped(inCgroup) && cgroup.Stopped(pid)) {
-		if time.Now().After(deadline) {
-			t.Fatalf("never both held: cgroup tenant stopped %v, pid tenant stopped %v", cgroup.Stopped(inCgroup), cgroup.Stopped(pid))
-		}
-		time.Sleep(time.Millisecond)
-	}
+	cg, inCgroup, pid := holdTwoTenants(t, gpu, d)
 	ledger, err := cgroup.ReadLedger(daemonLedger(d.Socket))
 	if err != nil || len(ledger) != 2 {
 		t.Fatalf("ledger %v %v", ledger, err)
@@ -477,6 +461,93 @@ func TestArbiterGuardianThawsAfterSIGKILL(t *testing.T) {
 	out, err := exec.Command(testutil.Bin(t, "gpuarb"), "thaw", "--all", "--socket", d.Socket, "--pin-path", d.PinPath).CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "no daemon") {
 		t.Errorf("thaw --all: %v %s", err, out)
+	}
+}
+
+// holdTwoTenants starts a hog in a cgroup tenant and a bare hog as a pid
+// tenant, both limited to 10% at the launch gate, and returns once both
+// are held (stopped) at the same instant.
+func holdTwoTenants(t *testing.T, gpu *testutil.FakeGPU, d runningDaemon) (cg *testutil.Cgroup, inCgroup, pid int) {
+	t.Helper()
+	cg = testutil.NewCgroup(t, "guarded")
+	inCgroup = testutil.Start(t, cg, gpu.Workload(t, "hog", "--duration", "30")).Cmd.Process.Pid
+	pid = testutil.Start(t, nil, gpu.Workload(t, "hog", "--duration", "30")).Cmd.Process.Pid
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) })
+	pol := "tenants:\n  - {name: c, cgroup: " + cg.Rel + ", limit: 0.1}\n  - {name: p, pid: " + strconv.Itoa(pid) + ", limit: 0.1}\n"
+	if err := d.ApplyPolicy(t.Context(), []byte(pol)); err != nil {
+		t.Fatal(err)
+	}
+	// The rate is 10%: they are held most of the time.
+	deadline := time.Now().Add(10 * time.Second)
+	for !(cgroup.Stopped(inCgroup) && cgroup.Stopped(pid)) {
+		if time.Now().After(deadline) {
+			t.Fatalf("never both held: cgroup tenant stopped %v, pid tenant stopped %v", cgroup.Stopped(inCgroup), cgroup.Stopped(pid))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return cg, inCgroup, pid
+}
+
+// Issue 18's bar, the worst case: the daemon and its guardian both
+// SIGKILLed while a cgroup tenant and a bare pid tenant are held. Nothing
+// is left running to release them; `gpuarb thaw --all` (the systemd unit's
+// ExecStopPost; a restarted daemon does the same at its start) reads the
+// ledger and the pinned held table, and both run within a second of it.
+func TestThawAllAfterDaemonAndGuardianKilled(t *testing.T) {
+	gpu := testutil.StartFakeGPU(t)
+	d := startDaemon(t, "--gpu-scheduler", "off")
+	cg, inCgroup, pid := holdTwoTenants(t, gpu, d)
+	st, err := d.Status(t.Context())
+	if err != nil || st.Guardian == nil || st.Guardian.PID == 0 {
+		t.Fatalf("guardian: %+v, %v", st.Guardian, err)
+	}
+	daemon := d.Proc.Cmd.Process.Pid
+	// Stopped (by this test, which started it), the daemon neither
+	// releases them nor starts another guardian; catch it with both held.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if err := syscall.Kill(daemon, syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+		if cgroup.Stopped(inCgroup) && cgroup.Stopped(pid) {
+			break
+		}
+		if err := syscall.Kill(daemon, syscall.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("never caught both held with the daemon stopped")
+		}
+		time.Sleep(time.Duration(rand.IntN(50)) * time.Millisecond)
+	}
+	for _, p := range []int{st.Guardian.PID, daemon} { // the guardian first: it would release them
+		if err := syscall.Kill(p, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(5 * time.Second); !cgroup.Gone(st.Guardian.PID) || !d.Proc.Done(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("daemon or guardian not gone 5 s after SIGKILL")
+		}
+	}
+	time.Sleep(300 * time.Millisecond)
+	if !cgroup.Stopped(inCgroup) || !cgroup.Stopped(pid) {
+		t.Fatalf("released with no daemon and no guardian: cgroup tenant stopped %v, pid tenant stopped %v", cgroup.Stopped(inCgroup), cgroup.Stopped(pid))
+	}
+	thawed := time.Now()
+	out, err := exec.Command(testutil.Bin(t, "gpuarb"), "thaw", "--all", "--socket", d.Socket, "--pin-path", d.PinPath).CombinedOutput()
+	if err != nil {
+		t.Fatalf("thaw --all: %v %s", err, out)
+	}
+	for cgroup.Stopped(inCgroup) || cgroup.Stopped(pid) {
+		if time.Since(thawed) > time.Second {
+			t.Fatalf("still stopped 1 s after thaw --all: cgroup tenant %v, pid tenant %v; it said %s", cgroup.Stopped(inCgroup), cgroup.Stopped(pid), out)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Logf("both running %v after thaw --all: %s", time.Since(thawed), strings.TrimSpace(string(out)))
+	if f, _ := cgroup.V2Frozen(cg.Path); f {
+		t.Error("cgroup frozen after thaw --all")
 	}
 }
 

@@ -156,6 +156,54 @@ func TestLibcudaOpenFloodDoesNotDrownMetering(t *testing.T) {
 	}
 }
 
+// Issue 18's bar: a fork storm of 20000 processes, three times, by a pid
+// tenant (every fork followed by the probes, its tree read from /proc at
+// every step) leaves the daemon answering status within a second and
+// metering a hog beside it.
+func TestForkStormLeavesTheDaemonResponsive(t *testing.T) {
+	storm := filepath.Join(t.TempDir(), "forkstorm")
+	if out, err := exec.Command("cc", "-O2", "-o", storm, filepath.Join(testutil.RepoRoot(t), "e2e/testdata/forkstorm.c")).CombinedOutput(); err != nil {
+		t.Fatalf("build forkstorm: %v\n%s", err, out)
+	}
+	gpu := testutil.StartFakeGPU(t)
+	d := startDaemon(t)
+	hogCg := testutil.NewCgroup(t, "hog")
+	testutil.Start(t, hogCg, gpu.Workload(t, "hog", "--kernel-ms", "2", "--duration", "30"))
+	root := testutil.Start(t, testutil.NewCgroup(t, "storm"),
+		exec.Command("sh", "-c", `sleep 1; for i in 1 2 3; do "$0" 20000 || exit 1; done`, storm))
+	pol := "tenants:\n  - {name: storm, pid: " + strconv.Itoa(root.Cmd.Process.Pid) + ", limit: 0.5}\n"
+	if err := d.ApplyPolicy(t.Context(), []byte(pol)); err != nil {
+		t.Fatal(err)
+	}
+	var slowest time.Duration
+	var shares []float64
+	var last api.Probes
+	start := time.Now()
+	for !root.Done() {
+		if time.Since(start) > 60*time.Second {
+			t.Fatal("the fork storm did not end in 60 s")
+		}
+		time.Sleep(250 * time.Millisecond)
+		probes, share, took := probesAndShare(t, d, hogCg)
+		slowest, last = max(slowest, took), probes
+		if time.Since(start) > 1500*time.Millisecond {
+			shares = append(shares, share)
+		}
+	}
+	if err := root.Wait(t, time.Second); err != nil {
+		_, stderr := root.Output()
+		t.Fatalf("fork storm: %v: %s", err, stderr)
+	}
+	t.Logf("60000 forks in %v: slowest status %v, hog's metered share median %.1f%% (lowest %.1f%%) over %d reads; %d forks unfollowed, %d events lost",
+		time.Since(start), slowest, 100*median(shares), 100*slices.Min(append(shares, 1)), len(shares), last.UnfollowedForks, last.LostEvents)
+	if slowest > time.Second {
+		t.Errorf("status took %v during the fork storm", slowest)
+	}
+	if m := median(shares); m < 0.9 {
+		t.Errorf("the hog's metered share %.1f%% while alone on the GPU: metering stalled", 100*m)
+	}
+}
+
 // Issue 18's escapes by name (item 7): a tenant that loads libcuda under
 // another name — a renamed copy, or one copied into a memfd and loaded
 // from /proc/self/fd — is found by what it maps when it sets up its GPU
