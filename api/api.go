@@ -182,6 +182,10 @@ type Guardian struct {
 	PID int `json:"pid"`
 	// Restarts counts the guardians started after one died.
 	Restarts uint64 `json:"restarts"`
+	// Cgroup is the cgroup directory it runs in, apart from the daemon's
+	// so that what kills the daemon's cgroup does not kill it ("": the
+	// daemon's own).
+	Cgroup string `json:"cgroup,omitempty"`
 }
 
 // Endpoints that change the daemon's state; they require root.

@@ -3,7 +3,9 @@ package arbiter
 import (
 	"context"
 	"errors"
+	"io/fs"
 	"math"
+	"os"
 	"sync"
 	"time"
 
@@ -54,7 +56,10 @@ type Gater struct {
 	throttled time.Duration
 	escapes   uint64 // holds ended by someone else, while pacing at the launch gate
 	escalated bool   // paced by freezing since escapes reached escapeLimit
-	wake      chan struct{}
+	// unthawed is set while its last thaw failed (not for a process or
+	// cgroup that is gone): it may still be frozen.
+	unthawed bool
+	wake     chan struct{}
 }
 
 // LaunchGate admits a tenant's launches up to an allowance; the launch
@@ -452,7 +457,9 @@ func (g *Gater) freeze(from time.Time) {
 		g.OnFreeze(from, time.Time{})
 	}
 	if err := g.gate.Freeze(); err != nil {
-		g.report(errors.Join(err, g.gate.Thaw()))
+		thawErr := g.gate.Thaw()
+		g.noteThaw(thawErr)
+		g.report(errors.Join(err, thawErr))
 		if g.OnFreeze != nil {
 			g.OnFreeze(from, time.Now())
 		}
@@ -472,9 +479,9 @@ func (g *Gater) thaw(from time.Time) {
 	if !was {
 		return
 	}
-	if err := g.gate.Thaw(); err != nil && g.OnError != nil {
-		g.OnError(err)
-	}
+	err := g.gate.Thaw()
+	g.noteThaw(err)
+	g.report(err)
 	to := time.Now()
 	g.mu.Lock()
 	g.throttled += to.Sub(from)
@@ -483,6 +490,26 @@ func (g *Gater) thaw(from time.Time) {
 	if g.OnFreeze != nil {
 		g.OnFreeze(from, to)
 	}
+}
+
+// noteThaw records whether a thaw failed with the tenant still there; it
+// then counts as frozen, so that the next thaw (the window's, or Run's
+// at its end) tries again.
+func (g *Gater) noteThaw(err error) {
+	gone := errors.Is(err, os.ErrProcessDone) || errors.Is(err, fs.ErrNotExist)
+	g.mu.Lock()
+	g.unthawed = err != nil && !gone
+	g.frozen = g.frozen || g.unthawed
+	g.mu.Unlock()
+}
+
+// Unthawed reports whether the gater's last thaw failed: the tenant may
+// still be frozen, so whoever retires the gater keeps it in the ledger
+// for the next ThawAll.
+func (g *Gater) Unthawed() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.unthawed
 }
 
 // sleepUntil waits for t, a Set, or the end of ctx; false when ctx ended.

@@ -2,6 +2,7 @@ package arbiter
 
 import (
 	"context"
+	"errors"
 	"math"
 	"sync"
 	"testing"
@@ -296,6 +297,69 @@ func TestAccountCapsCreditBeforeTheChargeAndBoundsDebt(t *testing.T) {
 	a.charge(float64(time.Hour), 0.5)
 	if want := -0.5 * float64(maxDebt); a.balance != want {
 		t.Fatalf("debt %.0f ns, want at most %.0f", a.balance, want)
+	}
+}
+
+// stuckGate freezes, and then cannot thaw (its cgroup.freeze not
+// writable) until fixed.
+type stuckGate struct {
+	mu     sync.Mutex
+	broken bool
+}
+
+func (s *stuckGate) Freeze() error { return nil }
+
+func (s *stuckGate) Thaw() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.broken {
+		return errors.New("write cgroup.freeze: device or resource busy")
+	}
+	return nil
+}
+
+func (s *stuckGate) Target() cgroup.Target { return cgroup.Target{} }
+
+// setBroken makes the gate's thaws fail or not.
+func (s *stuckGate) setBroken(broken bool) {
+	s.mu.Lock()
+	s.broken = broken
+	s.mu.Unlock()
+}
+
+// runFor runs g at a 20% duty for d.
+func runFor(g *Gater, d time.Duration) {
+	g.Set(0.2, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	g.Run(ctx)
+}
+
+// A gater whose last thaw failed says so (Unthawed), so that its tenant
+// stays in the ledger, and tries again at the next thaw; a thaw that
+// succeeds clears it.
+func TestGaterReportsAFailedThaw(t *testing.T) {
+	gate := &stuckGate{}
+	for _, broken := range []bool{true, false} {
+		gate.setBroken(broken)
+		g := NewGater(gate, 20*time.Millisecond, time.Now())
+		runFor(g, 100*time.Millisecond)
+		if g.Unthawed() != broken {
+			t.Errorf("thaw failing %v: Unthawed %v", broken, g.Unthawed())
+		}
+		if frozen, _ := g.State(); frozen != broken {
+			t.Errorf("thaw failing %v: frozen %v after Run, want it counted frozen while its thaw fails", broken, frozen)
+		}
+	}
+	// Fixed, the next thaw succeeds: a gater left counting a failed thaw
+	// retries it when it runs again.
+	gate.setBroken(true)
+	g := NewGater(gate, 20*time.Millisecond, time.Now())
+	runFor(g, 100*time.Millisecond)
+	gate.setBroken(false)
+	runFor(g, 10*time.Millisecond)
+	if frozen, _ := g.State(); g.Unthawed() || frozen {
+		t.Errorf("after a thaw that succeeds: Unthawed %v, frozen %v", g.Unthawed(), frozen)
 	}
 }
 

@@ -1,6 +1,7 @@
 package cgroup_test
 
 import (
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -71,6 +72,35 @@ func TestV2Gate(t *testing.T) {
 	}
 	if tg := g.Target(); tg.Kind != cgroup.KindV2 || tg.Path != cg.Path {
 		t.Errorf("target %+v", tg)
+	}
+}
+
+// Issue 18, item 11: a freeze the kernel never confirms (a task waiting
+// where no freeze reaches it, beside a busy one) fails after FreezeTimeout
+// with ErrNotFrozen and is undone: the cgroup is thawed and the busy
+// process runs on.
+func TestV2FreezeNotConfirmedIsUndone(t *testing.T) {
+	cg := testutil.NewCgroup(t, "unfreezable")
+	p := busy(t, cg, "while :; do :; done")
+	testutil.StartUnfreezable(t, cg)
+	mount, _ := cgroup.UnifiedMount()
+	g, err := cgroup.NewV2Gate(mount, cg.Rel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = g.Thaw() })
+	start := time.Now()
+	err = g.Freeze()
+	took := time.Since(start)
+	t.Logf("freeze: %v after %v", err, took)
+	if !errors.Is(err, cgroup.ErrNotFrozen) || took < cgroup.FreezeTimeout || took > cgroup.FreezeTimeout+time.Second {
+		t.Fatalf("freeze: %v after %v; want ErrNotFrozen after %v", err, took, cgroup.FreezeTimeout)
+	}
+	if data, _ := os.ReadFile(filepath.Join(cg.Path, "cgroup.freeze")); strings.TrimSpace(string(data)) != "0" {
+		t.Errorf("cgroup.freeze %q after the failed freeze, want 0 (undone)", data)
+	}
+	if !runs(t, p.Cmd.Process.Pid, 300*time.Millisecond) {
+		t.Error("the busy process does not run after the failed freeze")
 	}
 }
 
@@ -242,8 +272,49 @@ func TestLedgerThawAll(t *testing.T) {
 	if cgroup.Stopped(bare.Cmd.Process.Pid) || !runs(t, p.Cmd.Process.Pid, 100*time.Millisecond) {
 		t.Error("not running after ThawAll")
 	}
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("ledger kept after every thaw succeeded: %v", err)
+	}
 	if err := l.Remove(gone); err != nil || len(l.Targets()) != 2 {
 		t.Errorf("remove: %v %v", l.Targets(), err)
+	}
+}
+
+// Issue 18, item 8: the ledger is kept until every thaw succeeded: a
+// target that cannot be thawed stays listed for the next try, the others
+// leave it.
+func TestLedgerKeepsWhatFailedToThaw(t *testing.T) {
+	cg := testutil.NewCgroup(t, "ledger")
+	mount, _ := cgroup.UnifiedMount()
+	v2, err := cgroup.NewV2Gate(mount, cg.Rel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = v2.Thaw() })
+	if err := v2.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "gated.json")
+	l, err := cgroup.OpenLedger(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	broken := cgroup.Target{Kind: cgroup.KindV1, Path: "/not/a/freezer/cgroup"} // cannot be thawed
+	for _, tg := range []cgroup.Target{v2.Target(), broken} {
+		if err := l.Add(tg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	thawed, err := cgroup.ThawAll(path)
+	if err == nil || len(thawed) != 1 || thawed[0] != v2.Target() {
+		t.Fatalf("ThawAll: %v, %v; want the cgroup thawed and an error for the other", thawed, err)
+	}
+	if f, _ := cgroup.V2Frozen(cg.Path); f {
+		t.Error("cgroup still frozen")
+	}
+	left, err := cgroup.ReadLedger(path)
+	if err != nil || len(left) != 1 || left[0] != broken {
+		t.Errorf("ledger after a failed thaw lists %v (%v), want only the target that failed", left, err)
 	}
 }
 

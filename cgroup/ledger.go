@@ -167,13 +167,16 @@ func (l *Ledger) writeLocked() error {
 
 // ThawAll resumes every target of the ledger at path and returns what it
 // thawed. Targets that are gone (cgroup removed, process exited) are
-// skipped silently; other failures are returned together.
+// skipped silently; other failures are returned together, and the ledger
+// keeps listing just those (it is removed once every thaw succeeded), so
+// whoever tries next — the guardian, a restarted daemon, `gpuarb thaw
+// --all` — tries them again.
 func ThawAll(path string) ([]Target, error) {
 	ts, err := ReadLedger(path)
 	if err != nil {
 		return nil, err
 	}
-	var thawed []Target
+	var thawed, failed []Target
 	var errs []error
 	for _, t := range ts {
 		g, err := t.Gate()
@@ -185,8 +188,28 @@ func ThawAll(path string) ([]Target, error) {
 			thawed = append(thawed, t)
 		case errors.Is(err, os.ErrNotExist), errors.Is(err, os.ErrProcessDone):
 		default:
+			failed = append(failed, t)
 			errs = append(errs, fmt.Errorf("%s: %w", t, err))
 		}
 	}
+	if len(ts) > 0 {
+		errs = append(errs, keepOnly(path, failed))
+	}
 	return thawed, errors.Join(errs...)
+}
+
+// keepOnly rewrites the ledger at path to list only targets, or removes it
+// when there are none.
+func keepOnly(path string, targets []Target) error {
+	if len(targets) == 0 {
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("remove ledger: %w", err)
+		}
+		return nil
+	}
+	l := &Ledger{path: path, targets: map[Target]bool{}}
+	for _, t := range targets {
+		l.targets[t] = true
+	}
+	return l.writeLocked()
 }

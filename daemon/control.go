@@ -792,12 +792,18 @@ func (d *Daemon) stopGater(t *tenant) func() {
 		return func() {}
 	}
 	t.cancel()
-	done, launches, target, name := t.done, t.launches, t.target, t.name
+	g, done, launches, target, name := t.gater, t.done, t.launches, t.target, t.name
 	t.gater, t.cancel, t.done, t.launches = nil, nil, nil, nil
 	return func() {
 		<-done
 		if err := launches.Close(); err != nil {
 			d.log.Warn("launch gate", "tenant", name, "err", err)
+		}
+		if g.Unthawed() {
+			// Kept for the next ThawAll: the guardian's, thaw --all's or
+			// this daemon's at its stop.
+			d.log.Error("tenant may still be frozen: its last thaw failed; it stays in the ledger", "tenant", name, "target", target)
+			return
 		}
 		if err := d.ledger.Remove(target); err != nil {
 			d.log.Warn("ledger", "err", err)

@@ -38,6 +38,9 @@ type Config struct {
 	Devices  []bpf.Device  // the device table
 	Libcudas []string      // libcuda copies to probe besides the ones found
 	Window   time.Duration // the meter's window (default 1s)
+	// RingSize is the probes' ring buffer in bytes (0: bpf.DefaultRingSize);
+	// tests make it small to lose events for real.
+	RingSize uint32
 	Version  string
 	// PolicyPath is the policy file (default policy.DefaultPath; missing:
 	// default policy). Reload re-reads it.
@@ -48,6 +51,10 @@ type Config struct {
 	// Attached keeps the tenants registered through the API across
 	// restarts (default: attached.json beside the socket).
 	Attached string
+	// GuardianCgroup is the cgroup v2 path (below the unified mount) the
+	// guardian runs in, made if missing, so that what kills the daemon's
+	// cgroup does not kill it; "" runs it in the daemon's cgroup.
+	GuardianCgroup string
 	// Guardian is the command line of the thaw guardian (`gpuarb guardian
 	// --ledger PATH`); nil runs none.
 	Guardian []string
@@ -138,16 +145,32 @@ type Daemon struct {
 	unprobed map[uint32]bool
 	// published is the last control step's view for status and metrics.
 	published atomic.Pointer[stepView]
-	// exitsReconciled counts the processes reconcileExits ended.
+	// exitsReconciled counts the processes reconcileExits ended;
+	// meteredStarts are the start times it last found for the metered
+	// processes (its goroutine only).
 	exitsReconciled atomic.Uint64
+	meteredStarts   map[uint32]uint64
 }
 
 // reconcileExits ends in the meter the processes that are gone from /proc
 // though no exit event said so (events lost when the ring buffer was
 // full): their modeled queues would otherwise run on, and their state
-// would never be pruned. Once a window, a stat per metered process.
+// would never be pruned. A pid whose process started at another time than
+// at the last pass is another process's now (the exit lost, the pid
+// reused): the old one is ended too, and the new one starts afresh at its
+// next event. Once a window, a read of /proc/PID/stat per metered process.
 func (d *Daemon) reconcileExits() {
-	if n := d.meter.Reconcile(func(pid uint32) bool { return !cgroup.Gone(int(pid)) }); n > 0 {
+	starts := make(map[uint32]uint64, len(d.meteredStarts))
+	n := d.meter.Reconcile(func(pid uint32) bool {
+		start := pidStart(int(pid))
+		if was, ok := d.meteredStarts[pid]; start == 0 || ok && was != start {
+			return false
+		}
+		starts[pid] = start
+		return true
+	})
+	d.meteredStarts = starts
+	if n > 0 {
 		d.exitsReconciled.Add(uint64(n))
 		d.log.Info("ended processes whose exit events were lost", "processes", n)
 	}
@@ -205,12 +228,13 @@ func Start(cfg Config) (_ *Daemon, err error) {
 	d.log.Info("policy", "path", cfg.PolicyPath, "found", found, "tenants", len(pol.Tenants), "period", pol.Period)
 	// A daemon that died may have left tenants frozen, held or paused:
 	// resume them first.
+	// What could not be resumed stays in the ledger, tried again by the
+	// guardian, `thaw --all` or the next start.
 	if done, err := ThawLeftovers(cfg.Ledger, cfg.PinPath); err != nil {
 		d.log.Warn("resuming what an earlier daemon left", "err", err)
 	} else if len(done) > 0 {
 		d.log.Info("resumed what an earlier daemon left", "targets", len(done))
 	}
-	_ = os.Remove(cfg.Ledger)
 	if d.ledger, err = cgroup.OpenLedger(cfg.Ledger); err != nil {
 		return nil, err
 	}
@@ -222,6 +246,13 @@ func Start(cfg Config) (_ *Daemon, err error) {
 	}
 	if len(cfg.Guardian) > 0 {
 		d.guardian = &guardian{argv: cfg.Guardian, log: d.log}
+		if cfg.GuardianCgroup != "" {
+			if root, err := cgroup.UnifiedMount(); err != nil {
+				d.log.Warn("no cgroup v2 hierarchy: the thaw guardian runs in the daemon's cgroup", "err", err)
+			} else {
+				d.guardian.cgroupDir = filepath.Join(root, filepath.Clean("/"+cfg.GuardianCgroup))
+			}
+		}
 		if err := d.guardian.start(); err != nil {
 			return nil, err
 		}
@@ -242,7 +273,7 @@ func Start(cfg Config) (_ *Daemon, err error) {
 	if err := d.restoreAttachments(); err != nil {
 		return nil, err
 	}
-	opts := bpf.Options{PinPath: cfg.PinPath, Devices: cfg.Devices}
+	opts := bpf.Options{PinPath: cfg.PinPath, Devices: cfg.Devices, RingSize: cfg.RingSize}
 	d.probes, err = bpf.Load(opts)
 	if errors.Is(err, ebpf.ErrMapIncompatible) {
 		// Pins of an older gpuarb with other map layouts: replace them.
@@ -488,9 +519,8 @@ func (d *Daemon) Stop() error {
 	if d.ledger != nil {
 		d.stopAllGates()
 		if _, err := cgroup.ThawAll(d.cfg.Ledger); err != nil {
-			errs = append(errs, err)
+			errs = append(errs, err) // what failed stays in the ledger
 		}
-		_ = os.Remove(d.cfg.Ledger)
 		d.ledger = nil
 	}
 	d.stepMu.Unlock()

@@ -352,3 +352,36 @@ func TestPIDTenantIsPinnedToItsProcess(t *testing.T) {
 		}
 	}
 }
+
+// Issue 18, item 12: a metered pid whose process now started at another
+// time than at the last pass (its exit event lost, the pid reused) is
+// ended in the meter, as one gone from /proc is; a process that is the
+// same is left alone.
+func TestReconcileEndsAReusedPID(t *testing.T) {
+	child := exec.Command("sleep", "30")
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = child.Process.Kill(); _ = child.Wait() })
+	pid := uint32(child.Process.Pid)
+	clk := uint64(10 * time.Second)
+	d := &Daemon{log: slog.New(slog.DiscardHandler), meter: meter.New(meter.Config{Now: func() uint64 { return clk }})}
+	d.meter.Observe(&ioctlspy.Launch{Header: ioctlspy.Header{PID: pid, CgroupID: 100, Start: clk, End: clk}, Grid: [3]uint32{1, 1, 1}})
+	d.reconcileExits()
+	if n := d.exitsReconciled.Load(); n != 0 || d.meteredStarts[pid] != pidStart(int(pid)) {
+		t.Fatalf("first pass: %d ended, start %d recorded; want none ended, the start recorded", n, d.meteredStarts[pid])
+	}
+	d.reconcileExits()
+	if n := d.exitsReconciled.Load(); n != 0 {
+		t.Fatalf("the same process ended (%d)", n)
+	}
+	d.meteredStarts[pid]++ // as if the pid had been another process's at the last pass
+	d.reconcileExits()
+	if n := d.exitsReconciled.Load(); n != 1 {
+		t.Errorf("a reused pid: %d ended, want 1", n)
+	}
+	_, ctxs := d.meter.Contexts(time.Second)
+	if len(ctxs) != 1 || !ctxs[0].Exited {
+		t.Errorf("contexts %+v, want the old process's ended", ctxs)
+	}
+}

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/gpuarb/gpuarb/cgroup"
 )
 
@@ -18,15 +20,22 @@ import (
 // is when the daemon exits in any way. One that dies while the daemon runs
 // (killed, out of memory) is started again, at most once a second; status
 // shows its pid and restarts.
+//
+// It runs in a cgroup of its own where it can (cgroupDir, made if missing):
+// what kills the daemon's whole cgroup — systemd's KillMode=control-group
+// after a stop timeout, a container's OOM kill or restart, cgroup.kill —
+// does not kill it, and it resumes the tenants then too.
 type guardian struct {
-	argv []string
-	log  *slog.Logger
+	argv      []string
+	log       *slog.Logger
+	cgroupDir string // "": the daemon's cgroup
 
 	mu       sync.Mutex
 	pipe     *os.File // the write end: closing it ends the guardian
 	pid      int
 	restarts uint64
 	stopped  bool
+	exited   chan struct{} // closed when supervision ends after stop
 }
 
 // guardianRestartDelay spaces restarts of a guardian that keeps dying.
@@ -34,16 +43,26 @@ const guardianRestartDelay = time.Second
 
 // start starts the guardian and its supervision.
 func (g *guardian) start() error {
+	g.exited = make(chan struct{})
 	cmd, err := g.spawn()
 	if err != nil {
 		return err
 	}
-	g.log.Info("thaw guardian started", "pid", cmd.Process.Pid)
+	g.log.Info("thaw guardian started", "pid", cmd.Process.Pid, "cgroup", g.where())
 	go g.supervise(cmd)
 	return nil
 }
 
-// spawn starts one guardian process and records its pipe and pid.
+// where names the guardian's cgroup for logs and status ("" for the
+// daemon's).
+func (g *guardian) where() string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.cgroupDir
+}
+
+// spawn starts one guardian process, in its own cgroup where it can, and
+// records its pipe and pid.
 func (g *guardian) spawn() (*exec.Cmd, error) {
 	r, w, err := os.Pipe()
 	if err != nil {
@@ -52,7 +71,19 @@ func (g *guardian) spawn() (*exec.Cmd, error) {
 	cmd := exec.Command(g.argv[0], g.argv[1:]...)
 	cmd.ExtraFiles = []*os.File{r} // fd 3
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
+	err = g.startIn(cmd)
+	if err != nil && g.where() != "" {
+		g.log.Warn("thaw guardian cannot run in its own cgroup: it runs in the daemon's, and dies with it if that cgroup is killed",
+			"cgroup", g.where(), "err", err)
+		g.mu.Lock()
+		g.cgroupDir = ""
+		g.mu.Unlock()
+		cmd = exec.Command(g.argv[0], g.argv[1:]...)
+		cmd.ExtraFiles = []*os.File{r}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		err = cmd.Start()
+	}
+	if err != nil {
 		r.Close()
 		w.Close()
 		return nil, fmt.Errorf("start guardian: %w", err)
@@ -68,9 +99,29 @@ func (g *guardian) spawn() (*exec.Cmd, error) {
 	return cmd, nil
 }
 
+// startIn starts cmd in the guardian's cgroup (CLONE_INTO_CGROUP), made
+// if missing; without one, where the daemon runs.
+func (g *guardian) startIn(cmd *exec.Cmd) error {
+	dir := g.where()
+	if dir == "" {
+		return cmd.Start()
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("guardian cgroup: %w", err)
+	}
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("guardian cgroup: %w", err)
+	}
+	defer unix.Close(fd)
+	cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, fd
+	return cmd.Start()
+}
+
 // supervise waits for the guardian and starts another while the daemon
 // runs.
 func (g *guardian) supervise(cmd *exec.Cmd) {
+	defer close(g.exited)
 	for {
 		err := cmd.Wait()
 		g.mu.Lock()
@@ -104,22 +155,33 @@ func (g *guardian) supervise(cmd *exec.Cmd) {
 	}
 }
 
-// stop ends the guardian: it finds nothing left to thaw and exits.
+// stop ends the guardian: it finds nothing left to thaw and exits. Its
+// own cgroup is removed once it has (waiting at most a second).
 func (g *guardian) stop() {
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	g.stopped = true
 	if g.pipe != nil {
 		_ = g.pipe.Close()
 		g.pipe = nil
 	}
+	dir := g.cgroupDir
+	g.mu.Unlock()
+	select {
+	case <-g.exited:
+	case <-time.After(time.Second):
+		return
+	}
+	if dir != "" {
+		_ = os.Remove(dir) // fails while another daemon's guardian uses it
+	}
 }
 
-// state returns the running guardian's pid (0: none) and its restarts.
-func (g *guardian) state() (pid int, restarts uint64) {
+// state returns the running guardian's pid (0: none), its restarts and
+// its cgroup ("" for the daemon's).
+func (g *guardian) state() (pid int, restarts uint64, cgroupDir string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.pid, g.restarts
+	return g.pid, g.restarts, g.cgroupDir
 }
 
 // Guard is the thaw guardian's body: it waits until the daemon is gone —

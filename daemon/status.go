@@ -151,8 +151,8 @@ func (d *Daemon) Status() api.Status {
 		return st.Tenants[i].Name < st.Tenants[j].Name
 	})
 	if d.guardian != nil {
-		pid, restarts := d.guardian.state()
-		st.Guardian = &api.Guardian{PID: pid, Restarts: restarts}
+		pid, restarts, cg := d.guardian.state()
+		st.Guardian = &api.Guardian{PID: pid, Restarts: restarts, Cgroup: cg}
 	}
 	if d.probes != nil {
 		st.Probes.Libcudas = d.probes.Libcudas()

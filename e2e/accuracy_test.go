@@ -40,7 +40,18 @@ func startDaemon(t *testing.T, extra ...string) runningDaemon {
 // in dir (a restarted daemon finds what the earlier one left there).
 func startDaemonIn(t *testing.T, dir string, extra ...string) runningDaemon {
 	t.Helper()
-	d, err := lab.StartDaemon(filepath.Dir(testutil.Bin(t, "gpuarb")), dir, extra...)
+	return startDaemonWith(t, dir, nil, extra...)
+}
+
+// startDaemonWith starts the daemon as startDaemonIn does, in cgroup cg
+// when not nil.
+func startDaemonWith(t *testing.T, dir string, cg *testutil.Cgroup, extra ...string) runningDaemon {
+	t.Helper()
+	cgDir := ""
+	if cg != nil {
+		cgDir = cg.Path
+	}
+	d, err := lab.StartDaemonInCgroup(filepath.Dir(testutil.Bin(t, "gpuarb")), dir, cgDir, extra...)
 	if err != nil {
 		t.Fatal(err)
 	}

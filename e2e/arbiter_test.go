@@ -551,6 +551,38 @@ func TestThawAllAfterDaemonAndGuardianKilled(t *testing.T) {
 	}
 }
 
+// Issue 18, item 8: the guardian runs apart from the daemon's cgroup, so
+// that killing that whole cgroup (cgroup.kill, as systemd's
+// KillMode=control-group or a container's end does) leaves it to resume
+// the held tenants: both run within a second. In the daemon's cgroup, the
+// guardian died with it and they stayed stopped.
+func TestGuardianOutlivesTheDaemonsCgroup(t *testing.T) {
+	gpu := testutil.StartFakeGPU(t)
+	guardianCg := testutil.NewCgroup(t, "guardian")
+	daemonCg := testutil.NewCgroup(t, "daemon")
+	d := startDaemonWith(t, t.TempDir(), daemonCg, "--gpu-scheduler", "off", "--guardian-cgroup", guardianCg.Rel)
+	_, inCgroup, pid := holdTwoTenants(t, gpu, d)
+	st, err := d.Status(t.Context())
+	if err != nil || st.Guardian == nil || st.Guardian.PID == 0 {
+		t.Fatalf("guardian: %+v, %v", st.Guardian, err)
+	}
+	procCg, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", st.Guardian.PID))
+	if err != nil || st.Guardian.Cgroup != guardianCg.Path || !strings.Contains(string(procCg), "::"+guardianCg.Rel+"\n") {
+		t.Fatalf("guardian %d in %q (status says %q), want %s: %v", st.Guardian.PID, procCg, st.Guardian.Cgroup, guardianCg.Rel, err)
+	}
+	if err := os.WriteFile(filepath.Join(daemonCg.Path, "cgroup.kill"), []byte("1"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	for cgroup.Stopped(inCgroup) || cgroup.Stopped(pid) {
+		if time.Since(killed) > time.Second {
+			t.Fatalf("still stopped 1 s after the daemon's cgroup was killed: cgroup tenant %v, pid tenant %v", cgroup.Stopped(inCgroup), cgroup.Stopped(pid))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Logf("running again %v after the daemon's cgroup was killed", time.Since(killed))
+}
+
 // guardianRestarted kills the daemon's thaw guardian and waits until the
 // daemon has started another, as status shows.
 func guardianRestarted(t *testing.T, d runningDaemon) {

@@ -27,6 +27,10 @@ func ledgerPath(c *cli.Context) string {
 }
 
 // guardianCommand runs this executable's hidden guardian command.
+// defaultGuardianCgroup is where the thaw guardian runs unless told
+// otherwise: beside, not inside, the daemon's cgroup.
+const defaultGuardianCgroup = "/gpuarb-guardian"
+
 func guardianCommand(ledger, pinPath string) []string {
 	exe, err := os.Executable()
 	if err != nil {
@@ -77,8 +81,10 @@ launch runs), or their cgroups frozen where no launch is visible.
 Nothing is left stopped: a guardian process resumes every tenant (frozen,
 held at a launch or paused) within milliseconds if the daemon is killed, a
 restarted daemon resumes what an earlier one left, and 'gpuarb thaw --all'
-does it by hand. Under systemd, add ExecStopPost=gpuarb thaw --all
-(KillMode=control-group also kills the guardian). One daemon runs per host.
+does it by hand. The guardian runs in a cgroup of its own (--guardian-cgroup),
+so that what kills the daemon's cgroup (systemd after a stop timeout, a
+container's restart) does not kill it; the systemd unit still runs
+ExecStopPost=gpuarb thaw --all. One daemon runs per host.
 SIGINT or SIGTERM stop it cleanly (tenants resumed, their own timeslices
 restored; pins, socket and lock removed).`,
 		Flags: []cli.Flag{
@@ -92,6 +98,8 @@ restored; pins, socket and lock removed).`,
 			&cli.StringFlag{Name: "ledger", Usage: "thaw ledger `FILE` (default: gated.json beside the socket)"},
 			&cli.BoolFlag{Name: "observe-only", Usage: "measure, never throttle"},
 			&cli.StringFlag{Name: "gpu-scheduler", Value: "auto", Usage: "steer the GPUs' own schedulers where the driver allows it (`auto`), or never (off: pace at the launch gate)"},
+			&cli.StringFlag{Name: "guardian-cgroup", Value: defaultGuardianCgroup, Usage: "run the thaw guardian in cgroup v2 `PATH` (made if missing), apart from the daemon's cgroup, so that what kills that cgroup (systemd after a stop timeout, a container's restart) does not kill it; empty: the daemon's cgroup"},
+			&cli.UintFlag{Name: "ring-size", Usage: "the probes' ring buffer in `BYTES` (a power of two; default 4 MiB)", Hidden: true},
 			&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics on `ADDR` (e.g. :9400, which listens on 127.0.0.1 only; give a host to listen elsewhere); off when empty"},
 		},
 		Action: func(c *cli.Context) error {
@@ -111,9 +119,10 @@ restored; pins, socket and lock removed).`,
 				Socket: c.String("socket"), PinPath: c.String("pin-path"), Devices: devices,
 				Libcudas: c.StringSlice("libcuda"), Window: c.Duration("window"), Version: version, Log: log,
 				PolicyPath: c.String("policy"), Ledger: ledgerPath(c), ObserveOnly: c.Bool("observe-only"),
-				NoGPUScheduler: sched == "off",
+				NoGPUScheduler: sched == "off", RingSize: uint32(c.Uint("ring-size")),
 				MetricsAddr:    c.String("metrics-addr"),
 				Guardian:       guardianCommand(ledgerPath(c), c.String("pin-path")),
+				GuardianCgroup: c.String("guardian-cgroup"),
 			})
 			if errors.Is(err, daemon.ErrAlreadyRunning) {
 				return cli.Exit("gpuarb: "+err.Error(), 3)
