@@ -268,14 +268,17 @@ func (d *Daemon) control(ctx context.Context) {
 		res.Inputs[i].Unsteered = u
 		res.Tenants[in.Name].GPUs[in.GPU].Unsteered = u // what status shows
 	}
-	withUnprobed := map[string]bool{}
+	unprobedOf := map[string][]int{} // per tenant, sorted
 	for name, ct := range res.Tenants {
 		for _, m := range ct.Members {
-			withUnprobed[name] = withUnprobed[name] || unprobed[m.PID] && !m.Exited
+			if unprobed[m.PID] && !m.Exited {
+				unprobedOf[name] = append(unprobedOf[name], int(m.PID))
+			}
 		}
+		slices.Sort(unprobedOf[name])
 	}
 	for i := range res.Inputs {
-		res.Inputs[i].Unprobed = withUnprobed[res.Inputs[i].Name]
+		res.Inputs[i].Unprobed = len(unprobedOf[res.Inputs[i].Name]) > 0
 	}
 	snap := d.meter.Snapshot()
 
@@ -303,17 +306,13 @@ func (d *Daemon) control(ctx context.Context) {
 		for _, id := range ct.CgroupIDs {
 			t.cgroupIDs[id] = true
 		}
-		t.unprobed = nil
+		t.unprobed = unprobedOf[name]
 		for _, m := range ct.Members {
 			seen = append(seen, member{m.PID, m.CgroupID, t})
 			if !m.Exited {
 				t.anyPID = int(m.PID)
 			}
-			if unprobed[m.PID] && !m.Exited {
-				t.unprobed = append(t.unprobed, int(m.PID))
-			}
 		}
-		slices.Sort(t.unprobed)
 		for gpu, in := range ct.GPUs {
 			t.inputs[gpu] = *in
 		}

@@ -68,9 +68,7 @@ func (g *guardian) spawn() (*exec.Cmd, error) {
 	if err != nil {
 		return nil, fmt.Errorf("guardian pipe: %w", err)
 	}
-	cmd := exec.Command(g.argv[0], g.argv[1:]...)
-	cmd.ExtraFiles = []*os.File{r} // fd 3
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	cmd := g.command(r)
 	err = g.startIn(cmd)
 	if err != nil && g.where() != "" {
 		g.log.Warn("thaw guardian cannot run in its own cgroup: it runs in the daemon's, and dies with it if that cgroup is killed",
@@ -78,9 +76,7 @@ func (g *guardian) spawn() (*exec.Cmd, error) {
 		g.mu.Lock()
 		g.cgroupDir = ""
 		g.mu.Unlock()
-		cmd = exec.Command(g.argv[0], g.argv[1:]...)
-		cmd.ExtraFiles = []*os.File{r}
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		cmd = g.command(r)
 		err = cmd.Start()
 	}
 	if err != nil {
@@ -97,6 +93,15 @@ func (g *guardian) spawn() (*exec.Cmd, error) {
 	}
 	g.pipe, g.pid = w, cmd.Process.Pid
 	return cmd, nil
+}
+
+// command is the guardian's command line, in a session of its own, with
+// the pipe's read end r as fd 3.
+func (g *guardian) command(r *os.File) *exec.Cmd {
+	cmd := exec.Command(g.argv[0], g.argv[1:]...)
+	cmd.ExtraFiles = []*os.File{r}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	return cmd
 }
 
 // startIn starts cmd in the guardian's cgroup (CLONE_INTO_CGROUP), made

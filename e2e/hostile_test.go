@@ -284,12 +284,7 @@ func TestUnconfirmedFreezeIsUndoneAndShown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var row *api.Tenant
-	for i := range st.Tenants {
-		if st.Tenants[i].Name == "a" {
-			row = &st.Tenants[i]
-		}
-	}
+	row := tenantByName(st, "a")
 	if row == nil {
 		t.Fatalf("no tenant a: %+v", st.Tenants)
 	}
@@ -397,17 +392,10 @@ func TestUnprobedGPUProcessIsHeld(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				var row *api.Tenant
-				for i := range st.Tenants {
-					switch tn := &st.Tenants[i]; tn.Name {
-					case "a":
-						row = tn
-					case "b":
-						if len(tn.UnprobedPIDs) > 0 {
-							t.Errorf("the plain hog's processes %v read as unprobed", tn.UnprobedPIDs)
-						}
-					}
+				if b := tenantByName(st, "b"); b != nil && len(b.UnprobedPIDs) > 0 {
+					t.Errorf("the plain hog's processes %v read as unprobed", b.UnprobedPIDs)
 				}
+				row := tenantByName(st, "a")
 				if row == nil {
 					t.Fatalf("the unprobed process's tenant is not in status: %+v", st.Tenants)
 				}
@@ -462,12 +450,7 @@ func TestSIGCONTSiblingDoesNotEscapeTheLaunchGate(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var row *api.Tenant
-			for i := range st.Tenants {
-				if st.Tenants[i].Name == "s" {
-					row = &st.Tenants[i]
-				}
-			}
+			row := tenantByName(st, "s")
 			if row == nil {
 				t.Fatalf("no tenant s in %+v", st.Tenants)
 			}

@@ -189,12 +189,14 @@ func (m *Meter) SetUnprobed(pid uint32, cgroupID uint64, gpu int, t uint64) {
 	c := m.context(&ioctlspy.Header{PID: pid, CgroupID: cgroupID, Start: t})
 	m.moveGPU(c, gpu)
 	m.at(c, t)
+	if !c.unprobed {
+		m.unprobed++
+	}
 	c.unprobed = true
 	c.frozenNow = false
 	if ps := m.frozen[cgroupID]; len(ps) > 0 && ps[len(ps)-1].end == math.MaxUint64 {
 		c.frozenNow = true
 	}
-	m.unprobed++
 }
 
 func (m *Meter) context(h *ioctlspy.Header) *gpuContext {
@@ -264,10 +266,7 @@ const unlearnedCharge = float64(20 * time.Millisecond)
 func (m *Meter) enqueue(c *gpuContext, l heldLaunch, t uint64) {
 	m.at(c, t)
 	work := c.work(l.key, l.units)
-	s, folded := c.stream(l.stream)
-	if folded {
-		m.folded++
-	}
+	s := m.streamOf(c, l.stream)
 	if s.left <= 0 {
 		s.got = 0
 	}
@@ -288,6 +287,16 @@ func (m *Meter) enqueue(c *gpuContext, l heldLaunch, t uint64) {
 	m.submitted[c.cgroup] += work
 	c.launches = append(c.launches, t)
 	c.total.Launches++
+}
+
+// streamOf is c's stream h, counting work its bound folds into the
+// overflow stream.
+func (m *Meter) streamOf(c *gpuContext, h uint64) *stream {
+	s, folded := c.stream(h)
+	if folded {
+		m.folded++
+	}
+	return s
 }
 
 // launch enqueues a launch, or keeps it until its process is released when
@@ -413,11 +422,7 @@ func (m *Meter) Observe(ev ioctlspy.Event) {
 	case *ioctlspy.EventRecord:
 		c := m.context(h)
 		m.at(c, h.Start)
-		s, folded := c.stream(e.Stream)
-		if folded {
-			m.folded++
-		}
-		m.record(s, e.Event)
+		m.record(m.streamOf(c, e.Stream), e.Event)
 	case *ioctlspy.Submission:
 		// A submission ioctl went through before its process was held:
 		// it is never deferred.
