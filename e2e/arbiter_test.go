@@ -896,16 +896,18 @@ func frameSLO(t *testing.T, miss missFunc) {
 // their channel groups at the shortest timeslice infer's turn comes within
 // 0.1 ms.
 func TestArbiterLatencyTenant(t *testing.T) {
-	// The GPU's scheduler serves it within the others' shortest slices:
-	// the median request as if alone, the tail within a small multiple of
-	// alone (issue 16's goal, 1.5×, is not reached on this 2-vCPU VM: the
-	// daemon's and the simulator's threads delay the request's own
-	// wake-ups), and the GPU stays busy. The tail is the median of the
-	// per-second p99s, and each phase is compared with infer alone
-	// measured just before it, in the same run: this VM stalls for
-	// milliseconds at times (infer's per-second p99 alone read 1.7 ms in
-	// one run and 11 ms in the next, of one build). BENCHMARKS.md shows
-	// the whole-run p99.
+	// The GPU's scheduler serves it within the others' shortest slices.
+	// Issue 16's bar, p99 within 1.5× of alone, is held on the
+	// simulator's truth: each request's time on the GPU, from when the
+	// device saw it to its end (gpuwork infer --device-latency: events
+	// around it, stamped in the device's exact virtual time). The wall
+	// clock the request sees adds this VM's host stalls, which no GPU
+	// scheduler reaches: infer's per-second p99 alone read 1.7 ms in one
+	// run and 11 ms in the next of one build, and a uprobe hit costs it
+	// about 20 µs here (about 1 µs on bare metal). On it the median
+	// request stays within 1.25× of alone and the per-second p99 within
+	// 2.5×. Each phase is compared with infer alone measured just
+	// before it, in the same run, with the probes attached.
 	for _, others := range []string{"greedy", "hog"} {
 		t.Run("beside two "+others+" tenants", func(t *testing.T) {
 			measureTwice(t, func(t *testing.T, miss missFunc) { latencyBeside(t, miss, others) })
@@ -925,12 +927,14 @@ func latencyBeside(t *testing.T, miss missFunc, others string) {
 		t.Fatal(err)
 	}
 	infer := func(secs string) *testutil.Proc {
-		return testutil.Start(t, cgs["infer"], gpu.Workload(t, "infer", "--rate", "200", "--duration", secs, "--interval", "1"))
+		return testutil.Start(t, cgs["infer"], gpu.Workload(t, "infer", "--rate", "200", "--duration", secs, "--interval", "1",
+			"--device-latency"))
 	}
 	p := infer("4")
 	s := summary(t, p)
-	aloneP50, aloneSteady := s["latency_p50_ms"], median(perSecond(p, "latency_p99_ms", 1))
-	t.Logf("infer alone: p99 %.2f ms, per-second p99 %.2f ms, p50 %.2f ms", s["latency_p99_ms"], aloneSteady, aloneP50)
+	aloneP50, aloneSteady, aloneDevice := s["latency_p50_ms"], median(perSecond(p, "latency_p99_ms", 1)), s["device_latency_p99_ms"]
+	t.Logf("infer alone: p99 %.2f ms, per-second p99 %.2f ms, p50 %.2f ms; on the GPU p99 %.3f ms, p50 %.3f ms",
+		s["latency_p99_ms"], aloneSteady, aloneP50, aloneDevice, s["device_latency_p50_ms"])
 
 	testutil.Start(t, cgs["o1"], gpu.Workload(t, others, "--duration", "12"))
 	testutil.Start(t, cgs["o2"], gpu.Workload(t, others, "--duration", "12"))
@@ -940,10 +944,14 @@ func latencyBeside(t *testing.T, miss missFunc, others string) {
 	s = summary(t, p)
 	logStatus(t, d)
 	busy := median(col(ws, func(w map[string]float64) float64 { return w["busy"] }))
-	steady, p50 := median(perSecond(p, "latency_p99_ms", 1)), s["latency_p50_ms"]
-	t.Logf("infer beside two %s tenants: p99 %.2f ms, per-second p99 %.2f ms (%.1f× alone), p50 %.2f ms; GPU busy %s (median %.1f%%)",
-		others, s["latency_p99_ms"], steady, steady/aloneSteady, p50,
-		pcts(col(ws, func(w map[string]float64) float64 { return w["busy"] })), 100*busy)
+	steady, p50, device := median(perSecond(p, "latency_p99_ms", 1)), s["latency_p50_ms"], s["device_latency_p99_ms"]
+	t.Logf("infer beside two %s tenants: p99 %.2f ms, per-second p99 %.2f ms (%.1f× alone), p50 %.2f ms; on the GPU p99 %.3f ms "+
+		"(%.2f× alone), p50 %.3f ms; GPU busy %s (median %.1f%%)", others, s["latency_p99_ms"], steady, steady/aloneSteady, p50,
+		device, device/aloneDevice, s["device_latency_p50_ms"], pcts(col(ws, func(w map[string]float64) float64 { return w["busy"] })),
+		100*busy)
+	if device > 1.5*aloneDevice {
+		miss("infer p99 on the GPU beside %s tenants %.3f ms, alone %.3f ms: want within 1.5×", others, device, aloneDevice)
+	}
 	if p50 > 1.25*aloneP50 {
 		miss("infer p50 beside %s tenants %.2f ms, alone %.2f ms: want within 1.25×", others, p50, aloneP50)
 	}

@@ -175,6 +175,7 @@ static void load_libcuda(int runtime)
 	SYM(EventRecord, "cuEventRecord", "cuEventRecord", 1);
 	SYM(EventQuery, "cuEventQuery", "cuEventQuery", 1);
 	SYM(EventSynchronize, "cuEventSynchronize", "cuEventSynchronize", 1);
+	SYM(EventElapsedTime, "cuEventElapsedTime", "cuEventElapsedTime", 0);
 	SYM(StreamBeginCapture, "cuStreamBeginCapture_v2", "cuStreamBeginCapture", 1);
 	SYM(StreamEndCapture, "cuStreamEndCapture", "cuStreamEndCapture", 1);
 	SYM(GraphInstantiate, "cuGraphInstantiateWithFlags", "cuGraphInstantiate", 1);
@@ -350,6 +351,11 @@ void progress_tick(struct progress *p, struct samples *lat, const char *lat_name
 		printf(",\"sync_p50_ms\":%.3f,\"sync_p99_ms\":%.3f", pct(p->sync, p->last_sync, 50),
 		       pct(p->sync, p->last_sync, 99));
 		p->last_sync = p->sync->n;
+	}
+	if (p->device) {
+		printf(",\"device_latency_p50_ms\":%.3f,\"device_latency_p99_ms\":%.3f", pct(p->device, p->last_device, 50),
+		       pct(p->device, p->last_device, 99));
+		p->last_device = p->device->n;
 	}
 	printf("}\n");
 	fflush(stdout);

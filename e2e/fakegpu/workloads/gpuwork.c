@@ -27,7 +27,9 @@ static void usage(void)
 		"usage: gpuwork WORKLOAD [options]\n"
 		"workloads:\n"
 		"  hog         long kernels (--kernel-ms 20), deep queue (--depth 8), rare syncs; --streams N\n"
-		"  infer       requests of --kernels 4 x --kernel-ms 0.25 + sync, at --rate R/s (0: closed loop)\n"
+		"  infer       requests of --kernels 4 x --kernel-ms 0.25 + sync, at --rate R/s (0: closed loop);\n"
+		"              --device-latency: also each request's time on the GPU, from when the GPU saw it\n"
+		"              to its end (events around it), free of the host's wake-ups\n"
 		"  frames      render loop at --fps 60, --frame-ms 8 of GPU work per frame, sync per frame\n"
 		"  storm       tiny kernels (--kernel-ms 0.001) at --rate 20000 launches/s\n"
 		"  graph       --kernels 8 x --kernel-ms 1 captured once, then only cuGraphLaunch + sync\n"
@@ -53,7 +55,7 @@ static void usage(void)
 }
 
 /* Long options; those below 256 take a number. */
-enum { O_API = 256, O_KERNELS_MS, O_MIX, O_SYNC, O_PERSISTENT, O_EX };
+enum { O_API = 256, O_KERNELS_MS, O_MIX, O_SYNC, O_PERSISTENT, O_EX, O_DEVICE_LATENCY };
 
 int main(int argc, char **argv)
 {
@@ -71,6 +73,7 @@ int main(int argc, char **argv)
 		{ "api", required_argument, 0, O_API },     { "kernels-ms", required_argument, 0, O_KERNELS_MS },
 		{ "mix", required_argument, 0, O_MIX },     { "sync", required_argument, 0, O_SYNC },
 		{ "persistent", no_argument, 0, O_PERSISTENT }, { "ex", no_argument, 0, O_EX },
+		{ "device-latency", no_argument, 0, O_DEVICE_LATENCY },
 		{ "help", no_argument, 0, 'h' },            { 0, 0, 0, 0 },
 	};
 	struct opts o = { .duration = 10, .depth = 8, .kernels = -1, .streams = 1, .children = 4, .fps = 60,
@@ -132,6 +135,7 @@ int main(int argc, char **argv)
 		case O_SYNC: o.sync = optarg; break;
 		case O_PERSISTENT: o.persistent = 1; break;
 		case O_EX: o.launch_ex = 1; break;
+		case O_DEVICE_LATENCY: o.device_latency = 1; break;
 		case 'h': usage(); return 0;
 		default: usage(); return 2;
 		}

@@ -60,6 +60,7 @@ struct cuda {
 	CUresult (*EventRecord)(CUevent, CUstream);
 	CUresult (*EventQuery)(CUevent);
 	CUresult (*EventSynchronize)(CUevent);
+	CUresult (*EventElapsedTime)(float *, CUevent, CUevent);
 	CUresult (*StreamBeginCapture)(CUstream, int);
 	CUresult (*StreamEndCapture)(CUstream, CUgraph *);
 	CUresult (*GraphInstantiate)(CUgraphExec *, CUgraph, unsigned long long);
@@ -85,6 +86,7 @@ struct opts {
 	const char *mix;         /* cycle | random | phase */
 	double phase_s, think_ms, jitter;
 	int sync_every, graph_nodes, persistent, launch_ex;
+	int device_latency; /* infer --device-latency */
 	const char *sync; /* stream | ctx | event | poll */
 	uint64_t seed;
 	/* serve */
@@ -145,6 +147,8 @@ struct progress {
 	size_t last_samples;
 	struct samples *sync; /* when set, each line adds its sync waits' percentiles */
 	size_t last_sync;
+	struct samples *device; /* when set, each line adds its device latencies' percentiles */
+	size_t last_device;
 };
 
 void progress_init(struct progress *p, const struct opts *o);

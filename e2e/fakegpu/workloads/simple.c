@@ -84,8 +84,9 @@ int run_greedy(const struct opts *o)
 int run_infer(const struct opts *o)
 {
 	struct progress p;
-	struct samples lat = { 0 }, waits = { 0 };
+	struct samples lat = { 0 }, waits = { 0 }, device = { 0 };
 	CUstream s;
+	CUevent seen = NULL, ended = NULL;
 	struct kernel k;
 	uint64_t i = 0;
 
@@ -94,6 +95,15 @@ int run_infer(const struct opts *o)
 	CHECK(cu.StreamCreate(&s, 0));
 	progress_init(&p, o);
 	p.sync = &waits;
+	if (o->device_latency) {
+		if (!cu.EventElapsedTime) {
+			fprintf(stderr, "gpuwork infer: --device-latency: libcuda has no cuEventElapsedTime\n");
+			return 2;
+		}
+		CHECK(cu.EventCreate(&seen, 0));
+		CHECK(cu.EventCreate(&ended, 0));
+		p.device = &device;
+	}
 	double end = p.t0 + o->duration;
 	while (!g_stop) {
 		double arrival = o->rate > 0 ? p.t0 + i / o->rate : now_s();
@@ -104,13 +114,25 @@ int run_infer(const struct opts *o)
 			sleep_until(arrival);
 		if (g_stop)
 			break;
+		/* The device completes a marker on an idle stream as it sees it, so
+		 * the events bracket the request's queueing and running on the GPU. */
+		if (seen)
+			CHECK(cu.EventRecord(seen, s));
 		for (int j = 0; j < o->kernels; j++)
 			launch_kernel(o, &k, s);
+		if (ended)
+			CHECK(cu.EventRecord(ended, s));
 		double synced = now_s();
 		CHECK(cu.StreamSynchronize(s));
 		double done = now_s();
 		add_sample(&waits, (done - synced) * 1e3);
 		add_sample(&lat, (done - arrival) * 1e3);
+		if (seen) {
+			float ms = 0;
+
+			CHECK(cu.EventElapsedTime(&ms, seen, ended));
+			add_sample(&device, ms);
+		}
 		p.kernels += o->kernels;
 		p.gpu_ms += o->kernels * k.ms;
 		i++;
@@ -118,8 +140,12 @@ int run_infer(const struct opts *o)
 	}
 	summary_head(&p);
 	printf(",\"requests\":%zu,\"rate\":%.1f,\"latency_p50_ms\":%.3f,\"latency_p95_ms\":%.3f,\"latency_p99_ms\":%.3f,"
-	       "\"latency_max_ms\":%.3f,\"sync_p99_ms\":%.3f}\n",
+	       "\"latency_max_ms\":%.3f,\"sync_p99_ms\":%.3f",
 	       lat.n, o->rate, pct(&lat, 0, 50), pct(&lat, 0, 95), pct(&lat, 0, 99), pct(&lat, 0, 100), pct(&waits, 0, 99));
+	if (seen)
+		printf(",\"device_latency_p50_ms\":%.3f,\"device_latency_p99_ms\":%.3f,\"device_latency_max_ms\":%.3f",
+		       pct(&device, 0, 50), pct(&device, 0, 99), pct(&device, 0, 100));
+	printf("}\n");
 	return 0;
 }
 
