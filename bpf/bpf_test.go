@@ -145,13 +145,7 @@ func gpuIoctls(t *testing.T, major, minor uint32, n int) {
 }
 
 func TestBpftoolPrintsFieldNames(t *testing.T) {
-	bpftool, err := exec.LookPath("bpftool")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("bpftool not installed")
-		}
-		t.Skip("bpftool not installed")
-	}
+	bpftool := testutil.Require(t, "bpftool", "apt-get install bpftool")
 	testutil.Privileged(t)
 	if _, err := EnsureFilesystems(); err != nil { // a fresh host has no bpffs yet
 		t.Fatal(err)
@@ -372,10 +366,7 @@ func TestLaunchGateNeverStopsUnrecorded(t *testing.T) {
 // blocking the caller.
 func TestAttachLibcudaStaysInTheProcessRoot(t *testing.T) {
 	p := loadForTest(t, Options{})
-	busybox, err := exec.LookPath("busybox")
-	if err != nil {
-		t.Skip("busybox not installed")
-	}
+	busybox := testutil.Require(t, "busybox", "apt-get install busybox-static")
 	hostLib := testutil.Bin(t, "libcuda.so.1")
 	root := t.TempDir()
 	for _, d := range []string{"bin", "lib/escape", "lib/real", "lib/fifo"} {

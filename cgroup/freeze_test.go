@@ -107,7 +107,7 @@ func TestV2FreezeNotConfirmedIsUndone(t *testing.T) {
 func TestV1Gate(t *testing.T) {
 	testutil.Privileged(t)
 	if !cgroup.DetectMode().V1Freezer {
-		t.Skip("no v1 freezer hierarchy on this host")
+		testutil.Missing(t, "a v1 freezer hierarchy at "+cgroup.V1FreezerMount)
 	}
 	parent := filepath.Join(cgroup.V1FreezerMount, testutil.TestParent)
 	if err := os.MkdirAll(parent, 0o755); err != nil {

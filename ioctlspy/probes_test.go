@@ -396,7 +396,7 @@ func TestRuntimeVariantsProbed(t *testing.T) {
 			probes, c := startSpyWith(t, bpf.Options{Devices: []bpf.Device{{Major: 1, Minor: 7, Kind: bpf.KindNvidiaCtl}},
 				NoUprobeMulti: !multi})
 			if multi && !probes.UprobeMulti() {
-				t.Skip("the kernel has no uprobe_multi links")
+				testutil.Missing(t, "uprobe_multi links (Linux ≥ 6.6)")
 			}
 			if _, err := probes.AttachLibcuda(lib); err != nil {
 				t.Fatal(err)

@@ -27,7 +27,7 @@ func TestRemoveTreeTakesV1Mirrors(t *testing.T) {
 		}
 	}
 	if v1 == "" {
-		t.Skip("no cgroup v1 hierarchy on this host")
+		testutil.Missing(t, "a cgroup v1 hierarchy")
 	}
 	cg, err := lab.NewCgroup(testutil.TestParent, "mirrored")
 	if err != nil {

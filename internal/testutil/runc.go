@@ -19,10 +19,10 @@ func NewRunc(t testing.TB) *Runc {
 	t.Helper()
 	Privileged(t)
 	if _, err := exec.LookPath("runc"); err != nil {
-		missing(t, "runc (apt-get install runc)")
+		Missing(t, "runc (apt-get install runc)")
 	}
 	if _, err := exec.LookPath("busybox"); err != nil {
-		missing(t, "busybox (apt-get install busybox-static)")
+		Missing(t, "busybox (apt-get install busybox-static)")
 	}
 	r, err := lab.NewRunc(t.TempDir())
 	if err != nil {
@@ -37,19 +37,20 @@ func Require(t testing.TB, name, hint string) string {
 	t.Helper()
 	p, err := exec.LookPath(name)
 	if err != nil {
-		missing(t, name+" ("+hint+")")
+		Missing(t, name+" ("+hint+")")
 	}
 	return p
 }
 
-// missing skips without root-only CI, fails with it: a tool the tests need
-// is absent.
-func missing(t testing.TB, what string) {
+// Missing says that what a test needs (a tool, a kernel feature) is
+// absent: it skips the test, or fails it with CI=true, where every test
+// must run.
+func Missing(t testing.TB, what string) {
 	t.Helper()
 	if os.Getenv("CI") == "true" {
 		t.Fatalf("%s is required (CI=true)", what)
 	}
-	t.Skipf("%s not installed", what)
+	t.Skipf("%s: not on this host", what)
 }
 
 // Bundle writes a bundle for spec and returns its directory; a spec with
