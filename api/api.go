@@ -54,8 +54,9 @@ type Tenant struct {
 	State string `json:"state"`
 	// Actuator is how gpuarb holds it to its share: gpu scheduler, launch
 	// gate, freeze, freeze windows, or freeze (launch gate escaped) once
-	// GateEscapes reached 3; "launch gate (channel groups unknown)" on a
-	// steered GPU for a tenant whose channel groups gpuarb never saw.
+	// GateEscapes reached 3; "launch gate (channel groups unknown or
+	// refused)" on a steered GPU for a tenant whose channel groups gpuarb
+	// never saw, or whose process's controls the driver refused.
 	Actuator string `json:"actuator,omitempty"`
 	// UnprobedPIDs are its processes that set up GPU channels but map no
 	// libcuda gpuarb probes (a driver linked in, or a copy it could not

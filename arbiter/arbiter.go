@@ -117,7 +117,8 @@ type Decision struct {
 	// period (paused for the rest, from Offset).
 	Scheduled bool
 	Weight    float64
-	// Timeslice is each of its channel groups' timeslice (scheduler mode).
+	// Timeslice is each of its channel groups' timeslice (scheduler mode);
+	// 0 leaves them as they are (a tenant without work takes no turn).
 	Timeslice time.Duration
 	// SLOMissed is set on latency tenants whose SLO is not held.
 	SLOMissed bool

@@ -125,6 +125,7 @@ func (a *Arbiter) schedule(ts []Input) []Decision {
 	}
 	turnBound := make([]bool, len(ts))
 	maxWait := make([]float64, len(ts))
+	lightDemand := make([]float64, len(ts))
 	for i, t := range ts {
 		switch {
 		case !t.Busy || t.Unsteered:
@@ -137,11 +138,12 @@ func (a *Arbiter) schedule(ts []Input) []Decision {
 			// it at once when it has work, and it uses no more than it needs.
 			out[i].Weight, out[i].Reason = maxWeight, "light: served first"
 			maxWait[i] = a.maxWait(t)
+			lightDemand[i] = t.Demand
 		case t.BurstNS > 0:
 			turnBound[i] = busy > 1
 		}
 	}
-	timeslices(ts, out, turnBound, maxWait)
+	timeslices(ts, out, turnBound, maxWait, lightDemand)
 	for i, t := range ts {
 		var why string
 		// An unsteered tenant has no slice to shrink: its rate at the
@@ -153,9 +155,9 @@ func (a *Arbiter) schedule(ts []Input) []Decision {
 			out[i].Reason = why
 		}
 		if t.Unsteered && t.Busy {
-			out[i].Timeslice, out[i].Reason = 0, "channel groups unknown: not paced"
+			out[i].Timeslice, out[i].Reason = 0, "channel groups unknown or refused: not paced"
 			if out[i].Duty < 1 {
-				out[i].Reason = "channel groups unknown: paced at the launch gate (" + cmp.Or(why, "below 1") + ")"
+				out[i].Reason = "channel groups unknown or refused: paced at the launch gate (" + cmp.Or(why, "below 1") + ")"
 			}
 		}
 	}
@@ -170,8 +172,16 @@ func (a *Arbiter) schedule(ts []Input) []Decision {
 // ends when its work runs out and the others' slices must shrink for its
 // burst to be its share — and until the others' rotation is within the
 // maxWait of every light closed loop (its wait for a turn costs it its
-// share). No slice falls below MinSlice or exceeds MaxSlice.
-func timeslices(ts []Input, out []Decision, turnBound []bool, maxWait []float64) {
+// share). A tenant without work keeps the slice it has (Timeslice 0): it
+// takes no turn, and a thousand light tenants going idle and busy again
+// would each cost a control per step. A light tenant's turns last its
+// bursts, not its slices, and
+// take its demand's part of any stretch of time (lightDemand, a share of
+// the GPU; 0: not light): the others' slices share the rest of
+// maxRotation, or a host of light tenants (1000, each busy in some
+// steps) would shrink everyone's slices with their number, which changes
+// every step. No slice falls below MinSlice or exceeds MaxSlice.
+func timeslices(ts []Input, out []Decision, turnBound []bool, maxWait, lightDemand []float64) {
 	groups := func(t Input) float64 { return float64(max(t.Groups, 1)) }
 	perGroup := func(i int) float64 { return math.Max(out[i].Weight, 1e-9) / groups(ts[i]) }
 	var n, total, lightest float64
@@ -184,14 +194,22 @@ func timeslices(ts []Input, out []Decision, turnBound []bool, maxWait []float64)
 		}
 	}
 	if n == 0 {
-		for i := range ts {
-			out[i].Timeslice = BaseSlice
-		}
 		return
 	}
 	scale := float64(BaseSlice) * n / total // ns of slice per unit of weight
 	scale = max(scale, float64(MinSlice)/lightest)
-	scale = min(scale, float64(maxRotation)/total)
+	left, heavy := 1.0, total // the part of a rotation the light tenants leave, and who shares it
+	for i, t := range ts {
+		if lightDemand[i] > 0 && t.Busy && !t.Unsteered {
+			left -= lightDemand[i]
+			heavy -= out[i].Weight
+		}
+	}
+	if left > 0 && heavy > 0 {
+		scale = min(scale, float64(maxRotation)*left/heavy)
+	} else {
+		scale = min(scale, float64(maxRotation)/total)
+	}
 	for i, t := range ts {
 		if turnBound[i] {
 			// Below the lightest's floor too: the groups held at MinSlice
@@ -204,9 +222,11 @@ func timeslices(ts []Input, out []Decision, turnBound []bool, maxWait []float64)
 			scale = math.Min(scale, maxWait[i]/(total-out[i].Weight))
 		}
 	}
-	for i := range ts {
-		d := time.Duration(scale * perGroup(i))
-		out[i].Timeslice = min(max(d, MinSlice), MaxSlice)
+	for i, t := range ts {
+		if t.Busy && !t.Unsteered {
+			d := time.Duration(scale * perGroup(i))
+			out[i].Timeslice = min(max(d, MinSlice), MaxSlice)
+		}
 	}
 }
 

@@ -1,6 +1,7 @@
 package arbiter
 
 import (
+	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -184,6 +185,34 @@ func TestLightServedFirst(t *testing.T) {
 	dl, dh := decisionOf(t, ds, "light"), decisionOf(t, ds, "h2")
 	if dl.Weight != dh.Weight || dl.Reason != "light: served first" {
 		t.Errorf("light tenant weight %.3f (%s), want the largest, %.3f", dl.Weight, dl.Reason, dh.Weight)
+	}
+}
+
+// A host of light tenants, each bringing one short burst to its turn,
+// does not shrink the hogs' slices with their number: the rotation counts
+// the time they take (their demand), not slices they would never use, so the
+// slices stay put as the number of busy lights changes from step to step
+// (with 1000 tenants they moved by a third each step, each move a control
+// per group).
+func TestManyLightTenantsLeaveTheSlicesAlone(t *testing.T) {
+	slice := func(lights int) time.Duration {
+		in := []Input{schedHog("h1", 100, 0.35, 1), schedHog("h2", 100, 0.35, 1)}
+		for i := 0; i < lights; i++ {
+			l := schedHog(fmt.Sprintf("l%d", i), 100, 0.0003, 1)
+			l.Backlogged, l.Demand, l.SettledShare = false, 0.0003, 0.0003
+			l.BurstNS = float64(270 * time.Microsecond)
+			in = append(in, l)
+		}
+		ds := New(Params{}).Step(in, steered)
+		if d := decisionOf(t, ds, "l0"); lights > 0 && d.Reason != "light: served first" {
+			t.Fatalf("light tenant: %s", d.Reason)
+		}
+		return decisionOf(t, ds, "h1").Timeslice
+	}
+	few, many, more := slice(10), slice(330), slice(370)
+	near := func(a, b time.Duration) bool { return math.Abs(float64(a-b)) <= 0.01*float64(b) }
+	if !near(few, BaseSlice) || !near(many, BaseSlice) || !near(more, BaseSlice) {
+		t.Errorf("hog's slice beside 10, 330 and 370 busy light tenants: %v, %v, %v; want the same, near %v", few, many, more, BaseSlice)
 	}
 }
 

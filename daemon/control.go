@@ -256,13 +256,16 @@ func (d *Daemon) control(ctx context.Context) {
 	_, long := d.meter.Contexts(d.cfg.Window)
 	res := control.Step(control.Input{Window: window, Settled: d.cfg.Window, Short: short, Long: long, Assign: cl.assign,
 		HeldBack: func(name string) bool { return heldBack[name] }})
-	groups := d.groupsOf(res)
+	groups, refused := d.groupsOf(res)
 	for i, in := range res.Inputs {
 		if n := len(groups[in.Name][in.GPU]); n > 0 {
 			res.Inputs[i].Groups = n
 		}
 	}
 	actuation, unsteered := d.actuations(cfg, res, groups)
+	for k := range refused {
+		unsteered[k] = true
+	}
 	for i, in := range res.Inputs {
 		u := actuation[in.GPU] == arbiter.Scheduler && unsteered[tenantGPU{in.Name, in.GPU}]
 		res.Inputs[i].Unsteered = u
@@ -398,11 +401,14 @@ func (d *Daemon) control(ctx context.Context) {
 }
 
 // groupsOf are the channel groups of every tenant's processes per GPU, as
-// the probes saw their RM allocations.
-func (d *Daemon) groupsOf(res control.Result) map[string]map[int][]gpusched.Group {
+// the probes saw their RM allocations, but those of processes whose
+// controls the driver refused: refused names the tenants that have any
+// (paced at the launch gate instead).
+func (d *Daemon) groupsOf(res control.Result) (_ map[string]map[int][]gpusched.Group, refused map[tenantGPU]bool) {
 	out := map[string]map[int][]gpusched.Group{}
+	refused = map[tenantGPU]bool{}
 	if d.spy == nil {
-		return out
+		return out, refused
 	}
 	tbl := d.spy.Table()
 	for name, t := range res.Tenants {
@@ -415,6 +421,10 @@ func (d *Daemon) groupsOf(res control.Result) map[string]map[int][]gpusched.Grou
 				continue
 			}
 			for _, g := range p.Groups() {
+				if d.steer.Refused(g.PID) {
+					refused[tenantGPU{name, int(g.GPU)}] = true
+					continue
+				}
 				if out[name] == nil {
 					out[name] = map[int][]gpusched.Group{}
 				}
@@ -422,7 +432,7 @@ func (d *Daemon) groupsOf(res control.Result) map[string]map[int][]gpusched.Grou
 			}
 		}
 	}
-	return out
+	return out, refused
 }
 
 // actuations picks how each GPU's tenants are held to their shares: the
@@ -431,7 +441,9 @@ func (d *Daemon) groupsOf(res control.Result) map[string]map[int][]gpusched.Grou
 // GPU non-preemptive, else pacing at the launch gate. A tenant with work
 // on a steered GPU whose channel groups gpuarb has not seen for
 // ungroupedGrace (a process that set up its GPU before the daemon
-// started) is unsteered: paced at the launch gate, the others steered.
+// started) is unsteered: paced at the launch gate, the others steered
+// (so is one whose process's controls the driver refused: the caller
+// adds those, groupsOf names them).
 func (d *Daemon) actuations(cfg *policy.Config, res control.Result, groups map[string]map[int][]gpusched.Group) (map[int]arbiter.Actuation, map[tenantGPU]bool) {
 	now := time.Now()
 	seen := map[tenantGPU]bool{}
@@ -517,8 +529,9 @@ func (d *Daemon) ungrouped(k tenantGPU, now time.Time, seen map[tenantGPU]bool) 
 }
 
 // steerSlices gives the channel groups of the GPUs in scheduler mode their
-// timeslices. A GPU whose driver refuses is marked not steerable: its
-// tenants are paced at the launch gate from the next step.
+// timeslices. A process whose control the driver refuses is paced at the
+// launch gate from the next step, and a GPU where it refuses a quorum of
+// processes and accepts none is not steered at all (steering.noteRefused).
 func (d *Daemon) steerSlices(plan map[int][]tenantGroups, groups map[string]map[int][]gpusched.Group) {
 	for gpu, ts := range plan {
 		byKey := map[groupKey]gpusched.Group{}
@@ -529,17 +542,14 @@ func (d *Daemon) steerSlices(plan map[int][]tenantGroups, groups map[string]map[
 		}
 		want := map[groupKey]time.Duration{}
 		for _, t := range ts {
+			if t.decision.Timeslice == 0 {
+				continue // idle: its groups keep theirs
+			}
 			for _, g := range t.groups {
 				want[keyOf(g)] = t.decision.Timeslice
 			}
 		}
-		err := d.steer.setSlices(want, byKey)
-		switch {
-		case err == nil:
-		case refusal(err):
-			d.log.Warn("gpu scheduler: the driver refused; pacing at the launch gate instead", "gpu", gpu, "err", err)
-			d.steer.refuse(gpu, err.Error())
-		default:
+		if err := d.steer.setSlices(want, byKey); err != nil && !refusal(err) { // refusals are logged as noted
 			d.log.Debug("gpu scheduler: timeslices", "gpu", gpu, "err", err)
 		}
 	}

@@ -238,7 +238,7 @@ func Start(cfg Config) (_ *Daemon, err error) {
 	if d.ledger, err = cgroup.OpenLedger(cfg.Ledger); err != nil {
 		return nil, err
 	}
-	if d.steer, err = newSteering(cfg.NoGPUScheduler || cfg.ObserveOnly, SteerLedgerBeside(cfg.Ledger), d.meter); err != nil {
+	if d.steer, err = newSteering(cfg.NoGPUScheduler || cfg.ObserveOnly, SteerLedgerBeside(cfg.Ledger), d.meter, d.log); err != nil {
 		return nil, err
 	}
 	if d.steer.off != "" {

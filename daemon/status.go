@@ -54,7 +54,7 @@ func (d *Daemon) publish(res control.Result, snap meter.Snapshot, actuation map[
 			row.UnprobedPIDs = t.unprobed
 			row.Actuator = actuatorName(actuation[gpu], t)
 			if in.Unsteered {
-				row.Actuator = actuatorName(arbiter.Pacing, t) + " (channel groups unknown)"
+				row.Actuator = actuatorName(arbiter.Pacing, t) + " (channel groups unknown or refused)"
 			}
 			tot := t.totals[gpu]
 			row.GPUNSTotal, row.LaunchesTotal, row.SyncsTotal = tot.GPUNS, tot.Launches, tot.Syncs

@@ -3,6 +3,8 @@ package daemon
 import (
 	"errors"
 	"fmt"
+	"log/slog"
+	"math"
 	"sort"
 	"sync"
 	"time"
@@ -33,17 +35,77 @@ type steering struct {
 	act    *gpusched.Actuator
 	ledger *gpusched.Ledger
 	meter  *meter.Meter
+	log    *slog.Logger
 	off    string // why this host cannot be steered ("": it can)
 
-	mu     sync.Mutex
-	gpus   map[int]string // per GPU probed: "" steerable, else why not
-	groups map[groupKey]*steered
+	mu      sync.Mutex
+	gpus    map[int]string // per GPU probed: "" steerable, else why not
+	groups  map[groupKey]*steered
+	refused refusals
+}
+
+// gpuRefusalQuorum is how many processes' controls the driver must refuse
+// on a GPU where it has accepted none before the GPU itself counts as not
+// steerable (a vGPU guest, a driver that does not allow it): fewer, or
+// beside accepted ones, say something of those processes alone (a client
+// bound to a file the process has since closed, handles reused), and
+// only their tenants are paced at the launch gate instead. One odd
+// process among a thousand turned steering off for all of them before.
+const gpuRefusalQuorum = 3
+
+// refusals remembers, per process, a control the driver refused, and per
+// GPU whether it has accepted any: what decides between one process's
+// trouble and a GPU that cannot be steered. Not safe for concurrent use.
+type refusals struct {
+	pids     map[uint32]refusedPID
+	accepted map[int]bool
+}
+
+// refusedPID is why the driver refused a process's control, on which GPU.
+type refusedPID struct {
+	gpu int
+	why string
+}
+
+// note records that the driver refused pid's control on gpu and tells
+// whether that was news, and whether the GPU itself now counts as
+// refused.
+func (r *refusals) note(gpu int, pid uint32, why string) (fresh, gpuRefused bool) {
+	if r.pids == nil {
+		r.pids = map[uint32]refusedPID{}
+	}
+	_, known := r.pids[pid]
+	r.pids[pid] = refusedPID{gpu, why}
+	n := 0
+	for _, p := range r.pids {
+		if p.gpu == gpu {
+			n++
+		}
+	}
+	return !known, !r.accepted[gpu] && n >= gpuRefusalQuorum
+}
+
+// accept records that the driver took a control on gpu.
+func (r *refusals) accept(gpu int) {
+	if r.accepted == nil {
+		r.accepted = map[int]bool{}
+	}
+	r.accepted[gpu] = true
+}
+
+// forget drops the processes no longer live.
+func (r *refusals) forget(live map[uint32]bool) {
+	for pid := range r.pids {
+		if !live[pid] {
+			delete(r.pids, pid)
+		}
+	}
 }
 
 // newSteering prepares steering, or says why it is off: disabled by the
 // daemon's flag, or not allowed on this host (gpusched.Available).
-func newSteering(disabled bool, ledgerPath string, m *meter.Meter) (*steering, error) {
-	s := &steering{act: gpusched.New(), meter: m, gpus: map[int]string{}, groups: map[groupKey]*steered{}}
+func newSteering(disabled bool, ledgerPath string, m *meter.Meter, log *slog.Logger) (*steering, error) {
+	s := &steering{act: gpusched.New(), meter: m, log: log, gpus: map[int]string{}, groups: map[groupKey]*steered{}}
 	switch {
 	case disabled:
 		s.off = "disabled (--gpu-scheduler off)"
@@ -72,20 +134,70 @@ func (s *steering) gpuState(gpu int, probe gpusched.Group) string {
 	if known {
 		return why
 	}
-	if err := s.act.Probe(probe); err != nil {
-		why = fmt.Sprintf("the driver refused a harmless control: %v", err)
+	err := s.act.Probe(probe)
+	switch {
+	case err == nil:
+		s.mu.Lock()
+		s.gpus[gpu] = ""
+		s.refused.accept(gpu)
+		s.mu.Unlock()
+		return ""
+	case errors.Is(err, gpusched.ErrGone):
+		return "" // probed again through the next tenant's group
+	case refusal(err):
+		// The driver answered, and refused this process: the GPU only
+		// once it has refused a quorum of processes and accepted none.
+		s.noteRefused(probe, err)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.gpus[gpu]
 	}
+	why = fmt.Sprintf("the driver refused a harmless control: %v", err)
 	s.mu.Lock()
 	s.gpus[gpu] = why
 	s.mu.Unlock()
 	return why
 }
 
-// refuse marks a GPU as not steerable (a control failed there).
-func (s *steering) refuse(gpu int, why string) {
+// noteRefused records that the driver refused a control of group g's
+// process (its tenant is paced at the launch gate from the next step),
+// logging it once, and refuses g's GPU at the quorum.
+func (s *steering) noteRefused(g gpusched.Group, err error) {
+	why := fmt.Sprintf("the driver refused a control of pid %d: %v", g.PID, err)
 	s.mu.Lock()
-	s.gpus[gpu] = why
+	fresh, gpuRefused := s.refused.note(int(g.GPU), g.PID, why)
+	if gpuRefused && s.gpus[int(g.GPU)] == "" {
+		s.gpus[int(g.GPU)] = why
+	}
 	s.mu.Unlock()
+	if fresh {
+		s.log.Warn("gpu scheduler: the driver refused a process's control; its tenant is paced at the launch gate",
+			"gpu", g.GPU, "pid", g.PID, "err", err, "gpu_refused", gpuRefused)
+	}
+}
+
+// noteOutcomes records, per group of a batch of controls, whether the
+// driver accepted it (nil), refused it, or neither (a process that ended,
+// a group not ready yet).
+func (s *steering) noteOutcomes(gs []gpusched.Group, failed []error) {
+	for i, err := range failed {
+		switch {
+		case err == nil:
+			s.mu.Lock()
+			s.refused.accept(int(gs[i].GPU))
+			s.mu.Unlock()
+		case refusal(err):
+			s.noteRefused(gs[i], err)
+		}
+	}
+}
+
+// Refused tells whether the driver refused a control of pid's.
+func (s *steering) Refused(pid uint32) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.refused.pids[pid]
+	return ok
 }
 
 // Reasons are the GPUs that cannot be steered, and why.
@@ -108,8 +220,23 @@ type tenantGroups struct {
 	groups   []gpusched.Group
 }
 
+// sliceDeadband is the relative change of a group's timeslice below which
+// gpuarb leaves the one it set: every change costs a control and, per
+// GPU, a runlist restart, and the arbiter's slices drift by a few percent
+// a step (with 1000 tenants, all of them each step: 600 ms of controls a
+// 100 ms step on the simulated GPU). The feedback on measured shares
+// takes up what the band leaves.
+const sliceDeadband = 0.05
+
+// nearSlice tells whether a group set to slice set may keep it when want
+// is asked: set within sliceDeadband of want.
+func nearSlice(set, want time.Duration) bool {
+	return set > 0 && math.Abs(float64(want-set)) <= sliceDeadband*float64(set)
+}
+
 // setSlices gives groups their timeslices, recording each group in the
-// ledger before its first change; groups already at theirs are left.
+// ledger before its first change; groups already near theirs
+// (nearSlice) are left.
 func (s *steering) setSlices(want map[groupKey]time.Duration, groups map[groupKey]gpusched.Group) error {
 	var changes []gpusched.Change
 	var changed []*steered // beside changes; forget may drop them from s.groups meanwhile
@@ -121,7 +248,7 @@ func (s *steering) setSlices(want map[groupKey]time.Duration, groups map[groupKe
 	}
 	sts, errs := s.track(gs)
 	for i, st := range sts {
-		if st == nil || st.slice == want[keys[i]] {
+		if st == nil || nearSlice(st.slice, want[keys[i]]) {
 			continue
 		}
 		changes = append(changes, gpusched.Change{Group: gs[i], Timeslice: want[keys[i]]})
@@ -132,16 +259,17 @@ func (s *steering) setSlices(want map[groupKey]time.Duration, groups map[groupKe
 	}
 	// Only what took effect is recorded (and told to the meter): a group
 	// whose channels are not allocated yet gets its slice at a later step.
-	done, err := s.act.Apply(changes)
+	failed, err := s.act.Apply(changes)
+	s.noteOutcomes(groupsIn(changes), failed)
 	s.mu.Lock()
 	for i, c := range changes {
-		if done[i] {
+		if failed[i] == nil {
 			changed[i].slice = c.Timeslice
 		}
 	}
 	s.mu.Unlock()
 	for i, c := range changes {
-		if done[i] {
+		if failed[i] == nil {
 			s.meter.SetTimeslice(c.Group.PID, c.Timeslice)
 		}
 	}
@@ -172,6 +300,9 @@ func (s *steering) track(gs []gpusched.Group) ([]*steered, []error) {
 		}
 		orig, err := s.act.Timeslice(g)
 		if err != nil {
+			if refusal(err) {
+				s.noteRefused(g, err)
+			}
 			errs = append(errs, err)
 			continue
 		}
@@ -214,17 +345,18 @@ func (s *steering) pause(groups []gpusched.Group, off bool) error {
 	if len(changes) == 0 {
 		return errors.Join(errs...)
 	}
-	done, err := s.act.Apply(changes)
+	failed, err := s.act.Apply(changes)
+	s.noteOutcomes(groupsIn(changes), failed)
 	now := meter.MonotonicNow()
 	s.mu.Lock()
 	for i, st := range changed {
-		if done[i] {
+		if failed[i] == nil {
 			st.paused = off
 		}
 	}
 	s.mu.Unlock()
 	for i, c := range changes {
-		if done[i] {
+		if failed[i] == nil {
 			s.meter.SetPaused(c.Group.PID, off, now)
 		}
 	}
@@ -242,6 +374,7 @@ func (s *steering) forget(live map[uint32]bool) {
 			delete(s.groups, k)
 		}
 	}
+	s.refused.forget(live)
 	s.mu.Unlock()
 	recs := make([]gpusched.Steered, len(gone))
 	for i, st := range gone {
@@ -298,11 +431,11 @@ func (s *steering) restore(all []*steered) error {
 	}
 	var err error
 	if len(changes) > 0 {
-		var took []bool
-		took, err = s.act.Apply(changes)
+		var failed []error
+		failed, err = s.act.Apply(changes)
 		now := meter.MonotonicNow()
 		for i, rec := range live {
-			if !took[i] {
+			if failed[i] != nil {
 				continue
 			}
 			// The meter follows: a group it still thought paused would get
@@ -376,3 +509,12 @@ func (p pauseGate) Thaw() error   { return p.s.pause(p.groups(), false) }
 // Target describes the gate for the freeze ledger: nothing to freeze
 // there, the steering ledger records the groups.
 func (p pauseGate) Target() cgroup.Target { return cgroup.Target{Kind: "gpusched", Path: p.name} }
+
+// groupsIn lists the groups of changes, in order.
+func groupsIn(changes []gpusched.Change) []gpusched.Group {
+	out := make([]gpusched.Group, len(changes))
+	for i, c := range changes {
+		out[i] = c.Group
+	}
+	return out
+}

@@ -192,7 +192,7 @@ func unsteeredBesideSteered(t *testing.T, miss missFunc) {
 	for _, r := range st.Tenants {
 		want := "gpu scheduler"
 		if r.Name == "a" {
-			want = "launch gate (channel groups unknown)"
+			want = "launch gate (channel groups unknown or refused)"
 		}
 		if r.Actuator != want || r.Name != "a" && r.TimesliceUS == 0 {
 			t.Errorf("tenant %s: actuator %q, timeslice %d µs; want %q", r.Name, r.Actuator, r.TimesliceUS, want)

@@ -221,30 +221,27 @@ func (a *Actuator) Preempt(g Group) error {
 // Apply makes the changes, then restarts the runlist of every GPU they
 // touch once, the commit that makes them take effect. A pause takes the
 // group's channels off the GPU: work already queued stays, and runs again
-// at its resume. done[i] reports whether changes[i] took effect (made and
-// committed): one that did not (a group whose channels are not allocated
-// yet, a process that ended, a refused control) is for the caller to try
-// again, not to record.
-func (a *Actuator) Apply(changes []Change) (done []bool, err error) {
-	var errs []error
-	done = make([]bool, len(changes))
+// at its resume. failed[i] is nil where changes[i] took effect (made and
+// committed), else why not: one that did not (a group whose channels are
+// not allocated yet, a process that ended, a refused control) is for the
+// caller to try again, not to record. err joins them all.
+func (a *Actuator) Apply(changes []Change) (failed []error, err error) {
+	failed = make([]error, len(changes))
 	commit := map[uint32][]Group{}
 	made := map[uint32][]int{}
 	for i, c := range changes {
 		g := c.Group
 		if len(g.Channels) == 0 {
-			errs = append(errs, fmt.Errorf("pid %d: group 0x%x has no channel", g.PID, g.TSG))
+			failed[i] = fmt.Errorf("pid %d: group 0x%x has no channel", g.PID, g.TSG)
 			continue
 		}
 		if c.Timeslice > 0 {
-			if err := a.control(g, g.TSG, ctrlTSGSetTimeslice, timesliceParams(c.Timeslice)); err != nil {
-				errs = append(errs, err)
+			if failed[i] = a.control(g, g.TSG, ctrlTSGSetTimeslice, timesliceParams(c.Timeslice)); failed[i] != nil {
 				continue
 			}
 		}
 		if c.Pause != nil {
-			if err := a.disable(g, *c.Pause); err != nil {
-				errs = append(errs, err)
+			if failed[i] = a.disable(g, *c.Pause); failed[i] != nil {
 				continue
 			}
 		}
@@ -266,14 +263,21 @@ func (a *Actuator) Apply(changes []Change) (done []bool, err error) {
 			}
 		}
 		if err != nil {
-			errs = append(errs, fmt.Errorf("restart the runlist of GPU %d: %w", gpu, err))
-			continue
-		}
-		for _, i := range made[gpu] {
-			done[i] = true
+			err = fmt.Errorf("restart the runlist of GPU %d: %w", gpu, err)
+			for _, i := range made[gpu] {
+				failed[i] = err
+			}
 		}
 	}
-	return done, errors.Join(errs...)
+	var errs []error
+	seen := map[error]bool{} // a failed restart is one error, however many changes it undid
+	for _, e := range failed {
+		if e != nil && !seen[e] {
+			seen[e] = true
+			errs = append(errs, e)
+		}
+	}
+	return failed, errors.Join(errs...)
 }
 
 // disable takes group g's channels off the GPU, or puts them back.

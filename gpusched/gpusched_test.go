@@ -99,8 +99,8 @@ func TestTimeslicesSteerShares(t *testing.T) {
 	// change still takes effect.
 	bare := b
 	bare.Channels = nil
-	if done, err := a.Apply([]Change{{Group: bare, Timeslice: 500 * time.Microsecond}, {Group: ga, Timeslice: 1024 * time.Microsecond}}); err == nil || done[0] || !done[1] {
-		t.Errorf("a group without channels: done %v, %v; want it not done, the other done, and an error", done, err)
+	if failed, err := a.Apply([]Change{{Group: bare, Timeslice: 500 * time.Microsecond}, {Group: ga, Timeslice: 1024 * time.Microsecond}}); err == nil || failed[0] == nil || failed[1] != nil {
+		t.Errorf("a group without channels: failed %v, %v; want it failed, the other done, and an error", failed, err)
 	}
 	for _, tc := range []struct {
 		sa, sb time.Duration
