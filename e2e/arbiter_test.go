@@ -200,6 +200,57 @@ func unsteeredBesideSteered(t *testing.T, miss missFunc) {
 	}
 }
 
+// A process whose controls the driver refuses (its RM client is bound to
+// a file it has since replaced: GPUWORK_REOPEN_CTL) is that process's
+// trouble: its tenant is paced at the launch gate and the others stay
+// steered. One such light process among 998 had turned steering off for
+// the whole GPU (the hogs beside them got 19.2% and 49.5% for 36.5 each).
+func TestRefusedProcessIsPacedBesideSteered(t *testing.T) {
+	measureTwice(t, refusedBesideSteered)
+}
+
+func refusedBesideSteered(t *testing.T, miss missFunc) {
+	gpu := testutil.StartFakeGPU(t)
+	cgs := map[string]*testutil.Cgroup{"a": testutil.NewCgroup(t, "refused"), "b": testutil.NewCgroup(t, "steered1"),
+		"c": testutil.NewCgroup(t, "steered2")}
+	d := startDaemon(t)
+	refused := gpu.Workload(t, "hog", "--duration", "25")
+	refused.Env = append(refused.Env, "GPUWORK_REOPEN_CTL=1")
+	testutil.Start(t, cgs["a"], refused)
+	testutil.Start(t, cgs["b"], gpu.Workload(t, "hog", "--duration", "25"))
+	testutil.Start(t, cgs["c"], gpu.Workload(t, "hog", "--duration", "25"))
+	pol := "tenants:\n  - {name: a, cgroup: " + cgs["a"].Rel + ", weight: 100}\n  - {name: b, cgroup: " + cgs["b"].Rel +
+		", weight: 100}\n  - {name: c, cgroup: " + cgs["c"].Rel + ", weight: 200}\n"
+	if err := d.ApplyPolicy(t.Context(), []byte(pol)); err != nil {
+		t.Fatal(err)
+	}
+	ws := trueShares(t, gpu, cgs, 4*time.Second, 4)
+	st, err := d.Status(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	logStatus(t, d)
+	for name, want := range map[string]float64{"a": 0.25, "b": 0.25, "c": 0.5} {
+		got := col(ws, func(w map[string]float64) float64 { return w[name] })
+		t.Logf("%s: %s for %.0f%%", name, pcts(got), 100*want)
+		if e := math.Abs(median(got) - want); e > 0.03 {
+			miss("tenant %s median %.1f%%, want %.0f ± 3 pp", name, 100*median(got), 100*want)
+		}
+	}
+	if len(st.GPUs) != 1 || st.GPUs[0].Actuator != "gpu scheduler" {
+		t.Errorf("GPUs %+v, want GPU 0 on its own scheduler", st.GPUs)
+	}
+	for _, r := range st.Tenants {
+		want := "gpu scheduler"
+		if r.Name == "a" {
+			want = "launch gate (channel groups unknown or refused)"
+		}
+		if r.Actuator != want || r.Name != "a" && r.TimesliceUS == 0 {
+			t.Errorf("tenant %s: actuator %q, timeslice %d µs; want %q", r.Name, r.Actuator, r.TimesliceUS, want)
+		}
+	}
+}
+
 // gpuarb thaw --all while a tenant's channel groups are paused (a 10%
 // limit keeps them off the GPU most of each period): the groups run again
 // and the meter knows it — its estimate follows the truth while

@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -198,6 +199,38 @@ static CUresult runtime_ctx_sync(void)
 	return ctx_sync_v2(NULL);
 }
 
+/* GPUWORK_REOPEN_CTL=1: puts a fresh open of the same control node under
+ * every descriptor of libcuda's nvidiactl. Its RM client stays bound to
+ * the file it was created on, which the process no longer holds, so the
+ * driver refuses controls made through the descriptor (a process that
+ * closed and reopened the node: what gpuarb must take as that process's
+ * trouble, not the GPU's). */
+static void reopen_control_files(void)
+{
+	char link[64], path[4096];
+
+	if (!getenv("GPUWORK_REOPEN_CTL"))
+		return;
+	for (int fd = 0; fd < 1024; fd++) {
+		ssize_t n;
+		int fresh;
+
+		snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+		n = readlink(link, path, sizeof(path) - 1);
+		if (n <= 0)
+			continue;
+		path[n] = 0;
+		if (n < 10 || strcmp(path + n - 10, "/nvidiactl"))
+			continue;
+		fresh = open(path, O_RDWR | O_CLOEXEC);
+		if (fresh < 0 || dup3(fresh, fd, O_CLOEXEC) < 0) {
+			fprintf(stderr, "gpuwork: GPUWORK_REOPEN_CTL: %s: %s\n", path, strerror(errno));
+			exit(2);
+		}
+		close(fresh);
+	}
+}
+
 void setup(const struct opts *o)
 {
 	CUdevice dev;
@@ -208,6 +241,7 @@ void setup(const struct opts *o)
 	CHECK(cu.DeviceGet(&dev, o->gpu));
 	if (!o->runtime) {
 		CHECK(cu.CtxCreate(&ctx, 0, dev));
+		reopen_control_files();
 		return;
 	}
 	CHECK(cu.DevicePrimaryCtxRetain(&ctx, dev));
@@ -225,6 +259,7 @@ void setup(const struct opts *o)
 		   !cu.CtxSynchronize) {
 		die("cuGetProcAddress_v2(cuCtxSynchronize)", st);
 	}
+	reopen_control_files();
 }
 
 /* ---- kernels ---- */

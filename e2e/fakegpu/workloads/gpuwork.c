@@ -51,7 +51,9 @@ static void usage(void)
 		"        --api driver|runtime (runtime: entry points from cuGetProcAddress_v2 with per-thread\n"
 		"        default streams, the primary context, cuLaunchKernelEx)\n"
 		"libcuda: libcuda.so.1 from the library path, GPUWORK_LIBCUDA=PATH, or GPUWORK_LIBCUDA=memfd:PATH\n"
-		"         (a copy in an anonymous memory file, loaded under no file name)\n");
+		"         (a copy in an anonymous memory file, loaded under no file name);\n"
+		"         GPUWORK_REOPEN_CTL=1 puts a fresh open of nvidiactl under libcuda's descriptor after\n"
+		"         setup (its RM client then refuses controls made through it)\n");
 }
 
 /* Long options; those below 256 take a number. */
