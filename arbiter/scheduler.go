@@ -175,12 +175,12 @@ func (a *Arbiter) schedule(ts []Input) []Decision {
 // share). A tenant without work keeps the slice it has (Timeslice 0): it
 // takes no turn, and a thousand light tenants going idle and busy again
 // would each cost a control per step. A light tenant's turns last its
-// bursts, not its slices, and
-// take its demand's part of any stretch of time (lightDemand, a share of
-// the GPU; 0: not light): the others' slices share the rest of
-// maxRotation, or a host of light tenants (1000, each busy in some
-// steps) would shrink everyone's slices with their number, which changes
-// every step. No slice falls below MinSlice or exceeds MaxSlice.
+// bursts, not its slices, and take its demand's part of any stretch of
+// time (lightDemand, a share of the GPU; 0: not light): the others'
+// slices share the rest of maxRotation, or a host of light tenants (1000,
+// each busy in some steps) would shrink everyone's slices with their
+// number, which changes every step. No slice falls below MinSlice or
+// exceeds MaxSlice.
 func timeslices(ts []Input, out []Decision, turnBound []bool, maxWait, lightDemand []float64) {
 	groups := func(t Input) float64 { return float64(max(t.Groups, 1)) }
 	perGroup := func(i int) float64 { return math.Max(out[i].Weight, 1e-9) / groups(ts[i]) }

@@ -53,32 +53,27 @@ type steering struct {
 // process among a thousand turned steering off for all of them before.
 const gpuRefusalQuorum = 3
 
-// refusals remembers, per process, a control the driver refused, and per
-// GPU whether it has accepted any: what decides between one process's
-// trouble and a GPU that cannot be steered. Not safe for concurrent use.
+// refusals remembers the processes whose control the driver refused (with
+// their GPU), and per GPU whether it has accepted any: what decides
+// between one process's trouble and a GPU that cannot be steered. Not safe
+// for concurrent use.
 type refusals struct {
-	pids     map[uint32]refusedPID
+	pids     map[uint32]int
 	accepted map[int]bool
-}
-
-// refusedPID is why the driver refused a process's control, on which GPU.
-type refusedPID struct {
-	gpu int
-	why string
 }
 
 // note records that the driver refused pid's control on gpu and tells
 // whether that was news, and whether the GPU itself now counts as
 // refused.
-func (r *refusals) note(gpu int, pid uint32, why string) (fresh, gpuRefused bool) {
+func (r *refusals) note(gpu int, pid uint32) (fresh, gpuRefused bool) {
 	if r.pids == nil {
-		r.pids = map[uint32]refusedPID{}
+		r.pids = map[uint32]int{}
 	}
 	_, known := r.pids[pid]
-	r.pids[pid] = refusedPID{gpu, why}
+	r.pids[pid] = gpu
 	n := 0
-	for _, p := range r.pids {
-		if p.gpu == gpu {
+	for _, g := range r.pids {
+		if g == gpu {
 			n++
 		}
 	}
@@ -163,11 +158,10 @@ func (s *steering) gpuState(gpu int, probe gpusched.Group) string {
 // process (its tenant is paced at the launch gate from the next step),
 // logging it once, and refuses g's GPU at the quorum.
 func (s *steering) noteRefused(g gpusched.Group, err error) {
-	why := fmt.Sprintf("the driver refused a control of pid %d: %v", g.PID, err)
 	s.mu.Lock()
-	fresh, gpuRefused := s.refused.note(int(g.GPU), g.PID, why)
+	fresh, gpuRefused := s.refused.note(int(g.GPU), g.PID)
 	if gpuRefused && s.gpus[int(g.GPU)] == "" {
-		s.gpus[int(g.GPU)] = why
+		s.gpus[int(g.GPU)] = fmt.Sprintf("the driver refused a control of pid %d: %v", g.PID, err)
 	}
 	s.mu.Unlock()
 	if fresh {
@@ -223,8 +217,7 @@ type tenantGroups struct {
 // sliceDeadband is the relative change of a group's timeslice below which
 // gpuarb leaves the one it set: every change costs a control and, per
 // GPU, a runlist restart, and the arbiter's slices drift by a few percent
-// a step (with 1000 tenants, all of them each step: 600 ms of controls a
-// 100 ms step on the simulated GPU). The feedback on measured shares
+// a step as its feedback corrects them. The feedback on measured shares
 // takes up what the band leaves.
 const sliceDeadband = 0.05
 

@@ -12,19 +12,19 @@ func TestRefusalsNeedAQuorumToRefuseTheGPU(t *testing.T) {
 	var r refusals
 	r.accept(0)
 	for pid := uint32(1); pid <= 10; pid++ {
-		if fresh, gpu := r.note(0, pid, "invalid client"); !fresh || gpu {
+		if fresh, gpu := r.note(0, pid); !fresh || gpu {
 			t.Fatalf("pid %d refused beside accepted controls: fresh %v, GPU refused %v; want fresh, GPU still steered", pid, fresh, gpu)
 		}
 	}
-	if fresh, _ := r.note(0, 3, "again"); fresh {
+	if fresh, _ := r.note(0, 3); fresh {
 		t.Error("a second refusal of pid 3 reads as news (it would be logged every step)")
 	}
 	for pid := uint32(100); pid < 100+gpuRefusalQuorum-1; pid++ {
-		if _, gpu := r.note(1, pid, "not supported"); gpu {
+		if _, gpu := r.note(1, pid); gpu {
 			t.Fatalf("GPU 1 refused after %d processes, want %d", pid-99, gpuRefusalQuorum)
 		}
 	}
-	if _, gpu := r.note(1, 200, "not supported"); !gpu {
+	if _, gpu := r.note(1, 200); !gpu {
 		t.Errorf("GPU 1 still steered after %d refused processes and no accepted control", gpuRefusalQuorum)
 	}
 	r.forget(map[uint32]bool{3: true})

@@ -168,36 +168,7 @@ func unsteeredBesideSteered(t *testing.T, miss missFunc) {
 	d := startDaemon(t)
 	testutil.Start(t, cgs["b"], gpu.Workload(t, "hog", "--duration", "25"))
 	testutil.Start(t, cgs["c"], gpu.Workload(t, "hog", "--duration", "25"))
-	pol := "tenants:\n  - {name: a, cgroup: " + cgs["a"].Rel + ", weight: 100}\n  - {name: b, cgroup: " + cgs["b"].Rel +
-		", weight: 100}\n  - {name: c, cgroup: " + cgs["c"].Rel + ", weight: 200}\n"
-	if err := d.ApplyPolicy(t.Context(), []byte(pol)); err != nil {
-		t.Fatal(err)
-	}
-	ws := trueShares(t, gpu, cgs, 4*time.Second, 4)
-	st, err := d.Status(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	logStatus(t, d)
-	for name, want := range map[string]float64{"a": 0.25, "b": 0.25, "c": 0.5} {
-		got := col(ws, func(w map[string]float64) float64 { return w[name] })
-		t.Logf("%s: %s for %.0f%%", name, pcts(got), 100*want)
-		if e := math.Abs(median(got) - want); e > 0.03 {
-			miss("tenant %s median %.1f%%, want %.0f ± 3 pp", name, 100*median(got), 100*want)
-		}
-	}
-	if len(st.GPUs) != 1 || st.GPUs[0].Actuator != "gpu scheduler" {
-		t.Errorf("GPUs %+v, want GPU 0 on its own scheduler", st.GPUs)
-	}
-	for _, r := range st.Tenants {
-		want := "gpu scheduler"
-		if r.Name == "a" {
-			want = "launch gate (channel groups unknown or refused)"
-		}
-		if r.Actuator != want || r.Name != "a" && r.TimesliceUS == 0 {
-			t.Errorf("tenant %s: actuator %q, timeslice %d µs; want %q", r.Name, r.Actuator, r.TimesliceUS, want)
-		}
-	}
+	requireOnePacedBesideSteered(t, miss, gpu, d, cgs)
 }
 
 // A process whose controls the driver refuses (its RM client is bound to
@@ -219,6 +190,16 @@ func refusedBesideSteered(t *testing.T, miss missFunc) {
 	testutil.Start(t, cgs["a"], refused)
 	testutil.Start(t, cgs["b"], gpu.Workload(t, "hog", "--duration", "25"))
 	testutil.Start(t, cgs["c"], gpu.Workload(t, "hog", "--duration", "25"))
+	requireOnePacedBesideSteered(t, miss, gpu, d, cgs)
+}
+
+// requireOnePacedBesideSteered gives tenants a, b and c (each a hog) the
+// weights 100, 100 and 200 and reports a miss where a true share is not
+// within ±3 pp of 25, 25 and 50%; it fails unless the GPU is on its own
+// scheduler with a alone paced at the launch gate.
+func requireOnePacedBesideSteered(t *testing.T, miss missFunc, gpu *testutil.FakeGPU, d runningDaemon,
+	cgs map[string]*testutil.Cgroup) {
+	t.Helper()
 	pol := "tenants:\n  - {name: a, cgroup: " + cgs["a"].Rel + ", weight: 100}\n  - {name: b, cgroup: " + cgs["b"].Rel +
 		", weight: 100}\n  - {name: c, cgroup: " + cgs["c"].Rel + ", weight: 200}\n"
 	if err := d.ApplyPolicy(t.Context(), []byte(pol)); err != nil {
