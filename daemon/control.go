@@ -300,6 +300,13 @@ func (d *Daemon) control(ctx context.Context) {
 	var seen []member
 	for name, ct := range res.Tenants {
 		t := d.tenants[name]
+		if t != nil && (t.pid != ct.PID || ct.PID == 0 && t.cgroup != ct.Cgroup) {
+			// The name now stands for another cgroup or process (a policy
+			// entry pointed elsewhere before the old tenant retired): its
+			// gates still hold the old one, so it starts afresh.
+			finish = append(finish, d.retire(t))
+			t = nil
+		}
 		if t == nil {
 			t = &tenant{name: name, cgroupIDs: map[uint64]bool{}, totals: map[int]meter.Totals{}}
 			d.tenants[name] = t
