@@ -267,3 +267,32 @@ func TestLightClosedLoopWaitsLittle(t *testing.T) {
 		t.Errorf("hog's timeslice %v beside a light loop of 1 ms bursts at 16.3%%, want %v", dh.Timeslice, time.Duration(want))
 	}
 }
+
+// A light closed loop's slice covers its burst: cut by its slice, a burst
+// would wait through the others' rotation once per slice, not once per
+// burst. The slice is rounded up to BaseSlice times a power of two, and
+// bounded by MaxSlice (the 12.6 ms burst is seed 37's, which read 41% for
+// a demand of 51% in 1 ms slices).
+func TestLightSliceCoversItsBurst(t *testing.T) {
+	for _, c := range []struct {
+		burst, want time.Duration
+	}{
+		{500 * time.Microsecond, BaseSlice},
+		{12600 * time.Microsecond, 16 * BaseSlice},
+		{14 * time.Millisecond, 32 * BaseSlice}, // 1.25 × 14 ms > 16 × 1024 µs
+		{200 * time.Millisecond, MaxSlice},
+	} {
+		light := schedHog("light", 358, 0.41, 1)
+		light.Backlogged, light.Demand, light.SettledShare = false, 0.5, 0.41
+		light.BurstNS = float64(c.burst)
+		in := []Input{light, schedHog("h1", 49, 0.12, 4), schedHog("h2", 9, 0.02, 1)}
+		ds := New(Params{}).Step(in, steered)
+		d := decisionOf(t, ds, "light")
+		if d.Reason != "light: served first" {
+			t.Fatalf("burst %v: light tenant: %s", c.burst, d.Reason)
+		}
+		if d.Timeslice != c.want {
+			t.Errorf("burst %v: slice %v, want %v", c.burst, d.Timeslice, c.want)
+		}
+	}
+}
