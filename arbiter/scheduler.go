@@ -78,7 +78,8 @@ func (a *Arbiter) sched(k key) *schedState {
 // is its share of the rotation. Feedback on the settled share corrects
 // the rest (context switches, the host's latency), bounded by
 // maxFeedback. A tenant that wants less than its fair share gets the
-// largest weight: served at once whenever it has work, it takes what it
+// largest weight and a slice that holds its burst (burstSlice): served at
+// once whenever it has work and never cut off mid-burst, it takes what it
 // needs and no more. Pauses bound what slices cannot (runFraction); a
 // tenant gives up nothing while no other is deprived.
 func (a *Arbiter) schedule(ts []Input) []Decision {
@@ -179,8 +180,8 @@ func (a *Arbiter) schedule(ts []Input) []Decision {
 // time (lightDemand, a share of the GPU; 0: not light): the others'
 // slices share the rest of maxRotation, or a host of light tenants (1000,
 // each busy in some steps) would shrink everyone's slices with their
-// number, which changes every step. No slice falls below MinSlice or
-// exceeds MaxSlice.
+// number, which changes every step; its own slice holds its burst
+// (burstSlice). No slice falls below MinSlice or exceeds MaxSlice.
 func timeslices(ts []Input, out []Decision, turnBound []bool, maxWait, lightDemand []float64) {
 	groups := func(t Input) float64 { return float64(max(t.Groups, 1)) }
 	perGroup := func(i int) float64 { return math.Max(out[i].Weight, 1e-9) / groups(ts[i]) }
