@@ -155,13 +155,14 @@ func benchLatency(ctx context.Context, b *bench) (string, error) {
 	}
 	busyOf := map[string]float64{}
 	var aloneDevice float64
+	ratio := map[string]float64{} // each case's p99 on the GPU over alone's
 	for _, lc := range latencyCases {
 		b.logf("inference %s", lc.name)
 		sc, err := newScene(b.bins, "latency", lc.mode)
 		if err != nil {
 			return "", err
 		}
-		row, bz, err := b.latencyRun(ctx, sc, lc, measure, &aloneDevice)
+		row, bz, err := b.latencyRun(ctx, sc, lc, measure, &aloneDevice, ratio)
 		sc.close()
 		if err != nil {
 			return "", err
@@ -174,14 +175,15 @@ func benchLatency(ctx context.Context, b *bench) (string, error) {
 		fmt.Fprintf(&s, "| %s%s | %s |\n", lc.name, comment, row)
 	}
 	b.busy = append(b.busy, busyFigure{"inference beside two hogs (SLO p99 8 ms)", busyOf[latencyCases[1].name], busyOf[latencyCases[2].name]})
-	s.WriteString("\nWhere the driver lets it (the simulated GPU does, as the nvidia driver does for root through the process's own control file), gpuarb steers the GPU's scheduler: the other tenants' channel groups get the shortest timeslice (100 µs), so a request that arrives while their kernels run waits at most one short slice per other tenant instead of a 1 ms one (its time on the GPU: p99 within 1.5× of alone, against 3× without gpuarb), and batch tenants are paused while the SLO is missed. Greedy tenants queue 1024 kernels of 50 ms (51 s of GPU time) in their first milliseconds and never synchronize: at the launch gate alone (the last row) that work is on the GPU before any gate can act and cannot be recalled; the GPU's scheduler reaches it.\n")
+	fmt.Fprintf(&s, "\nWhere the driver lets it (the simulated GPU does, as the nvidia driver does for root through the process's own control file), gpuarb steers the GPU's scheduler: the other tenants' channel groups get the shortest timeslice (100 µs), so a request that arrives while their kernels run waits at most one short slice per other tenant instead of a 1 ms one (its time on the GPU: p99 %.2f× alone beside greedy tenants and %.2f× beside hogs in this run, against %.2f× and %.2f× without gpuarb), and batch tenants are paused while the SLO is missed. Greedy tenants queue 1024 kernels of 50 ms (51 s of GPU time) in their first milliseconds and never synchronize: at the launch gate alone (the last row) that work is on the GPU before any gate can act and cannot be recalled; the GPU's scheduler reaches it.\n",
+		ratio[latencyCases[5].name], ratio[latencyCases[2].name], ratio[latencyCases[4].name], ratio[latencyCases[1].name])
 	return s.String(), nil
 }
 
 // latencyRun runs one latency case in sc and returns its table cells. The
 // first case (alone) sets *aloneDevice, its p99 on the GPU, which the
-// others' are a multiple of.
-func (b *bench) latencyRun(ctx context.Context, sc *scene, lc latencyCase, measure time.Duration, aloneDevice *float64) (string, float64, error) {
+// others' are a multiple of (ratio, by case).
+func (b *bench) latencyRun(ctx context.Context, sc *scene, lc latencyCase, measure time.Duration, aloneDevice *float64, ratio map[string]float64) (string, float64, error) {
 	if lc.others != "" {
 		for _, t := range []string{"x", "y"} {
 			if _, err := sc.tenant(t, 1, lc.others, "--duration", fmt.Sprint((measure + 6*time.Second).Seconds())); err != nil {
@@ -234,8 +236,9 @@ func (b *bench) latencyRun(ctx context.Context, sc *scene, lc latencyCase, measu
 	if lc.others == "" {
 		*aloneDevice = device
 	}
+	ratio[lc.name] = device / max(*aloneDevice, 1e-9)
 	return fmt.Sprintf("%.2f ms | %.2f ms | %s | %.2f ms | %.2f ms (%.2f×) | %s | %s", res["latency_p50_ms"], res["latency_p99_ms"], steady,
-		res["device_latency_p50_ms"], device, device/max(*aloneDevice, 1e-9), pct(busy), others), busy, nil
+		res["device_latency_p50_ms"], device, ratio[lc.name], pct(busy), others), busy, nil
 }
 
 // benchFrames: two frame loops with an FPS SLO beside a hog.
