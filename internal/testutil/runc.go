@@ -18,12 +18,8 @@ type Runc struct{ *lab.Runc }
 func NewRunc(t testing.TB) *Runc {
 	t.Helper()
 	Privileged(t)
-	if _, err := exec.LookPath("runc"); err != nil {
-		Missing(t, "runc (apt-get install runc)")
-	}
-	if _, err := exec.LookPath("busybox"); err != nil {
-		Missing(t, "busybox (apt-get install busybox-static)")
-	}
+	Require(t, "runc", "apt-get install runc")
+	Require(t, "busybox", "apt-get install busybox-static")
 	r, err := lab.NewRunc(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
