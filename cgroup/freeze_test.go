@@ -448,7 +448,14 @@ func TestGatesLeaveSomeoneElsesFreeze(t *testing.T) {
 		if err := g.Freeze(); err != nil {
 			t.Fatal(err)
 		}
-		if runs(t, other, 200*time.Millisecond) {
+		// SIGSTOP takes effect when the child next returns to user space
+		// (on a busy VM its vCPU may not run for a while), and the CPU time
+		// of its last run is accounted when it is switched out.
+		for i := 0; i < 200 && !cgroup.Stopped(other); i++ {
+			time.Sleep(5 * time.Millisecond)
+		}
+		time.Sleep(20 * time.Millisecond) // 'T' shows before it is switched out
+		if !cgroup.Stopped(other) || runs(t, other, 200*time.Millisecond) {
 			t.Error("a process the gate stopped used CPU")
 		}
 		if err := g.Thaw(); err != nil {
