@@ -547,13 +547,13 @@ func (d *Daemon) steerSlices(plan map[int][]tenantGroups, groups map[string]map[
 				byKey[keyOf(g)] = g
 			}
 		}
-		want := map[groupKey]time.Duration{}
+		want := map[groupKey]sliceWant{}
 		for _, t := range ts {
 			if t.decision.Timeslice == 0 {
 				continue // idle: its groups keep theirs
 			}
 			for _, g := range t.groups {
-				want[keyOf(g)] = t.decision.Timeslice
+				want[keyOf(g)] = sliceWant{t.decision.Timeslice, t.decision.Target}
 			}
 		}
 		if err := d.steer.setSlices(want, byKey); err != nil && !refusal(err) { // refusals are logged as noted

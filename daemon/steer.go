@@ -1,10 +1,12 @@
 package daemon
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -227,12 +229,61 @@ func nearSlice(set, want time.Duration) bool {
 	return set > 0 && math.Abs(float64(want-set)) <= sliceDeadband*float64(set)
 }
 
+// maxSliceChanges, sliceBatch and sliceBudget bound the timeslice
+// changes of one control step. Each change costs a control through the
+// driver and each batch a runlist restart: on the simulated GPU here,
+// with a thousand tenants of short requests whose slices follow their
+// bursts, 100–280 changes a step took the 100 ms step to 120–240 ms
+// (BENCHMARKS.md section 8), and 64 changes up to 100 ms more. Batches go
+// out, the tenants entitled to most of the GPU first, until the budget is
+// spent; the rest wait for the next steps.
+const (
+	maxSliceChanges = 64
+	sliceBatch      = 16
+	sliceBudget     = 20 * time.Millisecond
+)
+
+// sliceWant is the timeslice a group should have, and the share of the
+// GPU its tenant is entitled to (which orders the changes).
+type sliceWant struct {
+	slice  time.Duration
+	target float64
+}
+
+// sliceChange is a change setSlices may make: the group's slice now (0:
+// not set by gpuarb yet) and the one wanted.
+type sliceChange struct {
+	key       groupKey
+	set, want time.Duration
+	target    float64
+}
+
+// pickSliceChanges returns the changes to make this step: those not near
+// the slice already set (nearSlice), at most limit, the ones of tenants
+// entitled to more of the GPU first and, between equals, the largest
+// relative change first.
+func pickSliceChanges(cands []sliceChange, limit int) []sliceChange {
+	out := slices.DeleteFunc(slices.Clone(cands), func(c sliceChange) bool { return nearSlice(c.set, c.want) })
+	gap := func(c sliceChange) float64 {
+		if c.set <= 0 {
+			return math.Inf(1)
+		}
+		return math.Abs(math.Log(float64(c.want) / float64(c.set)))
+	}
+	slices.SortStableFunc(out, func(a, b sliceChange) int {
+		if a.target != b.target {
+			return cmp.Compare(b.target, a.target)
+		}
+		return cmp.Compare(gap(b), gap(a))
+	})
+	return out[:min(len(out), limit)]
+}
+
 // setSlices gives groups their timeslices, recording each group in the
 // ledger before its first change; groups already near theirs
-// (nearSlice) are left.
-func (s *steering) setSlices(want map[groupKey]time.Duration, groups map[groupKey]gpusched.Group) error {
-	var changes []gpusched.Change
-	var changed []*steered // beside changes; forget may drop them from s.groups meanwhile
+// (nearSlice) are left, and a step makes at most maxSliceChanges, in
+// batches while sliceBudget lasts (pickSliceChanges orders them).
+func (s *steering) setSlices(want map[groupKey]sliceWant, groups map[groupKey]gpusched.Group) error {
 	keys := make([]groupKey, 0, len(want))
 	gs := make([]gpusched.Group, 0, len(want))
 	for k := range want {
@@ -240,18 +291,37 @@ func (s *steering) setSlices(want map[groupKey]time.Duration, groups map[groupKe
 		gs = append(gs, groups[k])
 	}
 	sts, errs := s.track(gs)
+	var cands []sliceChange
+	tracked := map[groupKey]*steered{}
+	s.mu.Lock()
 	for i, st := range sts {
-		if st == nil || nearSlice(st.slice, want[keys[i]]) {
-			continue
+		if st != nil {
+			tracked[keys[i]] = st
+			cands = append(cands, sliceChange{key: keys[i], set: st.slice, want: want[keys[i]].slice, target: want[keys[i]].target})
 		}
-		changes = append(changes, gpusched.Change{Group: gs[i], Timeslice: want[keys[i]]})
-		changed = append(changed, st)
 	}
-	if len(changes) == 0 {
-		return errors.Join(errs...)
+	s.mu.Unlock()
+	picks := pickSliceChanges(cands, maxSliceChanges)
+	start := time.Now()
+	for len(picks) > 0 && time.Since(start) < sliceBudget {
+		n := min(len(picks), sliceBatch)
+		errs = append(errs, s.applySlices(picks[:n], groups, tracked))
+		picks = picks[n:]
 	}
-	// Only what took effect is recorded (and told to the meter): a group
-	// whose channels are not allocated yet gets its slice at a later step.
+	return errors.Join(errs...)
+}
+
+// applySlices makes one batch of timeslice changes, with one runlist
+// restart per GPU. Only what took effect is recorded (and told to the
+// meter): a group whose channels are not allocated yet gets its slice at
+// a later step.
+func (s *steering) applySlices(picks []sliceChange, groups map[groupKey]gpusched.Group, tracked map[groupKey]*steered) error {
+	changes := make([]gpusched.Change, 0, len(picks))
+	changed := make([]*steered, 0, len(picks)) // beside changes; forget may drop them from s.groups meanwhile
+	for _, c := range picks {
+		changes = append(changes, gpusched.Change{Group: groups[c.key], Timeslice: c.want})
+		changed = append(changed, tracked[c.key])
+	}
 	failed, err := s.act.Apply(changes)
 	s.noteOutcomes(groupsIn(changes), failed)
 	s.mu.Lock()
@@ -266,7 +336,7 @@ func (s *steering) setSlices(want map[groupKey]time.Duration, groups map[groupKe
 			s.meter.SetTimeslice(c.Group.PID, c.Timeslice)
 		}
 	}
-	return errors.Join(append(errs, err)...)
+	return err
 }
 
 // track returns what gpuarb set on each group (nil where it failed),

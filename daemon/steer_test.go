@@ -56,3 +56,41 @@ func TestNearSlice(t *testing.T) {
 		}
 	}
 }
+
+// A step changes at most its limit of slices: those of the tenants
+// entitled to most of the GPU first, then the largest changes; slices
+// near the one set are not changes at all.
+func TestPickSliceChangesBoundsAStep(t *testing.T) {
+	ms := time.Millisecond
+	hog1 := groupKey{pid: 1, tsg: 1}
+	hog2 := groupKey{pid: 2, tsg: 1}
+	cands := []sliceChange{
+		{key: hog1, set: ms, want: 1100 * time.Microsecond, target: 0.36},
+		{key: hog2, set: ms, want: 1020 * time.Microsecond, target: 0.36}, // within the deadband
+	}
+	for i := range 300 { // light tenants flipping between burst slices
+		cands = append(cands, sliceChange{key: groupKey{pid: uint32(100 + i), tsg: 1}, set: ms, want: 2 * ms, target: 0.001})
+	}
+	fresh := groupKey{pid: 99, tsg: 1} // never set: its change comes before equals' changes
+	cands = append(cands, sliceChange{key: groupKey{pid: 98, tsg: 1}, set: ms, want: 4 * ms, target: 0.001},
+		sliceChange{key: fresh, want: ms, target: 0.001})
+
+	got := pickSliceChanges(cands, maxSliceChanges)
+	if len(got) != maxSliceChanges {
+		t.Fatalf("%d changes, want the limit %d", len(got), maxSliceChanges)
+	}
+	if got[0].key != hog1 {
+		t.Errorf("first change %+v, want the hog's", got[0])
+	}
+	if got[1].key != fresh || got[2].key.pid != 98 {
+		t.Errorf("changes 2 and 3: %+v %+v, want the group never set, then the 4× change", got[1], got[2])
+	}
+	for _, c := range got {
+		if c.key == hog2 {
+			t.Error("a slice within the deadband of the one set was changed")
+		}
+	}
+	if n := len(pickSliceChanges(cands[:2], maxSliceChanges)); n != 1 {
+		t.Errorf("%d changes of two groups, one within the deadband: want 1", n)
+	}
+}
