@@ -898,20 +898,49 @@ static __always_inline struct event *finish_call(struct pt_regs *ctx, __u32 func
 	return e;
 }
 
+/* Threads inside a synchronizing call, by thread id, with when each was
+ * last woken there (0: not yet): a thread that sleeps until the GPU is
+ * done is woken by the completion (the driver's interrupt, the simulated
+ * GPU's futex wake), before it runs again and returns. Created at the
+ * call's entry, read and removed at its return; LRU, so a thread killed
+ * mid-call does not hold an entry. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 8192);
+	__type(key, __u32);
+	__type(value, __u64);
+} gpuarb_sync_wakes SEC(".maps");
+
+/* sched_waking runs in the waker's context as it wakes a task: for a
+ * thread in a synchronizing call, that is when the GPU's completion
+ * reached it, without the scheduling delay and return path that follow. */
+SEC("tp_btf/sched_waking")
+int BPF_PROG(gpuarb_sched_waking, struct task_struct *p)
+{
+	__u32 tid = p->pid;
+	__u64 *woken = bpf_map_lookup_elem(&gpuarb_sync_wakes, &tid);
+
+	if (woken)
+		*woken = bpf_ktime_get_ns();
+	return 0;
+}
+
 /* Synchronizing calls: cuStreamSynchronize (and _ptsz), cuCtxSynchronize,
  * cuCtxSynchronize_v2, cuEventSynchronize; (handle) or none. The entry
  * tells that the process now waits for the GPU (it has work outstanding),
- * the return how long it waited. */
+ * the return how long it waited and when it was last woken (args[1]). */
 SEC("uprobe/cuStreamSynchronize")
 int gpuarb_cu_sync(struct pt_regs *ctx)
 {
 	__u32 func = COOKIE_FUNC(bpf_get_attach_cookie(ctx));
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = bpf_ktime_get_ns(), zero = 0;
 	__u64 handle = func == CU_CTX_SYNC ? 0 : PT_REGS_PARM1(ctx);
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
 	struct cgroup_stats *s;
 	struct event *e;
 
 	stash_entry(func, now, handle, 0, 0);
+	bpf_map_update_elem(&gpuarb_sync_wakes, &tid, &zero, BPF_ANY);
 	e = cuda_event(func, now, &s);
 	if (!e)
 		return 0;
@@ -925,10 +954,15 @@ SEC("uretprobe/cuStreamSynchronize")
 int gpuarb_cu_sync_ret(struct pt_regs *ctx)
 {
 	__u32 func = COOKIE_FUNC(bpf_get_attach_cookie(ctx));
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	__u64 *wp = bpf_map_lookup_elem(&gpuarb_sync_wakes, &tid), woken = wp ? *wp : 0;
 	struct cuda_stash st;
 	struct cgroup_stats *s = NULL;
-	struct event *e = finish_call(ctx, func, &st, &s);
+	struct event *e;
 
+	if (wp)
+		bpf_map_delete_elem(&gpuarb_sync_wakes, &tid);
+	e = finish_call(ctx, func, &st, &s);
 	if (s) {
 		__sync_fetch_and_add(&s->syncs, 1);
 		__sync_fetch_and_add(&s->sync_wait_ns, bpf_ktime_get_ns() - st.ts);
@@ -936,6 +970,7 @@ int gpuarb_cu_sync_ret(struct pt_regs *ctx)
 	if (!e)
 		return 0;
 	e->args[0] = st.args[0];
+	e->args[1] = woken;
 	bpf_ringbuf_submit(e, wakeup_flag(e));
 	return 0;
 }

@@ -300,6 +300,7 @@ const (
 	gpuarbMapGpuarbPolls           = "gpuarb_polls"
 	gpuarbMapGpuarbProcs           = "gpuarb_procs"
 	gpuarbMapGpuarbScratch         = "gpuarb_scratch"
+	gpuarbMapGpuarbSyncWakes       = "gpuarb_sync_wakes"
 	gpuarbMapGpuarbTrees           = "gpuarb_trees"
 	gpuarbMapGpuarbUnfollowed      = "gpuarb_unfollowed"
 	gpuarbProgGpuarbCuCopy         = "gpuarb_cu_copy"
@@ -321,6 +322,7 @@ const (
 	gpuarbProgGpuarbOpenat         = "gpuarb_openat"
 	gpuarbProgGpuarbProcessExit    = "gpuarb_process_exit"
 	gpuarbProgGpuarbProcessFork    = "gpuarb_process_fork"
+	gpuarbProgGpuarbSchedWaking    = "gpuarb_sched_waking"
 	gpuarbVarGateMembers           = "gate_members"
 	gpuarbVarUnusedCudaFunc        = "unused_cuda_func"
 	gpuarbVarUnusedDevKind         = "unused_dev_kind"
@@ -392,6 +394,7 @@ type gpuarbProgramSpecs struct {
 	GpuarbOpenat         *ebpf.ProgramSpec `ebpf:"gpuarb_openat"`
 	GpuarbProcessExit    *ebpf.ProgramSpec `ebpf:"gpuarb_process_exit"`
 	GpuarbProcessFork    *ebpf.ProgramSpec `ebpf:"gpuarb_process_fork"`
+	GpuarbSchedWaking    *ebpf.ProgramSpec `ebpf:"gpuarb_sched_waking"`
 }
 
 // gpuarbMapSpecs contains maps before they are loaded into the kernel.
@@ -415,6 +418,7 @@ type gpuarbMapSpecs struct {
 	GpuarbPolls      *ebpf.MapSpec `ebpf:"gpuarb_polls"`
 	GpuarbProcs      *ebpf.MapSpec `ebpf:"gpuarb_procs"`
 	GpuarbScratch    *ebpf.MapSpec `ebpf:"gpuarb_scratch"`
+	GpuarbSyncWakes  *ebpf.MapSpec `ebpf:"gpuarb_sync_wakes"`
 	GpuarbTrees      *ebpf.MapSpec `ebpf:"gpuarb_trees"`
 	GpuarbUnfollowed *ebpf.MapSpec `ebpf:"gpuarb_unfollowed"`
 }
@@ -470,6 +474,7 @@ type gpuarbMaps struct {
 	GpuarbPolls      *ebpf.Map `ebpf:"gpuarb_polls"`
 	GpuarbProcs      *ebpf.Map `ebpf:"gpuarb_procs"`
 	GpuarbScratch    *ebpf.Map `ebpf:"gpuarb_scratch"`
+	GpuarbSyncWakes  *ebpf.Map `ebpf:"gpuarb_sync_wakes"`
 	GpuarbTrees      *ebpf.Map `ebpf:"gpuarb_trees"`
 	GpuarbUnfollowed *ebpf.Map `ebpf:"gpuarb_unfollowed"`
 }
@@ -493,6 +498,7 @@ func (m *gpuarbMaps) Close() error {
 		m.GpuarbPolls,
 		m.GpuarbProcs,
 		m.GpuarbScratch,
+		m.GpuarbSyncWakes,
 		m.GpuarbTrees,
 		m.GpuarbUnfollowed,
 	)
@@ -535,6 +541,7 @@ type gpuarbPrograms struct {
 	GpuarbOpenat         *ebpf.Program `ebpf:"gpuarb_openat"`
 	GpuarbProcessExit    *ebpf.Program `ebpf:"gpuarb_process_exit"`
 	GpuarbProcessFork    *ebpf.Program `ebpf:"gpuarb_process_fork"`
+	GpuarbSchedWaking    *ebpf.Program `ebpf:"gpuarb_sched_waking"`
 }
 
 func (p *gpuarbPrograms) Close() error {
@@ -558,6 +565,7 @@ func (p *gpuarbPrograms) Close() error {
 		p.GpuarbOpenat,
 		p.GpuarbProcessExit,
 		p.GpuarbProcessFork,
+		p.GpuarbSchedWaking,
 	)
 }
 

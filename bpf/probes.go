@@ -191,6 +191,11 @@ func Load(opts Options) (_ *Probes, err error) {
 		return nil, fmt.Errorf("attach tp_btf/sched_process_fork: %w", err)
 	}
 	p.links = append(p.links, fork)
+	waking, err := link.AttachTracing(link.TracingOptions{Program: p.objs.GpuarbSchedWaking})
+	if err != nil {
+		return nil, fmt.Errorf("attach tp_btf/sched_waking: %w", err)
+	}
+	p.links = append(p.links, waking)
 	return p, nil
 }
 

@@ -358,7 +358,11 @@ func decodeCuda(h Header, r Record) (Event, error) {
 		if r.Flags&flagBegin != 0 {
 			return &WaitBegin{Header: h, Func: name, Of: of, Handle: handle}, nil
 		}
-		return &Sync{Header: h, Func: name, Of: of, Handle: handle, Ret: r.Ret, Polled: e.Class == bpf.ClassQuery}, nil
+		s := &Sync{Header: h, Func: name, Of: of, Handle: handle, Ret: r.Ret, Polled: e.Class == bpf.ClassQuery}
+		if e.Class == bpf.ClassSync && a[1] >= h.Start && a[1] <= h.End {
+			s.Woken = a[1]
+		}
+		return s, nil
 	case bpf.ClassContext:
 		return &ContextCreated{Header: h, Func: name, Ctx: a[0], Device: int32(a[2]), Ret: r.Ret}, nil
 	case bpf.ClassContextEnd:

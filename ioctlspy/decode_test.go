@@ -204,9 +204,14 @@ func TestDecode(t *testing.T) {
 				t.Errorf("%+v", e)
 			}
 		}},
-		{"stream sync", Record{Type: recCuda, Func: fn("cuStreamSynchronize"), TsEnter: 1000, TsExit: 9000, Args: [8]uint64{0x5000}}, func(t *testing.T, ev Event) {
-			if e := ev.(*Sync); e.DurationNS != 8000 || e.Handle != 0x5000 || e.Of != "stream" || e.Polled {
+		{"stream sync", Record{Type: recCuda, Func: fn("cuStreamSynchronize"), TsEnter: 1000, TsExit: 9000, Args: [8]uint64{0x5000, 8500}}, func(t *testing.T, ev Event) {
+			if e := ev.(*Sync); e.DurationNS != 8000 || e.Handle != 0x5000 || e.Of != "stream" || e.Polled || e.Woken != 8500 {
 				t.Errorf("%+v", e)
+			}
+		}},
+		{"sync woken outside the call", Record{Type: recCuda, Func: fn("cuStreamSynchronize"), TsEnter: 1000, TsExit: 9000, Args: [8]uint64{0x5000, 9001}}, func(t *testing.T, ev Event) {
+			if e := ev.(*Sync); e.Woken != 0 {
+				t.Errorf("a wake time after the return was kept: %+v", e)
 			}
 		}},
 		{"sync begins", Record{Type: recCuda, Func: fn("cuStreamSynchronize_ptsz"), TID: 5, Flags: flagBegin}, func(t *testing.T, ev Event) {

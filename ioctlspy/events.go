@@ -260,6 +260,11 @@ type Sync struct {
 	Ret    int64  `json:"ret"`
 	Polled bool   `json:"polled,omitempty"`
 	Device string `json:"device,omitempty"`
+	// Woken is when the thread, asleep in a synchronizing call, was last
+	// woken (CLOCK_MONOTONIC ns; 0 if it never slept there): what woke it
+	// was the GPU's completion reaching it, before the scheduling delay
+	// and return path that End adds.
+	Woken uint64 `json:"woken,omitempty"`
 }
 
 func (e *Sync) String() string {

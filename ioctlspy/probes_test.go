@@ -535,6 +535,11 @@ func TestLibcudaUprobes(t *testing.T) {
 	for _, s := range byType[*ioctlspy.Sync](evs) {
 		if s.Func == "cuEventSynchronize" && s.Ret == 0 && s.DurationNS > 5e6 {
 			longSync = true
+			// It slept on the simulated GPU's futex until the kernel was
+			// done: woken in its last part, before it returned.
+			if s.Woken < s.Start+s.DurationNS/2 || s.Woken > s.End {
+				t.Errorf("the 10 ms wait's wake-up at %d, want in the second half of [%d, %d]", s.Woken, s.Start, s.End)
+			}
 			if st, ok := recorded[s.Handle]; !ok || st == 0 {
 				t.Errorf("event 0x%x synchronized without its cuEventRecord on a stream: %v", s.Handle, recorded)
 			}

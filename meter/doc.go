@@ -88,7 +88,13 @@
 //   - Short bursts (inference requests of ~1 ms) learn from noisy evidence
 //     beside a hog.
 //   - A sync returns after the work drained plus the waiting thread's
-//     wake-up (≈0.1–0.25 ms measured on the simulated GPU in a VM).
+//     wake-up (≈0.1–0.25 ms measured on the simulated GPU in a VM). Where
+//     the thread slept in the call, the probes record when it was woken
+//     (sched_waking), which bounds the completion without its wait for a
+//     CPU and its return path (completedBy); what remains (the waker's own
+//     delay, and the launch uprobe's trap before the doorbell) still
+//     counts as GPU time: closed loops of 25–200 µs kernels alone read
+//     13–23 pp above the truth on this VM (30–40 pp before the bound).
 //   - Copies run on a separate engine and are not charged as GPU time.
 //   - Events of different CPUs can arrive slightly out of order: the replay
 //     runs Config.Lag behind the clock and applies late events at once.

@@ -67,12 +67,14 @@ func (c *gpuContext) waitEnded(h *ioctlspy.Header, e *ioctlspy.Sync) {
 }
 
 // sync applies what a returning sync proves: the synced streams drained
-// when it returned. The difference between the replay and that fact
+// by the time it returned, or by when its thread was woken where it slept
+// (completedBy). The difference between the replay there and that fact
 // corrects the costs of the work that ran since the last proof. A
 // completion query that found the work done proves the same.
 func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 	c := m.context(h)
-	now := m.at(c, h.End)
+	done := completedBy(h, e)
+	now := m.at(c, done)
 	c.waitEnded(h, e)
 	if c.left() > 0 {
 		defer func() {
@@ -94,7 +96,7 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 			ids = append(ids, s.id)
 		}
 	case "event":
-		m.eventSync(c, h, e.Handle, now)
+		m.eventSync(c, h, e.Handle, now, done)
 		return
 	default: // nouveau and DRM waits
 		ids = []uint64{nouveauStream}
@@ -139,12 +141,25 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 		// First evidence: the backlog assumed so far, or the wait if that
 		// is less; a context of tiny kernels must not start at its
 		// round-robin share.
-		c.learn(min(got, float64(h.DurationNS))/(got+left), burst)
+		c.learn(min(got, float64(done-h.Start))/(got+left), burst)
 	case !c.learned:
 		// A sync that did not wait teaches a guess nothing (see eventSync).
 	default:
 		c.prove(m.lateness(c, left, early), got+left, burst)
 	}
+}
+
+// completedBy bounds when the work a sync waited for completed: when its
+// thread was last woken inside the call if it slept there (the completion
+// reaching it: the driver's interrupt, the simulated GPU's wake-up), else
+// when the call returned. What follows the wake-up, the thread's wait for
+// a CPU and the return path with its uretprobe, is host time: taken as
+// GPU time it inflated closed loops of short kernels.
+func completedBy(h *ioctlspy.Header, e *ioctlspy.Sync) uint64 {
+	if e.Woken > 0 && e.Woken >= h.Start && e.Woken <= h.End {
+		return e.Woken
+	}
+	return h.End
 }
 
 // lateness is what one proof says of a learned context's costs, in its
@@ -179,11 +194,11 @@ func (m *Meter) record(s *stream, event uint64) {
 
 // eventSync applies what a returning event synchronize (or a query that
 // found the event complete) proves: the stream's work up to the event's
-// mark ran by now. Work the replay still has queued before the mark is
+// mark ran by done (completedBy), the replay being at now. Work the replay still has queued before the mark is
 // dropped from it and its costs scaled down; a mark the replay passed
 // well before the wait ended scales them up. An event the meter never saw
 // recorded teaches nothing.
-func (m *Meter) eventSync(c *gpuContext, h *ioctlspy.Header, event uint64, now uint64) {
+func (m *Meter) eventSync(c *gpuContext, h *ioctlspy.Header, event uint64, now, done uint64) {
 	var s *stream
 	var k mark
 	for _, st := range c.streams {
@@ -220,7 +235,7 @@ func (m *Meter) eventSync(c *gpuContext, h *ioctlspy.Header, event uint64, now u
 	waited := h.DurationNS >= uint64(realWait)
 	switch {
 	case behind > 0 && !c.learned && waited:
-		c.learn(max(min(ran, float64(h.DurationNS)), 1)/covered, burst)
+		c.learn(max(min(ran, float64(done-h.Start)), 1)/covered, burst)
 	case !c.learned:
 		// A sync that did not wait proves the work done, not how long it
 		// took: scaled by what the replay ran of a guess, the costs would

@@ -10,7 +10,10 @@ import (
 	"github.com/gpuarb/gpuarb/ioctlspy"
 )
 
-const ms = uint64(time.Millisecond)
+const (
+	ms = uint64(time.Millisecond)
+	us = uint64(time.Microsecond)
+)
 
 type clock struct{ t uint64 }
 
@@ -931,5 +934,46 @@ func TestContextStateIsBounded(t *testing.T) {
 	}
 	if _, untracked := m.Bounded(); untracked != 20000 || len(c.allocs) != maxAllocs {
 		t.Errorf("%d allocations untracked, %d tracked; want 20000 beyond the bound of %d", untracked, len(c.allocs), maxAllocs)
+	}
+}
+
+// A sync's wake-up bounds when its work completed: a closed loop of six
+// 25 µs kernels whose syncs return 150 µs after the GPU is done (the
+// thread's wait for a CPU and the return path, as on a busy VM) is
+// metered at its work, not at its work and that latency.
+func TestWakeUpBoundsTheCompletion(t *testing.T) {
+	const (
+		work    = 150 * us // six kernels of 25 µs
+		latency = 150 * us // from the completion to the sync's return
+		think   = 100 * us
+	)
+	for _, woken := range []bool{true, false} {
+		clk := &clock{t: 10 * 1000 * ms}
+		m := New(Config{Now: clk.now})
+		start := clk.t
+		for clk.t < start+1000*ms {
+			t0 := clk.t
+			for range 6 {
+				m.Observe(launchFn(1, 100, t0, 7, 0xa, 100))
+			}
+			m.Observe(waitBegin(1, 100, "stream", 7, t0))
+			s := syncEv(1, 100, "cuStreamSynchronize", 7, t0, t0+work+latency).(*ioctlspy.Sync)
+			if woken {
+				s.Woken = t0 + work + 10*us // the completion's wake-up, 10 µs late
+			}
+			clk.t = t0 + work + latency
+			m.Observe(s)
+			clk.t += think
+		}
+		m.Tick()
+		_, cs := m.Contexts(500 * time.Millisecond)
+		got, truth := cs[0].Share, float64(work)/float64(work+latency+think)
+		t.Logf("wake-up seen %v: share %.3f, true %.3f", woken, got, truth)
+		switch {
+		case woken && math.Abs(got-truth) > 0.03:
+			t.Errorf("share %.3f with the wake-up seen, want %.3f ± 0.03", got, truth)
+		case !woken && got < truth+0.1:
+			t.Errorf("share %.3f from the returns alone, want the latency counted (> %.3f): the test shows nothing", got, truth+0.1)
+		}
 	}
 }
