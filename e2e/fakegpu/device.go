@@ -114,14 +114,9 @@ func monotonicNS() int64 {
 	return ts.Nano()
 }
 
-// arrival is a batch of entries the device found in one poll: those below
-// upto. Each entry arrived when its client rang the doorbell (its
-// RungNS), taken within [after, seen]: after the virtual time the device
-// had simulated to when it looked (what it simulated is not redone), at
-// most when it looked (a client's clock cannot be ahead of it).
 type arrival struct {
-	upto        uint64
-	after, seen int64
+	upto uint64 // entries below this index arrived at
+	at   int64
 }
 
 type chanState struct {
@@ -414,6 +409,8 @@ func (g *gpu) run() {
 	for !g.stopped.Load() {
 		g.mu.Lock()
 		now := g.catchUp()
+		g.poll(now)
+		g.advance(now, now) // start what just arrived
 		g.wake()
 		next := g.nextEvent(now)
 		if g.running || g.copying || g.blocked {
@@ -429,32 +426,24 @@ func (g *gpu) run() {
 	}
 }
 
-// catchUp simulates both engines up to the present, with what the clients
-// rang since the last look each from its doorbell time, and returns the
-// present. Called with g.mu held, by the device loop and by Snapshot, so
-// the ground truth is read at the instant its window ends, not where the
-// device thread last woke.
+// catchUp simulates both engines up to the present and returns it. Called
+// with g.mu held, by the device loop and by Snapshot, so the ground truth
+// is read at the instant its window ends, not where the device thread last
+// woke.
 func (g *gpu) catchUp() int64 {
-	if g.poll(g.vt) && atomic.LoadUint32(&g.db.Sleeping) == 1 {
-		// Found by a snapshot or a control while the device thread sleeps
-		// on an older plan: it must replan (its clients' completions).
-		futexWake(&g.db.Ring)
-	}
 	now := max(monotonicNS(), g.vt)
 	g.advance(g.vt, now)
 	g.vt = now
 	return now
 }
 
-// poll reads GPPut of every channel when the doorbell moved, and tells
-// whether it found entries; after is the virtual time simulated so far.
-func (g *gpu) poll(after int64) (found bool) {
+// poll reads GPPut of every channel when the doorbell moved.
+func (g *gpu) poll(now int64) {
 	ring := atomic.LoadUint32(&g.db.Ring)
 	if ring == g.lastRing {
-		return false
+		return
 	}
 	g.lastRing = ring
-	seen := max(monotonicNS(), after)
 	for _, c := range g.ctxs {
 		for i := range c.shm.Ch {
 			sh := &c.shm.Ch[i]
@@ -466,13 +455,11 @@ func (g *gpu) poll(after int64) (found bool) {
 			if put-st.next > RingEntries { // a client overran its ring: ignore the excess
 				put = st.next + RingEntries
 			}
-			st.arrivals = append(st.arrivals, arrival{upto: put, after: after, seen: seen})
+			st.arrivals = append(st.arrivals, arrival{upto: put, at: now})
 			st.known = put
 			c.pending |= 1 << i
-			found = true
 		}
 	}
-	return found
 }
 
 func (c *gpuContext) head(ch int) *entry {
@@ -485,18 +472,13 @@ func (c *gpuContext) head(ch int) *entry {
 func (g *gpu) advance(t, to int64) {
 	for {
 		g.dispatch(t)
-		arriving := g.nextArrival(t)
 		if !g.running && !g.copying {
-			if arriving > to {
-				return
-			}
-			t = arriving // idle until the next doorbell
-			continue
+			return
 		}
 		// A group whose slice is over yields as soon as another has work,
 		// also one that arrived just now (t == to).
 		evict := g.running && g.cur.chans[g.curCh].disabled
-		if g.running && !g.cfg.NoPreempt && t >= g.sliceEnd && (evict || g.othersWaiting(t)) && g.atPreemptionPoint() {
+		if g.running && !g.cfg.NoPreempt && t >= g.sliceEnd && (evict || g.othersWaiting()) && g.atPreemptionPoint() {
 			g.cur.chans[g.curCh].busy = false // preempted: headLeft is kept
 			g.running = false
 			continue
@@ -509,7 +491,7 @@ func (g *gpu) advance(t, to int64) {
 		if g.running {
 			kst = &g.cur.chans[g.curCh]
 			step = min(step, g.wallFor(kst.headLeft))
-			if !g.cfg.NoPreempt && (evict || g.othersWaiting(t)) {
+			if !g.cfg.NoPreempt && (evict || g.othersWaiting()) {
 				if t < g.sliceEnd {
 					step = min(step, g.sliceEnd-t)
 				} else {
@@ -521,7 +503,7 @@ func (g *gpu) advance(t, to int64) {
 			cst = &g.cp.chans[g.cpCh]
 			step = min(step, cst.headLeft)
 		}
-		step = min(max(step, 0), arriving-t) // what arrives may preempt or take the idle engine
+		step = max(step, 0)
 		t += step
 		if kst != nil {
 			kst.headLeft -= g.workIn(step, kst.headLeft)
@@ -587,7 +569,7 @@ func (g *gpu) dispatch(t int64) {
 		for p := c.pending; p != 0; p &= p - 1 {
 			ch := trailingZeros(p)
 			st := &c.chans[ch]
-			for !st.disabled && c.arrived(ch, t) && !st.busy && st.headLeft < 0 {
+			for !st.disabled && st.next < st.known && !st.busy && st.headLeft < 0 {
 				e := c.head(ch)
 				if e.Kind == entryKernel || e.Kind == entryCopy {
 					break
@@ -651,9 +633,9 @@ func trailingZeros(x uint32) int {
 }
 
 // kernelChannel picks, round robin, a channel of c whose head is a kernel
-// ready to run at t and advances the round robin; -1 if none.
-func (c *gpuContext) kernelChannel(t int64) int {
-	ch := c.readyKernel(t)
+// ready to run and advances the round robin; -1 if none.
+func (c *gpuContext) kernelChannel() int {
+	ch := c.readyKernel()
 	if ch >= 0 {
 		c.rr = ch + 1
 	}
@@ -661,14 +643,14 @@ func (c *gpuContext) kernelChannel(t int64) int {
 }
 
 // readyKernel is kernelChannel without advancing the round robin.
-func (c *gpuContext) readyKernel(t int64) int {
+func (c *gpuContext) readyKernel() int {
 	for i := 0; i < MaxChannels; i++ {
 		ch := (c.rr + i) % MaxChannels
 		if c.pending&(1<<ch) == 0 {
 			continue
 		}
 		st := &c.chans[ch]
-		if st.busy || st.disabled || !c.arrived(ch, t) {
+		if st.busy || st.disabled || st.next >= st.known {
 			continue
 		}
 		if st.headLeft > 0 || c.head(ch).Kind == entryKernel {
@@ -678,14 +660,14 @@ func (c *gpuContext) readyKernel(t int64) int {
 	return -1
 }
 
-func (c *gpuContext) copyChannel(t int64) int {
+func (c *gpuContext) copyChannel() int {
 	for i := 0; i < MaxChannels; i++ {
 		ch := (c.rr + i) % MaxChannels
 		if c.pending&(1<<ch) == 0 {
 			continue
 		}
 		st := &c.chans[ch]
-		if !st.busy && !st.disabled && c.arrived(ch, t) && st.headLeft < 0 && c.head(ch).Kind == entryCopy {
+		if !st.busy && !st.disabled && st.next < st.known && st.headLeft < 0 && c.head(ch).Kind == entryCopy {
 			return ch
 		}
 	}
@@ -693,21 +675,21 @@ func (c *gpuContext) copyChannel(t int64) int {
 }
 
 // othersWaiting reports whether a channel group other than the running
-// one has kernels ready at t.
-func (g *gpu) othersWaiting(t int64) bool {
+// one has kernels ready.
+func (g *gpu) othersWaiting() bool {
 	for _, c := range g.ctxs {
-		if c != g.cur && c.pending != 0 && c.readyKernel(t) >= 0 {
+		if c != g.cur && c.pending != 0 && c.readyKernel() >= 0 {
 			return true
 		}
 	}
 	return false
 }
 
-// coRunners counts the channel groups other than c with kernels ready at t.
-func (g *gpu) coRunners(c *gpuContext, t int64) int {
+// coRunners counts the channel groups other than c with kernels ready.
+func (g *gpu) coRunners(c *gpuContext) int {
 	n := 0
 	for _, o := range g.ctxs {
-		if o != c && o.pending != 0 && o.readyKernel(t) >= 0 {
+		if o != c && o.pending != 0 && o.readyKernel() >= 0 {
 			n++
 		}
 	}
@@ -718,13 +700,13 @@ func (g *gpu) coRunners(c *gpuContext, t int64) int {
 // the runlist to the next group with kernels ready.
 func (g *gpu) pickCompute(t int64) {
 	if g.cur != nil && t < g.sliceEnd {
-		if ch := g.cur.kernelChannel(t); ch >= 0 {
+		if ch := g.cur.kernelChannel(); ch >= 0 {
 			g.startKernel(g.cur, ch, t, false)
 			return
 		}
 	}
 	g.rotate(g.cur, func(c *gpuContext) bool {
-		ch := c.kernelChannel(t)
+		ch := c.kernelChannel()
 		if ch < 0 {
 			return false
 		}
@@ -770,7 +752,7 @@ func (g *gpu) startKernel(c *gpuContext, ch int, t int64, switched bool) {
 		if waves := (int64(e.A0) + SMs - 1) / SMs; waves > 0 {
 			st.wave = max(st.headLeft/waves, 1)
 		}
-		c.queueNS += uint64(max(t-c.arrivedAt(ch), 0))
+		c.queueNS += uint64(max(t-c.arrivalOf(ch), 0))
 	}
 	if switched {
 		sw := float64(g.cfg.ContextSwitch)
@@ -779,7 +761,7 @@ func (g *gpu) startKernel(c *gpuContext, ch int, t int64, switched bool) {
 		}
 		st.headLeft += int64(sw)
 	}
-	g.rate = 1 / (1 + r.Contention*float64(min(g.coRunners(c, t), 4)))
+	g.rate = 1 / (1 + r.Contention*float64(min(g.coRunners(c), 4)))
 	st.busy = true
 	g.running = true
 	g.curCh = ch
@@ -787,23 +769,22 @@ func (g *gpu) startKernel(c *gpuContext, ch int, t int64, switched bool) {
 
 func (g *gpu) pickCopy(t int64) {
 	g.rotate(g.cp, func(c *gpuContext) bool {
-		ch := c.copyChannel(t)
+		ch := c.copyChannel()
 		if ch < 0 {
 			return false
 		}
 		st := &c.chans[ch]
 		cost := int64(float64(c.head(ch).Bytes) * 1e9 / float64(g.cfg.CopyBandwidth))
 		st.headLeft = min(max(cost, 1), maxCostNS)
-		c.queueNS += uint64(max(t-c.arrivedAt(ch), 0))
+		c.queueNS += uint64(max(t-c.arrivalOf(ch), 0))
 		st.busy = true
 		g.cp, g.cpCh, g.copying = c, ch, true
 		return true
 	})
 }
 
-// arrivedAt is when the head entry of ch arrived: its doorbell time,
-// within the bounds of the poll that found it (arrival).
-func (c *gpuContext) arrivedAt(ch int) int64 {
+// arrivalOf is when the head entry of ch was first seen.
+func (c *gpuContext) arrivalOf(ch int) int64 {
 	st := &c.chans[ch]
 	for len(st.arrivals) > 0 && st.arrivals[0].upto <= st.next {
 		st.arrivals = st.arrivals[1:]
@@ -811,31 +792,7 @@ func (c *gpuContext) arrivedAt(ch int) int64 {
 	if len(st.arrivals) == 0 {
 		return 0
 	}
-	a := st.arrivals[0]
-	return min(max(int64(c.head(ch).RungNS), a.after), a.seen)
-}
-
-// arrived tells whether channel ch of c has a head entry that arrived by t.
-func (c *gpuContext) arrived(ch int, t int64) bool {
-	st := &c.chans[ch]
-	return st.next < st.known && c.arrivedAt(ch) <= t
-}
-
-// nextArrival is the earliest time after t at which a head entry the
-// device knows of arrives (math.MaxInt64: none).
-func (g *gpu) nextArrival(t int64) int64 {
-	next := int64(math.MaxInt64)
-	for _, c := range g.ctxs {
-		for p := c.pending; p != 0; p &= p - 1 {
-			ch := trailingZeros(p)
-			if st := &c.chans[ch]; st.next < st.known {
-				if at := c.arrivedAt(ch); at > t {
-					next = min(next, at)
-				}
-			}
-		}
-	}
-	return next
+	return st.arrivals[0].at
 }
 
 // complete retires the head entry of ch at virtual time t.

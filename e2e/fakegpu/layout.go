@@ -18,7 +18,7 @@ import (
 const (
 	magicCtx      = 0x46474358
 	magicDoorbell = 0x46474442
-	abiVersion    = 3
+	abiVersion    = 2
 
 	MaxChannels = 32   // channels (streams) per context
 	RingEntries = 1024 // entries per channel ring
@@ -48,7 +48,6 @@ type entry struct {
 	Bytes  uint64
 	Seq    uint64
 	A0, A1 uint64
-	RungNS uint64
 }
 
 // channelShm is struct fg_channel.

@@ -367,14 +367,6 @@ static void futex_wake(uint32_t *addr)
 	syscall(SYS_futex, addr, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
-static uint64_t monotonic_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* Waits until channel ch of c has completed `target` entries. */
 CUresult wait_channel(struct ctx *c, int ch, uint64_t target)
 {
@@ -437,7 +429,6 @@ CUresult submit(struct ctx *c, int ch, uint32_t kind, uint64_t cost, uint64_t by
 	e->seq = put;
 	e->a0 = a0;
 	e->a1 = a1;
-	e->rung_ns = monotonic_ns();
 	__atomic_store_n(&fc->gp_put, put + 1, __ATOMIC_RELEASE);
 	__atomic_add_fetch(&c->db->ring, 1, __ATOMIC_SEQ_CST);
 	/* A doorbell on an idle channel wakes a sleeping device; entries queued

@@ -10,7 +10,7 @@
 
 #define FG_MAGIC_CTX 0x46474358u /* "FGCX" */
 #define FG_MAGIC_DB 0x46474442u  /* "FGDB" */
-#define FG_VERSION 3u
+#define FG_VERSION 2u
 
 #define FG_MAX_CHANNELS 32
 #define FG_RING_ENTRIES 1024
@@ -41,9 +41,6 @@ struct fg_entry {
 	uint64_t seq;
 	uint64_t a0;
 	uint64_t a1;
-	uint64_t rung_ns; /* CLOCK_MONOTONIC ns when the client rang its doorbell: the
-	                   * device takes it as the entry's arrival, as a GPU sees a
-	                   * doorbell at once, however late the simulator's thread wakes */
 };
 
 struct fg_channel {
