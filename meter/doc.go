@@ -93,8 +93,8 @@
 //     (sched_waking), which bounds the completion without its wait for a
 //     CPU and its return path (completedBy); what remains (the waker's own
 //     delay, and the launch uprobe's trap before the doorbell) still
-//     counts as GPU time: closed loops of 25–200 µs kernels alone read
-//     13–23 pp above the truth on this VM (30–40 pp before the bound).
+//     counts as GPU time: closed loops of 24–200 µs kernels alone read
+//     21–29 pp above the truth on this VM (36–43 pp before the bound).
 //   - Copies run on a separate engine and are not charged as GPU time.
 //   - Events of different CPUs can arrive slightly out of order: the replay
 //     runs Config.Lag behind the clock and applies late events at once.

@@ -154,9 +154,10 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 // reaching it: the driver's interrupt, the simulated GPU's wake-up), else
 // when the call returned. What follows the wake-up, the thread's wait for
 // a CPU and the return path with its uretprobe, is host time: taken as
-// GPU time it inflated closed loops of short kernels.
+// GPU time it inflated closed loops of short kernels. (The decoder keeps
+// only wake-ups within the call.)
 func completedBy(h *ioctlspy.Header, e *ioctlspy.Sync) uint64 {
-	if e.Woken > 0 && e.Woken >= h.Start && e.Woken <= h.End {
+	if e.Woken > 0 {
 		return e.Woken
 	}
 	return h.End
@@ -194,9 +195,10 @@ func (m *Meter) record(s *stream, event uint64) {
 
 // eventSync applies what a returning event synchronize (or a query that
 // found the event complete) proves: the stream's work up to the event's
-// mark ran by done (completedBy), the replay being at now. Work the replay still has queued before the mark is
-// dropped from it and its costs scaled down; a mark the replay passed
-// well before the wait ended scales them up. An event the meter never saw
+// mark ran by done (completedBy), the replay being at now. Work the
+// replay still has queued before the mark is dropped from it and its
+// costs scaled down; a mark the replay passed well before the wait ended
+// scales them up. An event the meter never saw
 // recorded teaches nothing.
 func (m *Meter) eventSync(c *gpuContext, h *ioctlspy.Header, event uint64, now, done uint64) {
 	var s *stream
