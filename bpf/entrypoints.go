@@ -22,6 +22,7 @@ const (
 	ClassGraphLaunch                  // submits a graph's kernels
 	ClassEventRecord                  // marks how far a stream's work reaches
 	ClassStreamWait                   // orders a stream after another's record
+	ClassCapture                      // begins or ends a stream capture (launches build a graph, nothing runs)
 	ClassSync                         // blocks until work completes
 	ClassQuery                        // tells whether work completed (polled)
 	ClassContext                      // creates a context on a GPU
@@ -34,7 +35,7 @@ const (
 
 var classNames = map[Class]string{
 	ClassLaunch: "launch", ClassGraphLaunch: "graph launch", ClassEventRecord: "event record",
-	ClassStreamWait: "stream wait", ClassSync: "sync", ClassQuery: "completion query", ClassContext: "context",
+	ClassStreamWait: "stream wait", ClassCapture: "capture", ClassSync: "sync", ClassQuery: "completion query", ClassContext: "context",
 	ClassContextEnd: "context end", ClassMemory: "memory", ClassCopy: "copy", ClassStreamOp: "stream operation",
 	ClassSetup: "setup",
 }
@@ -104,6 +105,9 @@ var EntryPoints = func() []EntryPoint {
 	add(pair("cuEventRecord", ClassEventRecord, gpuarbCudaFuncCU_EVENT_RECORD, gpuarbCudaFuncCU_EVENT_RECORD_PTSZ)...)
 	add(pair("cuEventRecordWithFlags", ClassEventRecord, gpuarbCudaFuncCU_EVENT_RECORD_WITH_FLAGS, gpuarbCudaFuncCU_EVENT_RECORD_WITH_FLAGS_PTSZ)...)
 	add(pair("cuStreamWaitEvent", ClassStreamWait, gpuarbCudaFuncCU_STREAM_WAIT_EVENT, gpuarbCudaFuncCU_STREAM_WAIT_EVENT_PTSZ)...)
+	add(pair("cuStreamBeginCapture_v2", ClassCapture, gpuarbCudaFuncCU_STREAM_BEGIN_CAPTURE, gpuarbCudaFuncCU_STREAM_BEGIN_CAPTURE_PTSZ)...)
+	add(pair("cuStreamBeginCapture", ClassCapture, gpuarbCudaFuncCU_STREAM_BEGIN_CAPTURE_V1, gpuarbCudaFuncCU_STREAM_BEGIN_CAPTURE_V1PTSZ)...)
+	add(pair("cuStreamEndCapture", ClassCapture, gpuarbCudaFuncCU_STREAM_END_CAPTURE, gpuarbCudaFuncCU_STREAM_END_CAPTURE_PTSZ)...)
 	add(pair("cuStreamSynchronize", ClassSync, gpuarbCudaFuncCU_STREAM_SYNC, gpuarbCudaFuncCU_STREAM_SYNC_PTSZ)...)
 	add(EntryPoint{Symbol: "cuCtxSynchronize", Class: ClassSync, Func: gpuarbCudaFuncCU_CTX_SYNC},
 		EntryPoint{Symbol: "cuCtxSynchronize_v2", Class: ClassSync, Func: gpuarbCudaFuncCU_CTX_SYNC_V2},
@@ -146,8 +150,7 @@ var EntryPoints = func() []EntryPoint {
 		"cuCtxSetCurrent", "cuCtxGetCurrent", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2", "cuCtxGetDevice",
 		"cuCtxGetStreamPriorityRange", "cuDevicePrimaryCtxSetFlags", "cuDevicePrimaryCtxSetFlags_v2", "cuDevicePrimaryCtxGetState",
 		"cuModuleLoadData", "cuModuleGetFunction", "cuModuleUnload", "cuStreamCreate", "cuStreamCreateWithPriority",
-		"cuStreamDestroy_v2", "cuStreamGetCtx", "cuStreamBeginCapture_v2", "cuStreamBeginCapture_v2_ptsz", "cuStreamEndCapture",
-		"cuStreamEndCapture_ptsz", "cuStreamIsCapturing", "cuStreamIsCapturing_ptsz", "cuEventCreate", "cuEventDestroy_v2",
+		"cuStreamDestroy_v2", "cuStreamGetCtx", "cuStreamIsCapturing", "cuStreamIsCapturing_ptsz", "cuEventCreate", "cuEventDestroy_v2",
 		"cuEventElapsedTime", "cuGraphInstantiateWithFlags", "cuGraphGetNodes", "cuGraphExecUpdate_v2", "cuGraphExecDestroy",
 		"cuGraphDestroy", "cuMemGetInfo_v2", "cuIpcGetMemHandle", "cuIpcOpenMemHandle_v2", "cuIpcCloseMemHandle"} {
 		add(EntryPoint{Symbol: s, Class: ClassSetup})

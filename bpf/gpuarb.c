@@ -826,8 +826,10 @@ int gpuarb_cu_graph_launch(struct pt_regs *ctx)
  * (event, stream) and its variants marks how far a stream's work reaches,
  * so a later event synchronize or query tells which work drained;
  * cuStreamWaitEvent (stream, event, flags) makes a stream wait for
- * another's record; cuCtxDestroy (ctx), cuDevicePrimaryCtxRelease and
- * Reset (dev) end a context. */
+ * another's record; cuStreamBeginCapture_v2 (stream, mode) and
+ * cuStreamEndCapture (stream, graph out) bracket launches that build a
+ * graph instead of running; cuCtxDestroy (ctx), cuDevicePrimaryCtxRelease
+ * and Reset (dev) end a context. */
 SEC("uprobe/cuEventRecord")
 int gpuarb_cu_two_args(struct pt_regs *ctx)
 {

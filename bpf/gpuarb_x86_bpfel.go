@@ -122,7 +122,13 @@ const (
 	gpuarbCudaFuncCU_MEMSET_D32PTDS               gpuarbCudaFunc = 63
 	gpuarbCudaFuncCU_MEMSET_D32ASYNC              gpuarbCudaFunc = 64
 	gpuarbCudaFuncCU_MEMSET_D32ASYNC_PTSZ         gpuarbCudaFunc = 65
-	gpuarbCudaFuncCU_FUNC_MAX                     gpuarbCudaFunc = 66
+	gpuarbCudaFuncCU_STREAM_BEGIN_CAPTURE         gpuarbCudaFunc = 66
+	gpuarbCudaFuncCU_STREAM_BEGIN_CAPTURE_PTSZ    gpuarbCudaFunc = 67
+	gpuarbCudaFuncCU_STREAM_END_CAPTURE           gpuarbCudaFunc = 68
+	gpuarbCudaFuncCU_STREAM_END_CAPTURE_PTSZ      gpuarbCudaFunc = 69
+	gpuarbCudaFuncCU_STREAM_BEGIN_CAPTURE_V1      gpuarbCudaFunc = 70
+	gpuarbCudaFuncCU_STREAM_BEGIN_CAPTURE_V1PTSZ  gpuarbCudaFunc = 71
+	gpuarbCudaFuncCU_FUNC_MAX                     gpuarbCudaFunc = 72
 )
 
 type gpuarbCudaKey struct {

@@ -255,7 +255,7 @@ func (p *Probes) programs(e EntryPoint) (entry, ret *ebpf.Program) {
 		return o.GpuarbCuLaunch, nil
 	case ClassGraphLaunch:
 		return o.GpuarbCuGraphLaunch, nil
-	case ClassEventRecord, ClassStreamWait, ClassContextEnd:
+	case ClassEventRecord, ClassStreamWait, ClassCapture, ClassContextEnd:
 		return o.GpuarbCuTwoArgs, nil
 	case ClassSync:
 		return o.GpuarbCuSync, o.GpuarbCuSyncRet

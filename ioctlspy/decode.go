@@ -80,6 +80,8 @@ func TypeOf(ev Event) string {
 		return "wait_begin"
 	case *StreamWaitEvent:
 		return "stream_wait_event"
+	case *StreamCapture:
+		return "stream_capture"
 	case *Launch:
 		return "launch"
 	case *GraphLaunch:
@@ -353,6 +355,9 @@ func decodeCuda(h Header, r Record) (Event, error) {
 		return &EventRecord{Header: h, Func: name, Event: a[0], Stream: streamKey(a[1], e.PerThread, h.TID)}, nil
 	case bpf.ClassStreamWait:
 		return &StreamWaitEvent{Header: h, Func: name, Stream: streamKey(a[0], e.PerThread, h.TID), Event: a[1]}, nil
+	case bpf.ClassCapture:
+		return &StreamCapture{Header: h, Func: name, Stream: streamKey(a[0], e.PerThread, h.TID),
+			Begin: strings.HasPrefix(name, "cuStreamBeginCapture")}, nil
 	case bpf.ClassSync, bpf.ClassQuery:
 		of, handle := waitTarget(e, a[0], h.TID)
 		if r.Flags&flagBegin != 0 {

@@ -199,6 +199,16 @@ func TestDecode(t *testing.T) {
 				t.Errorf("%+v", e)
 			}
 		}},
+		{"capture begins", Record{Type: recCuda, Func: fn("cuStreamBeginCapture_v2_ptsz"), TID: 9, Args: [8]uint64{0, 1}}, func(t *testing.T, ev Event) {
+			if e := ev.(*StreamCapture); !e.Begin || e.Stream != PerThreadStream(9) {
+				t.Errorf("%+v", e)
+			}
+		}},
+		{"capture ends", Record{Type: recCuda, Func: fn("cuStreamEndCapture"), Args: [8]uint64{0x5000, 0x7ff0}}, func(t *testing.T, ev Event) {
+			if e := ev.(*StreamCapture); e.Begin || e.Stream != 0x5000 {
+				t.Errorf("%+v", e)
+			}
+		}},
 		{"async copy", Record{Type: recCuda, Func: fn("cuMemcpyHtoDAsync_v2"), Args: [8]uint64{0xd000, 0x7000, 4096, 0, 0, 0, 0, 0x5000}}, func(t *testing.T, ev Event) {
 			if e := ev.(*Copy); e.Bytes != 4096 || !e.Async || e.Stream != 0x5000 {
 				t.Errorf("%+v", e)

@@ -332,6 +332,26 @@ func (e *GraphLaunch) String() string {
 	return fmt.Sprintf("%s exec=0x%x stream=0x%x", e.Func, e.Exec, e.Stream)
 }
 
+// StreamCapture is cuStreamBeginCapture or cuStreamEndCapture: between
+// the two, work launched on Stream (and on streams that join the capture
+// by waiting on an event recorded in it) builds a graph and runs nothing.
+// The probe does not see the call's result: a capture that failed to
+// begin reads as begun until its end.
+type StreamCapture struct {
+	Header
+	Func   string `json:"func"`
+	Stream uint64 `json:"stream"`
+	Begin  bool   `json:"begin"`
+}
+
+func (e *StreamCapture) String() string {
+	what := "end"
+	if e.Begin {
+		what = "begin"
+	}
+	return fmt.Sprintf("%s %s stream=0x%x", e.Func, what, e.Stream)
+}
+
 // EventRecord is cuEventRecord: the event completes when the stream's work
 // launched before it has run, so a later cuEventSynchronize on it proves
 // that much of the stream drained.

@@ -419,6 +419,8 @@ func TestRuntimeVariantsProbed(t *testing.T) {
 					seen[e.Func]++
 				case *ioctlspy.StreamWaitEvent:
 					seen[e.Func]++
+				case *ioctlspy.StreamCapture:
+					seen[e.Func]++
 				case *ioctlspy.Sync:
 					seen[e.Func]++
 					if e.Polled && e.Of == "event" && e.DurationNS > 3e6 {
@@ -442,7 +444,8 @@ func TestRuntimeVariantsProbed(t *testing.T) {
 				"begin cuStreamSynchronize_ptsz", "cuCtxSynchronize_v2", "cuEventSynchronize", "cuEventQuery",
 				"begin cuEventQuery", "cuStreamQuery_ptsz", "long poll", "cuCtxCreate_v3", "cuCtxCreate_v4",
 				"cuDevicePrimaryCtxRetain", "cuMemAlloc_v2", "cuMemAllocAsync_ptsz", "cuMemcpyAsync_ptsz",
-				"cuMemsetD32Async_ptsz", "cuMemsetD32_v2_ptds", "cuMemcpyPeerAsync_ptsz"} {
+				"cuMemsetD32Async_ptsz", "cuMemsetD32_v2_ptds", "cuMemcpyPeerAsync_ptsz", "cuStreamBeginCapture_v2_ptsz",
+				"cuStreamEndCapture_ptsz"} {
 				if seen[want] == 0 {
 					t.Errorf("%s not seen (seen: %v)", want, seen)
 				}

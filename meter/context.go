@@ -108,6 +108,10 @@ type stream struct {
 	// unseen is set until the first sync of a stream that may hold work
 	// queued before the meter could see it: that sync proves nothing.
 	unseen bool
+	// capturing is set while the stream is in a stream capture (that of
+	// stream captureOf): what is launched on it builds a graph.
+	capturing bool
+	captureOf uint64
 }
 
 // maxBounds bounds the kernel ends remembered per stream; beyond it, the
@@ -192,8 +196,12 @@ type gpuContext struct {
 	drains []uint64
 	mem    int64
 	allocs map[uint64]uint64
-	exited bool
-	total  Totals // since the context appeared in its cgroup and on its GPU
+	// capturedEvents are events recorded in a stream capture, by the
+	// stream whose capture they belong to: a stream that waits on one
+	// joins that capture (capture.go).
+	capturedEvents map[uint64]uint64
+	exited         bool
+	total          Totals // since the context appeared in its cgroup and on its GPU
 	// Launches the launch gate held: they reach the GPU when the process
 	// is released (Released, or its next event), not when they were seen.
 	since      uint64 // its first event
@@ -437,7 +445,9 @@ func (c *gpuContext) stream(h uint64) (s *stream, folded bool) {
 		return s, false
 	}
 	if len(c.streams) >= maxStreams {
-		i := slices.IndexFunc(c.streams, func(s *stream) bool { return s.left <= 0 && len(s.marks) == 0 && s.id != overflowStream })
+		i := slices.IndexFunc(c.streams, func(s *stream) bool {
+			return s.left <= 0 && len(s.marks) == 0 && !s.capturing && s.id != overflowStream
+		})
 		if i < 0 {
 			if s := c.findStream(overflowStream); s != nil {
 				return s, true

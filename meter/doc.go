@@ -16,8 +16,11 @@
 // re-enacting what the GPU does. Each context has a modeled work queue per
 // stream; a launch adds the cost of what it runs: a kernel function (its
 // CUfunction handle) costs ns per block of its grid, an instantiated graph
-// ns per launch, each learned apart (costKey). Per GPU the meter replays
-// round-robin time-slicing over those queues, as the hardware schedules
+// ns per launch, each learned apart (costKey). Launches on a stream being
+// captured (cuStreamBeginCapture to cuStreamEndCapture, and streams that
+// joined the capture by waiting on an event recorded in it) build a graph
+// and add nothing (capture.go). Per GPU the meter replays round-robin
+// time-slicing over those queues, as the hardware schedules
 // channel groups: the holder keeps the GPU until its timeslice ends and
 // another context has work, or until its queue empties. Each context's
 // timeslice is its own where one was set (its own SET_TIMESLICE the

@@ -205,7 +205,7 @@ func (m *Meter) context(h *ioctlspy.Header) *gpuContext {
 		m.unprobed-- // its pid is another process's now
 	}
 	if c == nil || c.exited {
-		c = &gpuContext{pid: h.PID, allocs: map[uint64]uint64{}, costs: map[costKey]*cost{}, shape: map[costKey]*keyShape{},
+		c = &gpuContext{pid: h.PID, allocs: map[uint64]uint64{}, capturedEvents: map[uint64]uint64{}, costs: map[costKey]*cost{}, shape: map[costKey]*keyShape{},
 			since: h.Start, unseenBefore: m.preexisting[h.PID]}
 		delete(m.preexisting, h.PID)
 		m.ctxs[h.PID] = c
@@ -416,13 +416,23 @@ func (m *Meter) Observe(ev ioctlspy.Event) {
 	}
 	switch e := ev.(type) {
 	case *ioctlspy.Launch:
-		m.launch(m.context(h), h, heldLaunch{e.Stream, costKey{handle: e.Function}, float64(max(e.Blocks(), 1))})
+		if c := m.context(h); !c.capturing(e.Stream) {
+			m.launch(c, h, heldLaunch{e.Stream, costKey{handle: e.Function}, float64(max(e.Blocks(), 1))})
+		}
 	case *ioctlspy.GraphLaunch:
-		m.launch(m.context(h), h, heldLaunch{e.Stream, costKey{graph: true, handle: e.Exec}, 1})
+		if c := m.context(h); !c.capturing(e.Stream) {
+			m.launch(c, h, heldLaunch{e.Stream, costKey{graph: true, handle: e.Exec}, 1})
+		}
 	case *ioctlspy.EventRecord:
 		c := m.context(h)
 		m.at(c, h.Start)
-		m.record(m.streamOf(c, e.Stream), e.Event)
+		if !c.recordCaptured(e.Stream, e.Event) {
+			m.record(m.streamOf(c, e.Stream), e.Event)
+		}
+	case *ioctlspy.StreamCapture:
+		m.capture(m.context(h), e)
+	case *ioctlspy.StreamWaitEvent:
+		m.context(h).joinCapture(e.Stream, e.Event)
 	case *ioctlspy.Submission:
 		// A submission ioctl went through before its process was held:
 		// it is never deferred.

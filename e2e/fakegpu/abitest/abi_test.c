@@ -75,6 +75,7 @@ CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDi
 			unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra);
 CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra);
 CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode);
+CUresult cuStreamBeginCapture(CUstream hStream);
 CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph);
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags);
 CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream);
@@ -293,6 +294,11 @@ int main(int argc, char **argv)
 	EXPECT(cuGraphExecDestroy(ge), CUDA_ERROR_INVALID_HANDLE);
 	EXPECT(cuGraphDestroy(g), CUDA_SUCCESS);
 	EXPECT(cuGraphDestroy(g), CUDA_ERROR_INVALID_HANDLE);
+	EXPECT(cuStreamBeginCapture(NULL), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED); /* CUDA 10.0's, no mode */
+	EXPECT(cuStreamBeginCapture(s), CUDA_SUCCESS);
+	EXPECT(cuStreamBeginCapture(s), CUDA_ERROR_ILLEGAL_STATE);
+	EXPECT(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+	EXPECT(cuGraphDestroy(g), CUDA_SUCCESS);
 
 	/* Error strings. */
 	EXPECT(cuGetErrorString(CUDA_SUCCESS, &str), CUDA_SUCCESS);

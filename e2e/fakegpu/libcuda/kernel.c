@@ -563,6 +563,17 @@ CUAPI CUresult cuStreamBeginCapture_v2_ptsz(CUstream hs, int mode)
 	return begin_capture(hs, mode, 1);
 }
 
+/* The CUDA 10.0 entry points, without a mode: a global capture. */
+CUAPI CUresult cuStreamBeginCapture(CUstream hs)
+{
+	return begin_capture(hs, 0, 0);
+}
+
+CUAPI CUresult cuStreamBeginCapture_ptsz(CUstream hs)
+{
+	return begin_capture(hs, 0, 1);
+}
+
 static CUresult end_capture(CUstream hs, CUgraph *pg, int per_thread)
 {
 	struct stream *s;

@@ -82,6 +82,8 @@ enum { FLAG_LEGACY_STREAM = 1, FLAG_PER_THREAD_STREAM = 2 };
 	X(cuStreamWaitValue32, cuStreamWaitValue32, 8000, 0)                  \
 	X(cuStreamWaitValue32, cuStreamWaitValue32_v2, 11070, 0)              \
 	X(cuStreamWaitValue32, cuStreamWaitValue32_v2_ptsz, 11070, 1)         \
+	X(cuStreamBeginCapture, cuStreamBeginCapture, 10000, 0)               \
+	X(cuStreamBeginCapture, cuStreamBeginCapture_ptsz, 10000, 1)          \
 	X(cuStreamBeginCapture, cuStreamBeginCapture_v2, 10010, 0)            \
 	X(cuStreamBeginCapture, cuStreamBeginCapture_v2_ptsz, 10010, 1)       \
 	X(cuStreamEndCapture, cuStreamEndCapture, 10000, 0)                   \
