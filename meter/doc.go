@@ -22,7 +22,9 @@
 // and add nothing (capture.go). Per GPU the meter replays round-robin
 // time-slicing over those queues, as the hardware schedules
 // channel groups: the holder keeps the GPU until its timeslice ends and
-// another context has work, or until its queue empties. Each context's
+// another context has work, or until its queue empties. Within a context
+// the streams take turns kernel by kernel, one kernel running at a time,
+// as the GPU runs one group's channels. Each context's
 // timeslice is its own where one was set (its own SET_TIMESLICE the
 // probes saw, or SetTimeslice when gpuarb steers it), else the GPU's; a
 // context gpuarb paused (SetPaused) takes no turn. The time each context

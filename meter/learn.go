@@ -131,6 +131,12 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 		s.left, s.got, s.launched = 0, 0, false
 		s.drained = now
 	}
+	if got <= 0 && left > 0 && !c.learned {
+		// The replay had not begun the synced work: it ran the context's
+		// other streams first, the GPU this one (or in its turn). What it
+		// ran of them instead took the GPU time the synced work had.
+		got = c.gotApartFrom(ids)
+	}
 	if !any || got <= 0 || unseen || m.pausedDuring(c, h.Start, h.End) {
 		// A sync that spanned a stop waited for the resume, not the GPU;
 		// one of work queued before the meter saw it, for unseen work.
@@ -147,6 +153,18 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 	default:
 		c.prove(m.lateness(c, left, early), got+left, burst)
 	}
+}
+
+// gotApartFrom is the GPU time the context's streams other than ids
+// received since their queues were last empty.
+func (c *gpuContext) gotApartFrom(ids []uint64) float64 {
+	var got float64
+	for _, s := range c.streams {
+		if !slices.Contains(ids, s.id) {
+			got += s.got
+		}
+	}
+	return got
 }
 
 // completedBy bounds when the work a sync waited for completed: when its

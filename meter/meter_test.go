@@ -977,3 +977,42 @@ func TestWakeUpBoundsTheCompletion(t *testing.T) {
 		}
 	}
 }
+
+// A closed loop over four streams: a 1 ms kernel on each, then a sync of
+// each stream in turn. The GPU runs a context's kernels one at a time, so
+// stream i drains (i+1) ms into the turn: the replay must serve streams
+// kernel by kernel too. Shared at once, every sync but the last found
+// work still queued in the replay and the costs fell (a 0.95 truth read
+// 0.67).
+func TestStreamsTakeTurnsKernelByKernel(t *testing.T) {
+	const (
+		kernel  = ms
+		streams = 4
+		think   = 200 * us
+	)
+	clk := &clock{t: 10 * 1000 * ms}
+	m := New(Config{Now: clk.now})
+	start := clk.t
+	for clk.t < start+2000*ms {
+		t0 := clk.t
+		for i := range uint64(streams) {
+			m.Observe(launchFn(1, 100, t0, 10+i, 0xa, 1000))
+		}
+		for i := range uint64(streams) {
+			done := t0 + (i+1)*kernel
+			m.Observe(waitBegin(1, 100, "stream", 10+i, max(t0, done-kernel)))
+			clk.t = done + 20*us
+			s := syncEv(1, 100, "cuStreamSynchronize", 10+i, max(t0, done-kernel), clk.t).(*ioctlspy.Sync)
+			s.Woken = done
+			m.Observe(s)
+		}
+		clk.t += think
+	}
+	m.Tick()
+	_, cs := m.Contexts(time.Second)
+	truth := float64(streams*kernel) / float64(streams*kernel+20*us+think)
+	t.Logf("share %.3f, true %.3f, a kernel %.0f ns a block (true 1000)", cs[0].Share, truth, m.ctxs[1].costs[costKey{handle: 0xa}].ns)
+	if math.Abs(cs[0].Share-truth) > 0.03 {
+		t.Errorf("share %.3f, want %.3f ± 0.03", cs[0].Share, truth)
+	}
+}
