@@ -133,9 +133,10 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 	}
 	if got <= 0 && left > 0 && !c.learned {
 		// The replay had not begun the synced work: it ran the context's
-		// other streams first, the GPU this one (or in its turn). What it
-		// ran of them instead took the GPU time the synced work had.
-		got = c.gotApartFrom(ids)
+		// other streams first, the GPU this one (or in its turn): the
+		// proof covers the context's work, what ran of it and what not.
+		og, ol := c.othersSinceEmpty(ids)
+		got, left = got+og, left+ol
 	}
 	if !any || got <= 0 || unseen || m.pausedDuring(c, h.Start, h.End) {
 		// A sync that spanned a stop waited for the resume, not the GPU;
@@ -155,16 +156,17 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 	}
 }
 
-// gotApartFrom is the GPU time the context's streams other than ids
-// received since their queues were last empty.
-func (c *gpuContext) gotApartFrom(ids []uint64) float64 {
-	var got float64
+// othersSinceEmpty is the GPU time the context's streams other than ids
+// received since their queues were last empty, and the work they have
+// left.
+func (c *gpuContext) othersSinceEmpty(ids []uint64) (got, left float64) {
 	for _, s := range c.streams {
 		if !slices.Contains(ids, s.id) {
 			got += s.got
+			left += s.left
 		}
 	}
-	return got
+	return got, left
 }
 
 // completedBy bounds when the work a sync waited for completed: when its
@@ -255,6 +257,10 @@ func (m *Meter) eventSync(c *gpuContext, h *ioctlspy.Header, event uint64, now, 
 	waited := h.DurationNS >= uint64(realWait)
 	switch {
 	case behind > 0 && !c.learned && waited:
+		if ran <= 0 { // as in sync: the replay ran the others first
+			og, ol := c.othersSinceEmpty([]uint64{s.id})
+			ran, covered = og, covered+og+ol
+		}
 		c.learn(max(min(ran, float64(done-h.Start)), 1)/covered, burst)
 	case !c.learned:
 		// A sync that did not wait proves the work done, not how long it

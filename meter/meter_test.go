@@ -59,12 +59,14 @@ func TestProcessorSharing(t *testing.T) {
 		{"overlap", []ioctlspy.Event{
 			launch(1, 100, base, 7), launch(2, 200, base+500*ms, 9),
 		}, map[uint64]float64{100: 0.75, 200: 0.25}, 1},
-		// The sync drains stream 8 at 200 ms and teaches that a launch costs
-		// 100 ms; stream 7's launch, rescaled with it, runs 100 ms more.
+		// The sync drains stream 8 at 200 ms, where the replay (one kernel
+		// at a time) still ran stream 7's: the proof covers both launches,
+		// and teaches what its wait bounds, 100 ms for the two; stream 7's
+		// launch, rescaled with it, runs 50 ms more.
 		{"another stream's sync drains only its stream", []ioctlspy.Event{
 			launch(1, 100, base, 7), launch(1, 100, base, 8),
 			syncEv(1, 100, "cuStreamSynchronize", 8, base+100*ms, base+200*ms),
-		}, map[uint64]float64{100: 0.3}, 0.3},
+		}, map[uint64]float64{100: 0.25}, 0.25},
 		{"context sync drains every stream", []ioctlspy.Event{
 			launch(1, 100, base, 7), launch(1, 100, base, 8),
 			syncEv(1, 100, "cuCtxSynchronize", 0, base+100*ms, base+400*ms),
@@ -1014,5 +1016,36 @@ func TestStreamsTakeTurnsKernelByKernel(t *testing.T) {
 	t.Logf("share %.3f, true %.3f, a kernel %.0f ns a block (true 1000)", cs[0].Share, truth, m.ctxs[1].costs[costKey{handle: 0xa}].ns)
 	if math.Abs(cs[0].Share-truth) > 0.03 {
 		t.Errorf("share %.3f, want %.3f ± 0.03", cs[0].Share, truth)
+	}
+}
+
+// The first proof of a multi-stream context comes from its last stream,
+// whose kernel the replay (one at a time) has not begun: the proof covers
+// the context's work, so the first cost is near the truth, not left a
+// guess (a stream sync) or collapsed (an event sync: what the replay ran
+// of the stream, nothing, over what it covered).
+func TestFirstProofFromALaterStream(t *testing.T) {
+	for _, of := range []string{"stream", "event"} {
+		t.Run(of, func(t *testing.T) {
+			clk := &clock{t: 10 * 1000 * ms}
+			m := New(Config{Now: clk.now})
+			t0 := clk.t
+			for i := range uint64(4) {
+				m.Observe(launchFn(1, 100, t0, 10+i, 0xa, 1000)) // 1 ms kernels: 1 µs a block
+			}
+			m.Observe(&ioctlspy.EventRecord{Header: hdr(1, 100, t0, t0), Event: 0xe, Stream: 13})
+			clk.t = t0 + 4*ms
+			s := &ioctlspy.Sync{Header: hdr(1, 100, t0, clk.t), Func: "cuStreamSynchronize", Of: "stream", Handle: 13}
+			if of == "event" {
+				s.Func, s.Of, s.Handle = "cuEventSynchronize", "event", 0xe
+			}
+			m.Observe(s)
+			c := m.ctxs[1]
+			got := c.costs[costKey{handle: 0xa}].ns
+			t.Logf("first cost %.0f ns a block (true 1000), learned %v", got, c.learned)
+			if !c.learned || got < 500 || got > 2000 {
+				t.Errorf("first cost %.0f ns a block (learned %v), want 1000 within 2×", got, c.learned)
+			}
+		})
 	}
 }
