@@ -232,6 +232,30 @@ type TenantResult struct {
 	// Err and UnarbitratedErr are the medians over the windows of
 	// |true − target| with gpuarb and without.
 	Err, UnarbitratedErr float64
+	// Alone is the median of what the tenant took alone in the windows;
+	// LatencyBound the median of Alone × the time the others' true
+	// shares left free: what a closed loop gets when nothing fills its
+	// idle gaps but itself (see HeldByLatency).
+	Alone, LatencyBound float64
+}
+
+// latencyMargin is how close to its latency bound a tenant short of its
+// target must be to count as held there, and idleAlone how far below a
+// whole GPU its share alone must be to be a loop that idles the GPU.
+const (
+	latencyMargin = 0.01
+	idleAlone     = 0.95
+)
+
+// HeldByLatency tells whether a tenant short of its target by more than
+// bar is a closed loop held at its latency bound: alone it idles the GPU
+// between its bursts (a sync's round trip), beside others it reaches at
+// least that rate in all the time they leave free. Its target, set from
+// its share alone as if it could take that much of any time, then is out
+// of reach while the others hold theirs: whenever another's work holds
+// the GPU, the loop waits for the GPU's timeslice to end at every sync.
+func (r TenantResult) HeldByLatency(bar float64) bool {
+	return r.Target-r.True > bar && r.Alone < idleAlone && r.True >= r.LatencyBound-latencyMargin
 }
 
 // Error is the median |true − target| with gpuarb.
@@ -265,6 +289,28 @@ func (r ScenarioResult) MaxError(arbitrated bool) float64 {
 		}
 	}
 	return m
+}
+
+// LatencyHeld names the tenants beyond bar of their targets when every
+// one of them is a closed loop held at its latency bound (HeldByLatency)
+// and short of its target; nil when the scenario is within bar or any
+// miss has another cause.
+func (r ScenarioResult) LatencyHeld(bar float64) []string {
+	var held []string
+	for _, seg := range r.Segments {
+		for _, t := range seg {
+			switch {
+			case t.Error() <= bar:
+			case t.HeldByLatency(bar):
+				if !slices.Contains(held, t.Name) {
+					held = append(held, t.Name)
+				}
+			default:
+				return nil
+			}
+		}
+	}
+	return held
 }
 
 // MaxMeterError is the largest |estimated − true| of any tenant.
@@ -304,9 +350,10 @@ func (sc Scenario) Evaluate(alone, arbitrated, unarbitrated []Sample) ScenarioRe
 		unarbAt[second(u.At)] = u
 	}
 	for _, seg := range sc.Segments() {
-		cols := map[string]*[6][]float64{} // target, true, unarbitrated, estimated, err, unarbitrated err
+		// target, true, unarbitrated, estimated, err, unarbitrated err, alone, latency bound
+		cols := map[string]*[8][]float64{}
 		for _, name := range seg.Tenants {
-			cols[name] = &[6][]float64{}
+			cols[name] = &[8][]float64{}
 		}
 		for _, a := range arbitrated {
 			if a.At <= seg.From || a.At > seg.To {
@@ -318,6 +365,10 @@ func (sc Scenario) Evaluate(alone, arbitrated, unarbitrated []Sample) ScenarioRe
 				continue
 			}
 			targets := sc.Targets(seg.Tenants, demand)
+			var taken float64
+			for _, name := range seg.Tenants {
+				taken += a.True[name]
+			}
 			for _, name := range seg.Tenants {
 				c := cols[name]
 				tg := targets[name]
@@ -327,13 +378,16 @@ func (sc Scenario) Evaluate(alone, arbitrated, unarbitrated []Sample) ScenarioRe
 				c[3] = append(c[3], a.Est[name])
 				c[4] = append(c[4], math.Abs(a.True[name]-tg))
 				c[5] = append(c[5], math.Abs(u.True[name]-tg))
+				c[6] = append(c[6], demand[name])
+				c[7] = append(c[7], demand[name]*max(0, 1-(taken-a.True[name])))
 			}
 		}
 		var rs []TenantResult
 		for _, name := range seg.Tenants {
 			c := cols[name]
 			rs = append(rs, TenantResult{Name: name, Target: Median(c[0]), True: Median(c[1]), Unarbitrated: Median(c[2]),
-				Estimated: Median(c[3]), Err: Median(c[4]), UnarbitratedErr: Median(c[5])})
+				Estimated: Median(c[3]), Err: Median(c[4]), UnarbitratedErr: Median(c[5]), Alone: Median(c[6]),
+				LatencyBound: Median(c[7])})
 		}
 		res.Segments = append(res.Segments, rs)
 	}

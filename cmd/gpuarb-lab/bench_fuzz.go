@@ -85,6 +85,12 @@ func fuzzReport(b *bench, results []lab.ScenarioResult, source string) (string, 
 	if len(sum.Failed) > 0 {
 		fmt.Fprintf(&s, "\nSeeds beyond 3 pp with gpuarb (`gpuarb-lab fuzz --seeds N --verbose` replays one): %s.\n", joinSeeds(sum.Failed))
 	}
+	if len(sum.LatencyHeld) > 0 {
+		fmt.Fprintf(&s, "\nOf these, only closed loops held at their latency bound miss in %d: %s. Such a loop idles the GPU "+
+			"between its bursts alone (its share alone below 95%%) and beside the others gets at least that rate in all the "+
+			"time their true shares leave free: its target, set from its share alone, is out of reach while the others hold "+
+			"theirs (`lab.TenantResult.HeldByLatency`). They still count as misses above.\n", len(sum.LatencyHeld), joinSeeds(sum.LatencyHeld))
+	}
 	with, without := make([]float64, len(errorBins)), make([]float64, len(errorBins))
 	cats := make([]string, len(errorBins))
 	for i, bin := range errorBins {

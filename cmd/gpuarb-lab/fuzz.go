@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -133,16 +134,19 @@ func runFuzz(ctx context.Context, w io.Writer, seeds []uint64, o lab.RunOptions)
 func printScenarioResult(w io.Writer, r lab.ScenarioResult) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	for i, seg := range r.Segments {
-		fmt.Fprintf(tw, "  segment %d\ttarget\twithout\twith gpuarb\testimated\terror\n", i+1)
+		fmt.Fprintf(tw, "  segment %d\ttarget\twithout\twith gpuarb\testimated\terror\talone\tlatency bound\n", i+1)
 		for _, t := range seg {
-			fmt.Fprintf(tw, "  %s\t%.1f%%\t%.1f%%\t%.1f%%\t%.1f%%\t%.1f pp\n", t.Name, 100*t.Target, 100*t.Unarbitrated,
-				100*t.True, 100*t.Estimated, 100*t.Error())
+			fmt.Fprintf(tw, "  %s\t%.1f%%\t%.1f%%\t%.1f%%\t%.1f%%\t%.1f pp\t%.1f%%\t%.1f%%\n", t.Name, 100*t.Target,
+				100*t.Unarbitrated, 100*t.True, 100*t.Estimated, 100*t.Error(), 100*t.Alone, 100*t.LatencyBound)
 		}
 	}
 	tw.Flush()
 	verdict := "pass"
 	if r.MaxError(true) > passBar {
 		verdict = "FAIL"
+		if held := r.LatencyHeld(passBar); held != nil {
+			verdict = fmt.Sprintf("FAIL (only closed loops held at their latency bound miss: %s)", strings.Join(held, ", "))
+		}
 	}
 	fmt.Fprintf(w, "  %s: largest error %.1f pp with gpuarb, %.1f pp without; meter off by at most %.1f pp\n\n", verdict,
 		100*r.MaxError(true), 100*r.MaxError(false), 100*r.MaxMeterError())
@@ -155,6 +159,9 @@ type FuzzSummary struct {
 	Within3Free, Beyond10Free int     // without
 	MedianMax, MedianMaxFree  float64 // median over scenarios of the largest tenant error
 	Failed                    []uint64
+	// LatencyHeld are the failed seeds where only closed loops held at
+	// their latency bound miss (lab.ScenarioResult.LatencyHeld).
+	LatencyHeld []uint64
 }
 
 // summarize computes the error distribution of results.
@@ -168,6 +175,9 @@ func summarize(results []lab.ScenarioResult) FuzzSummary {
 			s.Within3++
 		} else {
 			s.Failed = append(s.Failed, r.Scenario.Seed)
+			if r.LatencyHeld(passBar) != nil {
+				s.LatencyHeld = append(s.LatencyHeld, r.Scenario.Seed)
+			}
 		}
 		if e > failBar {
 			s.Beyond10++
@@ -180,7 +190,8 @@ func summarize(results []lab.ScenarioResult) FuzzSummary {
 		}
 	}
 	s.MedianMax, s.MedianMaxFree = lab.Median(with), lab.Median(without)
-	sort.Slice(s.Failed, func(i, j int) bool { return s.Failed[i] < s.Failed[j] })
+	slices.Sort(s.Failed)
+	slices.Sort(s.LatencyHeld)
 	return s
 }
 
@@ -195,6 +206,9 @@ func printFuzzSummary(w io.Writer, results []lab.ScenarioResult) {
 		100*s.MedianMax, 100*s.MedianMaxFree)
 	if len(s.Failed) > 0 {
 		fmt.Fprintf(w, "failing seeds: %v\n", s.Failed)
+	}
+	if len(s.LatencyHeld) > 0 {
+		fmt.Fprintf(w, "of which only closed loops held at their latency bound miss in: %v\n", s.LatencyHeld)
 	}
 }
 

@@ -1,0 +1,57 @@
+package lab
+
+import (
+	"math"
+	"slices"
+	"testing"
+	"time"
+)
+
+// A closed loop that takes 57% of a GPU alone, beside a hog limited to
+// 25% and a light tenant: its max-min target is its 57%, which it cannot
+// reach while the others hold theirs. Evaluate gives it its latency bound
+// (57% × the 67% the others leave), and the scenario's only miss is then
+// a loop held there; a loop given less than its bound, or any other miss
+// beside it, is not excused.
+func TestLatencyHeldLoops(t *testing.T) {
+	sc := Scenario{Seed: 1, Duration: 8 * time.Second, Tenants: []ScenarioTenant{
+		{Name: "loop", Weight: 500}, {Name: "hog", Weight: 500, Limit: 0.25}, {Name: "light", Weight: 500},
+	}}
+	run := func(loop, hog float64) []Sample {
+		var ss []Sample
+		for s := 1; s <= 8; s++ {
+			ss = append(ss, Sample{At: time.Duration(s) * time.Second,
+				True: map[string]float64{"loop": loop, "hog": hog, "light": 0.08}})
+		}
+		return ss
+	}
+	alone := run(0.57, 1)
+	for _, tc := range []struct {
+		name      string
+		loop, hog float64
+		held      bool
+	}{
+		{"held at its bound", 0.38, 0.25, true},
+		{"below its bound", 0.30, 0.25, false},
+		{"the hog over its limit too", 0.36, 0.30, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := sc.Evaluate(alone, run(tc.loop, tc.hog), run(0.2, 0.7))
+			if len(r.Segments) != 1 {
+				t.Fatalf("%d segments, want 1", len(r.Segments))
+			}
+			i := slices.IndexFunc(r.Segments[0], func(x TenantResult) bool { return x.Name == "loop" })
+			loop := r.Segments[0][i]
+			if bound := 0.57 * (1 - tc.hog - 0.08); math.Abs(loop.LatencyBound-bound) > 1e-9 || loop.Alone != 0.57 {
+				t.Errorf("alone %.3f, latency bound %.3f: want 0.570 and %.3f", loop.Alone, loop.LatencyBound, bound)
+			}
+			if loop.Target-loop.True <= 0.03 {
+				t.Fatalf("the loop is %.1f pp short of its target: the case shows nothing", 100*(loop.Target-loop.True))
+			}
+			held := r.LatencyHeld(0.03)
+			if got := slices.Equal(held, []string{"loop"}); got != tc.held {
+				t.Errorf("latency held %v, want the loop: %v", held, tc.held)
+			}
+		})
+	}
+}
