@@ -360,7 +360,7 @@ func (c *gpuContext) run(t, dt uint64) {
 // runningStream is the stream whose kernel the context runs: the one whose
 // turn it is, or the next with work.
 func (c *gpuContext) runningStream() *stream {
-	if c.turn != nil && c.turn.left > 0 && slices.Contains(c.streams, c.turn) {
+	if c.turn != nil && c.turn.left > 0 { // a stream dropped from streams has no work left
 		return c.turn
 	}
 	c.turn = c.nextStream(c.turn)

@@ -479,7 +479,7 @@ func (m *Meter) Observe(ev ioctlspy.Event) {
 // exit ends a process at t: the driver drops a dead process's work.
 func (m *Meter) exit(c *gpuContext, t uint64) {
 	m.at(c, t)
-	c.streams = nil
+	c.streams, c.turn = nil, nil
 	c.deferred = nil
 	c.waits = nil
 	c.exited = true
