@@ -15,8 +15,10 @@
 // gpuarb keeps it from the GPU (held at the launch gate, its cgroup
 // frozen, its channel group paused), and while the replay has its work
 // queued. It is satisfied only while it demonstrably idles with nothing
-// outstanding: CPU think time between a sync's return and its next
-// launch.
+// outstanding: from the completion reaching it (its thread's wake-up in
+// the sync) to its next launch — its return path and think time, host
+// time it would spend alone too. (Counted as waiting, a closed loop of
+// 40 µs kernels that takes 63% alone wanted the whole GPU.)
 //
 //   - A process would take, alone, u / (u + idle) of the GPU: its share u
 //     of the window and the part of the window it idled. A closed loop of
@@ -54,9 +56,9 @@ import (
 )
 
 // backloggedFraction is the demand alone from which a process counts as
-// backlogged: the rest allows for the time a loop spends between a sync's
-// return and its next launch (the probes' and the wake-up's overheads,
-// about 0.1–0.3 ms a sync here).
+// backlogged: the rest allows for the time a loop spends between its
+// wake-up in a sync and its next launch (the return path, the probes'
+// overheads, about 0.1–0.3 ms a sync here).
 const backloggedFraction = 0.9
 
 // minActive is the shortest active time over which a process's idle time

@@ -80,7 +80,9 @@
 // What a process wants does not rest on the modeled queue alone
 // (ContextStats.WantNS): it wanted the GPU while the replay had its work
 // queued, while it waited in a synchronizing call or a polling loop of
-// queries that found work not done (the probes mark a wait's begin), and
+// queries that found work not done (the probes mark a wait's begin; a
+// wait ends when the completion woke its thread, the rest of the call is
+// host time), and
 // while gpuarb kept it from the GPU (held at the launch gate, paused, its
 // cgroup frozen). ContextStats.Drains counts the times its modeled work
 // ran out; its GPU time over them is the work it brings to one turn, a

@@ -51,8 +51,15 @@ func (m *Meter) waitBegan(h *ioctlspy.Header, e *ioctlspy.WaitBegin) {
 // for one thing at a time; a process has few threads waiting).
 const maxWaits = 64
 
-// waitEnded closes the wait a returning sync ends and records it.
+// waitEnded closes the wait a returning sync ends and records it, up to
+// when the work it waited for completed (completedBy): from the wake-up
+// on, the thread runs on the host with nothing outstanding on the GPU —
+// its return, think time and next launch are its own round trip, which
+// it would spend alone too. Counted as waiting, that round trip made a
+// closed loop of short kernels want the whole GPU (40 µs kernels with a
+// sync every 4 take 63% alone) and held a tenant beside it at 4%.
 func (c *gpuContext) waitEnded(h *ioctlspy.Header, e *ioctlspy.Sync) {
+	end := completedBy(h, e)
 	start := h.Start
 	c.waits = slices.DeleteFunc(c.waits, func(w wait) bool {
 		if w.of == e.Of && w.handle == e.Handle {
@@ -61,8 +68,8 @@ func (c *gpuContext) waitEnded(h *ioctlspy.Header, e *ioctlspy.Sync) {
 		}
 		return false
 	})
-	if h.End > start {
-		c.waitedFor = appendSpan(c.waitedFor, start, h.End)
+	if end > start {
+		c.waitedFor = appendSpan(c.waitedFor, start, end)
 	}
 }
 
@@ -194,7 +201,7 @@ func (m *Meter) lateness(c *gpuContext, left, early float64) float64 {
 	case left > 0:
 		return left
 	case early > 0 && m.latenessTeaches(c):
-		return -early / float64(m.busyContexts(c.gpu))
+		return -early / float64(m.sharers(c))
 	}
 	return 0
 }
@@ -286,22 +293,25 @@ func (m *Meter) latenessTeaches(c *gpuContext) bool {
 	return m.replayOf(c.gpu).preemptive || m.othersIdle(c)
 }
 
-// othersIdle tells whether no context but c has work in the replay.
+// othersIdle tells whether no context but c has work the replay may run
+// (a paused context's queue waits; it takes no turn).
 func (m *Meter) othersIdle(c *gpuContext) bool {
 	for _, o := range m.replayOf(c.gpu).runlist {
-		if o != c && o.left() > 0 {
+		if o != c && o.runnable() {
 			return false
 		}
 	}
 	return true
 }
 
-func (m *Meter) busyContexts(gpu int) int {
-	n := 0
-	for _, c := range m.replayOf(gpu).runlist {
-		if c.left() > 0 {
+// sharers is how many contexts shared the GPU with c in round robin: c
+// and those the replay may run (paused ones take no turn).
+func (m *Meter) sharers(c *gpuContext) int {
+	n := 1
+	for _, o := range m.replayOf(c.gpu).runlist {
+		if o != c && o.runnable() {
 			n++
 		}
 	}
-	return n + 1
+	return n
 }

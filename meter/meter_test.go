@@ -971,6 +971,13 @@ func TestWakeUpBoundsTheCompletion(t *testing.T) {
 		_, cs := m.Contexts(500 * time.Millisecond)
 		got, truth := cs[0].Share, float64(work)/float64(work+latency+think)
 		t.Logf("wake-up seen %v: share %.3f, true %.3f", woken, got, truth)
+		// The round trip from the wake-up to the next launch is the loop's
+		// own, nothing outstanding: not wanted (its demand alone is its
+		// share, not the whole GPU).
+		wanted := float64(cs[0].WantNS) / float64(500*time.Millisecond)
+		if wantTruth := float64(work+10*us) / float64(work+latency+think); woken && math.Abs(wanted-wantTruth) > 0.03 {
+			t.Errorf("wanted %.3f of the window with the wake-up seen, want %.3f ± 0.03 (its waits up to the completion)", wanted, wantTruth)
+		}
 		switch {
 		case woken && math.Abs(got-truth) > 0.03:
 			t.Errorf("share %.3f with the wake-up seen, want %.3f ± 0.03", got, truth)
