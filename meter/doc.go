@@ -72,8 +72,10 @@
 //
 // A launch the arbiter's launch gate held (its process stopped before the
 // launch ran) enters the replay when the process is released (Released),
-// or at its next event; Released, SetPaused and Paused (a frozen cgroup)
-// also mark the stop, so syncs across it teach nothing.
+// or at its next event; Released and Paused (a frozen cgroup) also mark
+// the stop, so syncs across it teach nothing (they return at the resume).
+// A channel group paused by SetPaused is no stop: the replay keeps it off
+// the GPU as the GPU does, and syncs across the pause teach as any other.
 //
 // # Demand evidence
 //

@@ -380,10 +380,16 @@ func (m *Meter) freezeUnprobed(cgroupID, from, to uint64) {
 }
 
 // pausedDuring reports whether the context's process was stopped by the
-// arbiter (its cgroup frozen, the process held at the launch gate, or its
-// group paused) during [from, to).
+// arbiter (its cgroup frozen, the process held at the launch gate) during
+// [from, to): a sync across the stop returns when the process resumes,
+// not when the GPU completed. A paused channel group is not a stop: its
+// threads run and wake at the completion, and the replay keeps the group
+// off the GPU as the GPU does (to a slice), so a sync across it proves as
+// any other — a tenant paused part of every period (its syncs all span a
+// pause) otherwise never learned its costs, kept the first guess (20 ms
+// for 1–2 ms kernels) and took the others' time in the replay.
 func (m *Meter) pausedDuring(c *gpuContext, from, to uint64) bool {
-	for _, list := range [][]span{c.stopped, c.pausedFor, m.frozen[c.cgroup]} {
+	for _, list := range [][]span{c.stopped, m.frozen[c.cgroup]} {
 		for _, p := range list {
 			if p.start < to && p.end > from {
 				return true

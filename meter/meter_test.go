@@ -771,6 +771,75 @@ func TestTimeslicesAndPauses(t *testing.T) {
 	}
 }
 
+// A tenant whose channel group gpuarb pauses part of every period (60% of
+// each 100 ms here) has a pause inside every sync: those syncs still teach
+// its costs, since the replay keeps the group off the GPU as the GPU does.
+// Taken as stops they taught nothing (fuzz seed 11: 1–2 ms kernels kept
+// the first guess of 20 ms all run long, and took the others' time in
+// the replay).
+func TestPausedEveryPeriodStillLearns(t *testing.T) {
+	const (
+		kernel = 1200 * us
+		n      = 40 // launches a sync
+		period = 100 * ms
+		run    = 40 * ms // of each period; paused for the rest
+	)
+	clk := &clock{t: 10 * 1000 * ms}
+	m := New(Config{Now: clk.now})
+	base := clk.t
+	// finish is when work ns queued at t complete on a GPU that runs the
+	// group only in the first run ns of each period.
+	finish := func(t, work uint64) uint64 {
+		for work > 0 {
+			off := (t - base) % period
+			if off >= run {
+				t += period - off
+				continue
+			}
+			d := min(work, run-off)
+			t, work = t+d, work-d
+		}
+		return t
+	}
+	paused := false
+	setPause := func(upTo uint64) { // the pauses and resumes up to upTo
+		for p := base; p <= upTo; p += period {
+			for _, ev := range []struct {
+				at    uint64
+				pause bool
+			}{{p, false}, {p + run, true}} {
+				if ev.at <= upTo && ev.at >= clk.t && paused != ev.pause {
+					m.SetPaused(1, ev.pause, ev.at)
+					paused = ev.pause
+				}
+			}
+		}
+	}
+	for clk.t < base+3000*ms {
+		t0 := clk.t
+		for range n {
+			m.Observe(launchFn(1, 100, t0, 7, 0xa, 100))
+		}
+		m.Observe(waitBegin(1, 100, "stream", 7, t0))
+		done := finish(t0, n*kernel)
+		setPause(done)
+		clk.t = done + 50*us
+		ev := syncEv(1, 100, "cuStreamSynchronize", 7, t0, clk.t).(*ioctlspy.Sync)
+		ev.Woken = done
+		m.Observe(ev)
+		clk.t += 100 * us
+		setPause(clk.t)
+	}
+	m.Tick()
+	_, cs := m.Contexts(time.Second)
+	if got := cs[0].LaunchNS; math.Abs(got/float64(kernel)-1) > 0.1 {
+		t.Errorf("cost of a launch %.2f ms, want %.2f ms ± 10%% (paused 60%% of every period)", got/1e6, float64(kernel)/1e6)
+	}
+	if got := cs[0].Share; math.Abs(got-0.4) > 0.03 {
+		t.Errorf("share %.3f, want 0.4 (it runs 40%% of every period)", got)
+	}
+}
+
 // Graphs and kernels learn apart: a graph of a hundred kernels costs what
 // its launches take, and the kernels of the same process keep theirs.
 func TestGraphsLearnApartFromKernels(t *testing.T) {
