@@ -107,6 +107,7 @@ var EntryPoints = func() []EntryPoint {
 	add(pair("cuStreamWaitEvent", ClassStreamWait, gpuarbCudaFuncCU_STREAM_WAIT_EVENT, gpuarbCudaFuncCU_STREAM_WAIT_EVENT_PTSZ)...)
 	add(pair("cuStreamBeginCapture_v2", ClassCapture, gpuarbCudaFuncCU_STREAM_BEGIN_CAPTURE, gpuarbCudaFuncCU_STREAM_BEGIN_CAPTURE_PTSZ)...)
 	add(pair("cuStreamBeginCapture", ClassCapture, gpuarbCudaFuncCU_STREAM_BEGIN_CAPTURE_V1, gpuarbCudaFuncCU_STREAM_BEGIN_CAPTURE_V1PTSZ)...)
+	add(pair("cuStreamBeginCaptureToGraph", ClassCapture, gpuarbCudaFuncCU_STREAM_BEGIN_CAPTURE_TO_GRAPH, gpuarbCudaFuncCU_STREAM_BEGIN_CAPTURE_TO_GRAPH_PTSZ)...)
 	add(pair("cuStreamEndCapture", ClassCapture, gpuarbCudaFuncCU_STREAM_END_CAPTURE, gpuarbCudaFuncCU_STREAM_END_CAPTURE_PTSZ)...)
 	add(pair("cuStreamSynchronize", ClassSync, gpuarbCudaFuncCU_STREAM_SYNC, gpuarbCudaFuncCU_STREAM_SYNC_PTSZ)...)
 	add(EntryPoint{Symbol: "cuCtxSynchronize", Class: ClassSync, Func: gpuarbCudaFuncCU_CTX_SYNC},
@@ -151,7 +152,7 @@ var EntryPoints = func() []EntryPoint {
 		"cuCtxGetStreamPriorityRange", "cuDevicePrimaryCtxSetFlags", "cuDevicePrimaryCtxSetFlags_v2", "cuDevicePrimaryCtxGetState",
 		"cuModuleLoadData", "cuModuleGetFunction", "cuModuleUnload", "cuStreamCreate", "cuStreamCreateWithPriority",
 		"cuStreamDestroy_v2", "cuStreamGetCtx", "cuStreamIsCapturing", "cuStreamIsCapturing_ptsz", "cuEventCreate", "cuEventDestroy_v2",
-		"cuEventElapsedTime", "cuGraphInstantiateWithFlags", "cuGraphGetNodes", "cuGraphExecUpdate_v2", "cuGraphExecDestroy",
+		"cuEventElapsedTime", "cuGraphCreate", "cuGraphInstantiateWithFlags", "cuGraphGetNodes", "cuGraphExecUpdate_v2", "cuGraphExecDestroy",
 		"cuGraphDestroy", "cuMemGetInfo_v2", "cuIpcGetMemHandle", "cuIpcOpenMemHandle_v2", "cuIpcCloseMemHandle"} {
 		add(EntryPoint{Symbol: s, Class: ClassSetup})
 	}

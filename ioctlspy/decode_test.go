@@ -204,6 +204,11 @@ func TestDecode(t *testing.T) {
 				t.Errorf("%+v", e)
 			}
 		}},
+		{"capture into a graph begins", Record{Type: recCuda, Func: fn("cuStreamBeginCaptureToGraph"), Args: [8]uint64{0x5000, 0x7ff0}}, func(t *testing.T, ev Event) {
+			if e := ev.(*StreamCapture); !e.Begin || e.Stream != 0x5000 {
+				t.Errorf("%+v", e)
+			}
+		}},
 		{"capture ends", Record{Type: recCuda, Func: fn("cuStreamEndCapture"), Args: [8]uint64{0x5000, 0x7ff0}}, func(t *testing.T, ev Event) {
 			if e := ev.(*StreamCapture); e.Begin || e.Stream != 0x5000 {
 				t.Errorf("%+v", e)

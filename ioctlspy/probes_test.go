@@ -445,7 +445,7 @@ func TestRuntimeVariantsProbed(t *testing.T) {
 				"begin cuEventQuery", "cuStreamQuery_ptsz", "long poll", "cuCtxCreate_v3", "cuCtxCreate_v4",
 				"cuDevicePrimaryCtxRetain", "cuMemAlloc_v2", "cuMemAllocAsync_ptsz", "cuMemcpyAsync_ptsz",
 				"cuMemsetD32Async_ptsz", "cuMemsetD32_v2_ptds", "cuMemcpyPeerAsync_ptsz", "cuStreamBeginCapture_v2_ptsz",
-				"cuStreamEndCapture_ptsz"} {
+				"cuStreamBeginCaptureToGraph_ptsz", "cuStreamEndCapture_ptsz"} {
 				if seen[want] == 0 {
 					t.Errorf("%s not seen (seen: %v)", want, seen)
 				}

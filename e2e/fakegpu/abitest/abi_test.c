@@ -76,7 +76,10 @@ CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDi
 CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra);
 CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode);
 CUresult cuStreamBeginCapture(CUstream hStream);
+CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph, const void *dependencies,
+				     const void *dependencyData, size_t numDependencies, CUstreamCaptureMode mode);
 CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph);
+CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags);
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags);
 CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream);
 CUresult cuGraphExecDestroy(CUgraphExec hGraphExec);
@@ -298,6 +301,35 @@ int main(int argc, char **argv)
 	EXPECT(cuStreamBeginCapture(s), CUDA_SUCCESS);
 	EXPECT(cuStreamBeginCapture(s), CUDA_ERROR_ILLEGAL_STATE);
 	EXPECT(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+	EXPECT(cuGraphDestroy(g), CUDA_SUCCESS);
+	/* CUDA 12.3's capture into an existing graph: two captures of two
+	 * kernels each add up to one graph of four. */
+	EXPECT(cuGraphCreate(NULL, 0), CUDA_ERROR_INVALID_VALUE);
+	EXPECT(cuGraphCreate(&g, 1), CUDA_ERROR_INVALID_VALUE);
+	EXPECT(cuGraphCreate(&g, 0), CUDA_SUCCESS);
+	EXPECT(cuStreamBeginCaptureToGraph(s, NULL, NULL, NULL, 0, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_ERROR_INVALID_VALUE);
+	EXPECT(cuStreamBeginCaptureToGraph(s, g, NULL, NULL, 1, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_ERROR_INVALID_VALUE);
+	EXPECT(cuStreamBeginCaptureToGraph(s, (CUgraph)(uintptr_t)0x5, NULL, NULL, 0, CU_STREAM_CAPTURE_MODE_GLOBAL),
+	       CUDA_ERROR_INVALID_HANDLE);
+	for (int round = 0; round < 2; round++) {
+		CUgraph into = NULL;
+
+		EXPECT(cuStreamBeginCaptureToGraph(s, g, NULL, NULL, 0, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+		EXPECT(cuStreamBeginCaptureToGraph(s, g, NULL, NULL, 0, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_ERROR_ILLEGAL_STATE);
+		for (int i = 0; i < 2; i++)
+			EXPECT(cuLaunchKernel(k1us, 100, 1, 1, 32, 1, 1, 0, s, NULL, NULL), CUDA_SUCCESS);
+		EXPECT(cuGraphDestroy(g), CUDA_ERROR_ILLEGAL_STATE); /* a stream captures into it */
+		EXPECT(cuStreamEndCapture(s, &into), CUDA_SUCCESS);
+		CHECK(into == g);
+	}
+	EXPECT(cuGraphInstantiateWithFlags(&ge, g, 0), CUDA_SUCCESS);
+	EXPECT(cuEventRecord(e1, s), CUDA_SUCCESS);
+	EXPECT(cuGraphLaunch(ge, s), CUDA_SUCCESS);
+	EXPECT(cuEventRecord(e2, s), CUDA_SUCCESS);
+	EXPECT(cuStreamSynchronize(s), CUDA_SUCCESS);
+	EXPECT(cuEventElapsedTime(&ms, e1, e2), CUDA_SUCCESS);
+	CHECK(ms >= 0.399f && ms < 0.9f); /* four 100 µs kernels */
+	EXPECT(cuGraphExecDestroy(ge), CUDA_SUCCESS);
 	EXPECT(cuGraphDestroy(g), CUDA_SUCCESS);
 
 	/* Error strings. */

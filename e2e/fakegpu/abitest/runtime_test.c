@@ -103,6 +103,8 @@ static struct {
 	CUresult (*StreamWaitValue32)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 	CUresult (*StreamBeginCapture)(CUstream, int);
 	CUresult (*StreamEndCapture)(CUstream, CUgraph *);
+	CUresult (*StreamBeginCaptureToGraph)(CUstream, CUgraph, const void *, const void *, size_t, int);
+	CUresult (*GraphCreate)(CUgraph *, unsigned int);
 	CUresult (*EventCreate)(CUevent *, unsigned int);
 	CUresult (*EventRecord)(CUevent, CUstream);
 	CUresult (*EventRecordWithFlags)(CUevent, CUstream, unsigned int);
@@ -275,7 +277,7 @@ int main(void)
 	CUstream s1, s2;
 	CUevent e1, e2, e3;
 	CUdeviceptr d, d2, dpeer, dipc;
-	CUgraph g, g2, g3;
+	CUgraph g, g2, g3, g4, g5;
 	CUgraphExec ge;
 	CUgraphExecUpdateResultInfo info;
 	CUipcMemHandle ipc;
@@ -312,6 +314,8 @@ int main(void)
 	find(&cu.StreamWaitValue32, "cuStreamWaitValue32", 12040);
 	find(&cu.StreamBeginCapture, "cuStreamBeginCapture", 12040);
 	find(&cu.StreamEndCapture, "cuStreamEndCapture", 12040);
+	find(&cu.StreamBeginCaptureToGraph, "cuStreamBeginCaptureToGraph", 12040);
+	find(&cu.GraphCreate, "cuGraphCreate", 12040);
 	find(&cu.EventCreate, "cuEventCreate", 12040);
 	find(&cu.EventRecord, "cuEventRecord", 12040);
 	find(&cu.EventRecordWithFlags, "cuEventRecordWithFlags", 12040);
@@ -555,6 +559,17 @@ int main(void)
 	EXPECT(cu.GraphExecUpdate(ge, g3, &info), CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE);
 	CHECK(info.result == 2);
 	EXPECT(cu.GraphExecUpdate(ge, g3, NULL), CUDA_ERROR_INVALID_VALUE);
+	/* Capture into an existing graph (CUDA 12.3): two captures add up. */
+	EXPECT(cu.GraphCreate(&g4, 0), CUDA_SUCCESS);
+	for (int i = 0; i < 2; i++) {
+		EXPECT(cu.StreamBeginCaptureToGraph(s2, g4, NULL, NULL, 0, 0), CUDA_SUCCESS);
+		EXPECT(cu.LaunchKernel(add, 1, 1, 1, 1, 1, 1, 0, s2, NULL, NULL), CUDA_SUCCESS);
+		EXPECT(cu.StreamEndCapture(s2, &g5), CUDA_SUCCESS);
+		CHECK(g5 == g4);
+	}
+	nodes = 0;
+	EXPECT(cu.GraphGetNodes(g4, NULL, &nodes), CUDA_SUCCESS);
+	CHECK(nodes == 2);
 
 	/* The queue limit: 1024 pending entries per stream, then a launch
 	 * blocks until one completes (here the 200 ms kernel at the head:

@@ -187,8 +187,10 @@ static void ctx_free(CUcontext h, struct ctx *c)
 		if (o->type == T_STREAM && ((struct stream *)o->p)->ctx == c) {
 			struct stream *s = o->p;
 
-			free(s->capture ? s->capture->nodes : NULL);
-			free(s->capture);
+			if (!s->capture_into) {
+				free(s->capture ? s->capture->nodes : NULL);
+				free(s->capture);
+			}
 			free(s);
 			o->type = T_FREE;
 		} else if (o->type == T_EVENT && ((struct event *)o->p)->ctx == c) {
@@ -659,8 +661,10 @@ CUAPI CUresult cuStreamDestroy_v2(CUstream h)
 	pthread_mutex_lock(&g_lock);
 	release_channel(s->ctx, s->ch);
 	pthread_mutex_unlock(&g_lock);
-	free(s->capture ? s->capture->nodes : NULL);
-	free(s->capture);
+	if (!s->capture_into) {
+		free(s->capture ? s->capture->nodes : NULL);
+		free(s->capture);
+	}
 	free(s);
 	return r == CUDA_ERROR_DEVICE_UNAVAILABLE ? r : CUDA_SUCCESS;
 }

@@ -122,6 +122,7 @@ struct stream {
 	int ch;
 	unsigned flags;
 	struct graph *capture;
+	const void *capture_into; /* the CUgraph captured into (cuStreamBeginCaptureToGraph); NULL: a new one */
 };
 
 struct event {

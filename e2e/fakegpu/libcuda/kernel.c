@@ -533,9 +533,12 @@ CUAPI CUresult cuStreamWaitValue32(CUstream hs, CUdeviceptr addr, cuuint32_t val
 
 /* ---- graphs ---- */
 
-static CUresult begin_capture(CUstream hs, int mode, int per_thread)
+/* begin_capture starts capturing a stream's work into a new graph, or
+ * into the existing graph into (cuStreamBeginCaptureToGraph). */
+static CUresult begin_capture(CUstream hs, int mode, int per_thread, CUgraph into)
 {
 	struct stream *s;
+	struct graph *g = NULL;
 	CUresult r = CUDA_SUCCESS;
 
 	REQUIRE_INIT();
@@ -547,31 +550,81 @@ static CUresult begin_capture(CUstream hs, int mode, int per_thread)
 	s = get_stream(hs, per_thread, &r);
 	if (!r && s->capture)
 		r = CUDA_ERROR_ILLEGAL_STATE;
-	if (!r && !(s->capture = calloc(1, sizeof(struct graph))))
+	if (!r && into && !(g = obj_get(into, T_GRAPH)))
+		r = CUDA_ERROR_INVALID_HANDLE;
+	if (!r && !g && !(g = calloc(1, sizeof(struct graph))))
 		r = CUDA_ERROR_OUT_OF_MEMORY;
+	if (!r) {
+		s->capture = g;
+		s->capture_into = into;
+	}
 	pthread_mutex_unlock(&g_lock);
 	return r;
 }
 
 CUAPI CUresult cuStreamBeginCapture_v2(CUstream hs, int mode)
 {
-	return begin_capture(hs, mode, 0);
+	return begin_capture(hs, mode, 0, NULL);
 }
 
 CUAPI CUresult cuStreamBeginCapture_v2_ptsz(CUstream hs, int mode)
 {
-	return begin_capture(hs, mode, 1);
+	return begin_capture(hs, mode, 1, NULL);
 }
 
 /* The CUDA 10.0 entry points, without a mode: a global capture. */
 CUAPI CUresult cuStreamBeginCapture(CUstream hs)
 {
-	return begin_capture(hs, 0, 0);
+	return begin_capture(hs, 0, 0, NULL);
 }
 
 CUAPI CUresult cuStreamBeginCapture_ptsz(CUstream hs)
 {
-	return begin_capture(hs, 0, 1);
+	return begin_capture(hs, 0, 1, NULL);
+}
+
+/* CUDA 12.3's: capture into an existing graph, after the given nodes
+ * (the simulator appends; the dependencies are checked, not kept). */
+static CUresult begin_capture_to_graph(CUstream hs, CUgraph hg, const void *deps, const void *edges, size_t ndeps,
+				       int mode, int per_thread)
+{
+	(void)edges;
+	if (!hg || (ndeps && !deps))
+		return CUDA_ERROR_INVALID_VALUE;
+	return begin_capture(hs, mode, per_thread, hg);
+}
+
+CUAPI CUresult cuStreamBeginCaptureToGraph(CUstream hs, CUgraph hg, const void *deps, const void *edges, size_t ndeps,
+					   int mode)
+{
+	return begin_capture_to_graph(hs, hg, deps, edges, ndeps, mode, 0);
+}
+
+CUAPI CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hs, CUgraph hg, const void *deps, const void *edges,
+						size_t ndeps, int mode)
+{
+	return begin_capture_to_graph(hs, hg, deps, edges, ndeps, mode, 1);
+}
+
+CUAPI CUresult cuGraphCreate(CUgraph *pg, unsigned int flags)
+{
+	struct graph *g;
+	uint64_t h;
+
+	REQUIRE_INIT();
+	if (!pg || flags)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!(g = calloc(1, sizeof(*g))))
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	pthread_mutex_lock(&g_lock);
+	h = obj_new(T_GRAPH, g);
+	pthread_mutex_unlock(&g_lock);
+	if (!h) {
+		free(g);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	*pg = (CUgraph)(uintptr_t)h;
+	return CUDA_SUCCESS;
 }
 
 static CUresult end_capture(CUstream hs, CUgraph *pg, int per_thread)
@@ -587,7 +640,11 @@ static CUresult end_capture(CUstream hs, CUgraph *pg, int per_thread)
 	s = get_stream(hs, per_thread, &r);
 	if (!r && !s->capture)
 		r = CUDA_ERROR_ILLEGAL_STATE;
-	if (!r) {
+	if (!r && s->capture_into) {
+		*pg = (CUgraph)s->capture_into;
+		s->capture = NULL;
+		s->capture_into = NULL;
+	} else if (!r) {
 		h = obj_new(T_GRAPH, s->capture);
 		if (!h) {
 			r = CUDA_ERROR_OUT_OF_MEMORY;
@@ -788,6 +845,12 @@ static CUresult destroy_graph_obj(const void *h, int type)
 	if (!g) {
 		pthread_mutex_unlock(&g_lock);
 		return CUDA_ERROR_INVALID_HANDLE;
+	}
+	for (uint32_t i = 0; i < MAX_OBJS; i++) {
+		if (g_objs[i].type == T_STREAM && ((struct stream *)g_objs[i].p)->capture == g) {
+			pthread_mutex_unlock(&g_lock);
+			return CUDA_ERROR_ILLEGAL_STATE; /* a stream captures into it */
+		}
 	}
 	obj_free(h);
 	pthread_mutex_unlock(&g_lock);

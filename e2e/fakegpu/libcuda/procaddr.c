@@ -86,10 +86,13 @@ enum { FLAG_LEGACY_STREAM = 1, FLAG_PER_THREAD_STREAM = 2 };
 	X(cuStreamBeginCapture, cuStreamBeginCapture_ptsz, 10000, 1)          \
 	X(cuStreamBeginCapture, cuStreamBeginCapture_v2, 10010, 0)            \
 	X(cuStreamBeginCapture, cuStreamBeginCapture_v2_ptsz, 10010, 1)       \
+	X(cuStreamBeginCaptureToGraph, cuStreamBeginCaptureToGraph, 12030, 0) \
+	X(cuStreamBeginCaptureToGraph, cuStreamBeginCaptureToGraph_ptsz, 12030, 1) \
 	X(cuStreamEndCapture, cuStreamEndCapture, 10000, 0)                   \
 	X(cuStreamEndCapture, cuStreamEndCapture_ptsz, 10000, 1)              \
 	X(cuStreamIsCapturing, cuStreamIsCapturing, 10000, 0)                 \
 	X(cuStreamIsCapturing, cuStreamIsCapturing_ptsz, 10000, 1)            \
+	X(cuGraphCreate, cuGraphCreate, 10000, 0)                             \
 	X(cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags, 11040, 0) \
 	X(cuGraphInstantiate, cuGraphInstantiateWithFlags, 12000, 0)          \
 	X(cuGraphGetNodes, cuGraphGetNodes, 10000, 0)                         \
