@@ -128,6 +128,20 @@ static double now_ms(void)
 	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+/* check_four_kernel_graph launches a graph of four 100 µs kernels on s
+ * between two events and checks the time they measure. */
+static void check_four_kernel_graph(CUgraphExec ge, CUstream s, CUevent e1, CUevent e2)
+{
+	float ms = 0;
+
+	EXPECT(cuEventRecord(e1, s), CUDA_SUCCESS);
+	EXPECT(cuGraphLaunch(ge, s), CUDA_SUCCESS);
+	EXPECT(cuEventRecord(e2, s), CUDA_SUCCESS);
+	EXPECT(cuStreamSynchronize(s), CUDA_SUCCESS);
+	EXPECT(cuEventElapsedTime(&ms, e1, e2), CUDA_SUCCESS);
+	CHECK(ms >= 0.399f && ms < 0.9f);
+}
+
 int main(int argc, char **argv)
 {
 	CUdevice dev;
@@ -286,12 +300,7 @@ int main(int argc, char **argv)
 	EXPECT(cuGraphInstantiateWithFlags(&ge, g, 0), CUDA_SUCCESS);
 	EXPECT(cuGraphInstantiateWithFlags(&ge, (CUgraph)(uintptr_t)0x5, 0), CUDA_ERROR_INVALID_HANDLE);
 	EXPECT(cuGraphInstantiateWithFlags(NULL, g, 0), CUDA_ERROR_INVALID_VALUE);
-	EXPECT(cuEventRecord(e1, s), CUDA_SUCCESS);
-	EXPECT(cuGraphLaunch(ge, s), CUDA_SUCCESS);
-	EXPECT(cuEventRecord(e2, s), CUDA_SUCCESS);
-	EXPECT(cuStreamSynchronize(s), CUDA_SUCCESS);
-	EXPECT(cuEventElapsedTime(&ms, e1, e2), CUDA_SUCCESS);
-	CHECK(ms >= 0.399f && ms < 0.9f); /* four 100 µs kernels */
+	check_four_kernel_graph(ge, s, e1, e2);
 	EXPECT(cuGraphLaunch((CUgraphExec)(uintptr_t)0x5, s), CUDA_ERROR_INVALID_HANDLE);
 	EXPECT(cuGraphExecDestroy(ge), CUDA_SUCCESS);
 	EXPECT(cuGraphExecDestroy(ge), CUDA_ERROR_INVALID_HANDLE);
@@ -323,12 +332,7 @@ int main(int argc, char **argv)
 		CHECK(into == g);
 	}
 	EXPECT(cuGraphInstantiateWithFlags(&ge, g, 0), CUDA_SUCCESS);
-	EXPECT(cuEventRecord(e1, s), CUDA_SUCCESS);
-	EXPECT(cuGraphLaunch(ge, s), CUDA_SUCCESS);
-	EXPECT(cuEventRecord(e2, s), CUDA_SUCCESS);
-	EXPECT(cuStreamSynchronize(s), CUDA_SUCCESS);
-	EXPECT(cuEventElapsedTime(&ms, e1, e2), CUDA_SUCCESS);
-	CHECK(ms >= 0.399f && ms < 0.9f); /* four 100 µs kernels */
+	check_four_kernel_graph(ge, s, e1, e2);
 	EXPECT(cuGraphExecDestroy(ge), CUDA_SUCCESS);
 	EXPECT(cuGraphDestroy(g), CUDA_SUCCESS);
 
