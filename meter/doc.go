@@ -51,7 +51,10 @@
 // key is taken whole (and never more than the sync's wait), later ones
 // smoothed (learnRate) and bounded (maxStep). Until its first proof a
 // key's cost is a large guess and its context counts as backlogged, right
-// for training jobs that never drain. Persistent kernels (a fixed grid
+// for training jobs that never drain; a first proof of work the replay
+// gave no turn yet (another context's slice still runs there) teaches
+// nothing, for scaled by what the replay ran the costs would collapse.
+// Persistent kernels (a fixed grid
 // that loops) cost per block like any other: their blocks are long.
 //
 // The replay's slice phase is not the GPU's: a context of tiny kernels

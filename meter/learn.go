@@ -268,7 +268,13 @@ func (m *Meter) eventSync(c *gpuContext, h *ioctlspy.Header, event uint64, now, 
 			og, ol := c.othersSinceEmpty([]uint64{s.id})
 			ran, covered = og, covered+og+ol
 		}
-		c.learn(max(min(ran, float64(done-h.Start)), 1)/covered, burst)
+		if ran > 0 {
+			c.learn(min(ran, float64(done-h.Start))/covered, burst)
+		}
+		// Else the replay gave the context no turn before the proof: its
+		// phase is off (another's slice still runs there), and the work
+		// scaled to nothing would read 0% for the many proofs a learned
+		// cost takes to climb back.
 	case !c.learned:
 		// A sync that did not wait proves the work done, not how long it
 		// took: scaled by what the replay ran of a guess, the costs would

@@ -1125,3 +1125,41 @@ func TestFirstProofFromALaterStream(t *testing.T) {
 		})
 	}
 }
+
+// A first proof that comes before the replay gave the context any turn
+// teaches nothing: the replay's phase is off (another context's slice
+// still ran there), not the costs. Taken as evidence, the work it covers
+// would cost almost nothing (a scale of 1 ns over the guess): a loop of
+// 20–60 µs kernels polled by event queries beside hogs learned 0.1 ns a
+// launch, read 0% while it took 2%, and got 2% of a 12% target (fuzz
+// seed 31).
+func TestProofBeforeTheReplaysTurnTeachesNothing(t *testing.T) {
+	for _, of := range []string{"stream", "event"} {
+		t.Run(of, func(t *testing.T) {
+			clk := &clock{t: 10 * 1000 * ms}
+			m := New(Config{Now: clk.now})
+			t0 := clk.t
+			for range 50 {
+				m.Observe(launchFn(1, 100, t0, 1, 0xa, 20000)) // the hog holds the GPU in the replay
+			}
+			tiny := t0 + 100*us
+			for range 7 {
+				m.Observe(launchFn(2, 200, tiny, 3, 0xb, 30))
+			}
+			m.Observe(&ioctlspy.EventRecord{Header: hdr(2, 200, tiny, tiny), Event: 0xe, Stream: 3})
+			m.Observe(waitBegin(2, 200, of, 3, tiny+10*us))
+			clk.t = tiny + 400*us // before the hog's first slice ends in the replay
+			s := &ioctlspy.Sync{Header: hdr(2, 200, tiny+10*us, clk.t), Func: "cuStreamQuery", Of: "stream", Handle: 3, Polled: true}
+			if of == "event" {
+				s.Func, s.Of, s.Handle = "cuEventQuery", "event", 0xe
+			}
+			m.Observe(s)
+			c := m.ctxs[2]
+			k := c.costOf(costKey{handle: 0xb})
+			t.Logf("after the proof: %.3g ns a block, learned %v", k.ns, c.learned)
+			if c.learned || k.learned {
+				t.Errorf("the proof taught %.3g ns a block (learned %v); a proof before the context's turn in the replay should teach nothing", k.ns, c.learned)
+			}
+		})
+	}
+}
