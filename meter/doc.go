@@ -54,15 +54,15 @@
 // for training jobs that never drain; a first proof of work the replay
 // gave no turn yet (another context's slice still runs there) teaches
 // nothing, for scaled by what the replay ran the costs would collapse.
-// Persistent kernels (a fixed grid
-// that loops) cost per block like any other: their blocks are long.
+// Persistent kernels (a fixed grid that loops) cost per block like any
+// other: their blocks are long.
 //
-// The replay's slice phase is not the GPU's: a context of tiny kernels
-// beside a hog waits at every sync for the rest of the hog's slice on the
-// real GPU, whatever its own work. Taken as evidence, those waits would
-// inflate it to its round-robin share, so a drain up to phaseAllowance
-// (0.8) of the others' rotation late is not counted while others are
-// busy (chosen between the two failure modes learn.go names).
+// The replay's slice phase is not the GPU's: beside others, a burst waits
+// up to a rotation for its turn on either, at unrelated phases, so one
+// proof's drain is early or late by up to that much. A learned cost moves
+// only on the sum of its proofs (evidenceWork, evidenceProofs), where the
+// phases cancel; a drain late against the replay's counts what the
+// context would have received meanwhile, its round-robin part of the GPU.
 //
 // A GPU the policy declares non-preemptive runs each kernel to its end:
 // the replay keeps where each queued kernel ends and switches contexts only

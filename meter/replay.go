@@ -26,18 +26,6 @@ func (r *replay) sliceOf(c *gpuContext) uint64 {
 	return r.slice
 }
 
-// rotation is the time the other contexts with work take before c's turn
-// comes round again: their timeslices, one each.
-func (r *replay) rotation(c *gpuContext) float64 {
-	var sum float64
-	for _, o := range r.runlist {
-		if o != c && o.runnable() {
-			sum += float64(r.sliceOf(o))
-		}
-	}
-	return sum
-}
-
 // next returns the first runnable context after `after` in runlist order.
 func (r *replay) next(after *gpuContext) *gpuContext {
 	start := 0
