@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -149,6 +150,7 @@ type gpuContext struct {
 	// The RM handles libcuda allocated the context's objects under: its
 	// client, channel group (TSG) and subdevice.
 	client, tsg, subdevice uint32
+	tsgAt                  int64 // when the client allocated the group: its place on the runlist
 	// timeslice is the group's own timeslice (0: the GPU's default);
 	// nextSlice one set since, applied at the next runlist restart.
 	timeslice, nextSlice time.Duration
@@ -332,8 +334,9 @@ func futexWaitUntil(addr *uint32, val uint32, deadline int64) {
 }
 
 // addContext creates a channel group for a client process; client, tsg and
-// subdevice are the RM handles its libcuda allocated the group under.
-func (g *gpu) addContext(id uint64, pid int, cgroup string, client, tsg, subdevice uint32) (*gpuContext, error) {
+// subdevice are the RM handles its libcuda allocated the group under, tsgAt
+// when (0: now).
+func (g *gpu) addContext(id uint64, pid int, cgroup string, client, tsg, subdevice uint32, tsgAt int64) (*gpuContext, error) {
 	fd, mem, err := sharedMemory(fmt.Sprintf("fakegpu-ctx-%d", id), ctxShmSize)
 	if err != nil {
 		return nil, err
@@ -345,8 +348,19 @@ func (g *gpu) addContext(id uint64, pid int, cgroup string, client, tsg, subdevi
 	for i := range c.chans {
 		c.chans[i].headLeft = -1
 	}
+	if tsgAt <= 0 {
+		tsgAt = monotonicNS()
+	}
+	c.tsgAt = tsgAt
 	g.mu.Lock()
-	g.ctxs = append(g.ctxs, c)
+	// The runlist holds the groups in the order they were allocated, as
+	// the hardware's (by channel group ID), not in the order their
+	// clients' requests reached the server.
+	i := len(g.ctxs)
+	for i > 0 && g.ctxs[i-1].tsgAt > tsgAt {
+		i--
+	}
+	g.ctxs = slices.Insert(g.ctxs, i, c)
 	g.mu.Unlock()
 	g.reg.mu.Lock()
 	g.reg.ctxs[id] = c
@@ -409,7 +423,7 @@ func (g *gpu) run() {
 	for !g.stopped.Load() {
 		g.mu.Lock()
 		now := g.catchUp()
-		g.poll(now)
+		g.poll(now, false)
 		g.advance(now, now) // start what just arrived
 		g.wake()
 		next := g.nextEvent(now)
@@ -429,21 +443,56 @@ func (g *gpu) run() {
 // catchUp simulates both engines up to the present and returns it. Called
 // with g.mu held, by the device loop and by Snapshot, so the ground truth
 // is read at the instant its window ends, not where the device thread last
-// woke.
+// woke. Entries arrive when their doorbell rang (the client's RingAt), not
+// when the device thread got a CPU to poll: a GPU sees a doorbell at once.
 func (g *gpu) catchUp() int64 {
 	now := max(monotonicNS(), g.vt)
+	for {
+		at, ok := g.earliestRing(now)
+		if !ok {
+			break
+		}
+		g.advance(g.vt, at)
+		g.vt = at
+		g.poll(at, true)
+		g.advance(at, at) // start what just arrived
+	}
 	g.advance(g.vt, now)
 	g.vt = now
 	return now
 }
 
-// poll reads GPPut of every channel when the doorbell moved.
-func (g *gpu) poll(now int64) {
+// earliestRing is the earliest doorbell, before `to`, of entries the
+// device has not polled yet (one rung before the simulation's present
+// counts as now).
+func (g *gpu) earliestRing(to int64) (int64, bool) {
+	if atomic.LoadUint32(&g.db.Ring) == g.lastRing {
+		return 0, false
+	}
+	at, ok := to, false
+	for _, c := range g.ctxs {
+		for i := range c.shm.Ch {
+			sh := &c.shm.Ch[i]
+			if atomic.LoadUint64(&sh.GPPut) <= c.chans[i].known {
+				continue
+			}
+			if r := int64(atomic.LoadUint64(&sh.RingAt)); r > 0 && r < at {
+				at, ok = max(r, g.vt), true
+			}
+		}
+	}
+	return at, ok
+}
+
+// poll reads GPPut of every channel when the doorbell moved: entries
+// arrive at now. Where rungOnly, only those whose doorbell rang by now (a
+// poll at a past instant must not take entries submitted after it).
+func (g *gpu) poll(now int64, rungOnly bool) {
 	ring := atomic.LoadUint32(&g.db.Ring)
 	if ring == g.lastRing {
 		return
 	}
-	g.lastRing = ring
+	all := true
 	for _, c := range g.ctxs {
 		for i := range c.shm.Ch {
 			sh := &c.shm.Ch[i]
@@ -452,6 +501,11 @@ func (g *gpu) poll(now int64) {
 			if put <= st.known {
 				continue
 			}
+			if r := int64(atomic.LoadUint64(&sh.RingAt)); rungOnly && r > now {
+				all = false
+				continue
+			}
+			atomic.StoreUint64(&sh.RingAt, 0)
 			if put-st.next > RingEntries { // a client overran its ring: ignore the excess
 				put = st.next + RingEntries
 			}
@@ -459,6 +513,9 @@ func (g *gpu) poll(now int64) {
 			st.known = put
 			c.pending |= 1 << i
 		}
+	}
+	if all {
+		g.lastRing = ring
 	}
 }
 
@@ -513,7 +570,7 @@ func (g *gpu) advance(t, to int64) {
 				g.cur.kernels++
 				g.complete(g.cur, g.curCh, t)
 				g.running = false
-				g.poll(t) // entries queued behind it without a wake-up
+				g.poll(t, true) // entries queued behind it without a wake-up
 			}
 		}
 		if cst != nil {
@@ -524,7 +581,7 @@ func (g *gpu) advance(t, to int64) {
 				g.cp.copies++
 				g.complete(g.cp, g.cpCh, t)
 				g.copying = false
-				g.poll(t)
+				g.poll(t, true)
 			}
 		}
 	}

@@ -59,7 +59,8 @@ type channelShm struct {
 	Waiters  uint32
 	_        uint32
 	HostDone uint64
-	_        [6]uint32
+	RingAt   uint64 // CLOCK_MONOTONIC ns of the first doorbell not polled yet; 0: none
+	_        [4]uint32
 	Ring     [RingEntries]entry
 }
 

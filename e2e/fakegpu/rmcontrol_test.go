@@ -17,7 +17,7 @@ func TestControlChecks(t *testing.T) {
 		t.Fatal(err)
 	}
 	const client, tsg, subdev, channel = 0xc1e00001, 0x5c000010, 0x5c000003, 0x5c000011
-	x, err := g.addContext(1, 42, "/", client, tsg, subdev)
+	x, err := g.addContext(1, 42, "/", client, tsg, subdev, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

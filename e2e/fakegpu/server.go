@@ -177,6 +177,9 @@ func ignoreNotExist(err error) error {
 type request struct {
 	op, gpu          uint32
 	arg0, arg1, arg2 uint64
+	// tsgAt is, for opCtxCreate, when the client allocated the context's
+	// channel group (CLOCK_MONOTONIC ns; 0: unknown).
+	tsgAt int64
 }
 
 type response struct {
@@ -304,7 +307,7 @@ func readRequest(c *net.UnixConn) (request, []int, error) {
 	}
 	le := binary.LittleEndian
 	return request{op: le.Uint32(buf[0:]), gpu: le.Uint32(buf[4:]),
-		arg0: le.Uint64(buf[8:]), arg1: le.Uint64(buf[16:]), arg2: le.Uint64(buf[24:])}, fds, nil
+		arg0: le.Uint64(buf[8:]), arg1: le.Uint64(buf[16:]), arg2: le.Uint64(buf[24:]), tsgAt: int64(le.Uint64(buf[32:]))}, fds, nil
 }
 
 func closeAll(fds []int) {
@@ -334,7 +337,7 @@ func (s *Server) createContext(c *net.UnixConn, req request, pid int, ctxs map[u
 	}
 	g := s.gpus[req.gpu]
 	id := s.nextCtx.Add(1)
-	x, err := g.addContext(id, pid, cgroupOf(pid), uint32(req.arg0), uint32(req.arg1), uint32(req.arg2))
+	x, err := g.addContext(id, pid, cgroupOf(pid), uint32(req.arg0), uint32(req.arg1), uint32(req.arg2), req.tsgAt)
 	if err != nil {
 		_, werr := c.Write(response{status: cudaOutOfMemory}.bytes())
 		return werr

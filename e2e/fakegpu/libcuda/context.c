@@ -122,6 +122,7 @@ static CUcontext ctx_new(CUdevice dev, unsigned flags, CUresult *err)
 		nv_alloc21(c->h_device, c->h_vaspace, FERMI_VASPACE_A, NULL, 0);
 		tp.hVASpace = c->h_vaspace;
 		tp.engineType = NV2080_ENGINE_TYPE_GR0;
+		req.tsg_at = monotonic_ns();
 		nv_alloc21(c->h_device, c->h_tsg, KEPLER_CHANNEL_GROUP_A, &tp, sizeof(tp));
 	}
 	req.gpu = (uint32_t)dev;

@@ -391,6 +391,15 @@ CUresult wait_channel(struct ctx *c, int ch, uint64_t target)
 	}
 }
 
+/* The CLOCK_MONOTONIC time in ns, the device's clock. */
+uint64_t monotonic_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 /* Tells the device something changed (a host function ran): rings the
  * doorbell, waking the device if it sleeps. */
 void ring_doorbell(struct ctx *c)
@@ -429,6 +438,10 @@ CUresult submit(struct ctx *c, int ch, uint32_t kind, uint64_t cost, uint64_t by
 	e->seq = put;
 	e->a0 = a0;
 	e->a1 = a1;
+	/* When the doorbell rang, for the device to start the entry then
+	 * however late its thread gets a CPU: a GPU sees a doorbell at once. */
+	if (!__atomic_load_n(&fc->ring_at, __ATOMIC_RELAXED))
+		__atomic_store_n(&fc->ring_at, monotonic_ns(), __ATOMIC_RELAXED);
 	__atomic_store_n(&fc->gp_put, put + 1, __ATOMIC_RELEASE);
 	__atomic_add_fetch(&c->db->ring, 1, __ATOMIC_SEQ_CST);
 	/* A doorbell on an idle channel wakes a sleeping device; entries queued

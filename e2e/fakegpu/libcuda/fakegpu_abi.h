@@ -51,7 +51,8 @@ struct fg_channel {
 	uint32_t waiters;   /* clients sleeping on done */
 	uint32_t pad0;
 	uint64_t host_done; /* host functions the client has run: entries below this seq */
-	uint32_t pad[6];
+	uint64_t ring_at;   /* CLOCK_MONOTONIC ns of the first doorbell the device has not polled; 0: none */
+	uint32_t pad[4];
 	struct fg_entry ring[FG_RING_ENTRIES];
 };
 
@@ -102,7 +103,12 @@ struct fg_req {
 	uint64_t arg0;
 	uint64_t arg1;
 	uint64_t arg2;
-	char name[32];
+	union {
+		char name[32];
+		/* FG_OP_CTX_CREATE: CLOCK_MONOTONIC ns of the channel group's
+		 * allocation, its place on the runlist (0: now) */
+		uint64_t tsg_at;
+	};
 };
 
 struct fg_resp {

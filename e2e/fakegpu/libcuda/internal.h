@@ -199,6 +199,7 @@ CUresult wait_channel(struct ctx *c, int ch, uint64_t target);
 CUresult sync_channel(struct ctx *c, int ch);
 int device_gone(struct ctx *c);
 void ring_doorbell(struct ctx *c);
+uint64_t monotonic_ns(void);
 
 /* Contexts and streams (context.c). current_ctx runs under g_lock.
  * get_stream resolves a stream handle: NULL is the legacy default stream,
