@@ -209,8 +209,7 @@ func (m *Meter) context(h *ioctlspy.Header) *gpuContext {
 			since: h.Start, unseenBefore: m.preexisting[h.PID]}
 		delete(m.preexisting, h.PID)
 		m.ctxs[h.PID] = c
-		r := m.replayOf(0)
-		r.runlist = append(r.runlist, c)
+		m.replayOf(0).join(c)
 	}
 	if c.cgroup != h.CgroupID { // processes move between cgroups
 		c.cgroup = h.CgroupID
@@ -232,8 +231,7 @@ func (m *Meter) moveGPU(c *gpuContext, gpu int) {
 	// replay clock: counted here too it would read as more than all of
 	// this GPU (FuzzEventStream).
 	c.held, c.waited = nil, nil
-	r := m.replayOf(gpu)
-	r.runlist = append(r.runlist, c)
+	m.replayOf(gpu).join(c)
 }
 
 // settle advances every GPU's replay to t.
@@ -454,6 +452,12 @@ func (m *Meter) Observe(ev ioctlspy.Event) {
 		// timeslices): the replay follows it.
 		if e.Name == "SET_TIMESLICE" && e.TimesliceUS > 0 && e.Status == 0 {
 			m.context(h).timeslice = time.Duration(e.TimesliceUS) * time.Microsecond
+		}
+	case *ioctlspy.TSGAllocated:
+		// The context takes its place on the runlist with its channel
+		// group, as on the GPU.
+		if e.Status == 0 && e.Ret == 0 {
+			m.context(h)
 		}
 	case *ioctlspy.ContextCreated:
 		if e.Ret == 0 {
