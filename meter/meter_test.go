@@ -1268,7 +1268,7 @@ func closedLoopsBesideHogs(loops, hogs, perSync int, kernel, hogKernel, jitter t
 // the order the channel groups were allocated, as the GPU, not in the
 // order the processes first launched, and the loops read within 2 pp.
 // (In launch order, out of phase with the GPU at every turn, four loops
-// read 45.9% for 40.2% with the wake-up jitter.) A rule that took a late
+// read 46.9% for 40.2%, with or without the wake-up jitter.) A rule that took a late
 // drain less the rotations it waited as the missed work read them at
 // 37.0%.
 func TestClosedLoopsBesideHogs(t *testing.T) {
