@@ -22,7 +22,9 @@
 // and add nothing (capture.go). Per GPU the meter replays round-robin
 // time-slicing over those queues, as the hardware schedules
 // channel groups: the holder keeps the GPU until its timeslice ends and
-// another context has work, or until its queue empties. Within a context
+// another context has work, or until its queue empties; the contexts take
+// turns in the order their channel groups were allocated (the probes see
+// the RM_ALLOC), as the runlist holds them. Within a context
 // the streams take turns kernel by kernel, one kernel running at a time,
 // as the GPU runs one group's channels. Each context's
 // timeslice is its own where one was set (its own SET_TIMESLICE the
