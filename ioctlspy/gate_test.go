@@ -63,8 +63,13 @@ func TestLaunchGateHoldsAtTheLaunch(t *testing.T) {
 	if held[0].PID != pid || held[0].Gate != g.Slot() || held[0].Since == 0 {
 		t.Fatalf("held %+v, want pid %d at gate %d", held[0], pid, g.Slot())
 	}
-	if !cgroup.Stopped(pid) {
-		t.Fatalf("pid %d held but not stopped", pid)
+	// The hold is recorded before the stop signal is delivered (on the
+	// thread's way back to user space): on a loaded host the stop can
+	// follow the record by a scheduling delay.
+	for deadline := time.Now().Add(time.Second); !cgroup.Stopped(pid); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("pid %d held but not stopped within 1s", pid)
+		}
 	}
 	if !cgroup.SignalGateOf(pid, held[0].StartTicks).Alive() {
 		t.Errorf("held start time %d does not match /proc/%d/stat", held[0].StartTicks, pid)
