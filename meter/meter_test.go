@@ -1112,11 +1112,7 @@ func TestFirstProofFromALaterStream(t *testing.T) {
 			}
 			m.Observe(&ioctlspy.EventRecord{Header: hdr(1, 100, t0, t0), Event: 0xe, Stream: 13})
 			clk.t = t0 + 4*ms
-			s := &ioctlspy.Sync{Header: hdr(1, 100, t0, clk.t), Func: "cuStreamSynchronize", Of: "stream", Handle: 13}
-			if of == "event" {
-				s.Func, s.Of, s.Handle = "cuEventSynchronize", "event", 0xe
-			}
-			m.Observe(s)
+			m.Observe(proofOf(of, hdr(1, 100, t0, clk.t), 13, 0xe, false))
 			c := m.ctxs[1]
 			got := c.costs[costKey{handle: 0xa}].ns
 			t.Logf("first cost %.0f ns a block (true 1000), learned %v", got, c.learned)
@@ -1125,6 +1121,20 @@ func TestFirstProofFromALaterStream(t *testing.T) {
 			}
 		})
 	}
+}
+
+// proofOf is a completion proof of a stream's work, by a stream sync or by
+// a sync on the event recorded after it (of "stream" or "event"); polled:
+// by a query that found it done.
+func proofOf(of string, h ioctlspy.Header, stream, event uint64, polled bool) *ioctlspy.Sync {
+	s := &ioctlspy.Sync{Header: h, Func: "cuStreamSynchronize", Of: "stream", Handle: stream, Polled: polled}
+	if of == "event" {
+		s.Func, s.Of, s.Handle = "cuEventSynchronize", "event", event
+	}
+	if polled {
+		s.Func = map[string]string{"stream": "cuStreamQuery", "event": "cuEventQuery"}[s.Of]
+	}
+	return s
 }
 
 // A first proof that comes before the replay gave the context any turn
@@ -1150,11 +1160,7 @@ func TestProofBeforeTheReplaysTurnTeachesNothing(t *testing.T) {
 			m.Observe(&ioctlspy.EventRecord{Header: hdr(2, 200, tiny, tiny), Event: 0xe, Stream: 3})
 			m.Observe(waitBegin(2, 200, of, 3, tiny+10*us))
 			clk.t = tiny + 400*us // before the hog's first slice ends in the replay
-			s := &ioctlspy.Sync{Header: hdr(2, 200, tiny+10*us, clk.t), Func: "cuStreamQuery", Of: "stream", Handle: 3, Polled: true}
-			if of == "event" {
-				s.Func, s.Of, s.Handle = "cuEventQuery", "event", 0xe
-			}
-			m.Observe(s)
+			m.Observe(proofOf(of, hdr(2, 200, tiny+10*us, clk.t), 3, 0xe, true))
 			c := m.ctxs[2]
 			k := c.costOf(costKey{handle: 0xb})
 			t.Logf("after the proof: %.3g ns a block, learned %v", k.ns, c.learned)

@@ -6,9 +6,9 @@ import (
 	"time"
 )
 
-// newTestGPU is one simulated GPU with no device thread: the test drives
-// it through catchUp.
-func newTestGPU(t *testing.T) *gpu {
+// newTestGPU is a server with one simulated GPU and no device thread: the
+// test drives the GPU through catchUp and the server's controls directly.
+func newTestGPU(t *testing.T) (*Server, *gpu) {
 	t.Helper()
 	cfg := Config{}
 	cfg.setDefaults()
@@ -17,14 +17,14 @@ func newTestGPU(t *testing.T) *gpu {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return g
+	return s, g
 }
 
 // The runlist holds channel groups in the order their clients allocated
 // them, as the hardware's, whatever order their requests reached the
 // server in; a group of unknown allocation time joins at the end.
 func TestRunlistInAllocationOrder(t *testing.T) {
-	g := newTestGPU(t)
+	_, g := newTestGPU(t)
 	base := monotonicNS()
 	for i, at := range []int64{base - 300, base - 100, base - 200, 0} {
 		c, err := g.addContext(uint64(i+1), 100+i, "/", 1, uint32(i+1), 1, at)
@@ -58,7 +58,7 @@ func equal(a, b []int) bool {
 // polls: a 1 ms kernel rung 5 ms before the device looks completed
 // before it, at the ring plus its cost and the switch to its group.
 func TestEntriesArriveWhenTheDoorbellRang(t *testing.T) {
-	g := newTestGPU(t)
+	_, g := newTestGPU(t)
 	c, err := g.addContext(1, 100, "/", 1, 1, 1, 0)
 	if err != nil {
 		t.Fatal(err)

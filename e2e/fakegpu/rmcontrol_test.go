@@ -9,13 +9,7 @@ import (
 // TestControlChecks runs the simulated driver's checks of RM controls:
 // sizes, commands, handles, privilege, and FIFO_DISABLE_CHANNELS' list.
 func TestControlChecks(t *testing.T) {
-	cfg := Config{}
-	cfg.setDefaults()
-	s := &Server{cfg: cfg, reg: newRegistry()}
-	g, err := newGPU(0, &s.cfg, s.reg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, g := newTestGPU(t)
 	const client, tsg, subdev, channel = 0xc1e00001, 0x5c000010, 0x5c000003, 0x5c000011
 	x, err := g.addContext(1, 42, "/", client, tsg, subdev, 0)
 	if err != nil {
