@@ -124,10 +124,11 @@ var scenarios = []scenario{
 	{"train vs hog", []tenantSpec{{name: "train", work: [][]string{{"train"}}}, {name: "hog", work: [][]string{hog()}}}, nil},
 	{"serve vs hog", []tenantSpec{{name: "serve", work: [][]string{{"serve"}}}, {name: "hog", work: [][]string{hog()}}}, nil},
 	{"collective vs hog", []tenantSpec{{name: "collective", work: [][]string{{"collective"}}}, {name: "hog", work: [][]string{hog()}}}, nil},
-	// Graphs captured at start (29 kernels each, about 270 ms a replay),
-	// then only replayed and synced by context: the captured launches run
-	// nothing (alone this read 0–18% for 99.6% while the meter counted
-	// them as work).
+	// Graphs captured at start (29 kernels each, about 270 ms a replay,
+	// the capture forked across the three streams through events and
+	// joined back), then only replayed and synced by context: the captured
+	// launches run nothing (alone this read 0–18% for 99.6% while the
+	// meter counted them as work).
 	{"captured graphs", []tenantSpec{{name: "captured", work: [][]string{{"loop", "--kernels-ms", "0.629,18.359", "--streams", "3",
 		"--sync-every", "6", "--sync", "ctx", "--think-ms", "3.97", "--graph", "29"}}}}, nil},
 	// What real GPUs do and the meter cannot know (fakegpud --realism:

@@ -21,6 +21,10 @@ typedef enum cudaError_enum {
 	CUDA_ERROR_NOT_FOUND = 500,
 	CUDA_ERROR_NOT_READY = 600,
 	CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
+	CUDA_ERROR_STREAM_CAPTURE_UNMATCHED = 903,
+	CUDA_ERROR_STREAM_CAPTURE_UNJOINED = 904,
+	CUDA_ERROR_STREAM_CAPTURE_ISOLATION = 905,
+	CUDA_ERROR_CAPTURED_EVENT = 907,
 } CUresult;
 
 typedef int CUdevice;
@@ -65,6 +69,9 @@ CUresult cuStreamQuery(CUstream hStream);
 CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags);
 CUresult cuEventRecord(CUevent hEvent, CUstream hStream);
 CUresult cuEventSynchronize(CUevent hEvent);
+CUresult cuEventQuery(CUevent hEvent);
+CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags);
+CUresult cuStreamIsCapturing(CUstream hStream, int *captureStatus);
 CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd);
 CUresult cuEventDestroy_v2(CUevent hEvent);
 CUresult cuModuleLoadData(CUmodule *module, const void *image);
@@ -290,13 +297,31 @@ int main(int argc, char **argv)
 	EXPECT(cuStreamEndCapture(s, &g), CUDA_ERROR_ILLEGAL_STATE);
 	EXPECT(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
 	EXPECT(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_ERROR_ILLEGAL_STATE);
-	for (int i = 0; i < 4; i++)
+	for (int i = 0; i < 2; i++)
 		EXPECT(cuLaunchKernel(k1us, 100, 1, 1, 32, 1, 1, 0, s, NULL, NULL), CUDA_SUCCESS);
 	EXPECT(cuStreamQuery(s), CUDA_SUCCESS); /* captured launches do not run */
 	EXPECT(cuStreamSynchronize(s), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-	EXPECT(cuEventRecord(e1, s), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+	/* The capture forks to s2 through an event and is joined back: s2's
+	 * launches are nodes of the same graph (four kernels in all). */
+	EXPECT(cuEventRecord(e1, s), CUDA_SUCCESS); /* a point in the graph, nothing on the device */
+	EXPECT(cuEventSynchronize(e1), CUDA_ERROR_CAPTURED_EVENT);
+	EXPECT(cuEventQuery(e1), CUDA_ERROR_CAPTURED_EVENT);
+	EXPECT(cuStreamWaitEvent(s2, e1, 0), CUDA_SUCCESS);
+	EXPECT(cuStreamIsCapturing(s2, &n), CUDA_SUCCESS);
+	CHECK(n == 1);
+	EXPECT(cuStreamSynchronize(s2), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+	for (int i = 0; i < 2; i++)
+		EXPECT(cuLaunchKernel(k1us, 100, 1, 1, 32, 1, 1, 0, s2, NULL, NULL), CUDA_SUCCESS);
+	EXPECT(cuStreamQuery(s2), CUDA_SUCCESS);
+	EXPECT(cuStreamEndCapture(s2, &g), CUDA_ERROR_STREAM_CAPTURE_UNMATCHED); /* s2 did not begin it */
+	EXPECT(cuEventRecord(e2, s2), CUDA_SUCCESS);
+	EXPECT(cuStreamWaitEvent(s, e2, 0), CUDA_SUCCESS); /* joined back */
 	EXPECT(cuStreamEndCapture(s, NULL), CUDA_ERROR_INVALID_VALUE);
 	EXPECT(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+	EXPECT(cuStreamIsCapturing(s2, &n), CUDA_SUCCESS);
+	CHECK(n == 0); /* the capture ended for the stream that joined it too */
+	EXPECT(cuStreamSynchronize(s2), CUDA_SUCCESS);
+	EXPECT(cuStreamWaitEvent(s2, e1, 0), CUDA_ERROR_CAPTURED_EVENT);
 	EXPECT(cuGraphInstantiateWithFlags(&ge, g, 0), CUDA_SUCCESS);
 	EXPECT(cuGraphInstantiateWithFlags(&ge, (CUgraph)(uintptr_t)0x5, 0), CUDA_ERROR_INVALID_HANDLE);
 	EXPECT(cuGraphInstantiateWithFlags(NULL, g, 0), CUDA_ERROR_INVALID_VALUE);
@@ -306,6 +331,28 @@ int main(int argc, char **argv)
 	EXPECT(cuGraphExecDestroy(ge), CUDA_ERROR_INVALID_HANDLE);
 	EXPECT(cuGraphDestroy(g), CUDA_SUCCESS);
 	EXPECT(cuGraphDestroy(g), CUDA_ERROR_INVALID_HANDLE);
+	/* A fork never joined back invalidates the capture; another capture's
+	 * event is isolated from this one. */
+	EXPECT(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+	EXPECT(cuEventRecord(e1, s), CUDA_SUCCESS);
+	EXPECT(cuStreamWaitEvent(s2, e1, 0), CUDA_SUCCESS);
+	EXPECT(cuLaunchKernel(k1us, 100, 1, 1, 32, 1, 1, 0, s2, NULL, NULL), CUDA_SUCCESS);
+	EXPECT(cuEventRecord(e2, s2), CUDA_SUCCESS);
+	EXPECT(cuStreamWaitEvent(s, e2, 0), CUDA_SUCCESS);
+	EXPECT(cuLaunchKernel(k1us, 100, 1, 1, 32, 1, 1, 0, s2, NULL, NULL), CUDA_SUCCESS); /* after the join */
+	g = (CUgraph)(uintptr_t)0x5;
+	EXPECT(cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_UNJOINED);
+	CHECK(g == NULL);
+	EXPECT(cuStreamIsCapturing(s2, &n), CUDA_SUCCESS);
+	CHECK(n == 0);
+	EXPECT(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+	EXPECT(cuStreamBeginCapture_v2(s2, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+	EXPECT(cuEventRecord(e1, s), CUDA_SUCCESS);
+	EXPECT(cuStreamWaitEvent(s2, e1, 0), CUDA_ERROR_STREAM_CAPTURE_ISOLATION);
+	EXPECT(cuStreamEndCapture(s2, &g), CUDA_SUCCESS);
+	EXPECT(cuGraphDestroy(g), CUDA_SUCCESS);
+	EXPECT(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+	EXPECT(cuGraphDestroy(g), CUDA_SUCCESS);
 	EXPECT(cuStreamBeginCapture(NULL), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED); /* CUDA 10.0's, no mode */
 	EXPECT(cuStreamBeginCapture(s), CUDA_SUCCESS);
 	EXPECT(cuStreamBeginCapture(s), CUDA_ERROR_ILLEGAL_STATE);

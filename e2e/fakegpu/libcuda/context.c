@@ -188,12 +188,9 @@ static void ctx_free(CUcontext h, struct ctx *c)
 		if (o->type == T_STREAM && ((struct stream *)o->p)->ctx == c) {
 			struct stream *s = o->p;
 
-			if (!s->capture_into) {
-				free(s->capture ? s->capture->nodes : NULL);
-				free(s->capture);
-			}
-			free(s);
 			o->type = T_FREE;
+			capture_leave(s);
+			free(s);
 		} else if (o->type == T_EVENT && ((struct event *)o->p)->ctx == c) {
 			free(o->p);
 			o->type = T_FREE;
@@ -661,11 +658,8 @@ CUAPI CUresult cuStreamDestroy_v2(CUstream h)
 	r = sync_channel(s->ctx, s->ch);
 	pthread_mutex_lock(&g_lock);
 	release_channel(s->ctx, s->ch);
+	capture_leave(s);
 	pthread_mutex_unlock(&g_lock);
-	if (!s->capture_into) {
-		free(s->capture ? s->capture->nodes : NULL);
-		free(s->capture);
-	}
 	free(s);
 	return r == CUDA_ERROR_DEVICE_UNAVAILABLE ? r : CUDA_SUCCESS;
 }
@@ -724,6 +718,30 @@ CUAPI CUresult cuStreamQuery_ptsz(CUstream h)
 	return stream_query(h, 1);
 }
 
+/* wait_captured waits on an event recorded in a running capture (under
+ * g_lock): a stream outside any capture joins it (a fork), one in the same
+ * capture orders after the event, which joins the recording stream back
+ * when nothing was captured on it since. The simulator replays a graph's
+ * nodes in order, so neither needs a node; another capture's event is
+ * isolated from this one. */
+static CUresult wait_captured(struct stream *s, const struct event *e)
+{
+	struct stream *from = e->capture_from;
+
+	if (s->capture && s->capture != e->capture)
+		return CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
+	if (!s->capture) {
+		s->capture = e->capture;
+		s->capture_into = NULL;
+		s->capture_origin = s->capture_joined = 0;
+		s->capture_nodes = 0;
+		return CUDA_SUCCESS;
+	}
+	if (from && from != s && from->capture == e->capture && from->capture_nodes == e->capture_mark)
+		from->capture_joined = 1;
+	return CUDA_SUCCESS;
+}
+
 /* cuStreamWaitEvent: work the stream gets after this waits, on the device,
  * until the event's record has completed. */
 static CUresult stream_wait_event(CUstream hs, CUevent he, unsigned int flags, int per_thread)
@@ -742,6 +760,13 @@ static CUresult stream_wait_event(CUstream hs, CUevent he, unsigned int flags, i
 	if (!e)
 		r = CUDA_ERROR_INVALID_HANDLE;
 	s = r ? NULL : get_stream(hs, per_thread, &r);
+	if (!r && e->capture) {
+		r = wait_captured(s, e);
+		pthread_mutex_unlock(&g_lock);
+		return r;
+	}
+	if (!r && e->captured)
+		r = CUDA_ERROR_CAPTURED_EVENT; /* recorded in a capture that has ended */
 	recorded = e && e->recorded;
 	if (!r && recorded) {
 		a0 = e->ctx->id;
@@ -749,8 +774,8 @@ static CUresult stream_wait_event(CUstream hs, CUevent he, unsigned int flags, i
 	}
 	if (!r && s->capture) {
 		/* Captured into the graph; an event never recorded is no dependency. */
-		r = recorded && graph_add(s->capture, FG_ENTRY_WAIT_EVENT, 0, 0, a0, a1) ? CUDA_ERROR_OUT_OF_MEMORY
-											   : CUDA_SUCCESS;
+		r = recorded && capture_add(s, FG_ENTRY_WAIT_EVENT, 0, 0, a0, a1) ? CUDA_ERROR_OUT_OF_MEMORY
+										     : CUDA_SUCCESS;
 		pthread_mutex_unlock(&g_lock);
 		return r;
 	}
@@ -847,13 +872,23 @@ static CUresult event_record(CUevent he, CUstream hs, unsigned int flags, int pe
 	s = r ? NULL : get_stream(hs, per_thread, &r);
 	if (!r && s->ctx != e->ctx)
 		r = CUDA_ERROR_INVALID_CONTEXT;
-	if (!r && s->capture)
-		r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+	if (!r && s->capture) {
+		/* A point in the graph other streams can fork from or join to;
+		 * nothing is written on the device. */
+		e->captured = 1;
+		e->recorded = 0;
+		e->capture = s->capture;
+		e->capture_from = s;
+		e->capture_mark = s->capture_nodes;
+		pthread_mutex_unlock(&g_lock);
+		return CUDA_SUCCESS;
+	}
 	if (!r) {
 		__atomic_store_n(&e->ctx->shm->event_ts[e->slot], 0, __ATOMIC_RELEASE);
 		e->ch = s->ch;
 		e->seq = s->ctx->shm->ch[s->ch].gp_put;
 		e->recorded = 1;
+		e->captured = 0;
 	}
 	pthread_mutex_unlock(&g_lock);
 	if (r)
@@ -901,6 +936,8 @@ CUAPI CUresult cuEventQuery(CUevent he)
 	REQUIRE_INIT();
 	if (!event_copy(he, &e))
 		return CUDA_ERROR_INVALID_HANDLE;
+	if (e.captured)
+		return CUDA_ERROR_CAPTURED_EVENT;
 	if (!e.recorded)
 		return CUDA_SUCCESS;
 	if (device_gone(e.ctx))
@@ -916,6 +953,8 @@ CUAPI CUresult cuEventSynchronize(CUevent he)
 	REQUIRE_INIT();
 	if (!event_copy(he, &e))
 		return CUDA_ERROR_INVALID_HANDLE;
+	if (e.captured)
+		return CUDA_ERROR_CAPTURED_EVENT;
 	if (!e.recorded)
 		return CUDA_SUCCESS;
 	nouveau_wait_ioctl(e.ctx, e.ch);
@@ -936,6 +975,8 @@ CUAPI CUresult cuEventElapsedTime(float *ms, CUevent hstart, CUevent hend)
 	b = obj_get(hend, T_EVENT);
 	if (!a || !b) {
 		r = CUDA_ERROR_INVALID_HANDLE;
+	} else if (a->captured || b->captured) {
+		r = CUDA_ERROR_CAPTURED_EVENT;
 	} else if (!a->recorded || !b->recorded) {
 		r = CUDA_ERROR_INVALID_VALUE;
 	} else {

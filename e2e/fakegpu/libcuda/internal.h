@@ -70,6 +70,10 @@ enum {
 	CUDA_ERROR_NOT_SUPPORTED = 801,
 	CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
 	CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
+	CUDA_ERROR_STREAM_CAPTURE_UNMATCHED = 903,
+	CUDA_ERROR_STREAM_CAPTURE_UNJOINED = 904,
+	CUDA_ERROR_STREAM_CAPTURE_ISOLATION = 905,
+	CUDA_ERROR_CAPTURED_EVENT = 907,
 	CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE = 910,
 	CUDA_ERROR_UNKNOWN = 999,
 };
@@ -123,6 +127,13 @@ struct stream {
 	unsigned flags;
 	struct graph *capture;
 	const void *capture_into; /* the CUgraph captured into (cuStreamBeginCaptureToGraph); NULL: a new one */
+	/* A multi-stream capture: the origin began it; other streams join it by
+	 * waiting on an event recorded in it (a fork) and must be joined back
+	 * (a capturing stream waits on an event recorded after their last node)
+	 * before the origin ends it. */
+	int capture_origin;
+	int capture_joined;
+	uint64_t capture_nodes; /* nodes this stream added to its capture */
 };
 
 struct event {
@@ -132,6 +143,14 @@ struct event {
 	int ch;
 	uint64_t seq;
 	int recorded;
+	/* Recorded in a stream capture: a point in the graph (after the
+	 * recording stream's capture_mark-th node), not a record on the device;
+	 * capture is cleared when the capture ends, captured when it is recorded
+	 * again outside one. */
+	int captured;
+	struct graph *capture;
+	struct stream *capture_from;
+	uint64_t capture_mark;
 };
 
 /* A kernel of a loaded module. Its GPU time per launch is
@@ -218,7 +237,10 @@ void host_forget(struct ctx *c);
 /* Memory (memory.c). */
 int in_alloc(struct ctx *c, CUdeviceptr p, size_t n);
 
-/* Graph capture (kernel.c): adds a node to a capturing stream's graph. */
-int graph_add(struct graph *g, uint32_t kind, uint64_t cost, uint64_t bytes, uint64_t a0, uint64_t a1);
+/* Graph capture (kernel.c, under g_lock): capture_add adds a node to a
+ * capturing stream's graph; capture_leave takes a stream being destroyed
+ * out of its capture (an origin's capture ends for every stream in it). */
+int capture_add(struct stream *s, uint32_t kind, uint64_t cost, uint64_t bytes, uint64_t a0, uint64_t a1);
+void capture_leave(struct stream *s);
 
 #endif

@@ -205,7 +205,7 @@ static uint64_t launch_cost(const struct func *f, uint64_t blocks)
 	return (uint64_t)ns;
 }
 
-int graph_add(struct graph *g, uint32_t kind, uint64_t cost, uint64_t bytes, uint64_t a0, uint64_t a1)
+static int graph_add(struct graph *g, uint32_t kind, uint64_t cost, uint64_t bytes, uint64_t a0, uint64_t a1)
 {
 	if (g->n == g->cap) {
 		size_t cap = g->cap ? g->cap * 2 : 16;
@@ -221,6 +221,53 @@ int graph_add(struct graph *g, uint32_t kind, uint64_t cost, uint64_t bytes, uin
 	}
 	g->nodes[g->n++] = (struct node){ kind, cost, bytes, a0, a1 };
 	return 0;
+}
+
+int capture_add(struct stream *s, uint32_t kind, uint64_t cost, uint64_t bytes, uint64_t a0, uint64_t a1)
+{
+	if (graph_add(s->capture, kind, cost, bytes, a0, a1))
+		return -1;
+	s->capture_nodes++;
+	s->capture_joined = 0; /* its new tail must be joined back */
+	return 0;
+}
+
+/* capture_stop ends the capture g on every stream in it and for every
+ * event recorded in it (under g_lock). */
+static void capture_stop(const struct graph *g)
+{
+	for (uint32_t i = 0; i < MAX_OBJS; i++) {
+		if (g_objs[i].type == T_STREAM && ((struct stream *)g_objs[i].p)->capture == g) {
+			struct stream *s = g_objs[i].p;
+
+			s->capture = NULL;
+			s->capture_into = NULL;
+			s->capture_origin = s->capture_joined = 0;
+		} else if (g_objs[i].type == T_EVENT && ((struct event *)g_objs[i].p)->capture == g) {
+			struct event *e = g_objs[i].p;
+
+			e->capture = NULL;
+			e->capture_from = NULL;
+		}
+	}
+}
+
+void capture_leave(struct stream *s)
+{
+	struct graph *g = s->capture;
+
+	for (uint32_t i = 0; i < MAX_OBJS; i++)
+		if (g_objs[i].type == T_EVENT && ((struct event *)g_objs[i].p)->capture_from == s)
+			((struct event *)g_objs[i].p)->capture_from = NULL;
+	if (!g || !s->capture_origin) {
+		s->capture = NULL;
+		return;
+	}
+	capture_stop(g);
+	if (!s->capture_into) {
+		free(g->nodes);
+		free(g);
+	}
 }
 
 static CUresult launch(CUfunction hf, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
@@ -245,7 +292,7 @@ static CUresult launch(CUfunction hf, unsigned gx, unsigned gy, unsigned gz, uns
 	}
 	ns = launch_cost(f, blocks);
 	if (s->capture) {
-		r = graph_add(s->capture, FG_ENTRY_KERNEL, ns, 0, blocks, 0) ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+		r = capture_add(s, FG_ENTRY_KERNEL, ns, 0, blocks, 0) ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
 		pthread_mutex_unlock(&g_lock);
 		return r;
 	}
@@ -490,7 +537,7 @@ static CUresult mem_op(CUstream hs, CUdeviceptr addr, cuuint32_t value, unsigned
 	if (!r && !in_alloc(s->ctx, addr, 4))
 		r = CUDA_ERROR_INVALID_VALUE;
 	if (!r && s->capture) {
-		r = graph_add(s->capture, kind, 0, 0, addr, a1) ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+		r = capture_add(s, kind, 0, 0, addr, a1) ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
 		pthread_mutex_unlock(&g_lock);
 		return r;
 	}
@@ -557,6 +604,9 @@ static CUresult begin_capture(CUstream hs, int mode, int per_thread, CUgraph int
 	if (!r) {
 		s->capture = g;
 		s->capture_into = into;
+		s->capture_origin = 1;
+		s->capture_joined = 0;
+		s->capture_nodes = 0;
 	}
 	pthread_mutex_unlock(&g_lock);
 	return r;
@@ -627,9 +677,26 @@ CUAPI CUresult cuGraphCreate(CUgraph *pg, unsigned int flags)
 	return CUDA_SUCCESS;
 }
 
+/* capture_unjoined tells whether a stream that joined the capture g still
+ * has captured work no capturing stream waits on (under g_lock). */
+static int capture_unjoined(const struct graph *g)
+{
+	for (uint32_t i = 0; i < MAX_OBJS; i++) {
+		const struct stream *s = g_objs[i].p;
+
+		if (g_objs[i].type == T_STREAM && s->capture == g && !s->capture_origin && !s->capture_joined)
+			return 1;
+	}
+	return 0;
+}
+
+/* end_capture ends the capture its origin stream began: every stream that
+ * joined it must have been joined back, else the capture is invalidated
+ * and its graph dropped, as CUDA does. */
 static CUresult end_capture(CUstream hs, CUgraph *pg, int per_thread)
 {
 	struct stream *s;
+	struct graph *g = NULL;
 	CUresult r = CUDA_SUCCESS;
 	uint64_t h;
 
@@ -640,17 +707,30 @@ static CUresult end_capture(CUstream hs, CUgraph *pg, int per_thread)
 	s = get_stream(hs, per_thread, &r);
 	if (!r && !s->capture)
 		r = CUDA_ERROR_ILLEGAL_STATE;
-	if (!r && s->capture_into) {
+	if (!r && !s->capture_origin)
+		r = CUDA_ERROR_STREAM_CAPTURE_UNMATCHED; /* a stream that joined it cannot end it */
+	if (!r)
+		g = s->capture;
+	if (!r && capture_unjoined(g)) {
+		const void *into = s->capture_into;
+
+		capture_stop(g);
+		if (!into) {
+			free(g->nodes);
+			free(g);
+		}
+		*pg = NULL;
+		r = CUDA_ERROR_STREAM_CAPTURE_UNJOINED;
+	} else if (!r && s->capture_into) {
 		*pg = (CUgraph)s->capture_into;
-		s->capture = NULL;
-		s->capture_into = NULL;
+		capture_stop(g);
 	} else if (!r) {
-		h = obj_new(T_GRAPH, s->capture);
+		h = obj_new(T_GRAPH, g);
 		if (!h) {
 			r = CUDA_ERROR_OUT_OF_MEMORY;
 		} else {
 			*pg = (CUgraph)(uintptr_t)h;
-			s->capture = NULL;
+			capture_stop(g);
 		}
 	}
 	pthread_mutex_unlock(&g_lock);

@@ -192,7 +192,7 @@ static CUresult copy_op(CUdeviceptr dst, CUdeviceptr src, size_t n, int need, st
 			r = CUDA_ERROR_INVALID_VALUE;
 	}
 	if (!r && s->capture) {
-		r = graph_add(s->capture, FG_ENTRY_COPY, 0, n, 0, 0) ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+		r = capture_add(s, FG_ENTRY_COPY, 0, n, 0, 0) ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
 		pthread_mutex_unlock(&g_lock);
 		return r;
 	}

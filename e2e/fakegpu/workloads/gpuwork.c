@@ -38,7 +38,7 @@ static void usage(void)
 		"  loop        a closed loop: kernels of --kernels-ms LIST (1) picked by --mix cycle|random|phase\n"
 		"              (--phase-s S per kernel), over --streams N, a --sync stream|ctx|event|poll every\n"
 		"              --sync-every N launches (4; 0: never), --think-ms T after each, --graph N kernels\n"
-		"              per cuGraphLaunch, --seed S\n"
+		"              per cuGraphLaunch (captured forked across the streams), --seed S\n"
 		"  train       PyTorch-like training: --kernels 8 layers of --kernel-ms 2 GEMMs, elementwise and\n"
 		"              optimizer kernels, an event-polled allocator, one sync per iteration (--api runtime)\n"
 		"  serve       LLM-like serving at --rate 10 requests/s: prefill of --kernels 8 x --kernel-ms 1.5,\n"

@@ -1,7 +1,8 @@
 /* gpuwork loop: the general closed loop the scenario fuzzer draws from.
  * Kernels of --kernels-ms (each its own function) are picked by --mix
  * (cycle through them, random, or one per --phase-s phase), launched round
- * robin over --streams (or as graphs of --graph kernels), with a sync every
+ * robin over --streams (or as graphs of --graph kernels, captured forked
+ * across the streams and joined back), with a sync every
  * --sync-every launches (0: never; the queue limit blocks the loop instead)
  * of kind --sync: stream (each stream used), ctx, event (record and
  * synchronize one per stream) or poll (record, then cuEventQuery until
@@ -104,16 +105,29 @@ int run_loop(const struct opts *o)
 	}
 	if (graph) {
 		/* One graph per kernel: graph i holds `graph` launches cycling through
-		 * the kernels from i, so graphs differ in cost as kernels do. */
-		CUstream cap;
+		 * the kernels from i, so graphs differ in cost as kernels do. With
+		 * several streams the capture forks to the others through an event
+		 * and joins them back, as a multi-stream capture (PyTorch's side
+		 * streams) does: launch j goes to stream j % streams. */
+		CUstream cap, on[MAX_STREAMS];
 
 		CHECK(cu.StreamCreate(&cap, 1));
+		on[0] = cap;
+		for (int i = 1; i < nst; i++)
+			on[i] = st[i];
 		for (int i = 0; i < n; i++) {
 			CUgraph g;
 
 			CHECK(cu.StreamBeginCapture(cap, 0));
+			CHECK(cu.EventRecord(ev[0], cap));
+			for (int j = 1; j < nst; j++)
+				CHECK(cu.StreamWaitEvent(on[j], ev[0], 0));
 			for (int j = 0; j < graph; j++)
-				launch_kernel(o, &k[(i + j) % n], cap);
+				launch_kernel(o, &k[(i + j) % n], on[j % nst]);
+			for (int j = 1; j < nst; j++) {
+				CHECK(cu.EventRecord(ev[j], on[j]));
+				CHECK(cu.StreamWaitEvent(cap, ev[j], 0));
+			}
 			CHECK(cu.StreamEndCapture(cap, &g));
 			CHECK(cu.GraphInstantiate(&graphs[i], g, 0));
 		}
