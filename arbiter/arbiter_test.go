@@ -46,7 +46,7 @@ func TestTargets(t *testing.T) {
 	// burst.
 	in := []Input{{Name: "small", Rules: rules(100), Busy: true, Share: 0.3, SettledShare: 0.1}, {Name: "hog", Rules: rules(100), Busy: true, Share: 0.9, SettledShare: 0.9}}
 	got := Targets(in, func(Input) float64 { return 1 })
-	if math.Abs(got[0]-(0.11+lightHeadroom)) > 1e-9 || math.Abs(got[1]-(0.89-lightHeadroom)) > 1e-9 {
+	if math.Abs(got[0]-(0.1+lightHeadroom)) > 1e-9 || math.Abs(got[1]-(0.9-lightHeadroom)) > 1e-9 {
 		t.Errorf("work conservation: %v", got)
 	}
 }
@@ -170,10 +170,11 @@ func TestUnprobedNeverTakesTheSlack(t *testing.T) {
 func TestNotCompeting(t *testing.T) {
 	a := New(Params{})
 	in := []Input{hog("hog", 0.8, 1), hog("light", 0.2, 1)}
-	in[1].Backlogged = false
+	in[1].Backlogged, in[1].Demand = false, 0.21
 	ds := a.Step(in, pacing)
-	// light wants 0.2×1.1 and the headroom; hog gets the rest and takes the slack.
-	if math.Abs(ds[1].Target-(0.22+lightHeadroom)) > 1e-9 || ds[1].Duty != 1 || ds[0].Duty != 1 || ds[0].Reason != "takes the slack" {
+	// light wants what it would take alone and the headroom; hog gets the
+	// rest and takes the slack.
+	if math.Abs(ds[1].Target-(0.21+lightHeadroom)) > 1e-9 || ds[1].Duty != 1 || ds[0].Duty != 1 || ds[0].Reason != "takes the slack" {
 		t.Fatalf("%+v", ds)
 	}
 }
@@ -289,7 +290,7 @@ func TestManyLightTenants(t *testing.T) {
 		in = append(in, Input{Name: fmt.Sprintf("light%03d", i), Rules: rules(100), Busy: true, Costed: true, Share: 0.01, SettledShare: 0.0002})
 	}
 	got := Targets(in, func(Input) float64 { return 1 })
-	want := (1 - 500*0.0002*1.1 - totalHeadroom) / 2
+	want := (1 - 500*0.0002 - totalHeadroom) / 2
 	if math.Abs(got[0]-want) > 1e-6 || math.Abs(got[1]-want) > 1e-6 {
 		t.Errorf("hogs' targets beside 500 light tenants %.4f %.4f, want %.4f", got[0], got[1], want)
 	}

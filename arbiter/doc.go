@@ -49,10 +49,10 @@
 // (work queued or running nearly all the window) or paced and held back
 // by its rate (held at its gate, work waiting, or using half its rate or
 // more). A latency tenant wants its share of the control window × 1.2 +
-// 2 pp. Any other light tenant wants 110% of its share over the settled
-// window plus 0.2 pp, at most 2 pp among all of a GPU's light tenants: a
-// host of bursty, mostly idle tenants does not take the GPU from the
-// backlogged ones. A tenant paced once and idle since is light again, and
+// 2 pp. Any other light tenant wants what it would take alone (control's
+// demand model; at least its share over the settled window) plus 0.2 pp,
+// at most 2 pp among all of a GPU's light tenants: a host of bursty,
+// mostly idle tenants does not take the GPU from the backlogged ones. A tenant paced once and idle since is light again, and
 // grows back to running free.
 //
 // Latency tenants are never throttled; while one's SLO (p99 sync wait or

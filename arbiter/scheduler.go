@@ -274,14 +274,14 @@ func (a *Arbiter) maxWait(t Input) float64 {
 }
 
 // deprived tells whether a tenant is kept from its share: below its
-// target by more than Tolerance while it wants more than it gets. Only
-// then does a tenant above its target give anything up: what nobody else
-// wants is not lost. A latency tenant is never deprived of a share: its
-// turn comes within the others' shortest slices, and pausing them would
-// leave the GPU idle without serving it sooner (batch tenants still yield
-// to a missed SLO).
+// target by more than Tolerance while it wants more than it gets and
+// waits for the others' turns (heldByOthers). Only then does a tenant
+// above its target give anything up: what nobody else wants is not lost.
+// A latency tenant is never deprived of a share: its turn comes within
+// the others' shortest slices, and pausing them would leave the GPU idle
+// without serving it sooner (batch tenants still yield to a missed SLO).
 func (a *Arbiter) deprived(t Input, target float64) bool {
-	return t.Busy && t.Rules.Priority != policy.Latency && t.Share < target-a.p.Tolerance && t.Demand > t.Share+a.p.Tolerance
+	return a.wanting(t, target) && t.Share < target-a.p.Tolerance
 }
 
 // wanting tells whether a tenant wants more than it gets while below its
@@ -289,7 +289,17 @@ func (a *Arbiter) deprived(t Input, target float64) bool {
 // keeps converging on its own target while another wants (deprived is
 // the stronger condition that starts a pause).
 func (a *Arbiter) wanting(t Input, target float64) bool {
-	return t.Busy && t.Rules.Priority != policy.Latency && t.Share < target && t.Demand > t.Share+a.p.Tolerance
+	return t.Busy && t.Rules.Priority != policy.Latency && t.Share < target && t.Demand > t.Share+a.p.Tolerance &&
+		a.heldByOthers(t)
+}
+
+// heldByOthers tells whether a tenant's work waited for the others'
+// turns on the GPU for more than Tolerance of the window. One that did
+// not is as fast as its own host lets it be, whatever the host time in
+// its syncs adds to its demand: pausing the others would leave the GPU
+// idle without serving it sooner.
+func (a *Arbiter) heldByOthers(t Input) bool {
+	return t.Waited > a.p.Tolerance
 }
 
 // runFraction is the part of each period a tenant's groups stay on the

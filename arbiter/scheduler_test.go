@@ -13,10 +13,10 @@ import (
 func steered(int) Actuation { return Scheduler }
 
 // schedHog is a backlogged tenant of groups channel groups that fills any
-// timeslice.
+// timeslice: its work waits whenever another holds the GPU.
 func schedHog(name string, weight int, share float64, groups int) Input {
 	in := hog(name, share, groups)
-	in.Rules, in.Groups, in.Demand = rules(weight), groups, 1
+	in.Rules, in.Groups, in.Demand, in.Waited = rules(weight), groups, 1, 1-share
 	return in
 }
 
@@ -293,6 +293,34 @@ func TestLightSliceCoversItsBurst(t *testing.T) {
 		}
 		if d.Timeslice != c.want {
 			t.Errorf("burst %v: slice %v, want %v", c.burst, d.Timeslice, c.want)
+		}
+	}
+}
+
+// A light closed loop below its target that hardly ever waits for the
+// others' turns is held back by its own pace — its demand read high by the
+// host time in its syncs — and takes nothing from them: pausing them would
+// only idle the GPU. The same loop waiting behind their turns for 20% of
+// the window is deprived: the one at MinSlice is paused, the other's slice
+// shrinks.
+func TestOwnPaceIsNotDeprivation(t *testing.T) {
+	for _, c := range []struct {
+		waited float64
+		held   bool
+	}{{0.003, false}, {0.2, true}} {
+		a := New(Params{})
+		loop := schedHog("loop", 1700, 0.5, 1)
+		loop.Backlogged, loop.Demand, loop.Waited = false, 0.57, c.waited
+		loop.BurstNS = float64(8 * time.Millisecond)
+		in := []Input{loop, schedHog("h1", 300, 0.37, 1), schedHog("h2", 100, 0.13, 1)}
+		var ds []Decision
+		for range 3 {
+			ds = a.Step(in, steered)
+		}
+		h1, h2 := decisionOf(t, ds, "h1"), decisionOf(t, ds, "h2")
+		if (h2.Duty < 1) != c.held || (h1.Reason == "above target: takes the slack") == c.held {
+			t.Errorf("loop waiting %.1f%% of the window: h1 %s, h2 run fraction %.2f (%s); want them held back %v",
+				100*c.waited, h1.Reason, h2.Duty, h2.Reason, c.held)
 		}
 	}
 }

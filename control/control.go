@@ -199,6 +199,7 @@ func Step(in Input) Result {
 		g.Share += c.Share
 		g.Busy = g.Busy || c.Busy || c.Launches > 0 || c.Waiting
 		g.Queued += float64(c.BacklogNS) / float64(in.Window)
+		g.Waited += float64(c.QueueNS) / float64(in.Window)
 		g.Backlogged = g.Backlogged || backlogged(c, in.Window)
 		if !c.Exited {
 			g.Processes++

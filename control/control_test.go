@@ -197,3 +197,18 @@ func TestLaunchCostAndSLOFigures(t *testing.T) {
 		t.Errorf("p99 %.1f ms, %.0f syncs/s; want 99 ms and 100", in.SyncP99MS, in.FPS)
 	}
 }
+
+// What a tenant's work waited behind other contexts' turns is summed over
+// its processes, as a part of the control window: the arbiter pauses
+// others only for a tenant that waits for them.
+func TestWaitedBehindOthersIsSummed(t *testing.T) {
+	a1, a2, b := proc(1, 10, 0.3, 500*ms), proc(2, 10, 0.2, 400*ms), proc(3, 20, 0.5, 510*ms)
+	a1.QueueNS, a2.QueueNS, b.QueueNS = 150*ms, 50*ms, 3*ms
+	r := step([]meter.ContextStats{a1, a2, b}, nil)
+	if w := input(t, r, "a", 0).Waited; math.Abs(w-0.2) > 1e-9 {
+		t.Errorf("a waited %.3f of the window, want 0.2", w)
+	}
+	if w := input(t, r, "b", 0).Waited; math.Abs(w-0.003) > 1e-9 {
+		t.Errorf("b waited %.3f of the window, want 0.003", w)
+	}
+}
