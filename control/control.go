@@ -39,6 +39,10 @@
 //   - BurstNS, the work one of its channel groups brings to a turn on the
 //     GPU, is its GPU time over the times its modeled work ran out: a
 //     closed loop's work between syncs (0: it never ran out).
+//   - Waited, the part of the control window its work waited while other
+//     contexts held the GPU (summed over its processes), tells a tenant
+//     the others keep from its share from one its own host time holds
+//     back: only the first is served by pausing them.
 //
 // A change of target cannot flip a tenant between wanting and satisfied:
 // held back harder, it waits longer and thinks as long, and waiting is
