@@ -119,6 +119,59 @@ func benchWeights(ctx context.Context, b *bench) (string, error) {
 		return "", err
 	}
 	fmt.Fprintf(&s, "\n![target and achieved shares of the weight-1 tenant](%s)\n", link)
+	text, err := benchStackWeights(ctx, b)
+	if err != nil {
+		return "", err
+	}
+	return s.String() + text, nil
+}
+
+// stackWorkloads are gpuwork's workloads shaped like real stacks (entry
+// points from cuGetProcAddress_v2, primary contexts, per-thread streams).
+var stackWorkloads = []string{"train", "serve", "collective"}
+
+// benchStackWeights: each workload shaped like a real stack at weight 300
+// beside a hog at 100, its target the weighted share or what it takes
+// alone if less.
+func benchStackWeights(ctx context.Context, b *bench) (string, error) {
+	var s strings.Builder
+	s.WriteString("\nThe workloads shaped like real stacks (`gpuwork train`, `serve`, `collective`: entry points from `cuGetProcAddress_v2` with the per-thread flag, primary contexts, `cuLaunchKernelEx`, event polling, graph replays, stream memory operations; e2e/fakegpu/README.md) at weight 300 beside a hog at 100. A tenant's target is its weighted share, 75%, or what it takes alone if that is less.\n\n")
+	s.WriteString("| tenant | alone | target | unarbitrated | with gpuarb | \\|error\\| | hog with gpuarb | GPU busy with gpuarb |\n|---|---|---|---|---|---|---|---|\n")
+	for _, w := range stackWorkloads {
+		b.logf("%s alone", w)
+		alone, _, err := b.measured(ctx, "weights", noDaemon, nil, func(sc *scene) error {
+			_, err := sc.tenant("a", 1, w, "--duration", "60")
+			return err
+		})
+		if err != nil {
+			return "", err
+		}
+		var got, hog [2]float64
+		var busy float64
+		for i, m := range modes {
+			b.logf("%s beside a hog, weights 3:1, %s", w, m.name)
+			ss, bz, err := b.measured(ctx, "weights", m.mode, nil, func(sc *scene) error {
+				if _, err := sc.tenant("a", 1, w, "--duration", "60"); err != nil {
+					return err
+				}
+				if _, err := sc.tenant("b", 1, "hog", "--duration", "60"); err != nil {
+					return err
+				}
+				return sc.policy(ctx, fmt.Sprintf("tenants:\n  - {name: a, cgroup: %s, weight: 300}\n  - {name: b, cgroup: %s, weight: 100}\n",
+					sc.cgroupOf("a"), sc.cgroupOf("b")))
+			})
+			if err != nil {
+				return "", err
+			}
+			got[i] = lab.Median(lab.Series(ss, 0, func(s lab.Sample) float64 { return s.True["a"] }))
+			hog[i] = lab.Median(lab.Series(ss, 0, func(s lab.Sample) float64 { return s.True["b"] }))
+			busy = bz
+		}
+		a := lab.Median(lab.Series(alone, 0, func(s lab.Sample) float64 { return s.True["a"] }))
+		target := min(0.75, a)
+		fmt.Fprintf(&s, "| %s | %s | %s | %s | %s | %.1f pp | %s | %s |\n", w, pct(a), pct(target), pct(got[0]), pct(got[1]),
+			100*abs(got[1]-target), pct(hog[1]), pct(busy))
+	}
 	return s.String(), nil
 }
 
