@@ -52,8 +52,9 @@
 // 2 pp. Any other light tenant wants what it would take alone (control's
 // demand model; at least its share over the settled window) plus 0.2 pp,
 // at most 2 pp among all of a GPU's light tenants: a host of bursty,
-// mostly idle tenants does not take the GPU from the backlogged ones. A tenant paced once and idle since is light again, and
-// grows back to running free.
+// mostly idle tenants does not take the GPU from the backlogged ones. A
+// tenant paced once and idle since is light again, and grows back to
+// running free.
 //
 // Latency tenants are never throttled; while one's SLO (p99 sync wait or
 // frames/s, over the meter's 1 s window) is missed, every other tenant's
