@@ -89,21 +89,9 @@ func benchWeights(ctx context.Context, b *bench) (string, error) {
 		var busy [2]float64
 		for i, m := range modes {
 			b.logf("weights 1:%d, %s", w, m.name)
-			ss, bz, err := b.measured(ctx, "weights", m.mode, nil, func(sc *scene) error {
-				for _, t := range []string{"a", "b"} {
-					if _, err := sc.tenant(t, 1, "hog", "--duration", "60"); err != nil {
-						return err
-					}
-				}
-				return sc.policy(ctx, fmt.Sprintf("tenants:\n  - {name: a, cgroup: %s, weight: 100}\n  - {name: b, cgroup: %s, weight: %d}\n",
-					sc.cgroupOf("a"), sc.cgroupOf("b"), 100*w))
-			})
-			if err != nil {
+			var err error
+			if got[i][0], got[i][1], busy[i], err = b.weightedPair(ctx, m.mode, "hog", 100, 100*w); err != nil {
 				return "", err
-			}
-			busy[i] = bz
-			for j, t := range []string{"a", "b"} {
-				got[i][j] = lab.Median(lab.Series(ss, 0, func(s lab.Sample) float64 { return s.True[t] }))
 			}
 		}
 		ta := 1 / float64(1+w)
@@ -146,33 +134,42 @@ func benchStackWeights(ctx context.Context, b *bench) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		var got, hog [2]float64
-		var busy float64
+		var got, hog, busy [2]float64
 		for i, m := range modes {
 			b.logf("%s beside a hog, weights 3:1, %s", w, m.name)
-			ss, bz, err := b.measured(ctx, "weights", m.mode, nil, func(sc *scene) error {
-				if _, err := sc.tenant("a", 1, w, "--duration", "60"); err != nil {
-					return err
-				}
-				if _, err := sc.tenant("b", 1, "hog", "--duration", "60"); err != nil {
-					return err
-				}
-				return sc.policy(ctx, fmt.Sprintf("tenants:\n  - {name: a, cgroup: %s, weight: 300}\n  - {name: b, cgroup: %s, weight: 100}\n",
-					sc.cgroupOf("a"), sc.cgroupOf("b")))
-			})
-			if err != nil {
+			if got[i], hog[i], busy[i], err = b.weightedPair(ctx, m.mode, w, 300, 100); err != nil {
 				return "", err
 			}
-			got[i] = lab.Median(lab.Series(ss, 0, func(s lab.Sample) float64 { return s.True["a"] }))
-			hog[i] = lab.Median(lab.Series(ss, 0, func(s lab.Sample) float64 { return s.True["b"] }))
-			busy = bz
 		}
 		a := lab.Median(lab.Series(alone, 0, func(s lab.Sample) float64 { return s.True["a"] }))
 		target := min(0.75, a)
 		fmt.Fprintf(&s, "| %s | %s | %s | %s | %s | %.1f pp | %s | %s |\n", w, pct(a), pct(target), pct(got[0]), pct(got[1]),
-			100*abs(got[1]-target), pct(hog[1]), pct(busy))
+			100*abs(got[1]-target), pct(hog[1]), pct(busy[1]))
 	}
 	return s.String(), nil
+}
+
+// weightedPair runs a tenant a of one process of workload beside a hog b,
+// at weights wa:wb, and returns their median true shares and the GPU's
+// median busy share.
+func (b *bench) weightedPair(ctx context.Context, mode daemonMode, workload string, wa, wb int) (a, hog, busy float64, err error) {
+	ss, busy, err := b.measured(ctx, "weights", mode, nil, func(sc *scene) error {
+		if _, err := sc.tenant("a", 1, workload, "--duration", "60"); err != nil {
+			return err
+		}
+		if _, err := sc.tenant("b", 1, "hog", "--duration", "60"); err != nil {
+			return err
+		}
+		return sc.policy(ctx, fmt.Sprintf("tenants:\n  - {name: a, cgroup: %s, weight: %d}\n  - {name: b, cgroup: %s, weight: %d}\n",
+			sc.cgroupOf("a"), wa, sc.cgroupOf("b"), wb))
+	})
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	share := func(t string) float64 {
+		return lab.Median(lab.Series(ss, 0, func(s lab.Sample) float64 { return s.True[t] }))
+	}
+	return share("a"), share("b"), busy, nil
 }
 
 func abs(x float64) float64 { return max(x, -x) }
