@@ -980,9 +980,11 @@ int gpuarb_cu_sync_ret(struct pt_regs *ctx)
 /* Completion queries: cuEventQuery (event), cuStreamQuery (and _ptsz)
  * (stream). A polling loop queries until the work is done; per queried
  * handle only its first NOT_READY (a wait began: EVF_BEGIN) and the
- * success that ends it (ts_enter: when the wait began) reach the ring, so
- * a poll reads as a sync. A success without a wait proves the work done;
- * repeated ones within POLL_QUIET_NS are not sent again. */
+ * success that ends it (ts_enter: when the wait began; args[1]: when the
+ * last NOT_READY returned, so the work completed between it and the
+ * success) reach the ring, so a poll reads as a sync. A success without a
+ * wait proves the work done; repeated ones within POLL_QUIET_NS are not
+ * sent again. */
 #define CUDA_ERROR_NOT_READY 600
 #define POLL_QUIET_NS 1000000
 
@@ -993,8 +995,9 @@ struct poll_key {
 };
 
 struct poll_state {
-	__u64 since;  /* the first NOT_READY of this wait, or the last success sent */
-	__s32 last;   /* the last result */
+	__u64 since;    /* the first NOT_READY of this wait, or the last success sent */
+	__u64 not_done; /* the last NOT_READY of this wait */
+	__s32 last;     /* the last result */
 	__u32 pad;
 };
 
@@ -1024,7 +1027,7 @@ int gpuarb_cu_query_ret(struct pt_regs *ctx)
 	struct cgroup_stats *s;
 	struct event *e;
 	__s32 ret = (__s32)PT_REGS_RC(ctx);
-	__u64 begin = now;
+	__u64 begin = now, not_done = 0;
 	__u32 flags = 0;
 
 	if (!st)
@@ -1035,17 +1038,22 @@ int gpuarb_cu_query_ret(struct pt_regs *ctx)
 	bpf_map_delete_elem(&gpuarb_pend_cu, &ck);
 	ps = bpf_map_lookup_elem(&gpuarb_polls, &k);
 	if (ret == CUDA_ERROR_NOT_READY) {
-		if (ps && ps->last == CUDA_ERROR_NOT_READY)
-			return 0; /* the wait goes on */
+		if (ps && ps->last == CUDA_ERROR_NOT_READY) {
+			ps->not_done = now; /* the wait goes on */
+			return 0;
+		}
 		fresh.since = now;
+		fresh.not_done = now;
 		fresh.last = ret;
 		bpf_map_update_elem(&gpuarb_polls, &k, &fresh, BPF_ANY);
 		flags = EVF_BEGIN;
 	} else if (ret == 0) {
 		if (ps && ps->last == 0 && now - ps->since < POLL_QUIET_NS)
 			return 0;
-		if (ps && ps->last == CUDA_ERROR_NOT_READY)
+		if (ps && ps->last == CUDA_ERROR_NOT_READY) {
 			begin = ps->since;
+			not_done = ps->not_done;
+		}
 		fresh.since = now;
 		bpf_map_update_elem(&gpuarb_polls, &k, &fresh, BPF_ANY);
 	} else {
@@ -1058,6 +1066,7 @@ int gpuarb_cu_query_ret(struct pt_regs *ctx)
 	e->ts_enter = begin;
 	e->ret = ret;
 	e->args[0] = k.handle;
+	e->args[1] = not_done;
 	bpf_ringbuf_submit(e, wakeup_flag(e));
 	return 0;
 }

@@ -275,10 +275,11 @@ type gpuarbPollKey struct {
 }
 
 type gpuarbPollState struct {
-	_     structs.HostLayout
-	Since uint64
-	Last  int32
-	Pad   uint32
+	_       structs.HostLayout
+	Since   uint64
+	NotDone uint64
+	Last    int32
+	Pad     uint32
 }
 
 type gpuarbProcInfo struct {

@@ -239,8 +239,13 @@ func TestDecode(t *testing.T) {
 				t.Errorf("%+v", e)
 			}
 		}},
-		{"poll ends", Record{Type: recCuda, Func: fn("cuEventQuery"), TsEnter: 1000, TsExit: 5000, Args: [8]uint64{0xe7}}, func(t *testing.T, ev Event) {
-			if e := ev.(*Sync); e.Of != "event" || e.Handle != 0xe7 || !e.Polled || e.DurationNS != 4000 {
+		{"poll ends", Record{Type: recCuda, Func: fn("cuEventQuery"), TsEnter: 1000, TsExit: 5000, Args: [8]uint64{0xe7, 4800}}, func(t *testing.T, ev Event) {
+			if e := ev.(*Sync); e.Of != "event" || e.Handle != 0xe7 || !e.Polled || e.DurationNS != 4000 || e.NotDoneAt != 4800 || e.Woken != 0 {
+				t.Errorf("%+v", e)
+			}
+		}},
+		{"poll done at its first query", Record{Type: recCuda, Func: fn("cuStreamQuery"), TsEnter: 5000, TsExit: 5000, Args: [8]uint64{0x5000}}, func(t *testing.T, ev Event) {
+			if e := ev.(*Sync); e.Of != "stream" || !e.Polled || e.NotDoneAt != 0 {
 				t.Errorf("%+v", e)
 			}
 		}},

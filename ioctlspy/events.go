@@ -265,6 +265,10 @@ type Sync struct {
 	// was the GPU's completion reaching it, before the scheduling delay
 	// and return path that End adds.
 	Woken uint64 `json:"woken,omitempty"`
+	// NotDoneAt is, for a polling loop (Polled), when its last query that
+	// found the work not done returned (CLOCK_MONOTONIC ns; 0 if none
+	// did): the work completed between it and End.
+	NotDoneAt uint64 `json:"not_done_at,omitempty"`
 }
 
 func (e *Sync) String() string {

@@ -73,6 +73,18 @@ func (c *gpuContext) waitEnded(h *ioctlspy.Header, e *ioctlspy.Sync) {
 	}
 }
 
+// waitedForGPU tells whether a returning sync was a wait for the GPU, one
+// that counts as a sync (its wait towards a p99 SLO, its return towards
+// frames/s): every synchronizing call, and a polling loop that found the
+// work not done at least once (its Start is that first query, before the
+// query that ends it). A query that finds work already done proves it
+// done but waited for nothing: a caching allocator that checks its
+// blocks' events would otherwise bury a serving loop's per-token waits
+// in thousands of instant ones.
+func waitedForGPU(h *ioctlspy.Header, e *ioctlspy.Sync) bool {
+	return !e.Polled || h.End > h.Start
+}
+
 // sync applies what a returning sync proves: the synced streams drained
 // by the time it returned, or by when its thread was woken where it slept
 // (completedBy). The difference between the replay there and that fact
@@ -90,7 +102,7 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 			}
 		}()
 	}
-	if !e.Polled {
+	if waitedForGPU(h, e) {
 		c.syncs = append(c.syncs, span{h.Start, h.End})
 		c.total.Syncs++
 	}
@@ -103,14 +115,15 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 			ids = append(ids, s.id)
 		}
 	case "event":
-		m.eventSync(c, h, e.Handle, now, done)
+		m.eventSync(c, h, e, now, done)
 		return
 	default: // nouveau and DRM waits
 		ids = []uint64{nouveauStream}
 	}
 	var left, got, early float64
+	var drained uint64 // the latest drain of a synced stream in the replay
 	burst := composition{}
-	waited := h.DurationNS >= uint64(realWait)
+	waited := proofWaited(h, e)
 	any, unseen := false, false
 	for _, id := range ids {
 		s := c.findStream(id)
@@ -122,6 +135,9 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 		s.unseen = false
 		left += s.left
 		got += s.got
+		if s.left <= 0 {
+			drained = max(drained, s.drained)
+		}
 		if s.left <= 0 && waited && s.drained+uint64(realWait) < now {
 			// Drained too early in the replay: the GPU still worked on it
 			// until the sync returned, at the holder's rate at best.
@@ -159,7 +175,11 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 	case !c.learned:
 		// A sync that did not wait teaches a guess nothing (see eventSync).
 	default:
-		c.prove(m.lateness(c, left, early), got+left, burst)
+		late := left
+		if pl, pe, ok := pollLateness(h, e, left, drained); ok && (left > 0 || drained > 0) {
+			late, early = pl, pe
+		}
+		c.prove(m.lateness(c, late, early), got+left, burst)
 	}
 }
 
@@ -188,6 +208,41 @@ func completedBy(h *ioctlspy.Header, e *ioctlspy.Sync) uint64 {
 		return e.Woken
 	}
 	return h.End
+}
+
+// proofWaited tells whether a proof waited for the work it proves done: a
+// synchronizing call that lasted realWait or more, or a polling loop that
+// found the work not done before it found it done. One that did not
+// proves the work done, not how long it took.
+func proofWaited(h *ioctlspy.Header, e *ioctlspy.Sync) bool {
+	return h.DurationNS >= uint64(realWait) || e.Polled && e.NotDoneAt > 0
+}
+
+// pollLateness is, for a polling loop that knows its last query that
+// found the work not done (NotDoneAt), how late the replay's drain of the
+// proven work is against the middle of the last poll interval — the work
+// completed between that query and the one that found it done, and the
+// middle is the unbiased guess — as the lateness' left and early:
+// drained is when the replay drained it (left > 0: not by the proof's
+// end, and then it is late by at least the rest of the interval). ok is
+// false for other proofs: a synchronizing call returns a wake-up and more
+// after the completion, never before, so only an early drain beyond
+// realWait teaches there. Measured against the success alone, every
+// burst read half a poll interval long (a loop of 0.3 ms bursts polled
+// every 0.2 ms: +10 pp); against the end of the interval while work still
+// queued at its middle taught nothing, −10 pp.
+func pollLateness(h *ioctlspy.Header, e *ioctlspy.Sync, left float64, drained uint64) (late, early float64, ok bool) {
+	if !e.Polled || e.NotDoneAt == 0 || e.NotDoneAt >= h.End {
+		return 0, 0, false
+	}
+	mid := e.NotDoneAt + (h.End-e.NotDoneAt)/2
+	switch {
+	case left > 0:
+		return left + float64(h.End-mid), 0, true
+	case drained > mid:
+		return float64(drained - mid), 0, true
+	}
+	return 0, float64(mid - drained), true
 }
 
 // lateness is what one proof says of a learned context's costs, in its
@@ -227,7 +282,8 @@ func (m *Meter) record(s *stream, event uint64) {
 // costs scaled down; a mark the replay passed well before the wait ended
 // scales them up. An event the meter never saw
 // recorded teaches nothing.
-func (m *Meter) eventSync(c *gpuContext, h *ioctlspy.Header, event uint64, now, done uint64) {
+func (m *Meter) eventSync(c *gpuContext, h *ioctlspy.Header, e *ioctlspy.Sync, now, done uint64) {
+	event := e.Handle
 	var s *stream
 	var k mark
 	for _, st := range c.streams {
@@ -261,7 +317,7 @@ func (m *Meter) eventSync(c *gpuContext, h *ioctlspy.Header, event uint64, now, 
 	if covered <= 0 || unseen || m.pausedDuring(c, h.Start, h.End) {
 		return
 	}
-	waited := h.DurationNS >= uint64(realWait)
+	waited := proofWaited(h, e)
 	switch {
 	case behind > 0 && !c.learned && waited:
 		if ran <= 0 { // as in sync: the replay ran the others first
@@ -281,11 +337,14 @@ func (m *Meter) eventSync(c *gpuContext, h *ioctlspy.Header, event uint64, now, 
 		// collapse (a paced tenant, whose kernels finish between its
 		// spaced launches, never waits).
 	default:
-		var early float64
+		late, early := max(behind, 0), 0.0
 		if waited && k.crossed > 0 && k.crossed+uint64(realWait) < now {
 			early = float64(now - max(k.crossed, h.Start))
 		}
-		c.prove(m.lateness(c, max(behind, 0), early), covered, burst)
+		if pl, pe, ok := pollLateness(h, e, late, k.crossed); ok && (late > 0 || k.crossed > 0) {
+			late, early = pl, pe
+		}
+		c.prove(m.lateness(c, late, early), covered, burst)
 	}
 }
 

@@ -739,6 +739,80 @@ func TestWantedFromWaits(t *testing.T) {
 	}
 }
 
+// A polling loop that found its event not done is a wait for the GPU: it
+// counts as a sync, its wait towards the SLO's p99; a query that finds the
+// work already done waited for nothing and does not.
+func TestPolledWaitsCountAsSyncs(t *testing.T) {
+	clk := &clock{t: 10 * 1000 * ms}
+	m := New(Config{Now: clk.now})
+	start := clk.t
+	for i := 0; clk.t < start+1000*ms; i++ {
+		m.Observe(launchFn(1, 100, clk.t, 7, 0xa, 1))
+		m.Observe(&ioctlspy.EventRecord{Header: hdr(1, 100, clk.t, clk.t), Event: 0xe, Stream: 7})
+		m.Observe(waitBegin(1, 100, "event", 0xe, clk.t))
+		polled := proofOf("event", hdr(1, 100, clk.t, clk.t+3*ms), 7, 0xe, true)
+		m.Observe(polled)
+		clk.t += 3 * ms
+		// The allocator's check of an older event, done at once.
+		m.Observe(proofOf("event", hdr(1, 100, clk.t, clk.t), 7, 0xf, true))
+		clk.t += 2 * ms
+	}
+	m.Tick()
+	_, cs := m.Contexts(time.Second)
+	if n := len(cs[0].SyncWait); n != 200 || cs[0].Syncs != 200 {
+		t.Fatalf("%d syncs, %d waits; want the 200 polling waits, not the instant checks", cs[0].Syncs, n)
+	}
+	for _, w := range cs[0].SyncWait {
+		if w != 3*ms {
+			t.Fatalf("a polling wait read %d ns, want 3 ms", w)
+		}
+	}
+}
+
+// A polling loop learns its costs from the middle of its last poll
+// interval: its work completed between the query that found it not done
+// and the one that found it done. Read at the success, a loop of 0.3 ms
+// bursts polled every 0.2 ms would read each burst 0.1 ms long on average.
+func TestPolledCompletionBetweenQueries(t *testing.T) {
+	const (
+		work  = 300 * us // a burst of 3 × 100 µs kernels
+		poll  = 200 * us // the loop's poll interval
+		think = 50 * us
+	)
+	for _, bounded := range []bool{true, false} {
+		clk := &clock{t: 10 * 1000 * ms}
+		m := New(Config{Now: clk.now})
+		start, busy := clk.t, uint64(0)
+		for i := 0; clk.t < start+2000*ms; i++ {
+			t0 := clk.t
+			for k := 0; k < 3; k++ {
+				m.Observe(launchFn(1, 100, t0, 7, 0xa, 100))
+			}
+			m.Observe(&ioctlspy.EventRecord{Header: hdr(1, 100, t0, t0), Event: 0xe, Stream: 7})
+			m.Observe(waitBegin(1, 100, "event", 0xe, t0))
+			done := t0 + work
+			notDone := done - poll*uint64(1+i%19)/20 // the completion falls anywhere in the interval
+			e := proofOf("event", hdr(1, 100, t0, notDone+poll), 7, 0xe, true)
+			if bounded {
+				e.NotDoneAt = notDone
+			}
+			clk.t = notDone + poll
+			m.Observe(e)
+			if clk.t >= start+1000*ms {
+				busy += work
+			}
+			clk.t += think
+		}
+		m.Tick()
+		_, cs := m.Contexts(time.Second)
+		truth := float64(busy) / float64(clk.t-(start+1000*ms))
+		t.Logf("last not-done query known %v: estimated %.3f for a true %.3f", bounded, cs[0].Share, truth)
+		if off := cs[0].Share - truth; bounded && math.Abs(off) > 0.02 || !bounded && off < 0.05 {
+			t.Errorf("last not-done query known %v: estimated %.3f for a true %.3f", bounded, cs[0].Share, truth)
+		}
+	}
+}
+
 // The replay gives each context its own timeslice: 3:1 slices split two
 // backlogged contexts 75/25; a paused one runs nothing until resumed.
 func TestTimeslicesAndPauses(t *testing.T) {

@@ -51,8 +51,11 @@ type ContextStats struct {
 	Launches int     // launches in the window
 	// Drains counts the times its modeled work ran out in the window:
 	// GPUNS / Drains is the work it brings to one turn on the GPU.
-	Drains   int
-	Syncs    int // syncs that returned in the window
+	Drains int
+	// Syncs counts the waits for the GPU that returned in the window
+	// (synchronizing calls, and polling loops that found work not done),
+	// SyncWait their lengths in ns.
+	Syncs    int
 	SyncWait []uint64
 	MemBytes int64
 	QueueNS  uint64
