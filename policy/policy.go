@@ -99,7 +99,10 @@ func (w *Weight) UnmarshalYAML(n *yaml.Node) error {
 
 // SLO is a latency tenant's objective, measured from the probes.
 type SLO struct {
-	// P99SyncMS bounds the 99th percentile of the tenant's sync waits.
+	// P99SyncMS bounds the 99th percentile of the tenant's waits for the
+	// GPU: synchronizing calls, and polling loops of event or stream
+	// queries that found the work not done (a query that finds it done
+	// waited for nothing).
 	P99SyncMS float64 `yaml:"p99_sync_ms,omitempty" json:"p99_sync_ms,omitempty"`
 	// FPS is the frame rate a frame loop (one sync per frame) must hold.
 	FPS float64 `yaml:"fps,omitempty" json:"fps,omitempty"`
