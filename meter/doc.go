@@ -42,7 +42,11 @@
 // scaled up (at most 2× a step). A cuEventSynchronize (or an event query
 // that finds the event complete) teaches the same through the
 // cuEventRecord before it: the record marks how far the stream's modeled
-// work reached and what it was made of.
+// work reached and what it was made of. A polling loop's work completed
+// between its last query that found it not done and the one that found it
+// done (the probes send when both returned): the replay's drain is
+// measured against the middle of that interval, and teaches late or early
+// alike.
 //
 // Each proof covers a burst of work of known composition (how much of it
 // each costKey made, tracked per stream). A correction goes to the keys

@@ -176,7 +176,7 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 		// A sync that did not wait teaches a guess nothing (see eventSync).
 	default:
 		late := left
-		if pl, pe, ok := pollLateness(h, e, left, drained); ok && (left > 0 || drained > 0) {
+		if pl, pe, ok := m.pollLateness(c, h, e, left, drained); ok {
 			late, early = pl, pe
 		}
 		c.prove(m.lateness(c, late, early), got+left, burst)
@@ -219,30 +219,36 @@ func proofWaited(h *ioctlspy.Header, e *ioctlspy.Sync) bool {
 }
 
 // pollLateness is, for a polling loop that knows its last query that
-// found the work not done (NotDoneAt), how late the replay's drain of the
-// proven work is against the middle of the last poll interval — the work
-// completed between that query and the one that found it done, and the
-// middle is the unbiased guess — as the lateness' left and early:
-// drained is when the replay drained it (left > 0: not by the proof's
-// end, and then it is late by at least the rest of the interval). ok is
-// false for other proofs: a synchronizing call returns a wake-up and more
-// after the completion, never before, so only an early drain beyond
-// realWait teaches there. Measured against the success alone, every
-// burst read half a poll interval long (a loop of 0.3 ms bursts polled
-// every 0.2 ms: +10 pp); against the end of the interval while work still
-// queued at its middle taught nothing, −10 pp.
-func pollLateness(h *ioctlspy.Header, e *ioctlspy.Sync, left float64, drained uint64) (late, early float64, ok bool) {
-	if !e.Polled || e.NotDoneAt == 0 || e.NotDoneAt >= h.End {
+// found the work not done (NotDoneAt), what the proof says against the
+// middle of the last poll interval — the work completed between that
+// query and the one that found it done, and the middle is the unbiased
+// guess — as lateness' left (work) and early (time): drained is when the
+// replay drained the proven work, left what it still had of it at the
+// proof's end. Time late against the middle counts as the context's
+// round-robin part of it, as an early drain does (lateness). ok is false
+// for other proofs: a synchronizing call returns a wake-up and more after
+// the completion, never before, so only an early drain beyond realWait
+// teaches there. Measured against the success alone, every burst read
+// half a poll interval long (a loop of 0.3 ms bursts polled every 0.2 ms:
+// +13 pp); measured to the end of the interval and only late, −10 pp.
+func (m *Meter) pollLateness(c *gpuContext, h *ioctlspy.Header, e *ioctlspy.Sync, left float64, drained uint64) (late, early float64, ok bool) {
+	if !e.Polled || e.NotDoneAt == 0 || e.NotDoneAt >= h.End || left <= 0 && drained == 0 {
 		return 0, 0, false
 	}
 	mid := e.NotDoneAt + (h.End-e.NotDoneAt)/2
+	var lateTime float64
 	switch {
 	case left > 0:
-		return left + float64(h.End-mid), 0, true
+		lateTime = float64(h.End - mid)
 	case drained > mid:
-		return float64(drained - mid), 0, true
+		lateTime = float64(drained - mid)
+	default:
+		return 0, float64(mid - drained), true
 	}
-	return 0, float64(mid - drained), true
+	if m.latenessTeaches(c) {
+		left += lateTime / float64(m.sharers(c))
+	}
+	return left, 0, true
 }
 
 // lateness is what one proof says of a learned context's costs, in its
@@ -341,7 +347,7 @@ func (m *Meter) eventSync(c *gpuContext, h *ioctlspy.Header, e *ioctlspy.Sync, n
 		if waited && k.crossed > 0 && k.crossed+uint64(realWait) < now {
 			early = float64(now - max(k.crossed, h.Start))
 		}
-		if pl, pe, ok := pollLateness(h, e, late, k.crossed); ok && (late > 0 || k.crossed > 0) {
+		if pl, pe, ok := m.pollLateness(c, h, e, late, k.crossed); ok {
 			late, early = pl, pe
 		}
 		c.prove(m.lateness(c, late, early), covered, burst)
