@@ -181,7 +181,8 @@ func (a *Arbiter) schedule(ts []Input) []Decision {
 // slices share the rest of maxRotation, or a host of light tenants (1000,
 // each busy in some steps) would shrink everyone's slices with their
 // number, which changes every step; its own slice holds its burst
-// (burstSlice). No slice falls below MinSlice or exceeds MaxSlice.
+// (burstSlice). So does a closed loop's whose slice nearly fits its burst
+// (within burstCover). No slice falls below MinSlice or exceeds MaxSlice.
 func timeslices(ts []Input, out []Decision, turnBound []bool, maxWait, lightDemand []float64) {
 	groups := func(t Input) float64 { return float64(max(t.Groups, 1)) }
 	perGroup := func(i int) float64 { return math.Max(out[i].Weight, 1e-9) / groups(ts[i]) }
@@ -226,8 +227,17 @@ func timeslices(ts []Input, out []Decision, turnBound []bool, maxWait, lightDema
 	for i, t := range ts {
 		if t.Busy && !t.Unsteered {
 			d := time.Duration(scale * perGroup(i))
-			if lightDemand[i] > 0 {
+			switch {
+			case lightDemand[i] > 0:
 				d = max(d, burstSlice(t.BurstNS))
+			case turnBound[i] && burstCover*float64(d) >= t.BurstNS:
+				// A closed loop whose slice nearly fits its burst gets a
+				// slice that holds it: its turn ends when its work runs
+				// out and takes no more, where a slice of its mean burst
+				// cut every longer burst, and the rest waited a rotation
+				// (a loop of 2 ms bursts in 1.9 ms slices read 49.5% for
+				// a target of 55.8%).
+				d = max(d, time.Duration(burstCover*t.BurstNS))
 			}
 			out[i].Timeslice = min(max(d, MinSlice), MaxSlice)
 		}

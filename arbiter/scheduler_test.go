@@ -53,15 +53,22 @@ func TestSlicesFollowTargets(t *testing.T) {
 }
 
 // A closed loop brings only so much work to a turn: the others' slices
-// shrink until its burst is its share of the rotation.
+// shrink until its burst is its share of the rotation, and its own holds
+// its burst with burstCover to spare, so that a longer burst is not cut.
 func TestClosedLoopBurstShrinksTheRotation(t *testing.T) {
 	a := New(Params{})
 	loop := schedHog("loop", 100, 0.5, 1)
 	loop.BurstNS = float64(200 * time.Microsecond)
 	ds := a.Step([]Input{loop, schedHog("hog", 100, 0.5, 1)}, steered)
 	dl, dh := decisionOf(t, ds, "loop"), decisionOf(t, ds, "hog")
-	if dl.Timeslice != 200*time.Microsecond || dh.Timeslice != 200*time.Microsecond {
-		t.Errorf("timeslices loop %v hog %v, want both 200µs (equal weights, the loop's burst)", dl.Timeslice, dh.Timeslice)
+	if dl.Timeslice != 250*time.Microsecond || dh.Timeslice != 200*time.Microsecond {
+		t.Errorf("timeslices loop %v hog %v, want 250µs (the loop's burst, covered) and 200µs (equal weights)", dl.Timeslice, dh.Timeslice)
+	}
+	// A slice of a weight that nearly fits the burst holds it too.
+	loop.BurstNS = float64(1100 * time.Microsecond)
+	ds = New(Params{}).Step([]Input{loop, schedHog("hog", 100, 0.5, 1)}, steered)
+	if dl, dh := decisionOf(t, ds, "loop"), decisionOf(t, ds, "hog"); dl.Timeslice != 1375*time.Microsecond || dh.Timeslice != BaseSlice {
+		t.Errorf("burst of 1.1 ms: timeslices loop %v hog %v, want 1.375ms and %v", dl.Timeslice, dh.Timeslice, BaseSlice)
 	}
 	// A burst longer than the even split changes nothing.
 	loop.BurstNS = float64(5 * time.Millisecond)
