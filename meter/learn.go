@@ -123,7 +123,7 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 	var left, got, early float64
 	var drained uint64 // the latest drain of a synced stream in the replay
 	burst := composition{}
-	waited := proofWaited(h, e)
+	waited := h.DurationNS >= uint64(realWait)
 	any, unseen := false, false
 	for _, id := range ids {
 		s := c.findStream(id)
@@ -208,14 +208,6 @@ func completedBy(h *ioctlspy.Header, e *ioctlspy.Sync) uint64 {
 		return e.Woken
 	}
 	return h.End
-}
-
-// proofWaited tells whether a proof waited for the work it proves done: a
-// synchronizing call that lasted realWait or more, or a polling loop that
-// found the work not done before it found it done. One that did not
-// proves the work done, not how long it took.
-func proofWaited(h *ioctlspy.Header, e *ioctlspy.Sync) bool {
-	return h.DurationNS >= uint64(realWait) || e.Polled && e.NotDoneAt > 0
 }
 
 // pollLateness is, for a polling loop that knows its last query that
@@ -323,7 +315,7 @@ func (m *Meter) eventSync(c *gpuContext, h *ioctlspy.Header, e *ioctlspy.Sync, n
 	if covered <= 0 || unseen || m.pausedDuring(c, h.Start, h.End) {
 		return
 	}
-	waited := proofWaited(h, e)
+	waited := h.DurationNS >= uint64(realWait)
 	switch {
 	case behind > 0 && !c.learned && waited:
 		if ran <= 0 { // as in sync: the replay ran the others first
