@@ -250,7 +250,7 @@ func (b *bench) latencyRun(ctx context.Context, sc *scene, lc latencyCase, measu
 		*aloneDevice = device
 	}
 	ratio[lc.name] = device / max(*aloneDevice, 1e-9)
-	return fmt.Sprintf("%.2f ms | %.2f ms | %s | %.2f ms | %.2f ms (%.2f×) | %s | %s", m.res["latency_p50_ms"], m.res["latency_p99_ms"], m.steadyP99,
+	return fmt.Sprintf("%.2f ms | %.2f ms | %s | %.2f ms | %.2f ms (%.2f×) | %s | %s", m.res["latency_p50_ms"], m.res["latency_p99_ms"], m.steady(),
 		m.res["device_latency_p50_ms"], device, ratio[lc.name], pct(m.busy), m.others), m.busy, nil
 }
 
@@ -259,10 +259,17 @@ func (b *bench) latencyRun(ctx context.Context, sc *scene, lc latencyCase, measu
 // GPU's busy time and the others' true share (medians over 1 s windows).
 type latencyMeasure struct {
 	res        map[string]float64
-	steadyP99  string
 	steadyP99s []float64 // the per-second p99s after 4 s
 	busy       float64
 	others     string
+}
+
+// steady is the median of the per-second p99s after 4 s, "—" if none.
+func (m latencyMeasure) steady() string {
+	if len(m.steadyP99s) == 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.2f ms", lab.Median(m.steadyP99s))
 }
 
 // latencyTenant starts two tenants of the workload others ("": none) and
@@ -313,10 +320,7 @@ func (b *bench) latencyTenant(ctx context.Context, sc *scene, others, sloP99 str
 	if others != "" {
 		m.others = pct(lab.Median(lab.Series(ss, 0, func(s lab.Sample) float64 { return s.True["x"] + s.True["y"] })))
 	}
-	m.steadyP99 = "—"
-	if m.steadyP99s = intervals(p, "latency_p99_ms", 4); len(m.steadyP99s) > 0 {
-		m.steadyP99 = fmt.Sprintf("%.2f ms", lab.Median(m.steadyP99s))
-	}
+	m.steadyP99s = intervals(p, "latency_p99_ms", 4)
 	return m, nil
 }
 
@@ -358,7 +362,7 @@ func (b *bench) benchServe(ctx context.Context, measure time.Duration) (string, 
 			comment = " (" + lc.comment + ")"
 		}
 		fmt.Fprintf(&s, "| %s%s | %.2f ms | %.2f ms (%.2f×) | %s | %.2f ms | %s | %s |\n", lc.name, comment, m.res["latency_p50_ms"], p99,
-			p99/max(alone, 1e-9), m.steadyP99, m.res["ttft_p99_ms"], pct(m.busy), m.others)
+			p99/max(alone, 1e-9), m.steady(), m.res["ttft_p99_ms"], pct(m.busy), m.others)
 	}
 	without, with := serveCases[1].name, serveCases[2].name
 	fmt.Fprintf(&s, "\nWithout gpuarb each token's graph and each prefill kernel waits for the hogs' 20 ms kernels in 1 ms slices: a request outlasts the 100 ms between arrivals, and requests queue for the whole run (p50 %.2f s). With gpuarb the serving stack's turns come first and last its bursts: p50 %.2f× alone's, p99 over the whole run %.2f×, the per-second p99 after 4 s %.2f×.\n",
