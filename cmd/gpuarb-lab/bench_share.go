@@ -255,7 +255,7 @@ func (b *bench) latencyRun(ctx context.Context, sc *scene, lc latencyCase, measu
 }
 
 // latencyMeasure is what one run of a latency tenant measured: its
-// workload's summary, the median of its per-second p99 after 4 s, the
+// workload's summary, its per-second p99s after 4 s, the
 // GPU's busy time and the others' true share (medians over 1 s windows).
 type latencyMeasure struct {
 	res        map[string]float64
