@@ -12,13 +12,14 @@ import (
 // FuzzEventStream feeds the meter event streams a hostile or broken
 // process could produce (any order, any handles, times going back, syncs
 // of what was never launched, exits and reuse of a pid, held launches,
-// pauses, freezes, unprobed processes) and checks what it must hold
+// pauses, freezes, unprobed processes, polls) and checks what it must hold
 // whatever comes: no panic, every share and GPU busy fraction within
 // [0, 1], no GPU's tenants summing past it, and bounded contexts.
 func FuzzEventStream(f *testing.F) {
 	f.Add([]byte{0, 1, 0, 10, 0, 0, 0, 0, 1, 0, 0, 5, 0, 0, 0, 0})
 	f.Add([]byte{0, 1, 0, 10, 7, 7, 1, 0, 2, 1, 0, 50, 7, 0, 0, 0, 3, 1, 0, 60, 7, 0, 0, 0, 4, 2, 1, 0, 7, 0, 0, 0})
 	f.Add([]byte{9, 2, 0, 1, 0, 0, 0, 0, 10, 2, 1, 200, 0, 0, 0, 0, 11, 1, 0, 10, 1, 0, 0, 0, 5, 1, 0, 1, 0, 0, 0, 0})
+	f.Add([]byte{0, 1, 0, 10, 7, 0, 0, 0, 4, 1, 0, 1, 7, 0, 0, 0, 7, 1, 0, 1, 7, 0, 0, 0, 14, 1, 0, 40, 7, 30, 200, 0, 14, 1, 0, 4, 7, 255, 1, 0})
 	f.Fuzz(checkEventStream)
 }
 
@@ -42,7 +43,7 @@ func checkEventStream(t *testing.T, data []byte) {
 		arg := binary.LittleEndian.Uint16(b[6:])
 		h := hdr(pid, cg, clk.t, clk.t+uint64(arg)*uint64(time.Microsecond))
 		h.Held = b[5]&1 == 1
-		switch b[0] % 14 {
+		switch b[0] % 15 {
 		case 0:
 			m.Observe(&ioctlspy.Launch{Header: h, Function: handle, Stream: uint64(b[5] % 4), Grid: [3]uint32{uint32(arg), 1, 1}})
 		case 1:
@@ -71,6 +72,10 @@ func checkEventStream(t *testing.T, data []byte) {
 			m.SetPaused(pid, b[5]&1 == 1, clk.t)
 		case 13:
 			m.SetUnprobed(pid, cg, int(b[5]%2), clk.t)
+		case 14:
+			// A polling loop's end, its last not-done query anywhere.
+			m.Observe(&ioctlspy.Sync{Header: h, Func: "cuEventQuery", Of: "event", Handle: handle, Polled: true,
+				NotDoneAt: h.Start + uint64(b[5])*uint64(10*time.Microsecond)})
 		}
 		if b[0]%5 == 0 {
 			m.Tick()
