@@ -364,11 +364,12 @@ func decodeCuda(h Header, r Record) (Event, error) {
 			return &WaitBegin{Header: h, Func: name, Of: of, Handle: handle}, nil
 		}
 		s := &Sync{Header: h, Func: name, Of: of, Handle: handle, Ret: r.Ret, Polled: e.Class == bpf.ClassQuery}
-		switch {
-		case e.Class == bpf.ClassSync && a[1] >= h.Start && a[1] <= h.End:
-			s.Woken = a[1]
-		case e.Class == bpf.ClassQuery && a[1] >= h.Start && a[1] <= h.End:
-			s.NotDoneAt = a[1]
+		if a[1] >= h.Start && a[1] <= h.End { // a wake-up, or a poll's last NOT_READY
+			if s.Polled {
+				s.NotDoneAt = a[1]
+			} else {
+				s.Woken = a[1]
+			}
 		}
 		return s, nil
 	case bpf.ClassContext:
