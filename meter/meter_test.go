@@ -1373,3 +1373,40 @@ func TestClosedLoopsBesideHogs(t *testing.T) {
 		}
 	}
 }
+
+// An early drain counts what the context would have received meanwhile:
+// its timeslice's part of the rotation of the contexts with work, not one
+// over their number (a tenant of 9 ms slices beside one of 1 ms receives
+// 90% of the GPU while both have work; at half, it learned its costs
+// ever lower under gpuarb's weighted slices).
+func TestEarlyDrainCountsTheContextsTurnPart(t *testing.T) {
+	clk := &clock{t: 10 * 1000 * ms}
+	m := New(Config{Now: clk.now})
+	var cs []*gpuContext
+	for pid := uint32(1); pid <= 3; pid++ {
+		c := m.context(&ioctlspy.Header{PID: pid, CgroupID: 100 * uint64(pid)})
+		c.costs[costKey{}] = &cost{ns: float64(ms), learned: true}
+		c.learned = true
+		cs = append(cs, c)
+	}
+	for pid := uint32(1); pid <= 2; pid++ {
+		for i := 0; i < 100; i++ {
+			m.Observe(launchFn(pid, 100*uint64(pid), clk.t, 7, 0, 1))
+		}
+	}
+	m.SetTimeslice(1, 9*time.Millisecond)
+	m.SetTimeslice(2, time.Millisecond)
+	m.SetTimeslice(3, time.Millisecond)
+	early := float64(10 * ms)
+	for i, want := range []float64{-0.9 * early, -0.1 * early, -early / 11} {
+		// The third has no work: it takes no turn, and an early drain of
+		// its own would take one beside the two (1 ms of 11 ms).
+		if got := m.lateness(cs[i], 0, early); math.Abs(got-want) > 1 {
+			t.Errorf("context %d: an early drain of 10 ms counts %.0f ns, want %.0f", i+1, got, want)
+		}
+	}
+	m.SetPaused(2, true, clk.t)
+	if got := m.lateness(cs[0], 0, early); got != -early {
+		t.Errorf("beside a paused context: %.0f ns, want the whole %.0f", got, -early)
+	}
+}
