@@ -44,7 +44,7 @@ func benchFuzz(ctx context.Context, b *bench) (string, error) {
 		// A seed that does not complete (a workload or the daemon failed)
 		// is reported, and the others still run.
 		for _, seed := range seeds {
-			res, err := runFuzz(ctx, io.Discard, []uint64{seed}, o)
+			res, err := runFuzz(ctx, io.Discard, []lab.Scenario{lab.DrawScenario(seed)}, o)
 			if ctx.Err() != nil {
 				return "", ctx.Err()
 			}

@@ -33,6 +33,7 @@ median error over a segment's windows is within 3 pp. Each seed takes
 about 50 s.`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "seeds", Value: "1..10", Usage: "`A..B` (inclusive) or a comma-separated list"},
+			&cli.StringFlag{Name: "scenario", Usage: "run the scenarios in `FILE` instead of drawing them from seeds: --json's output, or its \"Scenario\" objects (one, or a list), edited at will"},
 			&cli.BoolFlag{Name: "realism", Usage: "run the simulated GPU with --realism"},
 			&cli.StringFlag{Name: "json", Usage: "also write the results to `FILE` as JSON"},
 			&cli.StringSliceFlag{Name: "daemon-arg", Usage: "pass `FLAG` to gpuarb daemon (repeatable)"},
@@ -47,9 +48,22 @@ about 50 s.`,
 			if err != nil {
 				return err
 			}
-			seeds, err := parseSeeds(c.String("seeds"))
-			if err != nil {
-				return err
+			var scenarios []lab.Scenario
+			if p := c.String("scenario"); p != "" {
+				if c.IsSet("seeds") {
+					return fmt.Errorf("--scenario and --seeds: give one of them")
+				}
+				if scenarios, err = readScenarios(p); err != nil {
+					return err
+				}
+			} else {
+				seeds, err := parseSeeds(c.String("seeds"))
+				if err != nil {
+					return err
+				}
+				for _, seed := range seeds {
+					scenarios = append(scenarios, lab.DrawScenario(seed))
+				}
 			}
 			o := lab.RunOptions{Bins: bins, Parent: cgroupParent, DaemonArgs: c.StringSlice("daemon-arg"),
 				Log: func(format string, args ...any) { fmt.Fprintf(c.App.ErrWriter, "fuzz: "+format+"\n", args...) }}
@@ -65,7 +79,7 @@ about 50 s.`,
 			if c.Bool("verbose") {
 				o.Samples = func(arbitrated bool, ss []lab.Sample) { printSamples(c.App.Writer, arbitrated, ss) }
 			}
-			results, err := runFuzz(c.Context, c.App.Writer, seeds, o)
+			results, err := runFuzz(c.Context, c.App.Writer, scenarios, o)
 			if p := c.String("json"); p != "" && len(results) > 0 {
 				data, jerr := json.MarshalIndent(results, "", "  ")
 				if jerr == nil {
@@ -113,11 +127,44 @@ const (
 	failBar = 0.10
 )
 
-// runFuzz runs the seeds, printing each result and a summary to w.
-func runFuzz(ctx context.Context, w io.Writer, seeds []uint64, o lab.RunOptions) ([]lab.ScenarioResult, error) {
+// readScenarios reads the scenarios of a file --json wrote (a list of
+// results, each with its "Scenario"), or one scenario or a list of them.
+func readScenarios(path string) ([]lab.Scenario, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--scenario: %w", err)
+	}
+	var results []struct{ Scenario *lab.Scenario }
+	var list []lab.Scenario
+	var one lab.Scenario
+	switch {
+	case json.Unmarshal(data, &results) == nil && len(results) > 0 && results[0].Scenario != nil:
+		for _, r := range results {
+			if r.Scenario != nil {
+				list = append(list, *r.Scenario)
+			}
+		}
+	case json.Unmarshal(data, &list) == nil:
+	case json.Unmarshal(data, &one) == nil:
+		list = []lab.Scenario{one}
+	default:
+		return nil, fmt.Errorf("--scenario %s: want the JSON of --json, a scenario or a list of them", path)
+	}
+	for _, sc := range list {
+		if len(sc.Tenants) == 0 || sc.Duration <= 0 {
+			return nil, fmt.Errorf("--scenario %s: seed %d: want tenants and a duration (ns)", path, sc.Seed)
+		}
+	}
+	if len(list) == 0 {
+		return nil, fmt.Errorf("--scenario %s: no scenarios", path)
+	}
+	return list, nil
+}
+
+// runFuzz runs the scenarios, printing each result and a summary to w.
+func runFuzz(ctx context.Context, w io.Writer, scenarios []lab.Scenario, o lab.RunOptions) ([]lab.ScenarioResult, error) {
 	var results []lab.ScenarioResult
-	for _, seed := range seeds {
-		sc := lab.DrawScenario(seed)
+	for _, sc := range scenarios {
 		fmt.Fprint(w, sc.String())
 		res, err := lab.RunScenario(ctx, sc, o)
 		if err != nil {
