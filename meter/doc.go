@@ -71,8 +71,8 @@
 // context would have received meanwhile, its part of the round robin: its
 // timeslice over those of the contexts with work (turnPart). Where a
 // context's bursts are much shorter than the others' rotation they do
-// not quite cancel: an early drain can be late by up to a rotation, a
-// late one by no more than the burst, and such a context reads high (a
+// not quite cancel: a drain can be early by up to a rotation but late
+// by no more than the burst, and such a context reads high (a
 // poller of two 0.1 ms kernels beside a closed loop of 0.3 ms kernels
 // read 20% for 12%, with the loop under-read as much).
 //

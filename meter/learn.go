@@ -385,8 +385,5 @@ func (m *Meter) turnPart(c *gpuContext) float64 {
 			total += float64(r.sliceOf(o))
 		}
 	}
-	if total <= 0 {
-		return 1
-	}
-	return own / total
+	return own / total // slices are never 0: the GPU's default stands in
 }
