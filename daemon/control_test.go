@@ -7,15 +7,14 @@ import (
 	"github.com/gpuarb/gpuarb/policy"
 )
 
-// The control window is one period, at least minControlWindow and at
-// most the meter's window: the arbiter sees a workload's phase change
-// within a period.
-func TestControlWindowIsOnePeriod(t *testing.T) {
+// The control window is three periods, at least minControlWindow and at
+// most the meter's window.
+func TestControlWindowSpansThreePeriods(t *testing.T) {
 	for _, tc := range []struct{ period, meter, want time.Duration }{
-		{100 * time.Millisecond, time.Second, 100 * time.Millisecond},
+		{100 * time.Millisecond, time.Second, 300 * time.Millisecond},
 		{10 * time.Millisecond, time.Second, minControlWindow},
-		{400 * time.Millisecond, time.Second, 400 * time.Millisecond},
-		{5 * time.Second, time.Second, time.Second},
+		{200 * time.Millisecond, time.Second, 600 * time.Millisecond},
+		{500 * time.Millisecond, time.Second, time.Second},
 	} {
 		d := &Daemon{cfg: Config{Window: tc.meter}, policy: &policy.Config{Period: tc.period}}
 		if got := d.controlWindow(); got != tc.want {
