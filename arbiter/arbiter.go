@@ -30,9 +30,8 @@ type Params struct {
 	// that share still shows work admitted before.
 	Settle int
 	// React is how many periods the control window (Input.Share) spans
-	// (default 3; the daemon sets it by SetWindows, 2 at its default
-	// period): the scheduler mode's corrections by that share are spread
-	// over it.
+	// (default 3): the scheduler mode's corrections by that share are
+	// spread over it.
 	React int
 }
 

@@ -7,13 +7,13 @@ import (
 	"github.com/gpuarb/gpuarb/policy"
 )
 
-// The control window is two periods, at least minControlWindow and at
+// The control window is three periods, at least minControlWindow and at
 // most the meter's window.
-func TestControlWindowSpansTwoPeriods(t *testing.T) {
+func TestControlWindowSpansThreePeriods(t *testing.T) {
 	for _, tc := range []struct{ period, meter, want time.Duration }{
-		{100 * time.Millisecond, time.Second, 200 * time.Millisecond},
+		{100 * time.Millisecond, time.Second, 300 * time.Millisecond},
 		{10 * time.Millisecond, time.Second, minControlWindow},
-		{300 * time.Millisecond, time.Second, 600 * time.Millisecond},
+		{200 * time.Millisecond, time.Second, 600 * time.Millisecond},
 		{500 * time.Millisecond, time.Second, time.Second},
 	} {
 		d := &Daemon{cfg: Config{Window: tc.meter}, policy: &policy.Config{Period: tc.period}}
