@@ -216,14 +216,8 @@ func (d *Daemon) meterUnprobed() map[uint32]bool {
 }
 
 // minControlWindow is the shortest control window: three periods of
-// 100 ms. A window of one period saw a workload's phase change sooner
-// (fuzz seeds 2, 6, 25, 43 and 65 came within 3 pp) but read closed
-// loops of long, irregular bursts as all or nothing and changed slices
-// every period under the meter's replay (seeds 7, 24, 34, 52 and 60 went
-// beyond 3 pp; over seeds 1–65, 53 passed either way). Two periods
-// scored as three over seeds 1–100 (86 within 3 pp, 3 beyond 10, other
-// seeds failing), the meter a little worse (beyond 2 pp in 25
-// tenant-segments of 530, 21 at 300 ms).
+// 100 ms. Windows of one and two periods scored no better over the fuzz
+// seeds (docs/benchmark-history.md §6).
 const minControlWindow = 300 * time.Millisecond
 
 // controlWindow is the span of the shares the arbiter steers by: long
