@@ -83,10 +83,6 @@ type Tenant struct {
 	// on the GPU before its work runs out (0: it fills any timeslice); a
 	// closed loop's is its work between syncs.
 	BurstNS float64 `json:"burst_ns,omitempty"`
-	// ControlWindowMS is the window its share is steered by (ms): the
-	// daemon's control window, or a shorter one for a tenant whose turns on
-	// the GPU come often enough to follow a change of phase sooner.
-	ControlWindowMS float64 `json:"control_window_ms,omitempty"`
 	// TimesliceUS is its channel groups' timeslice when gpuarb steers the
 	// GPU's scheduler (µs).
 	TimesliceUS int64 `json:"timeslice_us,omitempty"`

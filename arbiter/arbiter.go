@@ -50,10 +50,6 @@ type Input struct {
 	// the long one steers a paced tenant's rate without chasing the
 	// granularity of its kernels.
 	Share, SettledShare float64
-	// React is how many periods its Share spans (0: Params.React): a
-	// tenant whose turns come often reads its share over a shorter window
-	// than the others, and its corrections are spread over that.
-	React int
 	// Busy tells whether the tenant has work outstanding or launched some
 	// in the control window.
 	Busy bool

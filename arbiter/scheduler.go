@@ -326,7 +326,7 @@ func (a *Arbiter) heldByOthers(t Input) bool {
 // would hold the other below its target on average; once nothing calls
 // for a pause any more, the run fraction grows back at maxRunStep.
 func (a *Arbiter) runFraction(t Input, s *schedState, target float64, atFloor, missed, deprived, contested bool) (float64, string) {
-	per := 1 / float64(a.react(t))
+	per := 1 / float64(a.p.React)
 	share := math.Max(t.Share, 1e-3)
 	overLimit := t.Rules.Limit > 0 && t.Share > float64(t.Rules.Limit)+a.p.Tolerance
 	yields := overLimit || deprived && atFloor && t.Share > target+a.p.Tolerance
@@ -353,20 +353,12 @@ func (a *Arbiter) runFraction(t Input, s *schedState, target float64, atFloor, m
 	return s.run, ""
 }
 
-// react is how many periods a tenant's Share spans.
-func (a *Arbiter) react(t Input) int {
-	if t.React > 0 {
-		return t.React
-	}
-	return a.p.React
-}
-
 // correct steers a tenant's feedback multiplier by its share over the
 // control window (spread over the window's periods) and says why: down
 // while it is above target and another tenant is deprived, up while it is
 // below target and wants more.
 func (a *Arbiter) correct(t Input, s *schedState, target float64, deprived bool) string {
-	step := math.Pow(target/math.Max(t.Share, 1e-3), feedbackGain/float64(a.react(t)))
+	step := math.Pow(target/math.Max(t.Share, 1e-3), feedbackGain/float64(a.p.React))
 	switch {
 	case t.Share > target+a.p.Tolerance && deprived:
 		s.feedback = math.Max(1/maxFeedback, s.feedback*step)

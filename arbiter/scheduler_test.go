@@ -331,18 +331,3 @@ func TestOwnPaceIsNotDeprivation(t *testing.T) {
 		}
 	}
 }
-
-// A tenant's feedback moves by its own control window: one whose share
-// spans a single period takes the whole of feedbackGain's correction in
-// one step, one over three periods a third of it.
-func TestCorrectionSpreadOverTheTenantsWindow(t *testing.T) {
-	a := New(Params{})
-	slow, fast := schedHog("a", 100, 0.2, 1), schedHog("b", 100, 0.8, 1)
-	fast.React = 1
-	ds := a.Step([]Input{slow, fast}, steered)
-	da, db := decisionOf(t, ds, "a"), decisionOf(t, ds, "b")
-	want := math.Pow(0.5/0.2, feedbackGain/3) / math.Pow(0.5/0.8, feedbackGain)
-	if got := da.Weight / db.Weight; math.Abs(got-want) > 1e-6 {
-		t.Errorf("weights a %.3f b %.3f: ratio %.4f, want %.4f (a over three periods, b over one)", da.Weight, db.Weight, got, want)
-	}
-}

@@ -79,29 +79,17 @@ type Assignment struct {
 	PID    int    // a pid tenant's root process
 }
 
-// turnsPerWindow is how many of a tenant's turns on the GPU (its work
-// between the times it ran out) a control window shorter than Input.Window
-// must span for the tenant's share to be read over it: fewer, and a loop of
-// irregular bursts reads as all or nothing.
-const turnsPerWindow = 10
-
 // Input is one control step's recorded inputs.
 type Input struct {
 	// Window is the control window, Settled the meter's longer one.
 	Window, Settled time.Duration
 	// Short and Long are the meter's per-process figures over them.
 	Short, Long []meter.ContextStats
-	// Shorter are the meter's per-process figures over control windows
-	// shorter than Window, by window: a tenant whose turns come often
-	// enough for one of them to span turnsPerWindow of its turns reads its
-	// share over the shortest such, so that it follows a change of phase
-	// sooner. None: every tenant reads its share over Window.
-	Shorter map[time.Duration][]meter.ContextStats
 	// Assign gives a process's tenant.
 	Assign func(pid uint32, cgroupID uint64) Assignment
 	// HeldBack tells whether gpuarb held a tenant back (launch gate,
-	// freeze or pause) at some time in the last window.
-	HeldBack func(name string, window time.Duration) bool
+	// freeze or pause) at some time in the control window.
+	HeldBack func(name string) bool
 }
 
 // Member is one process of a tenant.
@@ -115,9 +103,6 @@ type Member struct {
 // Tenant is what a step found of one tenant.
 type Tenant struct {
 	Assignment
-	// Window is the control window its share was read over: Input.Window
-	// or one of Input.Shorter's.
-	Window    time.Duration
 	Members   []Member
 	CgroupIDs []uint64 // the cgroups its processes were seen in
 	// LaunchNS is the GPU time of one of its launches, over all its GPUs:
@@ -168,9 +153,6 @@ func Step(in Input) Result {
 			res.Tenants[a.Name] = t
 			launch[a.Name] = &costs{}
 		}
-		if !c.Exited {
-			t.Window = max(t.Window, readWindow(c, in))
-		}
 		t.Members = append(t.Members, Member{PID: c.PID, CgroupID: c.CgroupID, GPU: c.GPU, Exited: c.Exited})
 		if !containsID(t.CgroupIDs, c.CgroupID) {
 			t.CgroupIDs = append(t.CgroupIDs, c.CgroupID)
@@ -211,45 +193,34 @@ func Step(in Input) Result {
 			}
 		}
 	}
-	for _, t := range res.Tenants {
-		if t.Window == 0 { // only exited processes
-			t.Window = in.Window
+	for _, c := range in.Short {
+		a := in.Assign(c.PID, c.CgroupID)
+		t := res.Tenants[a.Name]
+		if t == nil || t.GPUs[c.GPU] == nil {
+			continue
 		}
-	}
-	windows := map[time.Duration][]meter.ContextStats{in.Window: in.Short}
-	for w, cs := range in.Shorter {
-		windows[w] = cs
-	}
-	for window, short := range windows {
-		for _, c := range short {
-			a := in.Assign(c.PID, c.CgroupID)
-			t := res.Tenants[a.Name]
-			if t == nil || t.Window != window || t.GPUs[c.GPU] == nil {
-				continue
+		g := t.GPUs[c.GPU]
+		g.Share += c.Share
+		g.Busy = g.Busy || c.Busy || c.Launches > 0 || c.Waiting
+		g.Queued += float64(c.BacklogNS) / float64(in.Window)
+		g.Waited += float64(c.QueueNS) / float64(in.Window)
+		g.Backlogged = g.Backlogged || backlogged(c, in.Window)
+		if !c.Exited {
+			g.Processes++
+			b := bursts[g]
+			if b == nil {
+				b = &turns{}
+				bursts[g] = b
 			}
-			g := t.GPUs[c.GPU]
-			g.Share += c.Share
-			g.Busy = g.Busy || c.Busy || c.Launches > 0 || c.Waiting
-			g.Queued += float64(c.BacklogNS) / float64(window)
-			g.Waited += float64(c.QueueNS) / float64(window)
-			g.Backlogged = g.Backlogged || backlogged(c, window)
-			if !c.Exited {
-				g.Processes++
-				b := bursts[g]
-				if b == nil {
-					b = &turns{}
-					bursts[g] = b
-				}
-				b.gpuNS += float64(c.GPUNS)
-				b.drains += float64(c.Drains)
-			}
+			b.gpuNS += float64(c.GPUNS)
+			b.drains += float64(c.Drains)
 		}
 	}
 	for name, t := range res.Tenants {
 		if l := launch[name]; l.n > 0 {
 			t.LaunchNS = l.sum / l.n
 		}
-		held := in.HeldBack != nil && in.HeldBack(name, t.Window)
+		held := in.HeldBack != nil && in.HeldBack(name)
 		for _, g := range t.GPUs {
 			g.LaunchNS = t.LaunchNS
 			g.Groups = g.Processes
@@ -272,25 +243,6 @@ func Step(in Input) Result {
 		return res.Inputs[i].Name < res.Inputs[j].Name
 	})
 	return res
-}
-
-// readWindow is the control window a live process's share is read over:
-// the shortest of Input.Shorter that spans turnsPerWindow of its turns at
-// the rate it ran out of work over the settled window, else Input.Window
-// (a process that never ran out, or was seen for less than minActive).
-// A tenant reads its share over the longest of its processes'.
-func readWindow(c meter.ContextStats, in Input) time.Duration {
-	w := in.Window
-	if c.ActiveNS < uint64(minActive) || c.Drains == 0 {
-		return w
-	}
-	need := time.Duration(turnsPerWindow * float64(c.ActiveNS) / float64(c.Drains))
-	for s := range in.Shorter {
-		if s >= need && s < w {
-			w = s
-		}
-	}
-	return w
 }
 
 // backlogged tells whether a process would take nearly the whole GPU

@@ -28,7 +28,7 @@ func byCgroup(pid uint32, cgroupID uint64) Assignment {
 // (1 s each), so each test states one set.
 func step(ctxs []meter.ContextStats, held map[string]bool) Result {
 	return Step(Input{Window: time.Second, Settled: time.Second, Short: ctxs, Long: ctxs, Assign: byCgroup,
-		HeldBack: func(name string, _ time.Duration) bool { return held[name] }})
+		HeldBack: func(name string) bool { return held[name] }})
 }
 
 func input(t *testing.T, r Result, name string, gpu int) arbiter.Input {
@@ -210,55 +210,5 @@ func TestWaitedBehindOthersIsSummed(t *testing.T) {
 	}
 	if w := input(t, r, "b", 0).Waited; math.Abs(w-0.003) > 1e-9 {
 		t.Errorf("b waited %.3f of the window, want 0.003", w)
-	}
-}
-
-// A tenant reads its share over the shortest control window that spans
-// turnsPerWindow of its turns: a loop that runs out of work every 5 ms over
-// 100 ms, one that does every 15 ms over 200 ms; a hog that never runs out,
-// a process just seen, and a tenant one of whose processes turns slowly
-// over the whole control window. Each reads its figures from its own
-// window's stats.
-func TestTenantWindowSpansItsTurns(t *testing.T) {
-	fast := proc(1, 10, 0.2, 1000*ms)
-	fast.Drains = 200 // a turn every 5 ms: 10 turns in 50 ms
-	med := proc(2, 20, 0.3, 1000*ms)
-	med.Drains = 66 // every 15 ms: 10 in 150 ms
-	hog := proc(3, 30, 0.4, 1000*ms)
-	fresh := proc(4, 40, 0.05, 10*ms)
-	fresh.ActiveNS, fresh.Drains = 10*ms, 5
-	slowA, slowB := proc(5, 50, 0.02, 1000*ms), proc(6, 50, 0.02, 1000*ms)
-	slowA.Drains, slowB.Drains = 1000, 20 // one process turns every 50 ms
-	long := []meter.ContextStats{fast, med, hog, fresh, slowA, slowB}
-	over := func(share float64) []meter.ContextStats {
-		var out []meter.ContextStats
-		for _, c := range long {
-			c.Share = share
-			out = append(out, c)
-		}
-		return out
-	}
-	const w1, w2, w3 = 100 * time.Millisecond, 200 * time.Millisecond, 300 * time.Millisecond
-	held := map[time.Duration]bool{}
-	r := Step(Input{Window: w3, Settled: time.Second, Short: over(0.3), Long: long,
-		Shorter: map[time.Duration][]meter.ContextStats{w1: over(0.1), w2: over(0.2)},
-		Assign:  func(pid uint32, cg uint64) Assignment { return Assignment{Name: string(rune('a' + cg/10 - 1))} },
-		HeldBack: func(name string, w time.Duration) bool {
-			held[w] = true
-			return false
-		}})
-	for name, want := range map[string]struct {
-		window time.Duration
-		share  float64
-	}{"a": {w1, 0.1}, "b": {w2, 0.2}, "c": {w3, 0.3}, "d": {w3, 0.3}, "e": {w3, 0.6}} {
-		if got := r.Tenants[name].Window; got != want.window {
-			t.Errorf("tenant %s reads its share over %v, want %v", name, got, want.window)
-		}
-		if got := input(t, r, name, 0).Share; math.Abs(got-want.share) > 1e-9 {
-			t.Errorf("tenant %s: share %.2f, want %.2f from its window's stats", name, got, want.share)
-		}
-	}
-	if !held[w1] || !held[w2] || !held[w3] {
-		t.Errorf("held back asked over windows %v, want each tenant's own", held)
 	}
 }

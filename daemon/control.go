@@ -228,23 +228,6 @@ func (d *Daemon) controlWindow() time.Duration {
 	return min(max(3*d.period(), minControlWindow), d.cfg.Window)
 }
 
-// shorterWindows are the control windows shorter than window a tenant
-// whose turns on the GPU come often reads its share over (control.Input's
-// Shorter): a third and two thirds of it, in whole periods.
-func shorterWindows(window, period time.Duration) []time.Duration {
-	if period <= 0 {
-		return nil
-	}
-	var out []time.Duration
-	for _, w := range []time.Duration{window / 3, 2 * window / 3} {
-		w = (w + period - 1) / period * period
-		if w > 0 && w < window && !slices.Contains(out, w) {
-			out = append(out, w)
-		}
-	}
-	return out
-}
-
 func (d *Daemon) period() time.Duration {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -268,31 +251,17 @@ func (d *Daemon) control(ctx context.Context) {
 	d.mu.Lock()
 	cfg, enforcing := d.policy, d.enforcing
 	pidStarts := maps.Clone(d.pidStarts)
-	shorter := shorterWindows(window, cfg.Period)
-	type heldIn struct {
-		name   string
-		window time.Duration
-	}
-	heldBack := map[heldIn]bool{}
+	heldBack := map[string]bool{}
 	for name, t := range d.tenants {
-		for _, w := range append(shorter, window) {
-			heldBack[heldIn{name, w}] = t.heldSince(now.Add(-w))
-		}
+		heldBack[name] = t.heldSince(now.Add(-window))
 	}
 	d.mu.Unlock()
 	cl := newClassifier(cfg, d.mount, d.resolver, pidStarts, d.pidTree)
 	unprobed := d.meterUnprobed()
 	_, short := d.meter.Contexts(window)
 	_, long := d.meter.Contexts(d.cfg.Window)
-	shorterStats := map[time.Duration][]meter.ContextStats{}
-	for _, w := range shorter {
-		_, shorterStats[w] = d.meter.Contexts(w)
-	}
-	res := control.Step(control.Input{Window: window, Settled: d.cfg.Window, Short: short, Long: long, Shorter: shorterStats,
-		Assign: cl.assign, HeldBack: func(name string, w time.Duration) bool { return heldBack[heldIn{name, w}] }})
-	for i, in := range res.Inputs {
-		res.Inputs[i].React = int(math.Ceil(float64(res.Tenants[in.Name].Window) / float64(cfg.Period)))
-	}
+	res := control.Step(control.Input{Window: window, Settled: d.cfg.Window, Short: short, Long: long, Assign: cl.assign,
+		HeldBack: func(name string) bool { return heldBack[name] }})
 	groups, refused := d.groupsOf(res)
 	for i, in := range res.Inputs {
 		if n := len(groups[in.Name][in.GPU]); n > 0 {

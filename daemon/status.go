@@ -40,8 +40,7 @@ func (d *Daemon) publish(res control.Result, snap meter.Snapshot, actuation map[
 				LaunchesPerS: float64(u.Launches) / secs, SyncsPerS: float64(u.Syncs) / secs, MemBytes: u.MemBytes,
 				QueueNS: u.QueueNS, Processes: u.Processes, LaunchNS: in.LaunchNS, Weight: int(ct.Rules.Weight),
 				Limit: float64(ct.Rules.Limit), Priority: string(ct.Rules.Priority), Duty: 1, Demand: in.Demand,
-				WantShare: float64(u.WantNS) / float64(d.cfg.Window), SyncP99MS: in.SyncP99MS, State: "idle",
-				ControlWindowMS: float64(ct.Window) / float64(time.Millisecond)}
+				WantShare: float64(u.WantNS) / float64(d.cfg.Window), SyncP99MS: in.SyncP99MS, State: "idle"}
 			if in.Busy {
 				row.State = "running"
 			}
