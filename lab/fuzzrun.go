@@ -30,6 +30,12 @@ type RunOptions struct {
 	// Logs, when set, is a directory that keeps, per seed, the daemon's
 	// log and its status at every sample (JSON lines).
 	Logs string
+	// ProbedDemand adds a run of every tenant alone beside the daemon
+	// observing (--observe-only: its probes, no arbitration) and sets the
+	// targets from it: what each tenant takes alone under gpuarb's probes,
+	// whose cost (a uprobe hit per launch and sync) is a closed loop of
+	// short kernels' own. The demand without them is kept beside it.
+	ProbedDemand bool
 }
 
 func (o RunOptions) logf(format string, args ...any) {
@@ -44,11 +50,19 @@ func (o RunOptions) logf(format string, args ...any) {
 // the daemon arbitrating — sampling the ground truth every second, and
 // evaluates it.
 func RunScenario(ctx context.Context, sc Scenario, o RunOptions) (ScenarioResult, error) {
-	alone, err := runAlone(ctx, sc, o)
+	alone, err := runAlone(ctx, sc, o, false)
 	if err != nil {
 		return ScenarioResult{}, fmt.Errorf("scenario %d: demand alone: %w", sc.Seed, err)
 	}
 	o.logf("seed %d: demand alone (median of its seconds) %s", sc.Seed, formatShares(medianDemand(alone)))
+	var unprobed []Sample
+	if o.ProbedDemand {
+		unprobed = alone
+		if alone, err = runAlone(ctx, sc, o, true); err != nil {
+			return ScenarioResult{}, fmt.Errorf("scenario %d: demand alone under the probes: %w", sc.Seed, err)
+		}
+		o.logf("seed %d: demand alone under the probes %s", sc.Seed, formatShares(medianDemand(alone)))
+	}
 	unarb, err := runTogether(ctx, sc, o, false)
 	if err != nil {
 		return ScenarioResult{}, fmt.Errorf("scenario %d: without gpuarb: %w", sc.Seed, err)
@@ -61,7 +75,7 @@ func RunScenario(ctx context.Context, sc Scenario, o RunOptions) (ScenarioResult
 		o.Samples(false, unarb)
 		o.Samples(true, arb)
 	}
-	return sc.Evaluate(alone, arb, unarb), nil
+	return sc.Evaluate(alone, arb, unarb, unprobed), nil
 }
 
 // medianDemand is each tenant's median demand over the seconds it ran.
@@ -145,13 +159,27 @@ func (st *stage) start(t ScenarioTenant, duration time.Duration, extra ...string
 // simulated GPU of its own, and samples every second each one's share of
 // its GPU (in Sample.True, by tenant): what it would take alone in that
 // second. A tenant's phases run on the same clock as in the runs together,
-// so each second's targets follow them.
-func runAlone(ctx context.Context, sc Scenario, o RunOptions) ([]Sample, error) {
-	st, err := newStage(o, fmt.Sprintf("alone-%d", sc.Seed), "--gpus", strconv.Itoa(len(sc.Tenants)))
+// so each second's targets follow them. probed runs the daemon beside
+// them, observing only.
+func runAlone(ctx context.Context, sc Scenario, o RunOptions, probed bool) ([]Sample, error) {
+	name := fmt.Sprintf("alone-%d", sc.Seed)
+	if probed {
+		name = fmt.Sprintf("probed-%d", sc.Seed)
+	}
+	st, err := newStage(o, name, "--gpus", strconv.Itoa(len(sc.Tenants)))
 	if err != nil {
 		return nil, err
 	}
 	defer st.Run()
+	if probed {
+		if err := os.WriteFile(filepath.Join(st.dir, "policy.yaml"), []byte(sc.Policy(st.cgroup.Rel)), 0o644); err != nil {
+			return nil, err
+		}
+		if st.daemon, err = StartDaemon(o.Bins, st.dir, append([]string{"--observe-only"}, o.DaemonArgs...)...); err != nil {
+			return nil, err
+		}
+		st.Add(st.daemon.Stop)
+	}
 	if _, err := st.gpu.Stats(true); err != nil {
 		return nil, err
 	}

@@ -237,6 +237,10 @@ type TenantResult struct {
 	// shares left free: what a closed loop gets when nothing fills its
 	// idle gaps but itself (see HeldByLatency).
 	Alone, LatencyBound float64
+	// AloneUnprobed is, when the targets come from the tenant alone under
+	// gpuarb's probes (RunOptions.ProbedDemand), the median of what it
+	// took alone without them: the probes' cost is the difference.
+	AloneUnprobed float64 `json:",omitempty"`
 }
 
 // latencyMargin is how close to its latency bound a tenant short of its
@@ -256,6 +260,19 @@ const (
 // the GPU, the loop waits for the GPU's timeslice to end at every sync.
 func (r TenantResult) HeldByLatency(bar float64) bool {
 	return r.Target-r.True > bar && r.Alone < idleAlone && r.True >= r.LatencyBound-latencyMargin
+}
+
+// ProbedDemand tells whether the targets came from the tenants alone
+// under gpuarb's probes (RunOptions.ProbedDemand).
+func (r ScenarioResult) ProbedDemand() bool {
+	for _, seg := range r.Segments {
+		for _, t := range seg {
+			if t.AloneUnprobed > 0 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // Error is the median |true − target| with gpuarb.
@@ -329,7 +346,7 @@ func (r ScenarioResult) MaxMeterError() float64 {
 // the weighted max-min share over what every tenant present took alone in
 // that second (alone: the runs of each tenant by itself on the same
 // timeline).
-func (sc Scenario) Evaluate(alone, arbitrated, unarbitrated []Sample) ScenarioResult {
+func (sc Scenario) Evaluate(alone, arbitrated, unarbitrated, unprobed []Sample) ScenarioResult {
 	res := ScenarioResult{Scenario: sc, Demand: map[string]float64{}}
 	// Windows are matched by their second: the samplers' ticks drift a
 	// little from run to run.
@@ -345,15 +362,19 @@ func (sc Scenario) Evaluate(alone, arbitrated, unarbitrated []Sample) ScenarioRe
 	for name, xs := range per {
 		res.Demand[name] = Median(xs)
 	}
+	unprobedAt := map[int]map[string]float64{}
+	for _, s := range unprobed {
+		unprobedAt[second(s.At)] = s.True
+	}
 	unarbAt := map[int]Sample{}
 	for _, u := range unarbitrated {
 		unarbAt[second(u.At)] = u
 	}
 	for _, seg := range sc.Segments() {
-		// target, true, unarbitrated, estimated, err, unarbitrated err, alone, latency bound
-		cols := map[string]*[8][]float64{}
+		// target, true, unarbitrated, estimated, err, unarbitrated err, alone, latency bound, alone unprobed
+		cols := map[string]*[9][]float64{}
 		for _, name := range seg.Tenants {
-			cols[name] = &[8][]float64{}
+			cols[name] = &[9][]float64{}
 		}
 		for _, a := range arbitrated {
 			if a.At <= seg.From || a.At > seg.To {
@@ -380,6 +401,9 @@ func (sc Scenario) Evaluate(alone, arbitrated, unarbitrated []Sample) ScenarioRe
 				c[5] = append(c[5], math.Abs(u.True[name]-tg))
 				c[6] = append(c[6], demand[name])
 				c[7] = append(c[7], demand[name]*max(0, 1-(taken-a.True[name])))
+				if u, ok := unprobedAt[second(a.At)]; ok {
+					c[8] = append(c[8], u[name])
+				}
 			}
 		}
 		var rs []TenantResult
@@ -387,7 +411,7 @@ func (sc Scenario) Evaluate(alone, arbitrated, unarbitrated []Sample) ScenarioRe
 			c := cols[name]
 			rs = append(rs, TenantResult{Name: name, Target: Median(c[0]), True: Median(c[1]), Unarbitrated: Median(c[2]),
 				Estimated: Median(c[3]), Err: Median(c[4]), UnarbitratedErr: Median(c[5]), Alone: Median(c[6]),
-				LatencyBound: Median(c[7])})
+				LatencyBound: Median(c[7]), AloneUnprobed: Median(c[8])})
 		}
 		res.Segments = append(res.Segments, rs)
 	}

@@ -36,7 +36,7 @@ func TestLatencyHeldLoops(t *testing.T) {
 		{"the hog over its limit too", 0.36, 0.30, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := sc.Evaluate(alone, run(tc.loop, tc.hog), run(0.2, 0.7))
+			r := sc.Evaluate(alone, run(tc.loop, tc.hog), run(0.2, 0.7), nil)
 			if len(r.Segments) != 1 {
 				t.Fatalf("%d segments, want 1", len(r.Segments))
 			}

@@ -35,6 +35,7 @@ about 50 s.`,
 			&cli.StringFlag{Name: "seeds", Value: "1..10", Usage: "`A..B` (inclusive) or a comma-separated list"},
 			&cli.StringFlag{Name: "scenario", Usage: "run the scenarios in `FILE` instead of drawing them from seeds: --json's output, or its \"Scenario\" objects (one, or a list), edited at will"},
 			&cli.BoolFlag{Name: "realism", Usage: "run the simulated GPU with --realism"},
+			&cli.BoolFlag{Name: "probed-demand", Usage: "set the targets from each tenant alone beside the daemon observing (its probes' cost counted as the tenant's own), in a fourth run; the demand without them is printed beside it"},
 			&cli.StringFlag{Name: "json", Usage: "also write the results to `FILE` as JSON"},
 			&cli.StringSliceFlag{Name: "daemon-arg", Usage: "pass `FLAG` to gpuarb daemon (repeatable)"},
 			&cli.BoolFlag{Name: "verbose", Usage: "print every second of the runs: true share, gpuarb's estimate, target and duty per tenant"},
@@ -70,6 +71,7 @@ about 50 s.`,
 			if c.Bool("realism") {
 				o.GPUArgs = []string{"--realism"}
 			}
+			o.ProbedDemand = c.Bool("probed-demand")
 			if d := c.String("logs"); d != "" {
 				if err := os.MkdirAll(d, 0o755); err != nil {
 					return err
@@ -181,10 +183,17 @@ func runFuzz(ctx context.Context, w io.Writer, scenarios []lab.Scenario, o lab.R
 func printScenarioResult(w io.Writer, r lab.ScenarioResult) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	for i, seg := range r.Segments {
-		fmt.Fprintf(tw, "  segment %d\ttarget\twithout\twith gpuarb\testimated\terror\talone\tlatency bound\n", i+1)
+		unprobed := ""
+		if r.ProbedDemand() {
+			unprobed = "\talone unprobed"
+		}
+		fmt.Fprintf(tw, "  segment %d\ttarget\twithout\twith gpuarb\testimated\terror\talone\tlatency bound%s\n", i+1, unprobed)
 		for _, t := range seg {
-			fmt.Fprintf(tw, "  %s\t%.1f%%\t%.1f%%\t%.1f%%\t%.1f%%\t%.1f pp\t%.1f%%\t%.1f%%\n", t.Name, 100*t.Target,
-				100*t.Unarbitrated, 100*t.True, 100*t.Estimated, 100*t.Error(), 100*t.Alone, 100*t.LatencyBound)
+			if r.ProbedDemand() {
+				unprobed = fmt.Sprintf("\t%.1f%%", 100*t.AloneUnprobed)
+			}
+			fmt.Fprintf(tw, "  %s\t%.1f%%\t%.1f%%\t%.1f%%\t%.1f%%\t%.1f pp\t%.1f%%\t%.1f%%%s\n", t.Name, 100*t.Target,
+				100*t.Unarbitrated, 100*t.True, 100*t.Estimated, 100*t.Error(), 100*t.Alone, 100*t.LatencyBound, unprobed)
 		}
 	}
 	tw.Flush()
