@@ -331,3 +331,53 @@ func TestOwnPaceIsNotDeprivation(t *testing.T) {
 		}
 	}
 }
+
+// A closed loop entitled to more than it can take beside a tenant whose
+// slice is at MinSlice (fuzz seed 61: 40 µs kernels beside 30 ms ones)
+// loses a slice of the other's to each of its gaps: the other, on its own
+// target, is paused until it is as far below that target as the loop is
+// below its own, and no further — by no more than the loop's work waited
+// for its turns, which is all its pauses can give the loop.
+func TestShortfallIsShared(t *testing.T) {
+	loopAt := func(share, waited float64) Input {
+		loop := schedHog("loop", 500, share, 1)
+		loop.Backlogged, loop.Demand, loop.Waited = false, 0.8, waited
+		loop.BurstNS = float64(160 * time.Microsecond)
+		return loop
+	}
+	for _, c := range []struct {
+		name          string
+		loop          Input
+		other         float64 // the other's share; its target is 0.2
+		run           float64 // its run fraction before the step
+		wantRun       float64 // its run fraction after it
+		wantReasonPre string
+	}{
+		// 20 pp short, waited 15% of the window: the other (on target)
+		// gives up shortfallGain of the 15 pp per window.
+		{"on target, the loop waiting", loopAt(0.6, 0.15), 0.2, 1, math.Pow((0.2-shortfallGain*0.15)/0.2, 1/3.0), "shares a shortfall"},
+		// Waiting 5%: it gives up shortfallGain of 5 pp.
+		{"on target, the loop hardly waiting", loopAt(0.6, 0.05), 0.2, 1, math.Pow((0.2-shortfallGain*0.05)/0.2, 1/3.0), "shares a shortfall"},
+		// Paused to 5 pp below its target while the loop waits 5% of the
+		// window: even, it stays.
+		{"even", loopAt(0.7, 0.05), 0.15, 0.5, 0.5, "shares a shortfall"},
+		// Paused 10 pp below its target while the loop waits 2%: it
+		// resumes by shortfallGain of the 8 pp between them.
+		{"paused too far", loopAt(0.75, 0.02), 0.1, 0.3, 0.3 * math.Pow((0.1+shortfallGain*0.08)/0.1, 1/3.0), "shares a shortfall: resuming"},
+	} {
+		a := New(Params{})
+		other := schedHog("other", 125, c.other, 1)
+		a.sched(key{"other", 0}).run = c.run
+		ds := a.Step([]Input{c.loop, other}, steered)
+		do := decisionOf(t, ds, "other")
+		if do.Timeslice != MinSlice {
+			t.Fatalf("%s: the other's slice %v, want MinSlice", c.name, do.Timeslice)
+		}
+		if dl := decisionOf(t, ds, "loop"); math.Abs(dl.Target-0.8) > 1e-3 || math.Abs(do.Target-0.2) > 1e-3 {
+			t.Fatalf("%s: targets loop %.3f other %.3f, want 0.8 and 0.2", c.name, dl.Target, do.Target)
+		}
+		if math.Abs(do.Duty-c.wantRun) > 1e-9 || len(do.Reason) < len(c.wantReasonPre) || do.Reason[:len(c.wantReasonPre)] != c.wantReasonPre {
+			t.Errorf("%s: the other's run fraction %.4f (%s), want %.4f (%s)", c.name, do.Duty, do.Reason, c.wantRun, c.wantReasonPre)
+		}
+	}
+}
