@@ -241,6 +241,10 @@ type TenantResult struct {
 	// gpuarb's probes (RunOptions.ProbedDemand), the median of what it
 	// took alone without them: the probes' cost is the difference.
 	AloneUnprobed float64 `json:",omitempty"`
+	// ErrUnprobed is then the median over the windows of |true − the
+	// target set from the demands without the probes|: Err as a run
+	// without --probed-demand scores it.
+	ErrUnprobed float64 `json:",omitempty"`
 }
 
 // latencyMargin is how close to its latency bound a tenant short of its
@@ -303,6 +307,18 @@ func (r ScenarioResult) MaxError(arbitrated bool) float64 {
 			} else {
 				m = max(m, t.UnarbitratedError())
 			}
+		}
+	}
+	return m
+}
+
+// MaxErrorUnprobed is MaxError with gpuarb against the targets set from
+// the demands without the probes (0 without RunOptions.ProbedDemand).
+func (r ScenarioResult) MaxErrorUnprobed() float64 {
+	var m float64
+	for _, seg := range r.Segments {
+		for _, t := range seg {
+			m = max(m, t.ErrUnprobed)
 		}
 	}
 	return m
@@ -371,10 +387,11 @@ func (sc Scenario) Evaluate(alone, arbitrated, unarbitrated, unprobed []Sample) 
 		unarbAt[second(u.At)] = u
 	}
 	for _, seg := range sc.Segments() {
-		// target, true, unarbitrated, estimated, err, unarbitrated err, alone, latency bound, alone unprobed
-		cols := map[string]*[9][]float64{}
+		// target, true, unarbitrated, estimated, err, unarbitrated err, alone, latency bound,
+		// alone unprobed, err against the targets without the probes
+		cols := map[string]*[10][]float64{}
 		for _, name := range seg.Tenants {
-			cols[name] = &[9][]float64{}
+			cols[name] = &[10][]float64{}
 		}
 		for _, a := range arbitrated {
 			if a.At <= seg.From || a.At > seg.To {
@@ -386,6 +403,11 @@ func (sc Scenario) Evaluate(alone, arbitrated, unarbitrated, unprobed []Sample) 
 				continue
 			}
 			targets := sc.Targets(seg.Tenants, demand)
+			unprobed, okP := unprobedAt[second(a.At)]
+			var unprobedTargets map[string]float64
+			if okP {
+				unprobedTargets = sc.Targets(seg.Tenants, unprobed)
+			}
 			var taken float64
 			for _, name := range seg.Tenants {
 				taken += a.True[name]
@@ -401,8 +423,9 @@ func (sc Scenario) Evaluate(alone, arbitrated, unarbitrated, unprobed []Sample) 
 				c[5] = append(c[5], math.Abs(u.True[name]-tg))
 				c[6] = append(c[6], demand[name])
 				c[7] = append(c[7], demand[name]*max(0, 1-(taken-a.True[name])))
-				if u, ok := unprobedAt[second(a.At)]; ok {
-					c[8] = append(c[8], u[name])
+				if okP {
+					c[8] = append(c[8], unprobed[name])
+					c[9] = append(c[9], math.Abs(a.True[name]-unprobedTargets[name]))
 				}
 			}
 		}
@@ -411,7 +434,7 @@ func (sc Scenario) Evaluate(alone, arbitrated, unarbitrated, unprobed []Sample) 
 			c := cols[name]
 			rs = append(rs, TenantResult{Name: name, Target: Median(c[0]), True: Median(c[1]), Unarbitrated: Median(c[2]),
 				Estimated: Median(c[3]), Err: Median(c[4]), UnarbitratedErr: Median(c[5]), Alone: Median(c[6]),
-				LatencyBound: Median(c[7]), AloneUnprobed: Median(c[8])})
+				LatencyBound: Median(c[7]), AloneUnprobed: Median(c[8]), ErrUnprobed: Median(c[9])})
 		}
 		res.Segments = append(res.Segments, rs)
 	}

@@ -55,3 +55,44 @@ func TestLatencyHeldLoops(t *testing.T) {
 		})
 	}
 }
+
+// With the demands under the probes (--probed-demand), the targets come
+// from them and the errors against the demands without the probes come
+// beside them: a loop that takes 80% alone and 72% under the probes,
+// beside a hog, given 70% — 2 pp short of what it can take, 10 pp short of
+// what it took before anyone watched.
+func TestProbedDemand(t *testing.T) {
+	sc := Scenario{Seed: 1, Duration: 8 * time.Second, Tenants: []ScenarioTenant{
+		{Name: "loop", Weight: 503}, {Name: "hog", Weight: 26},
+	}}
+	run := func(loop, hog float64) []Sample {
+		var ss []Sample
+		for s := 1; s <= 8; s++ {
+			ss = append(ss, Sample{At: time.Duration(s) * time.Second, True: map[string]float64{"loop": loop, "hog": hog}})
+		}
+		return ss
+	}
+	arb, free := run(0.70, 0.28), run(0.15, 0.85)
+	near := func(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
+	r := sc.Evaluate(run(0.72, 1), arb, free, run(0.80, 1))
+	if !r.ProbedDemand() || len(r.Segments) != 1 {
+		t.Fatalf("probed %v, %d segments: want probed, one segment", r.ProbedDemand(), len(r.Segments))
+	}
+	for _, x := range r.Segments[0] {
+		want := map[string][4]float64{ // target, err, alone unprobed, err unprobed
+			"loop": {0.72, 0.02, 0.80, 0.10},
+			"hog":  {0.28, 0, 1, 0.08},
+		}[x.Name]
+		if !near(x.Target, want[0]) || !near(x.Err, want[1]) || !near(x.AloneUnprobed, want[2]) || !near(x.ErrUnprobed, want[3]) {
+			t.Errorf("%s: target %.3f err %.3f alone unprobed %.3f err unprobed %.3f, want %.3f %.3f %.3f %.3f",
+				x.Name, x.Target, x.Err, x.AloneUnprobed, x.ErrUnprobed, want[0], want[1], want[2], want[3])
+		}
+	}
+	if !near(r.MaxError(true), 0.02) || !near(r.MaxErrorUnprobed(), 0.10) {
+		t.Errorf("largest errors %.3f, %.3f without the probes: want 0.020, 0.100", r.MaxError(true), r.MaxErrorUnprobed())
+	}
+	if r := sc.Evaluate(run(0.80, 1), arb, free, nil); r.ProbedDemand() || r.MaxErrorUnprobed() != 0 || !near(r.MaxError(true), 0.10) {
+		t.Errorf("without probed demands: probed %v, largest error %.3f (%.3f without the probes), want false, 0.100 (0)",
+			r.ProbedDemand(), r.MaxError(true), r.MaxErrorUnprobed())
+	}
+}

@@ -204,8 +204,12 @@ func printScenarioResult(w io.Writer, r lab.ScenarioResult) {
 			verdict = fmt.Sprintf("FAIL (only closed loops held at their latency bound miss: %s)", strings.Join(held, ", "))
 		}
 	}
-	fmt.Fprintf(w, "  %s: largest error %.1f pp with gpuarb, %.1f pp without; meter off by at most %.1f pp\n\n", verdict,
-		100*r.MaxError(true), 100*r.MaxError(false), 100*r.MaxMeterError())
+	unprobed := ""
+	if r.ProbedDemand() {
+		unprobed = fmt.Sprintf("; against the demand without the probes %.1f pp with gpuarb", 100*r.MaxErrorUnprobed())
+	}
+	fmt.Fprintf(w, "  %s: largest error %.1f pp with gpuarb, %.1f pp without; meter off by at most %.1f pp%s\n\n", verdict,
+		100*r.MaxError(true), 100*r.MaxError(false), 100*r.MaxMeterError(), unprobed)
 }
 
 // FuzzSummary is the error distribution over scenarios.
@@ -218,13 +222,34 @@ type FuzzSummary struct {
 	// LatencyHeld are the failed seeds where only closed loops held at
 	// their latency bound miss (lab.ScenarioResult.LatencyHeld).
 	LatencyHeld []uint64
+	// Probed is set when the targets came from the demands under the
+	// probes (--probed-demand); the Unprobed figures then score gpuarb
+	// against the targets from the demands without them.
+	Probed            bool
+	Within3Unprobed   int
+	Beyond10Unprobed  int
+	MedianMaxUnprobed float64
+	FailedUnprobed    []uint64
 }
 
 // summarize computes the error distribution of results.
 func summarize(results []lab.ScenarioResult) FuzzSummary {
 	s := FuzzSummary{Scenarios: len(results)}
-	var with, without []float64
+	var with, without, unprobed []float64
 	for _, r := range results {
+		if r.ProbedDemand() {
+			s.Probed = true
+			u := r.MaxErrorUnprobed()
+			unprobed = append(unprobed, u)
+			if u <= passBar {
+				s.Within3Unprobed++
+			} else {
+				s.FailedUnprobed = append(s.FailedUnprobed, r.Scenario.Seed)
+			}
+			if u > failBar {
+				s.Beyond10Unprobed++
+			}
+		}
 		e, f := r.MaxError(true), r.MaxError(false)
 		with, without = append(with, e), append(without, f)
 		if e <= passBar {
@@ -245,7 +270,8 @@ func summarize(results []lab.ScenarioResult) FuzzSummary {
 			s.Beyond10Free++
 		}
 	}
-	s.MedianMax, s.MedianMaxFree = lab.Median(with), lab.Median(without)
+	s.MedianMax, s.MedianMaxFree, s.MedianMaxUnprobed = lab.Median(with), lab.Median(without), lab.Median(unprobed)
+	slices.Sort(s.FailedUnprobed)
 	slices.Sort(s.Failed)
 	slices.Sort(s.LatencyHeld)
 	return s
@@ -265,6 +291,11 @@ func printFuzzSummary(w io.Writer, results []lab.ScenarioResult) {
 	}
 	if len(s.LatencyHeld) > 0 {
 		fmt.Fprintf(w, "of which only closed loops held at their latency bound miss in: %v\n", s.LatencyHeld)
+	}
+	if s.Probed {
+		fmt.Fprintf(w, "against the targets from the demands without the probes: every tenant within 3 pp in %d (%.0f%%) with gpuarb; "+
+			"a tenant beyond 10 pp in %d; median largest error %.1f pp; failing seeds: %v\n", s.Within3Unprobed,
+			100*float64(s.Within3Unprobed)/float64(s.Scenarios), s.Beyond10Unprobed, 100*s.MedianMaxUnprobed, s.FailedUnprobed)
 	}
 }
 
