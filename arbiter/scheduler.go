@@ -145,17 +145,13 @@ func (a *Arbiter) schedule(ts []Input) []Decision {
 		}
 	}
 	timeslices(ts, out, turnBound, maxWait, lightDemand)
-	// An unsteered tenant has no slice to shrink: its rate at the launch
-	// gate is its only lever, run as a run fraction is.
-	atFloor := make([]bool, len(ts))
-	for i, t := range ts {
-		atFloor[i] = t.Unsteered || out[i].Timeslice <= MinSlice || states[i].feedback <= 1/maxFeedback
-	}
-	others, sharers := a.shortfalls(ts, targets, atFloor)
 	for i, t := range ts {
 		var why string
+		// An unsteered tenant has no slice to shrink: its rate at the
+		// launch gate is its only lever, run as a run fraction is.
+		atFloor := t.Unsteered || out[i].Timeslice <= MinSlice || states[i].feedback <= 1/maxFeedback
 		contested := wanting > 0 && (wanting > 1 || !a.wanting(t, targets[i]))
-		out[i].Duty, why = a.runFraction(t, states[i], targets[i], atFloor[i], missed, contested, others[i], sharers)
+		out[i].Duty, why = a.runFraction(t, states[i], targets[i], atFloor, missed, deprived, contested)
 		if why != "" {
 			out[i].Reason = why
 		}
@@ -316,114 +312,41 @@ func (a *Arbiter) heldByOthers(t Input) bool {
 	return t.Waited > a.p.Tolerance
 }
 
-// shortfalls returns, for each tenant, the largest shortfall among the
-// other tenants deprived on its GPU — 0 when none is — and how many
-// tenants share such a shortfall: busy batch tenants whose slice is at its
-// floor (atFloor) beside a deprived other. A deprived tenant's shortfall
-// is its target less its share, at most the part of the window its work
-// waited for the others' turns (Input.Waited): the others' pauses can give
-// it no more than that. The rest is its own host's time — a loop of 40 µs
-// kernels took 86% alone and 72% alone beside the daemon, its probes, which cost this VM
-// about 19 µs a hit (BENCHMARKS.md §1), and read 12 pp short beside a
-// tenant paused to a twentieth of its share, waiting 1% of the window
-// (fuzz seed 61).
-func (a *Arbiter) shortfalls(ts []Input, targets []float64, atFloor []bool) (others []float64, sharers int) {
-	short := make([]float64, len(ts))
-	for i, t := range ts {
-		if a.deprived(t, targets[i]) {
-			short[i] = math.Min(targets[i]-t.Share, t.Waited)
-		}
-	}
-	others = make([]float64, len(ts))
-	for i, t := range ts {
-		for j, sj := range short {
-			if j != i {
-				others[i] = math.Max(others[i], sj)
-			}
-		}
-		if others[i] > 0 && atFloor[i] && t.Busy && t.Rules.Priority != policy.Latency {
-			sharers++
-		}
-	}
-	return others, sharers
-}
-
-// shortfallGain is the part of the gap between two shortfalls that one
-// control window's pause closes on the paused tenant's side, split among
-// the tenants that share it. The deprived one gains on its side too:
-// pausing a tenant of 30 ms kernels 1 pp gave a loop of 40 µs kernels
-// 1.25 pp (fuzz seed 61), so 0.4 closes about 90% of the gap per window
-// without overshooting.
-const shortfallGain = 0.4
-
 // runFraction is the part of each period a tenant's groups stay on the
 // GPU, and why it pauses them. Pauses bound what slices cannot: a limit;
-// while another tenant is deprived, a tenant whose slice is at MinSlice or
-// feedback at its floor (atFloor); while a latency SLO is missed, batch
-// tenants. Normal tenants keep running beside a latency tenant at
-// MinSlice: its turn comes within their slices, and pausing them leaves
-// the GPU idle without serving it sooner.
-//
-// A tenant at its floor beside a deprived one (others, the largest
-// shortfall among them) shares the shortfall: it is paused until it is as
-// far below its own target as they are below theirs, and no further. The
-// targets cannot always all be met: a closed loop that idles the GPU
-// between bursts (its host time, a sync's round trip) loses a slice of
-// another's to each gap, however short their slices, so its share alone
-// is out of reach while the others run at all (a loop of 40 µs kernels
-// taking 87% alone got 67% beside a tenant of 30 ms kernels held to its
-// target of 13% in 100 µs slices, 19 pp short: fuzz seed 61). Pausing the
-// others gives it time alone at the cost of theirs — and of the GPU's, idle
-// in its gaps — so no tenant is left further below its target than
-// another it waits behind. Where the targets can be met, the shortfalls
-// meet at zero, on target.
-//
+// while another tenant is deprived, a tenant above target whose slice is
+// at MinSlice or feedback at its floor (atFloor); while a latency SLO is
+// missed, batch tenants. Normal tenants keep running beside a latency
+// tenant at MinSlice: its turn comes within their slices, and pausing
+// them leaves the GPU idle without serving it sooner.
 // Corrections by the control window's share are spread over its periods,
 // at most a factor maxRunStep per window. A paused tenant converges on
 // its target, both ways, while another still wants more (contested) —
 // growing back at full rate the moment the other comes within Tolerance
 // would hold the other below its target on average; once nothing calls
 // for a pause any more, the run fraction grows back at maxRunStep.
-func (a *Arbiter) runFraction(t Input, s *schedState, target float64, atFloor, missed, contested bool, others float64, sharers int) (float64, string) {
+func (a *Arbiter) runFraction(t Input, s *schedState, target float64, atFloor, missed, deprived, contested bool) (float64, string) {
 	per := 1 / float64(a.p.React)
 	share := math.Max(t.Share, 1e-3)
 	overLimit := t.Rules.Limit > 0 && t.Share > float64(t.Rules.Limit)+a.p.Tolerance
-	toward := func(goal float64) float64 {
-		return math.Pow(math.Min(maxRunStep, math.Max(1/maxRunStep, goal/share)), per)
-	}
-	own := target - t.Share // its own shortfall, below 0 above its target
+	yields := overLimit || deprived && atFloor && t.Share > target+a.p.Tolerance
+	toward := math.Pow(math.Min(maxRunStep, math.Max(1/maxRunStep, target/share)), per)
 	switch {
 	case t.Rules.Priority == policy.Latency || !t.Busy:
 		s.run = 1
 	case missed && t.Rules.Priority == policy.Batch:
 		s.run = math.Max(minRun, s.run*sloPressure)
 		return s.run, "a latency SLO is missed"
-	case overLimit:
-		s.run = math.Max(minRun, s.run*math.Min(1, toward(target)))
-		return s.run, "above its limit: paused part of each period"
-	case others > 0 && atFloor && (s.run < 1 || own < others-a.p.Tolerance):
-		if math.Abs(others-own) <= a.p.Tolerance {
-			return s.run, "shares a shortfall: paused part of each period"
-		}
-		goal := t.Share - shortfallGain*(others-own)/float64(max(sharers, 1))
-		if own < 0 {
-			goal = math.Min(goal, target) // above its target: down to it at least
-		}
-		s.run = math.Max(minRun, math.Min(1, s.run*toward(goal)))
-		if own < -a.p.Tolerance {
-			return s.run, "above target: paused part of each period"
-		}
-		if own < others {
-			return s.run, "shares a shortfall: paused part of each period"
-		}
-		return s.run, "shares a shortfall: resuming"
+	case yields:
+		s.run = math.Max(minRun, s.run*math.Min(1, toward))
+		return s.run, "above target: paused part of each period"
 	case s.run < 1 && t.Share < target-a.p.Tolerance:
-		s.run = math.Min(1, s.run*toward(target))
+		s.run = math.Min(1, s.run*toward)
 		return s.run, "below target: resuming"
 	case s.run < 1 && contested:
-		s.run = math.Max(minRun, math.Min(1, s.run*toward(target)))
+		s.run = math.Max(minRun, math.Min(1, s.run*toward))
 		return s.run, "on target: paused part of each period"
-	case s.run < 1 && !(t.Rules.Limit > 0 && t.Share >= float64(t.Rules.Limit)-a.p.Tolerance):
+	case s.run < 1 && !(deprived && atFloor) && !(t.Rules.Limit > 0 && t.Share >= float64(t.Rules.Limit)-a.p.Tolerance):
 		s.run = math.Min(1, s.run*math.Pow(maxRunStep, per))
 		return s.run, "resuming"
 	}
