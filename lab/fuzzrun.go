@@ -133,6 +133,21 @@ func newStage(o RunOptions, name string, gpuArgs ...string) (_ *stage, err error
 	return st, nil
 }
 
+// startDaemon starts bins' daemon (with args) on the stage's simulated
+// GPU under the scenario's policy; the stage stops it.
+func (st *stage) startDaemon(bins string, sc Scenario, args []string) error {
+	if err := os.WriteFile(filepath.Join(st.dir, "policy.yaml"), []byte(sc.Policy(st.cgroup.Rel)), 0o644); err != nil {
+		return err
+	}
+	d, err := StartDaemon(bins, st.dir, args...)
+	if err != nil {
+		return err
+	}
+	st.daemon = d
+	st.Add(d.Stop)
+	return nil
+}
+
 // start starts a tenant's processes (extra adds gpuwork flags) in its
 // cgroup below the stage's; they run until the stage ends, or leave.
 func (st *stage) start(t ScenarioTenant, duration time.Duration, extra ...string) ([]*Proc, error) {
@@ -172,13 +187,9 @@ func runAlone(ctx context.Context, sc Scenario, o RunOptions, probed bool) ([]Sa
 	}
 	defer st.Run()
 	if probed {
-		if err := os.WriteFile(filepath.Join(st.dir, "policy.yaml"), []byte(sc.Policy(st.cgroup.Rel)), 0o644); err != nil {
+		if err := st.startDaemon(o.Bins, sc, append([]string{"--observe-only"}, o.DaemonArgs...)); err != nil {
 			return nil, err
 		}
-		if st.daemon, err = StartDaemon(o.Bins, st.dir, append([]string{"--observe-only"}, o.DaemonArgs...)...); err != nil {
-			return nil, err
-		}
-		st.Add(st.daemon.Stop)
 	}
 	if _, err := st.gpu.Stats(true); err != nil {
 		return nil, err
@@ -291,13 +302,9 @@ func runTogether(ctx context.Context, sc Scenario, o RunOptions, arbitrate bool)
 		tenants = append(tenants, Tenant{Name: t.Name, Cgroup: filepath.Join(st.cgroup.Rel, t.Name)})
 	}
 	if arbitrate {
-		if err := os.WriteFile(filepath.Join(st.dir, "policy.yaml"), []byte(sc.Policy(st.cgroup.Rel)), 0o644); err != nil {
+		if err := st.startDaemon(o.Bins, sc, o.DaemonArgs); err != nil {
 			return nil, err
 		}
-		if st.daemon, err = StartDaemon(o.Bins, st.dir, o.DaemonArgs...); err != nil {
-			return nil, err
-		}
-		st.Add(st.daemon.Stop)
 	}
 	sctx, cancel := context.WithTimeout(ctx, sc.Duration+500*time.Millisecond)
 	defer cancel()

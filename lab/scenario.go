@@ -299,26 +299,24 @@ type ScenarioResult struct {
 // MaxError is the largest |true − target| of any tenant in any segment,
 // with gpuarb (arbitrated) or without.
 func (r ScenarioResult) MaxError(arbitrated bool) float64 {
-	var m float64
-	for _, seg := range r.Segments {
-		for _, t := range seg {
-			if arbitrated {
-				m = max(m, t.Error())
-			} else {
-				m = max(m, t.UnarbitratedError())
-			}
-		}
+	if arbitrated {
+		return r.maxOf(TenantResult.Error)
 	}
-	return m
+	return r.maxOf(TenantResult.UnarbitratedError)
 }
 
 // MaxErrorUnprobed is MaxError with gpuarb against the targets set from
 // the demands without the probes (0 without RunOptions.ProbedDemand).
 func (r ScenarioResult) MaxErrorUnprobed() float64 {
+	return r.maxOf(func(t TenantResult) float64 { return t.ErrUnprobed })
+}
+
+// maxOf is the largest f of any tenant in any segment.
+func (r ScenarioResult) maxOf(f func(TenantResult) float64) float64 {
 	var m float64
 	for _, seg := range r.Segments {
 		for _, t := range seg {
-			m = max(m, t.ErrUnprobed)
+			m = max(m, f(t))
 		}
 	}
 	return m
@@ -347,15 +345,7 @@ func (r ScenarioResult) LatencyHeld(bar float64) []string {
 }
 
 // MaxMeterError is the largest |estimated − true| of any tenant.
-func (r ScenarioResult) MaxMeterError() float64 {
-	var m float64
-	for _, seg := range r.Segments {
-		for _, t := range seg {
-			m = max(m, t.MeterError())
-		}
-	}
-	return m
-}
+func (r ScenarioResult) MaxMeterError() float64 { return r.maxOf(TenantResult.MeterError) }
 
 // Evaluate turns the samples of the arbitrated and the unarbitrated runs
 // into per-segment results: in each 1 s window, each tenant's target is
