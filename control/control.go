@@ -16,9 +16,13 @@
 // frozen, its channel group paused), and while the replay has its work
 // queued. It is satisfied only while it demonstrably idles with nothing
 // outstanding: from the completion reaching it (its thread's wake-up in
-// the sync) to its next launch — its return path and think time, host
-// time it would spend alone too. (Counted as waiting, a closed loop of
-// 40 µs kernels that takes 63% alone wanted the whole GPU.)
+// the sync, or the replay's drain of the work where that is less than
+// the meter's realWait before) to its next launch — its return path, its
+// launch's and its completion's latencies and think time, host time it
+// would spend alone too. (Counted as waiting, a closed loop of 40 µs
+// kernels that takes 63% alone wanted the whole GPU; with the latencies
+// counted, one that took 72% alone beside the daemon read as wanting
+// 85%.)
 //
 //   - A process would take, alone, u / (u + idle) of the GPU: its share u
 //     of the window and the part of the window it idled. A closed loop of

@@ -99,8 +99,10 @@
 // queued, while it waited in a synchronizing call or a polling loop of
 // queries that found work not done (the probes mark a wait's begin; a
 // wait ends when the completion woke its thread, the rest of the call is
-// host time), and
-// while gpuarb kept it from the GPU (held at the launch gate, paused, its
+// host time, or where the replay ran the waited-for work dry less than
+// realWait before that, at the replay's drain: the completion's and the
+// launch's latencies are host time a loop spends alone too), and while
+// gpuarb kept it from the GPU (held at the launch gate, paused, its
 // cgroup frozen). ContextStats.Drains counts the times its modeled work
 // ran out; its GPU time over them is the work it brings to one turn, a
 // closed loop's work between syncs.

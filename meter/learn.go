@@ -58,6 +58,16 @@ const maxWaits = 64
 // it would spend alone too. Counted as waiting, that round trip made a
 // closed loop of short kernels want the whole GPU (40 µs kernels with a
 // sync every 4 take 63% alone) and held a tenant beside it at 4%.
+//
+// Where the replay ran the waited-for work dry less than realWait before
+// that (modeledEnd), the wait ends at the replay's drain: the rest is the
+// completion's way to the thread and the launch's way to the GPU — host
+// latency that takes as long alone, not a want of the GPU, and costs that
+// put the drain there are not corrected (the realWait tolerance of sync
+// and eventSync). Counted, it read such a loop as wanting 85% of the GPU
+// where it took 72% alone beside the daemon, and the arbiter paused a
+// tenant beside it for the 13 pp it could never take. A drain earlier
+// than that is the replay's error, not the GPU's: the wait stays whole.
 func (c *gpuContext) waitEnded(h *ioctlspy.Header, e *ioctlspy.Sync) {
 	end := completedBy(h, e)
 	start := h.Start
@@ -68,9 +78,46 @@ func (c *gpuContext) waitEnded(h *ioctlspy.Header, e *ioctlspy.Sync) {
 		}
 		return false
 	})
+	if drained, ok := c.modeledEnd(e); ok && drained < end && drained+uint64(realWait) >= end {
+		end = max(drained, start)
+	}
 	if end > start {
 		c.waitedFor = appendSpan(c.waitedFor, start, end)
 	}
+}
+
+// modeledEnd is when the replay ran out of the work a sync waited for:
+// the synced stream's drain, the last of the context's streams' for a
+// context sync, the event's mark passed for an event sync. ok is false
+// while the replay still has some of that work queued, or for work it
+// never saw launched.
+func (c *gpuContext) modeledEnd(e *ioctlspy.Sync) (drained uint64, ok bool) {
+	var streams []*stream
+	switch e.Of {
+	case "stream":
+		streams = []*stream{c.findStream(e.Handle)}
+	case "context":
+		streams = c.streams
+	case "event":
+		for _, s := range c.streams {
+			if i := slices.IndexFunc(s.marks, func(k mark) bool { return k.event == e.Handle }); i >= 0 {
+				return s.marks[i].crossed, s.marks[i].crossed > 0
+			}
+		}
+		return 0, false
+	default: // nouveau and DRM waits
+		streams = []*stream{c.findStream(nouveauStream)}
+	}
+	for _, s := range streams {
+		if s == nil || !s.launched {
+			continue
+		}
+		if s.left > 0 {
+			return 0, false
+		}
+		drained, ok = max(drained, s.drained), true
+	}
+	return drained, ok
 }
 
 // waitedForGPU tells whether a returning sync was a wait for the GPU, one

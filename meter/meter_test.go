@@ -1131,6 +1131,64 @@ func TestWakeUpBoundsTheCompletion(t *testing.T) {
 	}
 }
 
+// A closed loop of short kernels, alone: its launches reach the GPU 20 µs
+// after the probe sees them and its completions reach the thread 20 µs
+// after the GPU is done. Those latencies are host time it spends alone
+// too: it wants the GPU for its modeled work (its share, whatever the
+// proofs' tolerance let its costs settle at), not for its waits' whole
+// length, which would read it as wanting 0.83 of the GPU where it takes
+// 0.67. A wait the replay's drain ends far before — its costs too low —
+// stays whole.
+func TestHostLatencyIsNotWanted(t *testing.T) {
+	const (
+		launchGap = 20 * us // from one launch's probe to the next
+		toGPU     = 20 * us // a launch's way to the GPU
+		kernel    = 40 * us
+		wake      = 20 * us // the completion's way to the thread
+		back      = 40 * us // the return path and the next launch's probe
+	)
+	clk := &clock{t: 10 * 1000 * ms}
+	m := New(Config{Now: clk.now})
+	start := clk.t
+	var period uint64
+	for clk.t < start+1000*ms {
+		t0 := clk.t
+		for i := range uint64(4) {
+			m.Observe(launchFn(1, 100, t0+i*launchGap, 7, 0xa, 100))
+		}
+		entered := t0 + 4*launchGap
+		m.Observe(waitBegin(1, 100, "stream", 7, entered))
+		woken := t0 + toGPU + 4*kernel + wake
+		s := syncEv(1, 100, "cuStreamSynchronize", 7, entered, woken+10*us).(*ioctlspy.Sync)
+		s.Woken = woken
+		clk.t = woken + 10*us
+		m.Observe(s)
+		clk.t = woken + back
+		period = clk.t - t0
+	}
+	m.Tick()
+	_, cs := m.Contexts(500 * time.Millisecond)
+	share, wanted := cs[0].Share, float64(cs[0].WantNS)/float64(500*time.Millisecond)
+	truth, whole := float64(4*kernel)/float64(period), float64(toGPU+4*kernel+wake)/float64(period)
+	t.Logf("share %.3f (true %.3f), wanted %.3f (its waits whole: %.3f)", share, truth, wanted, whole)
+	if wanted > share+0.02 || wanted > whole-0.05 {
+		t.Errorf("wanted %.3f of the window, want its share %.3f (+0.02), not its waits whole (%.3f)", wanted, share, whole)
+	}
+
+	// Costs far too low: the replay drains 1 ms before the wait ends, and
+	// the wait is the evidence — wanted whole.
+	m = New(Config{Now: clk.now})
+	clk.t = start
+	m.Observe(launchFn(1, 100, clk.t, 7, 0xa, 1))
+	m.Observe(waitBegin(1, 100, "stream", 7, clk.t))
+	clk.t += 2 * ms
+	m.Observe(syncEv(1, 100, "cuStreamSynchronize", 7, start, clk.t))
+	c := m.ctxs[1]
+	if c == nil || len(c.waitedFor) != 1 || c.waitedFor[0] != (span{start, clk.t}) {
+		t.Fatalf("a 2 ms wait for a guessed kernel recorded as %v, want [%d, %d]", c.waitedFor, start, clk.t)
+	}
+}
+
 // A closed loop over four streams: a 1 ms kernel on each, then a sync of
 // each stream in turn. The GPU runs a context's kernels one at a time, so
 // stream i drains (i+1) ms into the turn: the replay must serve streams
