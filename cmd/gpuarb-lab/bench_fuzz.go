@@ -76,8 +76,12 @@ func firstLine(s string) string {
 
 func fuzzReport(b *bench, results []lab.ScenarioResult, source string) (string, error) {
 	var s strings.Builder
-	fmt.Fprintf(&s, "`gpuarb-lab fuzz` draws random scenarios from a seed: 2–6 tenants of 1–4 processes and 1–4 streams, kernel mixes from 20 µs to 50 ms with phases, sync patterns (every 1–200 launches, event syncs, polling, never), arrivals and departures, weights 1–1000, limits, batch priorities. Each runs three times: every tenant alone on its own simulated GPU (its demand in each second), all together without gpuarb, all together with the daemon. A tenant's target in a second is the weighted max-min share over that second's demands; its error is the median over its seconds of |true − target|, and a scenario's error is its largest tenant error. %d scenarios, %s.\n\n", len(results), source)
 	sum := summarize(results)
+	runs := "three times: every tenant alone on its own simulated GPU (its demand in each second), all together without gpuarb, all together with the daemon"
+	if sum.Probed {
+		runs = "four times: every tenant alone on its own simulated GPU (its demand in each second), the same beside the daemon observing, all together without gpuarb, all together with the daemon"
+	}
+	fmt.Fprintf(&s, "`gpuarb-lab fuzz` draws random scenarios from a seed: 2–6 tenants of 1–4 processes and 1–4 streams, kernel mixes from 20 µs to 50 ms with phases, sync patterns (every 1–200 launches, event syncs, polling, never), arrivals and departures, weights 1–1000, limits, batch priorities. Each runs %s. A tenant's target in a second is the weighted max-min share over that second's demands; its error is the median over its seconds of |true − target|, and a scenario's error is its largest tenant error. %d scenarios, %s.\n\n", runs, len(results), source)
 	pct := func(n int) string { return fmt.Sprintf("%d (%.0f%%)", n, 100*float64(n)/float64(sum.Scenarios)) }
 	s.WriteString("| run | every tenant within 3 pp | a tenant beyond 10 pp | median largest error |\n|---|---|---|---|\n")
 	fmt.Fprintf(&s, "| without gpuarb | %s | %s | %.1f pp |\n", pct(sum.Within3Free), pct(sum.Beyond10Free), 100*sum.MedianMaxFree)

@@ -40,9 +40,26 @@ func TestFuzzReportFromResults(t *testing.T) {
 		"| without gpuarb | 1 (25%) | 2 (50%) |",
 		"| with gpuarb | 3 (75%) | 1 (25%) |",
 		"Seeds beyond 3 pp with gpuarb (`gpuarb-lab fuzz --seeds N --verbose` replays one): 3.",
+		"Each runs three times",
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("report lacks %q:\n%s", want, text)
+		}
+	}
+	// Results of --probed-demand say so, and score both ways.
+	for i := range results {
+		results[i].Segments[0][0].AloneUnprobed, results[i].Segments[0][0].ErrUnprobed = 1, 0.15
+	}
+	text, err = fuzzReport(b, results, "read from `fuzz.json`")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"Each runs four times: every tenant alone on its own simulated GPU (its demand in each second), the same beside the daemon observing,",
+		"| with gpuarb, against the targets from the demands without the probes | 0 (0%) | 4 (100%) | 15.0 pp |",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("probed report lacks %q:\n%s", want, text)
 		}
 	}
 	if fi, err := os.Stat(filepath.Join(dir, "bench-fuzz.png")); err != nil || fi.Size() == 0 {
