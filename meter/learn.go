@@ -87,28 +87,18 @@ func (c *gpuContext) waitEnded(h *ioctlspy.Header, e *ioctlspy.Sync) {
 }
 
 // modeledEnd is when the replay ran out of the work a sync waited for:
-// the synced stream's drain, the last of the context's streams' for a
-// context sync, the event's mark passed for an event sync. ok is false
-// while the replay still has some of that work queued, or for work it
-// never saw launched.
+// the synced streams' last drain (syncedStreams), the event's mark passed
+// for an event sync. ok is false while the replay still has some of that
+// work queued, or for work it never saw launched.
 func (c *gpuContext) modeledEnd(e *ioctlspy.Sync) (drained uint64, ok bool) {
-	var streams []*stream
-	switch e.Of {
-	case "stream":
-		streams = []*stream{c.findStream(e.Handle)}
-	case "context":
-		streams = c.streams
-	case "event":
-		for _, s := range c.streams {
-			if i := slices.IndexFunc(s.marks, func(k mark) bool { return k.event == e.Handle }); i >= 0 {
-				return s.marks[i].crossed, s.marks[i].crossed > 0
-			}
+	if e.Of == "event" {
+		if s, i := c.markOf(e.Handle); s != nil {
+			return s.marks[i].crossed, s.marks[i].crossed > 0
 		}
 		return 0, false
-	default: // nouveau and DRM waits
-		streams = []*stream{c.findStream(nouveauStream)}
 	}
-	for _, s := range streams {
+	for _, id := range c.syncedStreams(e) {
+		s := c.findStream(id)
 		if s == nil || !s.launched {
 			continue
 		}
@@ -118,6 +108,35 @@ func (c *gpuContext) modeledEnd(e *ioctlspy.Sync) (drained uint64, ok bool) {
 		drained, ok = max(drained, s.drained), true
 	}
 	return drained, ok
+}
+
+// syncedStreams are the streams a sync other than an event's waits for:
+// the stream synced, every stream of a context sync, a nouveau or DRM
+// wait's submissions.
+func (c *gpuContext) syncedStreams(e *ioctlspy.Sync) []uint64 {
+	switch e.Of {
+	case "stream":
+		return []uint64{e.Handle}
+	case "context":
+		ids := make([]uint64, 0, len(c.streams))
+		for _, s := range c.streams {
+			ids = append(ids, s.id)
+		}
+		return ids
+	default: // nouveau and DRM waits
+		return []uint64{nouveauStream}
+	}
+}
+
+// markOf finds where an event was last recorded: its stream and the
+// mark's index there (nil if the meter never saw it recorded).
+func (c *gpuContext) markOf(event uint64) (*stream, int) {
+	for _, s := range c.streams {
+		if i := slices.IndexFunc(s.marks, func(k mark) bool { return k.event == event }); i >= 0 {
+			return s, i
+		}
+	}
+	return nil, 0
 }
 
 // waitedForGPU tells whether a returning sync was a wait for the GPU, one
@@ -153,20 +172,11 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 		c.syncs = append(c.syncs, span{h.Start, h.End})
 		c.total.Syncs++
 	}
-	var ids []uint64
-	switch e.Of {
-	case "stream":
-		ids = []uint64{e.Handle}
-	case "context":
-		for _, s := range c.streams {
-			ids = append(ids, s.id)
-		}
-	case "event":
+	if e.Of == "event" {
 		m.eventSync(c, h, e, now, done)
 		return
-	default: // nouveau and DRM waits
-		ids = []uint64{nouveauStream}
 	}
+	ids := c.syncedStreams(e)
 	var left, got, early float64
 	var drained uint64 // the latest drain of a synced stream in the replay
 	burst := composition{}
@@ -328,17 +338,13 @@ func (m *Meter) record(s *stream, event uint64) {
 // scales them up. An event the meter never saw
 // recorded teaches nothing.
 func (m *Meter) eventSync(c *gpuContext, h *ioctlspy.Header, e *ioctlspy.Sync, now, done uint64) {
-	event := e.Handle
-	var s *stream
-	var k mark
-	for _, st := range c.streams {
-		if i := slices.IndexFunc(st.marks, func(x mark) bool { return x.event == event }); i >= 0 {
-			s, k = st, st.marks[i]
-			st.marks = slices.Delete(st.marks, i, i+1)
-			break
-		}
+	s, i := c.markOf(e.Handle)
+	if s == nil {
+		return
 	}
-	if s == nil || k.pos <= s.proven {
+	k := s.marks[i]
+	s.marks = slices.Delete(s.marks, i, i+1)
+	if k.pos <= s.proven {
 		return
 	}
 	covered := k.pos - s.proven               // work the event covers since the last proof

@@ -1137,8 +1137,7 @@ func TestWakeUpBoundsTheCompletion(t *testing.T) {
 // too: it wants the GPU for its modeled work (its share, whatever the
 // proofs' tolerance let its costs settle at), not for its waits' whole
 // length, which would read it as wanting 0.83 of the GPU where it takes
-// 0.67. A wait the replay's drain ends far before — its costs too low —
-// stays whole.
+// 0.67. A wait for work the replay has not run out of stays whole.
 func TestHostLatencyIsNotWanted(t *testing.T) {
 	const (
 		launchGap = 20 * us // from one launch's probe to the next
@@ -1175,8 +1174,8 @@ func TestHostLatencyIsNotWanted(t *testing.T) {
 		t.Errorf("wanted %.3f of the window, want its share %.3f (+0.02), not its waits whole (%.3f)", wanted, share, whole)
 	}
 
-	// Costs far too low: the replay drains 1 ms before the wait ends, and
-	// the wait is the evidence — wanted whole.
+	// Work the replay still has queued (a guessed cost: the backlog
+	// assumed) when the wait ends: the wait is the evidence — wanted whole.
 	m = New(Config{Now: clk.now})
 	clk.t = start
 	m.Observe(launchFn(1, 100, clk.t, 7, 0xa, 1))
