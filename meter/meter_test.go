@@ -1174,6 +1174,24 @@ func TestHostLatencyIsNotWanted(t *testing.T) {
 		t.Errorf("wanted %.3f of the window, want its share %.3f (+0.02), not its waits whole (%.3f)", wanted, share, whole)
 	}
 
+	// The same loop's next burst wakes 400 µs after the replay ran it dry
+	// (the GPU served another context meanwhile): a drain that early is
+	// the replay's error, not host latency — the wait counts whole.
+	t0 := clk.t
+	for i := range uint64(4) {
+		m.Observe(launchFn(1, 100, t0+i*launchGap, 7, 0xa, 100))
+	}
+	entered := t0 + 4*launchGap
+	m.Observe(waitBegin(1, 100, "stream", 7, entered))
+	woken := t0 + toGPU + 4*kernel + wake + 400*us
+	s := syncEv(1, 100, "cuStreamSynchronize", 7, entered, woken+10*us).(*ioctlspy.Sync)
+	s.Woken = woken
+	clk.t = woken + 10*us
+	m.Observe(s)
+	if w := m.ctxs[1].waitedFor; len(w) == 0 || w[len(w)-1] != (span{entered, woken}) {
+		t.Errorf("a wait woken 400 µs after the replay's drain recorded as %v, want it whole: [%d, %d]", w[max(len(w)-1, 0):], entered, woken)
+	}
+
 	// Work the replay still has queued (a guessed cost: the backlog
 	// assumed) when the wait ends: the wait is the evidence — wanted whole.
 	m = New(Config{Now: clk.now})
