@@ -14,8 +14,10 @@ const (
 	// same: the driver's own default on Volta and later (REALGPU.md).
 	BaseSlice = 1024 * time.Microsecond
 	// MinSlice is the shortest timeslice gpuarb gives a group: a context
-	// switch costs a few µs, and shorter slices would spend the GPU on
-	// them.
+	// switch costs a few µs (20 on the simulated GPU; the real-GPU check's
+	// context-switch step measures it), and shorter slices would spend
+	// the GPU on them. 50 µs gained the fuzzer's latency-held loops
+	// nothing on the simulated GPU (docs/benchmark-history.md §10).
 	MinSlice = 100 * time.Microsecond
 	// MaxSlice bounds one group's timeslice, and maxRotation the round of
 	// all of a GPU's busy groups: the longest a group with work waits.

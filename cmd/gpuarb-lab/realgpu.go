@@ -18,7 +18,8 @@ func realgpuCommand() *cli.Command {
 CUDA and PyTorch, in at most 10 minutes and without network: pidfd_getfd of a
 CUDA process's control file and the driver's answers through it and through a
 fresh open; the effect of per-group timeslices, channel disable and preempt on
-three saturating PyTorch processes it starts; which libcuda entry points the
+three saturating PyTorch processes it starts, and what a channel-group switch
+costs (their throughput at timeslices of 200 down to 25 µs); which libcuda entry points the
 probes see under PyTorch eager and CUDA-graph replay; gpuarb's shares against
 NVML's per-process utilization; the probes' cost per launch. It writes
 report.md and report.json into --out. On a host without an NVIDIA GPU it says

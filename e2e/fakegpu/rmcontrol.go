@@ -39,11 +39,15 @@ const (
 	nvErrInvalidParamSize  = 0x37
 )
 
-// Costs of the controls the device pays: a one-shot preemption blocks its
+// Costs and limits of the controls the device serves: a one-shot preemption blocks its
 // caller this long (measured by third parties, REALGPU.md), and a runlist
 // restart switches the running group out.
 const (
-	preemptCost  = 300 * time.Microsecond
+	preemptCost = 300 * time.Microsecond
+	// minTimeslice is the simulator's floor for SET_TIMESLICE, gpuarb's
+	// shortest slice (arbiter.MinSlice). The open driver has none on Volta
+	// and later (kfifoRunlistGetMinTimeSlice returns 0); what shorter
+	// slices cost on hardware is the real-GPU check's context-switch step.
 	minTimeslice = 100 * time.Microsecond
 	// maxDisable is FIFO_DISABLE_CHANNELS' list length.
 	maxDisable = 64

@@ -122,6 +122,7 @@ func Run(ctx context.Context, host Host, o Options) (*Report, error) {
 	c.step(ctx, "cost without gpuarb", c.costWithout)
 	c.step(ctx, "ownership and permission", c.ownership)
 	c.step(ctx, "timeslices", c.timeslices)
+	c.step(ctx, "context-switch cost", c.switchCost)
 	c.step(ctx, "pause and resume", c.pauseResume)
 	c.step(ctx, "preempt", c.preempt)
 	c.stopBurners()

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -65,5 +66,24 @@ func TestReportWrite(t *testing.T) {
 	}
 	if !strings.Contains(string(js), `"error": "rm control 0xa06c0105: NV_ERR_NOT_SUPPORTED"`) || r.Failed() != 1 {
 		t.Errorf("report.json %s, failed %d", js, r.Failed())
+	}
+}
+
+// switchCostAt inverts the throughput a switch per slice leaves: with a
+// 20 µs switch, 50 µs slices run 50/70 of the time, the 1024 µs default
+// 1024/1044, and their ratio gives the 20 µs back; a ratio no switch cost
+// explains gives nothing.
+func TestSwitchCostAt(t *testing.T) {
+	const us = time.Microsecond
+	slice, def, cost := 50*us, 1024*us, 20*us
+	q := (float64(slice) / float64(slice+cost)) / (float64(def) / float64(def+cost))
+	got, ok := switchCostAt(slice, def, q)
+	if !ok || got < cost-us/10 || got > cost+us/10 {
+		t.Errorf("switchCostAt(50 µs, 1024 µs, %.4f) = %v, %v; want 20 µs", q, got, ok)
+	}
+	for _, q := range []float64{1, 1.02, 0, 50.0 / 1024} {
+		if got, ok := switchCostAt(slice, def, q); ok {
+			t.Errorf("switchCostAt(50 µs, 1024 µs, %.4f) = %v, want no cost", q, got)
+		}
 	}
 }

@@ -342,6 +342,87 @@ func (c *check) timeslices(ctx context.Context, s *Step) error {
 	return nil
 }
 
+// shortSlices are the timeslices the switch-cost step gives every burner:
+// around gpuarb's shortest (arbiter.MinSlice) and below it, where the
+// closed loops the fuzzer finds latency-held would need their neighbours.
+var shortSlices = []time.Duration{200 * time.Microsecond, 100 * time.Microsecond, 50 * time.Microsecond, 25 * time.Microsecond}
+
+// switchWindow is how long the switch-cost step measures each timeslice:
+// the burners finish about 25 kernels of burnerMS a second between them,
+// so a shorter window would not resolve a loss of a few percent.
+const switchWindow = 5 * time.Second
+
+// switchCost measures what a channel-group switch costs the GPU: every
+// burner gets the same timeslice, the default and then each of
+// shortSlices (a slice the driver refuses is recorded and skipped), and
+// the burners' iterations per second against the default's give each
+// switch's cost (switchCostAt). The default is put back after. It decides
+// how short gpuarb's slices may go (arbiter.MinSlice) and what the
+// simulated GPU's switches cost.
+func (c *check) switchCost(ctx context.Context, s *Step) error {
+	if err := c.ready(); err != nil {
+		return err
+	}
+	def, err := c.act.Timeslice(c.burners[0].groups[0])
+	if err != nil {
+		return err
+	}
+	total := func(r []float64) float64 {
+		var t float64
+		for _, x := range r {
+			t += x
+		}
+		return t
+	}
+	base, err := c.rates(ctx, switchWindow)
+	if err != nil {
+		return err
+	}
+	s.Values["default_us"], s.Values["rate_default"] = def.Microseconds(), total(base)
+	var parts []string
+	for _, slice := range shortSlices {
+		key := fmt.Sprintf("%dus", slice.Microseconds())
+		if err := c.setSlices(slice, slice, slice); err != nil {
+			s.Values["refused_"+key] = err.Error()
+			parts = append(parts, fmt.Sprintf("%v refused", slice))
+			continue
+		}
+		r, err := c.rates(ctx, switchWindow)
+		if err != nil {
+			_ = c.setSlices(def, def, def)
+			return err
+		}
+		q := total(r) / max(total(base), 1e-9)
+		s.Values["rate_"+key], s.Values["throughput_"+key] = total(r), q
+		part := fmt.Sprintf("%v: %.3f of the default's throughput", slice, q)
+		if cost, ok := switchCostAt(slice, def, q); ok {
+			s.Values["switch_us_"+key] = float64(cost) / float64(time.Microsecond)
+			part += fmt.Sprintf(", a switch ≈ %.1f µs", float64(cost)/float64(time.Microsecond))
+		}
+		parts = append(parts, part)
+	}
+	s.Summary = fmt.Sprintf("every burner at the same timeslice, %.1f iterations/s at the default %v; %s",
+		total(base), def, strings.Join(parts, "; "))
+	if err := c.setSlices(def, def, def); err != nil {
+		return fmt.Errorf("put the default timeslice back: %w", err)
+	}
+	return nil
+}
+
+// switchCostAt is the cost of one switch that makes saturating channel
+// groups at timeslice slice run q times as fast as at timeslice def: each
+// slice of useful work pays one switch, so the throughputs stand as
+// slice/(slice+cost) to def/(def+cost). ok is false where q says nothing
+// (at or above what no switch cost at all would give, or no faster than
+// nothing).
+func switchCostAt(slice, def time.Duration, q float64) (time.Duration, bool) {
+	s, d := float64(slice), float64(def)
+	if q <= 0 || q >= 1 || q*d <= s {
+		return 0, false
+	}
+	return time.Duration(s * d * (1 - q) / (q*d - s)), true
+}
+
 // pauseResume disables the first burner's channels (FIFO_DISABLE_CHANNELS
 // and a runlist restart), sees when it stops and whether the others take
 // its time, then enables them and sees it carry on.
