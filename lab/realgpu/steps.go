@@ -278,6 +278,15 @@ func (c *check) ready() error {
 	return nil
 }
 
+// defaultTimeslice is the burners' timeslice as the driver reads it back
+// before a step changes it (the default CUDA set), once they are ready.
+func (c *check) defaultTimeslice() (time.Duration, error) {
+	if err := c.ready(); err != nil {
+		return 0, err
+	}
+	return c.act.Timeslice(c.burners[0].groups[0])
+}
+
 // rates are the burners' iterations per second over the next d, the
 // first half second left out.
 func (c *check) rates(ctx context.Context, d time.Duration) ([]float64, error) {
@@ -312,10 +321,7 @@ func (c *check) setSlices(slices ...time.Duration) error {
 // committed by a runlist restart, and compares throughput before and
 // after; the default is put back after.
 func (c *check) timeslices(ctx context.Context, s *Step) error {
-	if err := c.ready(); err != nil {
-		return err
-	}
-	def, err := c.act.Timeslice(c.burners[0].groups[0])
+	def, err := c.defaultTimeslice()
 	if err != nil {
 		return err
 	}
@@ -360,10 +366,7 @@ const switchWindow = 5 * time.Second
 // how short gpuarb's slices may go (arbiter.MinSlice) and what the
 // simulated GPU's switches cost.
 func (c *check) switchCost(ctx context.Context, s *Step) error {
-	if err := c.ready(); err != nil {
-		return err
-	}
-	def, err := c.act.Timeslice(c.burners[0].groups[0])
+	def, err := c.defaultTimeslice()
 	if err != nil {
 		return err
 	}
