@@ -42,7 +42,8 @@
 //     it was held), its demand still its processes'.
 //   - BurstNS, the work one of its channel groups brings to a turn on the
 //     GPU, is its GPU time over the times its modeled work ran out: a
-//     closed loop's work between syncs (0: it never ran out).
+//     closed loop's work between syncs (0: it never ran out) — or the turn
+//     in progress, where that ran runsLonger times as long.
 //   - Waited, the part of the control window its work waited while other
 //     contexts held the GPU (summed over its processes), tells a tenant
 //     the others keep from its share from one its own host time holds
@@ -68,6 +69,16 @@ import (
 // wake-up in a sync and its next launch (the return path, the probes'
 // overheads, about 0.1–0.3 ms a sync here).
 const backloggedFraction = 0.9
+
+// runsLonger is how many times its mean burst over the window a tenant's
+// turn in progress (ContextStats.RunNS) must have run for the turn to
+// stand as its burst: the mean counts each drain once, so after a phase of
+// short bursts (thousands a second) it stays short for a whole window once
+// the bursts grow, and the others' slices, shrunk to fit the short ones,
+// gave the tenant's now long turns most of the GPU (56% for 49.5% in the
+// second its 28 µs kernels turned to 2.9 ms ones). A turn merely longer
+// than the mean is a loop's ordinary spread.
+const runsLonger = 2
 
 // minActive is the shortest active time over which a process's idle time
 // is trusted: one seen for less that wanted the GPU wants all of it (a
@@ -146,7 +157,7 @@ func Step(in Input) Result {
 	type costs struct{ sum, n float64 }
 	launch := map[string]*costs{}
 	waits := map[*arbiter.Input][]uint64{}
-	type turns struct{ gpuNS, drains float64 }
+	type turns struct{ gpuNS, drains, run float64 }
 	bursts := map[*arbiter.Input]*turns{}
 	syncs := map[*arbiter.Input]int{}
 	for _, c := range in.Long {
@@ -218,6 +229,7 @@ func Step(in Input) Result {
 			}
 			b.gpuNS += float64(c.GPUNS)
 			b.drains += float64(c.Drains)
+			b.run = max(b.run, float64(c.RunNS))
 		}
 	}
 	for name, t := range res.Tenants {
@@ -230,6 +242,9 @@ func Step(in Input) Result {
 			g.Groups = g.Processes
 			if b := bursts[g]; b != nil && b.drains > 0 {
 				g.BurstNS = b.gpuNS / b.drains
+				if b.run > runsLonger*g.BurstNS {
+					g.BurstNS = b.run // its bursts grew: a phase of longer kernels or fewer syncs
+				}
 			}
 			if held {
 				g.Busy, g.Held, g.Backlogged = true, true, true // held back, so its queue may be empty: it wants more

@@ -1485,3 +1485,27 @@ func TestEarlyDrainCountsTheContextsTurnPart(t *testing.T) {
 		t.Errorf("beside a paused context: %.0f ns, want the whole %.0f", got, -early)
 	}
 }
+
+// RunNS is the GPU time since the context's work last ran out: after a
+// loop of 2 ms bursts, 6 ms into a burst of ten 1 ms kernels it reads
+// 6 ms, where the window's mean burst still reads 2 ms.
+func TestRunNSIsTheTurnInProgress(t *testing.T) {
+	clk := &clock{t: 10 * 1000 * ms}
+	m := New(Config{Now: clk.now})
+	start := clk.t
+	for clk.t < start+500*ms {
+		clk.t = burst(m, clk, 1, 0xa, 1000, 2, 2*ms, ms, clk.t) // 1 ms kernels
+	}
+	for range 10 {
+		m.Observe(launchFn(1, 100, clk.t, 7, 0xa, 1000))
+	}
+	clk.t += 6 * ms
+	m.Tick()
+	_, cs := m.Contexts(300 * time.Millisecond)
+	if len(cs) != 1 || math.Abs(float64(cs[0].RunNS)-float64(6*ms)) > float64(100*us) || cs[0].Drains == 0 {
+		t.Fatalf("contexts %+v, want RunNS 6 ms after drains", cs)
+	}
+	if mean := float64(cs[0].GPUNS) / float64(cs[0].Drains); math.Abs(mean-float64(2*ms)) > float64(200*us) {
+		t.Errorf("mean burst %.0f ns, want about 2 ms", mean)
+	}
+}

@@ -52,6 +52,10 @@ type ContextStats struct {
 	// Drains counts the times its modeled work ran out in the window:
 	// GPUNS / Drains is the work it brings to one turn on the GPU.
 	Drains int
+	// RunNS is its GPU time since its modeled work last ran out: the turn
+	// in progress, as long as a loop's burst (0 if its work never ran out
+	// in the meter's window).
+	RunNS uint64
 	// Syncs counts the waits for the GPU that returned in the window
 	// (synchronizing calls, and polling loops that found work not done),
 	// SyncWait their lengths in ns.
@@ -108,6 +112,9 @@ func (m *Meter) Contexts(window time.Duration) (at uint64, out []ContextStats) {
 			Exited: c.exited, Timeslice: c.timeslice, Total: c.total}
 		if c.total.Launches > 0 {
 			cs.LaunchNS = c.launchCost()
+		}
+		if n := len(c.drains); n > 0 {
+			cs.RunNS = uint64(sumIn(c.held, c.drains[n-1], now))
 		}
 		for _, sp := range c.syncs {
 			if sp.end >= from {
