@@ -42,8 +42,10 @@
 //     it was held), its demand still its processes'.
 //   - BurstNS, the work one of its channel groups brings to a turn on the
 //     GPU, is its GPU time over the times its modeled work ran out: a
-//     closed loop's work between syncs (0: it never ran out) — or the turn
-//     in progress, where that ran runsLonger times as long.
+//     closed loop's work between syncs (0: it never ran out) — the mean of
+//     its last bursts where the meter has them (RecentBurstNS, the largest
+//     among its processes), or the turn in progress where that ran
+//     runsLonger times as long.
 //   - Waited, the part of the control window its work waited while other
 //     contexts held the GPU (summed over its processes), tells a tenant
 //     the others keep from its share from one its own host time holds
@@ -70,14 +72,18 @@ import (
 // overheads, about 0.1–0.3 ms a sync here).
 const backloggedFraction = 0.9
 
-// runsLonger is how many times its mean burst over the window a tenant's
-// turn in progress (ContextStats.RunNS) must have run for the turn to
-// stand as its burst: the mean counts each drain once, so after a phase of
-// short bursts (thousands a second) it stays short for a whole window once
-// the bursts grow, and the others' slices, shrunk to fit the short ones,
-// gave the tenant's now long turns most of the GPU (56% for 49.5% in the
-// second its 28 µs kernels turned to 2.9 ms ones). A turn merely longer
-// than the mean is a loop's ordinary spread.
+// runsLonger is how many times its recent bursts a tenant's turn in
+// progress (ContextStats.RunNS) must have run for the turn to stand as its
+// burst: the bursts then grew (a phase of longer kernels or fewer syncs),
+// and the last ones, still short, would keep the others' slices shrunk to
+// fit them while its now long turns took most of the GPU. A turn merely
+// longer than the mean is a loop's ordinary spread.
+//
+// Bursts from the window's mean (its GPU time over its drains) lagged a
+// change of phase by up to a window either way: a tenant of 28 µs and
+// 2.9 ms kernels in 2 s phases beside a hog took 41–45% for 49.5% in the
+// seconds its kernels turned short (the others kept 1 ms slices) and
+// 55–56% in those they turned long.
 const runsLonger = 2
 
 // minActive is the shortest active time over which a process's idle time
@@ -157,7 +163,7 @@ func Step(in Input) Result {
 	type costs struct{ sum, n float64 }
 	launch := map[string]*costs{}
 	waits := map[*arbiter.Input][]uint64{}
-	type turns struct{ gpuNS, drains, run float64 }
+	type turns struct{ gpuNS, drains, run, recent float64 }
 	bursts := map[*arbiter.Input]*turns{}
 	syncs := map[*arbiter.Input]int{}
 	for _, c := range in.Long {
@@ -230,6 +236,7 @@ func Step(in Input) Result {
 			b.gpuNS += float64(c.GPUNS)
 			b.drains += float64(c.Drains)
 			b.run = max(b.run, float64(c.RunNS))
+			b.recent = max(b.recent, float64(c.RecentBurstNS))
 		}
 	}
 	for name, t := range res.Tenants {
@@ -242,6 +249,9 @@ func Step(in Input) Result {
 			g.Groups = g.Processes
 			if b := bursts[g]; b != nil && b.drains > 0 {
 				g.BurstNS = b.gpuNS / b.drains
+				if b.recent > 0 {
+					g.BurstNS = b.recent // its last bursts: the window's mean lags a change of phase
+				}
 				if b.run > runsLonger*g.BurstNS {
 					g.BurstNS = b.run // its bursts grew: a phase of longer kernels or fewer syncs
 				}

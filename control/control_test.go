@@ -162,8 +162,9 @@ func TestExitedAndPerGPU(t *testing.T) {
 }
 
 // The work one of a tenant's groups brings to a turn is its GPU time over
-// the times its work ran out, or its turn in progress where that ran
-// runsLonger times as long; none ran out: it fills any slice (0).
+// the times its work ran out, its last bursts where the meter has them, or
+// its turn in progress where that ran runsLonger times as long; none ran
+// out: it fills any slice (0).
 func TestBurst(t *testing.T) {
 	a := proc(1, 10, 0.3, 1000*ms)
 	a.Drains = 1000
@@ -178,14 +179,20 @@ func TestBurst(t *testing.T) {
 		t.Errorf("hog's burst %.0f, want 0", got)
 	}
 
-	// Its turn in progress has run 0.3 ms, within runsLonger of the mean:
-	// a loop's spread, the mean stands. At 3 ms its bursts grew (a phase
-	// of longer kernels): the turn stands as its burst.
-	for _, tc := range []struct{ run, want float64 }{{0.3 * float64(ms), 0.2 * float64(ms)}, {3 * float64(ms), 3 * float64(ms)}} {
-		a.RunNS = uint64(tc.run)
+	// Its last bursts, where the meter has them, stand for the window's
+	// mean; a turn in progress within runsLonger of them is a loop's
+	// spread, one beyond is a phase of longer bursts and stands itself.
+	for _, tc := range []struct{ recent, run, want float64 }{
+		{0, 0.3 * float64(ms), 0.2 * float64(ms)},
+		{0.5 * float64(ms), 0.3 * float64(ms), 0.5 * float64(ms)},
+		{0.5 * float64(ms), 0.9 * float64(ms), 0.5 * float64(ms)},
+		{0.5 * float64(ms), 3 * float64(ms), 3 * float64(ms)},
+		{0, 3 * float64(ms), 3 * float64(ms)},
+	} {
+		a.RecentBurstNS, a.RunNS = uint64(tc.recent), uint64(tc.run)
 		r = step([]meter.ContextStats{a, b, hog}, nil)
 		if got := input(t, r, "a", 0).BurstNS; math.Abs(got-tc.want) > 1 {
-			t.Errorf("turn in progress %.0f ns: burst %.0f ns, want %.0f", tc.run, got, tc.want)
+			t.Errorf("last bursts %.0f ns, turn in progress %.0f ns: burst %.0f ns, want %.0f", tc.recent, tc.run, got, tc.want)
 		}
 	}
 }

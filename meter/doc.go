@@ -105,8 +105,9 @@
 // gpuarb kept it from the GPU (held at the launch gate, paused, its
 // cgroup frozen). ContextStats.Drains counts the times its modeled work
 // ran out; its GPU time over them is the work it brings to one turn, a
-// closed loop's work between syncs, and ContextStats.RunNS its GPU time
-// since the last, the turn in progress.
+// closed loop's work between syncs; ContextStats.RecentBurstNS is the
+// mean of its last few such bursts, and ContextStats.RunNS its GPU time
+// since the last drain, the turn in progress.
 //
 // Assumptions and error sources (measured figures in BENCHMARKS.md):
 //   - Completion is known only at syncs and completed queries; an event

@@ -1486,26 +1486,34 @@ func TestEarlyDrainCountsTheContextsTurnPart(t *testing.T) {
 	}
 }
 
-// RunNS is the GPU time since the context's work last ran out: after a
-// loop of 2 ms bursts, 6 ms into a burst of ten 1 ms kernels it reads
-// 6 ms, where the window's mean burst still reads 2 ms.
-func TestRunNSIsTheTurnInProgress(t *testing.T) {
+// RecentBurstNS follows a loop's bursts from 2 ms to 0.2 ms within a few
+// of them, where the window's mean still reads more than 1 ms; RunNS is
+// the GPU time since its work last ran out: 6 ms into a burst of ten 1 ms
+// kernels, 6 ms.
+func TestRecentBurstsAndTheTurnInProgress(t *testing.T) {
 	clk := &clock{t: 10 * 1000 * ms}
 	m := New(Config{Now: clk.now})
 	start := clk.t
 	for clk.t < start+500*ms {
-		clk.t = burst(m, clk, 1, 0xa, 1000, 2, 2*ms, ms, clk.t) // 1 ms kernels
+		clk.t = burst(m, clk, 1, 0xa, 1000, 2, 2*ms, ms, clk.t) // two 1 ms kernels
+	}
+	for range 20 {
+		clk.t = burst(m, clk, 1, 0xa, 100, 2, 200*us, ms, clk.t) // two 0.1 ms kernels
+	}
+	m.Tick()
+	_, cs := m.Contexts(300 * time.Millisecond)
+	if len(cs) != 1 || cs[0].Drains == 0 {
+		t.Fatalf("contexts %+v, want one that drained", cs)
+	}
+	if got, mean := float64(cs[0].RecentBurstNS), float64(cs[0].GPUNS)/float64(cs[0].Drains); math.Abs(got-float64(200*us)) > float64(20*us) || mean < float64(ms) {
+		t.Errorf("last bursts %.0f ns, window's mean %.0f ns: want 0.2 ms, and the mean still above 1 ms", got, mean)
 	}
 	for range 10 {
 		m.Observe(launchFn(1, 100, clk.t, 7, 0xa, 1000))
 	}
 	clk.t += 6 * ms
 	m.Tick()
-	_, cs := m.Contexts(300 * time.Millisecond)
-	if len(cs) != 1 || math.Abs(float64(cs[0].RunNS)-float64(6*ms)) > float64(100*us) || cs[0].Drains == 0 {
-		t.Fatalf("contexts %+v, want RunNS 6 ms after drains", cs)
-	}
-	if mean := float64(cs[0].GPUNS) / float64(cs[0].Drains); math.Abs(mean-float64(2*ms)) > float64(200*us) {
-		t.Errorf("mean burst %.0f ns, want about 2 ms", mean)
+	if _, cs = m.Contexts(300 * time.Millisecond); math.Abs(float64(cs[0].RunNS)-float64(6*ms)) > float64(100*us) {
+		t.Errorf("turn in progress %d ns, want 6 ms", cs[0].RunNS)
 	}
 }

@@ -52,9 +52,14 @@ type ContextStats struct {
 	// Drains counts the times its modeled work ran out in the window:
 	// GPUNS / Drains is the work it brings to one turn on the GPU.
 	Drains int
+	// RecentBurstNS is the mean of its last recentBursts bursts: its GPU
+	// time between the recentBursts+1 last times its modeled work ran out,
+	// over recentBursts (0 with fewer drains in the meter's window). It
+	// follows a change of phase within a few bursts, where GPUNS / Drains
+	// keeps the window's older bursts.
+	RecentBurstNS uint64
 	// RunNS is its GPU time since its modeled work last ran out: the turn
-	// in progress, as long as a loop's burst (0 if its work never ran out
-	// in the meter's window).
+	// in progress (0 if its work never ran out in the meter's window).
 	RunNS uint64
 	// Syncs counts the waits for the GPU that returned in the window
 	// (synchronizing calls, and polling loops that found work not done),
@@ -91,6 +96,11 @@ type ContextStats struct {
 	Total Totals
 }
 
+// recentBursts is how many of a context's last bursts RecentBurstNS
+// averages: a loop's bursts vary with its kernel mix, and a phase of
+// 0.1 ms bursts replaces eight in under a millisecond.
+const recentBursts = 8
+
 // Contexts returns per-process figures over the window ending at the
 // settled present.
 func (m *Meter) Contexts(window time.Duration) (at uint64, out []ContextStats) {
@@ -115,6 +125,9 @@ func (m *Meter) Contexts(window time.Duration) (at uint64, out []ContextStats) {
 		}
 		if n := len(c.drains); n > 0 {
 			cs.RunNS = uint64(sumIn(c.held, c.drains[n-1], now))
+			if n > recentBursts {
+				cs.RecentBurstNS = uint64(sumIn(c.held, c.drains[n-1-recentBursts], c.drains[n-1]) / recentBursts)
+			}
 		}
 		for _, sp := range c.syncs {
 			if sp.end >= from {
