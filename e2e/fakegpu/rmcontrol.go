@@ -39,9 +39,9 @@ const (
 	nvErrInvalidParamSize  = 0x37
 )
 
-// Costs and limits of the controls the device serves: a one-shot preemption blocks its
-// caller this long (measured by third parties, REALGPU.md), and a runlist
-// restart switches the running group out.
+// Costs and limits of the controls the device serves: a one-shot
+// preemption blocks its caller this long (measured by third parties,
+// REALGPU.md), and a runlist restart switches the running group out.
 const (
 	preemptCost = 300 * time.Microsecond
 	// minTimeslice is the simulator's floor for SET_TIMESLICE, gpuarb's

@@ -399,8 +399,9 @@ func (c *check) switchCost(ctx context.Context, s *Step) error {
 		s.Values["rate_"+key], s.Values["throughput_"+key] = total(r), q
 		part := fmt.Sprintf("%v: %.3f of the default's throughput", slice, q)
 		if cost, ok := switchCostAt(slice, def, q); ok {
-			s.Values["switch_us_"+key] = float64(cost) / float64(time.Microsecond)
-			part += fmt.Sprintf(", a switch ≈ %.1f µs", float64(cost)/float64(time.Microsecond))
+			us := cost.Seconds() * 1e6
+			s.Values["switch_us_"+key] = us
+			part += fmt.Sprintf(", a switch ≈ %.1f µs", us)
 		}
 		parts = append(parts, part)
 	}
