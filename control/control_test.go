@@ -182,17 +182,18 @@ func TestBurst(t *testing.T) {
 	// Its last bursts, where the meter has them, stand for the window's
 	// mean; a turn in progress within runsLonger of them is a loop's
 	// spread, one beyond is a phase of longer bursts and stands itself.
-	for _, tc := range []struct{ recent, run, want float64 }{
-		{0, 0.3 * float64(ms), 0.2 * float64(ms)},
-		{0.5 * float64(ms), 0.3 * float64(ms), 0.5 * float64(ms)},
-		{0.5 * float64(ms), 0.9 * float64(ms), 0.5 * float64(ms)},
-		{0.5 * float64(ms), 3 * float64(ms), 3 * float64(ms)},
-		{0, 3 * float64(ms), 3 * float64(ms)},
+	for _, tc := range []struct{ recentMS, runMS, wantMS float64 }{
+		{0, 0.3, 0.2},
+		{0.5, 0.3, 0.5},
+		{0.5, 0.9, 0.5},
+		{0.5, 3, 3},
+		{0, 3, 3},
 	} {
-		a.RecentBurstNS, a.RunNS = uint64(tc.recent), uint64(tc.run)
+		recent, run, want := tc.recentMS*float64(ms), tc.runMS*float64(ms), tc.wantMS*float64(ms)
+		a.RecentBurstNS, a.RunNS = uint64(recent), uint64(run)
 		r = step([]meter.ContextStats{a, b, hog}, nil)
-		if got := input(t, r, "a", 0).BurstNS; math.Abs(got-tc.want) > 1 {
-			t.Errorf("last bursts %.0f ns, turn in progress %.0f ns: burst %.0f ns, want %.0f", tc.recent, tc.run, got, tc.want)
+		if got := input(t, r, "a", 0).BurstNS; math.Abs(got-want) > 1 {
+			t.Errorf("last bursts %.0f ns, turn in progress %.0f ns: burst %.0f ns, want %.0f", recent, run, got, want)
 		}
 	}
 }

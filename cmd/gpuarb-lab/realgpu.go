@@ -22,8 +22,9 @@ three saturating PyTorch processes it starts, and what a channel-group switch
 costs (their throughput at timeslices of 200 down to 25 µs); which libcuda
 entry points the probes see under PyTorch eager and CUDA-graph replay;
 gpuarb's shares against NVML's per-process utilization; the probes' cost per
-launch. It writes report.md and report.json into --out. On a host without an NVIDIA GPU it says
-so and exits with status 2; it exits with 1 when a step failed.`,
+launch. It writes report.md and report.json into --out. On a host without an
+NVIDIA GPU it says so and exits with status 2; it exits with 1 when a step
+failed.`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "out", Value: "e2e/realgpu", Usage: "write report.md and report.json into `DIR`"},
 			&cli.StringFlag{Name: "python", Value: "python3", Usage: "the `PYTHON` with PyTorch that runs the CUDA workloads"},
