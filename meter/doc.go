@@ -74,7 +74,12 @@
 // not quite cancel: a drain can be early by up to a rotation but late
 // by no more than the burst, and such a context reads high (a
 // poller of two 0.1 ms kernels beside a closed loop of 0.3 ms kernels
-// read 20% for 12%, with the loop under-read as much).
+// read 20% for 12%, with the loop under-read as much). So a proof that
+// finds the replay out of phase (it drained the proven work more than
+// realWait before the GPU did, or had not begun it) also puts the
+// rotation back in step: the GPU ran the context until then, so where
+// the context has nothing left, the next context with work after it
+// holds the GPU from then, for a whole slice (anchor).
 //
 // A GPU the policy declares non-preemptive runs each kernel to its end:
 // the replay keeps where each queued kernel ends and switches contexts only

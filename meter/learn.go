@@ -211,6 +211,11 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 		s.left, s.got, s.launched = 0, 0, false
 		s.drained = now
 	}
+	if any && waited && (early > 0 || got <= 0 && left > 0) && !unseen && !m.pausedDuring(c, h.Start, h.End) {
+		// The replay's rotation is out of phase with the GPU's: it ran
+		// the proven work long before, or not at all.
+		m.replayOf(c.gpu).anchor(c)
+	}
 	if got <= 0 && left > 0 && !c.learned {
 		// The replay had not begun the synced work: it ran the context's
 		// other streams first, the GPU this one (or in its turn): the
@@ -365,10 +370,14 @@ func (m *Meter) eventSync(c *gpuContext, h *ioctlspy.Header, e *ioctlspy.Sync, n
 		s.passMarks(now)
 		s.passBounds()
 	}
+	waited := h.DurationNS >= uint64(realWait)
+	drainedEarly := waited && k.crossed > 0 && k.crossed+uint64(realWait) < now
+	if waited && (drainedEarly || ran <= 0 && behind > 0) && !unseen && !m.pausedDuring(c, h.Start, h.End) {
+		m.replayOf(c.gpu).anchor(c) // out of phase, as in sync
+	}
 	if covered <= 0 || unseen || m.pausedDuring(c, h.Start, h.End) {
 		return
 	}
-	waited := h.DurationNS >= uint64(realWait)
 	switch {
 	case behind > 0 && !c.learned && waited:
 		if ran <= 0 { // as in sync: the replay ran the others first
