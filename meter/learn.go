@@ -211,7 +211,8 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 		s.left, s.got, s.launched = 0, 0, false
 		s.drained = now
 	}
-	if any && waited && (early > 0 || got <= 0 && left > 0) && !unseen && !m.pausedDuring(c, h.Start, h.End) {
+	stopped := m.pausedDuring(c, h.Start, h.End)
+	if any && waited && (early > 0 || got <= 0 && left > 0) && !unseen && !stopped {
 		// The replay's rotation is out of phase with the GPU's: it ran
 		// the proven work long before, or not at all.
 		m.replayOf(c.gpu).anchor(c)
@@ -223,7 +224,7 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 		og, ol := c.othersSinceEmpty(ids)
 		got, left = got+og, left+ol
 	}
-	if !any || got <= 0 || unseen || m.pausedDuring(c, h.Start, h.End) {
+	if !any || got <= 0 || unseen || stopped {
 		// A sync that spanned a stop waited for the resume, not the GPU;
 		// one of work queued before the meter saw it, for unseen work.
 		return
@@ -372,10 +373,11 @@ func (m *Meter) eventSync(c *gpuContext, h *ioctlspy.Header, e *ioctlspy.Sync, n
 	}
 	waited := h.DurationNS >= uint64(realWait)
 	drainedEarly := waited && k.crossed > 0 && k.crossed+uint64(realWait) < now
-	if waited && (drainedEarly || ran <= 0 && behind > 0) && !unseen && !m.pausedDuring(c, h.Start, h.End) {
+	stopped := m.pausedDuring(c, h.Start, h.End)
+	if waited && (drainedEarly || ran <= 0 && behind > 0) && !unseen && !stopped {
 		m.replayOf(c.gpu).anchor(c) // out of phase, as in sync
 	}
-	if covered <= 0 || unseen || m.pausedDuring(c, h.Start, h.End) {
+	if covered <= 0 || unseen || stopped {
 		return
 	}
 	switch {
@@ -398,7 +400,7 @@ func (m *Meter) eventSync(c *gpuContext, h *ioctlspy.Header, e *ioctlspy.Sync, n
 		// spaced launches, never waits).
 	default:
 		late, early := max(behind, 0), 0.0
-		if waited && k.crossed > 0 && k.crossed+uint64(realWait) < now {
+		if drainedEarly {
 			early = float64(now - max(k.crossed, h.Start))
 		}
 		if pl, pe, ok := m.pollLateness(c, h, e, late, k.crossed); ok {
