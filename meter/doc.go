@@ -75,9 +75,10 @@
 // by no more than the burst, and such a context reads high (a
 // poller of two 0.1 ms kernels beside a closed loop of 0.3 ms kernels
 // read 20% for 12%, with the loop under-read as much). So a proof that
-// finds the replay out of phase (it drained the proven work more than
-// realWait before the GPU did, or had not begun it) also puts the
-// rotation back in step: the GPU ran the context until then, so where
+// finds the replay out of phase (it drained the proven work more than a
+// timeslice before the GPU did, or had not begun it: outOfPhase; a drain
+// early by less is a slice's part or the host's latency in waking the
+// thread, which the sums cancel) also puts the rotation back in step: the GPU ran the context until then, so where
 // the context has nothing left, the next context with work after it
 // holds the GPU from then, for a whole slice (anchor).
 //
