@@ -78,9 +78,10 @@
 // finds the replay out of phase (it drained the proven work more than a
 // timeslice before the GPU did, or had not begun it: outOfPhase; a drain
 // early by less is a slice's part or the host's latency in waking the
-// thread, which the sums cancel) also puts the rotation back in step: the GPU ran the context until then, so where
-// the context has nothing left, the next context with work after it
-// holds the GPU from then, for a whole slice (anchor).
+// thread, which the sums cancel) also puts the rotation back in step:
+// the GPU ran the context until then, so where the context has nothing
+// left, the next context with work after it holds the GPU from then, for
+// a whole slice (anchor).
 //
 // A GPU the policy declares non-preemptive runs each kernel to its end:
 // the replay keeps where each queued kernel ends and switches contexts only

@@ -212,8 +212,8 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 		s.drained = now
 	}
 	stopped := m.pausedDuring(c, h.Start, h.End)
-	if any && waited && m.outOfPhase(c, early, got <= 0 && left > 0) && !unseen && !stopped {
-		m.replayOf(c.gpu).anchor(c)
+	if r := m.replayOf(c.gpu); any && waited && r.outOfPhase(early, got <= 0 && left > 0) && !unseen && !stopped {
+		r.anchor(c)
 	}
 	if got <= 0 && left > 0 && !c.learned {
 		// The replay had not begun the synced work: it ran the context's
@@ -242,17 +242,6 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 		}
 		c.prove(m.lateness(c, late, early), got+left, burst)
 	}
-}
-
-// outOfPhase reports whether a sync that waited for c's proven work finds
-// the replay's rotation off the GPU's: the replay drained that work more
-// than a timeslice (early ns) before the GPU did, or had not begun it.
-// A drain early by less is a part of a slice, or the host's latency in
-// waking the synchronizing thread (100 µs and more in a VM); the proofs'
-// lateness sums those away, and anchoring on them restarted the rotation
-// late, so loops of sub-millisecond kernels beside hogs read low.
-func (m *Meter) outOfPhase(c *gpuContext, early float64, notBegun bool) bool {
-	return notBegun || early > float64(m.replayOf(c.gpu).slice)
 }
 
 // othersSinceEmpty is the GPU time the context's streams other than ids
@@ -381,14 +370,13 @@ func (m *Meter) eventSync(c *gpuContext, h *ioctlspy.Header, e *ioctlspy.Sync, n
 		s.passBounds()
 	}
 	waited := h.DurationNS >= uint64(realWait)
-	drainedEarly := waited && k.crossed > 0 && k.crossed+uint64(realWait) < now
 	stopped := m.pausedDuring(c, h.Start, h.End)
-	var earlyBy float64
-	if drainedEarly {
-		earlyBy = float64(now - max(k.crossed, h.Start))
+	var early float64 // how long before the GPU's the replay's drain came
+	if waited && k.crossed > 0 && k.crossed+uint64(realWait) < now {
+		early = float64(now - max(k.crossed, h.Start))
 	}
-	if waited && m.outOfPhase(c, earlyBy, ran <= 0 && behind > 0) && !unseen && !stopped {
-		m.replayOf(c.gpu).anchor(c) // as in sync
+	if r := m.replayOf(c.gpu); waited && r.outOfPhase(early, ran <= 0 && behind > 0) && !unseen && !stopped {
+		r.anchor(c) // as in sync
 	}
 	if covered <= 0 || unseen || stopped {
 		return
@@ -412,7 +400,7 @@ func (m *Meter) eventSync(c *gpuContext, h *ioctlspy.Header, e *ioctlspy.Sync, n
 		// collapse (a paced tenant, whose kernels finish between its
 		// spaced launches, never waits).
 	default:
-		late, early := max(behind, 0), earlyBy
+		late := max(behind, 0)
 		if pl, pe, ok := m.pollLateness(c, h, e, late, k.crossed); ok {
 			late, early = pl, pe
 		}

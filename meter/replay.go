@@ -114,6 +114,17 @@ func (r *replay) advance(to uint64) {
 	}
 }
 
+// outOfPhase reports whether a sync that waited for proven work finds the
+// replay's rotation off the GPU's: the replay drained that work more than
+// a timeslice (early ns) before the GPU did, or had not begun it. A drain
+// early by less is a part of a slice, or the host's latency in waking the
+// synchronizing thread (100 µs and more in a VM); the proofs' lateness
+// sums those away, and anchoring on them restarted the rotation late, so
+// loops of sub-millisecond kernels beside hogs read low.
+func (r *replay) outOfPhase(early float64, notBegun bool) bool {
+	return notBegun || early > float64(r.slice)
+}
+
 // anchor puts the replay's rotation in phase with the GPU's at a proof
 // that the GPU ran c's work until now (a sync that waited for it): where
 // c has no work left, the GPU has just moved on to the next context with
