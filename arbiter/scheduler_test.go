@@ -331,3 +331,27 @@ func TestOwnPaceIsNotDeprivation(t *testing.T) {
 		}
 	}
 }
+
+// A phased loop in its phase of long bursts queues deep (Backlogged) while
+// its demand over the settled window still averages in its phase of short
+// bursts and reads no more than it gets: its queue says it wants more, so
+// below its target and waiting it is deprived and the others above theirs
+// give way, where its settled demand alone let them take its share.
+func TestBackloggedPhaseWantsMore(t *testing.T) {
+	for _, backlogged := range []bool{false, true} {
+		a := New(Params{})
+		loop := schedHog("loop", 1700, 0.5, 1)
+		loop.Backlogged, loop.Demand, loop.Waited = backlogged, 0.5, 0.2
+		loop.BurstNS = float64(60 * time.Millisecond)
+		in := []Input{loop, schedHog("h1", 300, 0.37, 1), schedHog("h2", 100, 0.13, 1)}
+		var ds []Decision
+		for range 3 {
+			ds = a.Step(in, steered)
+		}
+		h1, h2 := decisionOf(t, ds, "h1"), decisionOf(t, ds, "h2")
+		if held := h2.Duty < 1 && h1.Reason == "above target"; held != backlogged {
+			t.Errorf("loop backlogged %v at 50%% for a settled demand of 50%%: h1 %s, h2 run fraction %.2f (%s); want them held back %v",
+				backlogged, h1.Reason, h2.Duty, h2.Reason, backlogged)
+		}
+	}
+}
