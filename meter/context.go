@@ -511,12 +511,12 @@ func (c *gpuContext) findStream(h uint64) *stream {
 	return nil
 }
 
-// learn applies a correction factor proven over a burst of the context's
-// work (its composition by costKey): the costs that made the burst, and
-// the work still queued, scale by it. Costs not yet learned take the whole
-// correction (the learned ones assumed right) when there are learned ones
-// in the burst; the first correction of a cost is taken whole, later ones
-// smoothed and bounded (one sync is one piece of evidence).
+// learn teaches the keys of a burst of the context's work (its
+// composition by costKey) not learned yet their first cost, from a
+// correction factor proven over the burst: taken whole, and all of it
+// where there are learned keys in the burst too (they are assumed right;
+// their later corrections come from evidence, prove). The work still
+// queued scales with the costs.
 func (c *gpuContext) learn(factor float64, burst composition) {
 	if len(burst) == 0 || math.IsNaN(factor) || math.IsInf(factor, 0) || factor <= 0 {
 		return
@@ -530,31 +530,45 @@ func (c *gpuContext) learn(factor float64, burst composition) {
 		}
 	}
 	total := known + unknown
+	newRate := factor // what the burst's unlearned keys' guesses scale by
+	if known > 0 && unknown > 0 {
+		// The burst's true work less what the learned costs made is the
+		// unlearned ones': at least a little of that true work
+		// (newKeyFloor), never a part of their guess — a percent of a
+		// guess of 1 s a block still read a 0.25 ms kernel as 2.5 s.
+		newRate = max(factor*total-known, newKeyFloor*factor*total) / unknown
+	}
+	rate := make(map[costKey]float64, len(burst)) // what each key's cost scaled by
 	for k := range burst {
-		x := c.costOf(k)
-		f := factor
-		switch {
-		case !x.learned && known > 0:
-			// The burst's true work less what the learned costs made is the
-			// unlearned ones' (at least a little of it).
-			f = max(factor*total-known, 0.01*unknown) / unknown
+		// A learned key is assumed right: the burst's factor, dominated
+		// by the guesses, cut it by a fifth at every new kernel.
+		rate[k] = 1
+		if x := c.costOf(k); !x.learned {
+			rate[k] = newRate
+			x.ns *= newRate
 			x.learned = true
-		case !x.learned:
-			x.learned = true
-		default:
-			f = math.Pow(min(max(factor, 1/maxStep), maxStep), learnRate)
 		}
-		x.ns *= f
 	}
 	c.learned = true
-	// Queued work was costed at the old rates: it scales with them, or
-	// the next proof would correct the same error again.
-	scale := factor
-	if unknown == 0 {
-		scale = math.Pow(min(max(factor, 1/maxStep), maxStep), learnRate)
-	}
+	// Queued work was costed at the old rates: each key's part scales with
+	// its cost, or the next proof would correct the same error again; a
+	// key still guessed scales as the burst's new ones did.
 	for _, s := range c.streams {
-		s.rescale(scale)
+		var was, is float64
+		for k, w := range s.comp.minus(s.provenComp) {
+			r, in := rate[k]
+			switch {
+			case !in && c.costOf(k).learned:
+				r = 1
+			case !in:
+				r = newRate
+			}
+			was += w
+			is += w * r
+		}
+		if was > 0 {
+			s.rescale(is / was)
+		}
 	}
 }
 
@@ -607,9 +621,14 @@ type evidence struct {
 	proofs        int
 }
 
-// minFactor keeps a correction positive: lateness of all the covered work
-// says the costs are far too high, not that the work was free.
-const minFactor = 1e-3
+// minFactor keeps a learned key's correction positive: lateness of all
+// the covered work says the costs are far too high, not that the work was
+// free. newKeyFloor is the least part of a burst's true work its new keys
+// take where the learned ones made (nearly) all of it.
+const (
+	minFactor   = 1e-3
+	newKeyFloor = 0.01
+)
 
 // prove adds one proof's lateness over covered work of composition burst.
 // A proof that covers a key not learned yet corrects at once (a new kernel
@@ -626,7 +645,14 @@ func (c *gpuContext) prove(late, covered float64, burst composition) {
 	}
 	for k := range burst {
 		if !c.costOf(k).learned {
-			c.learn(max(1-late/covered, minFactor), burst)
+			// Taken whole, what the replay ran of the proven work is its
+			// true work: no floor (minFactor) here, where the covered work
+			// is mostly a new key's guess — a thousandth of a guess of 1 s
+			// a block read a phase of 13 ms kernels as 13 s a launch. Where
+			// the replay ran none of it, the proof teaches nothing yet.
+			if f := 1 - late/covered; f > 0 {
+				c.learn(f, burst)
+			}
 			return
 		}
 	}

@@ -705,6 +705,42 @@ func TestPhasesOfKernelsLearnApart(t *testing.T) {
 	}
 }
 
+// A new kernel first proven beside learned ones costs at most its
+// burst's true work, never a part of its first guess, and the learned
+// ones keep their costs: where the learned kernels made nearly all of a
+// burst, a percent of the guess (1 s a block) read a kernel of 10,000
+// blocks as 100 s, and the burst's factor, dominated by that guess, cut
+// the learned kernel's cost by a fifth.
+func TestNewKernelBesideLearnedOnesCostsNoMoreThanItsBurst(t *testing.T) {
+	clk := &clock{t: 10 * 1000 * ms}
+	m := New(Config{Now: clk.now})
+	const cheap, tiny = 0xa, 0xc
+	start := clk.t
+	for clk.t < start+1500*ms {
+		clk.t = burst(m, clk, 1, cheap, 500, 8, 4*ms, 4*ms, clk.t) // 8 × 0.5 ms
+	}
+	c := m.ctxs[1]
+	before := c.costs[costKey{handle: cheap}].ns
+	// 8 cheap kernels and one of 10,000 blocks that takes 10 µs in all.
+	for i := 0; i < 8; i++ {
+		m.Observe(launchFn(1, 100, clk.t, 7, cheap, 500))
+	}
+	m.Observe(launchFn(1, 100, clk.t, 7, tiny, 10000))
+	m.Observe(waitBegin(1, 100, "stream", 7, clk.t))
+	clk.t += 4*ms + 10*us
+	m.Observe(syncEv(1, 100, "cuStreamSynchronize", 7, clk.t-4*ms-10*us, clk.t))
+	x := c.costs[costKey{handle: tiny}]
+	if x == nil || !x.learned {
+		t.Fatalf("the new kernel's cost not learned from its first proof: %+v", x)
+	}
+	if perLaunch := 10000 * x.ns; perLaunch > float64(4*ms+10*us) {
+		t.Errorf("the new kernel costs %.3g ns a launch after its first proof, more than its whole burst (4.01 ms; true 10 µs)", perLaunch)
+	}
+	if a := c.costs[costKey{handle: cheap}].ns; a != before {
+		t.Errorf("the learned kernel moved: %.0f ns a block, %.0f before the proof", a, before)
+	}
+}
+
 // A context wants the GPU while it waits in a sync or a poll, whatever
 // the modeled queue says, and while gpuarb keeps it from the GPU; its
 // think time is not wanted.
