@@ -309,22 +309,30 @@ func TestLightSliceCoversItsBurst(t *testing.T) {
 // host time in its syncs — and takes nothing from them: pausing them would
 // only idle the GPU. The same loop waiting behind their turns for 20% of
 // the window is deprived: the one at MinSlice is paused, the other's slice
+// loopBesideHogs steps, three periods, a loop of weight 1700 at 50% of
+// the GPU beside hogs of weights 300 and 100 (37% and 13%), and returns
+// the hogs' decisions.
+func loopBesideHogs(t *testing.T, backlogged bool, demand, waited float64, burst time.Duration) (h1, h2 Decision) {
+	t.Helper()
+	a := New(Params{})
+	loop := schedHog("loop", 1700, 0.5, 1)
+	loop.Backlogged, loop.Demand, loop.Waited = backlogged, demand, waited
+	loop.BurstNS = float64(burst)
+	in := []Input{loop, schedHog("h1", 300, 0.37, 1), schedHog("h2", 100, 0.13, 1)}
+	var ds []Decision
+	for range 3 {
+		ds = a.Step(in, steered)
+	}
+	return decisionOf(t, ds, "h1"), decisionOf(t, ds, "h2")
+}
+
 // shrinks.
 func TestOwnPaceIsNotDeprivation(t *testing.T) {
 	for _, c := range []struct {
 		waited float64
 		held   bool
 	}{{0.003, false}, {0.2, true}} {
-		a := New(Params{})
-		loop := schedHog("loop", 1700, 0.5, 1)
-		loop.Backlogged, loop.Demand, loop.Waited = false, 0.57, c.waited
-		loop.BurstNS = float64(8 * time.Millisecond)
-		in := []Input{loop, schedHog("h1", 300, 0.37, 1), schedHog("h2", 100, 0.13, 1)}
-		var ds []Decision
-		for range 3 {
-			ds = a.Step(in, steered)
-		}
-		h1, h2 := decisionOf(t, ds, "h1"), decisionOf(t, ds, "h2")
+		h1, h2 := loopBesideHogs(t, false, 0.57, c.waited, 8*time.Millisecond)
 		if (h2.Duty < 1) != c.held || (h1.Reason == "above target: takes the slack") == c.held {
 			t.Errorf("loop waiting %.1f%% of the window: h1 %s, h2 run fraction %.2f (%s); want them held back %v",
 				100*c.waited, h1.Reason, h2.Duty, h2.Reason, c.held)
@@ -339,16 +347,7 @@ func TestOwnPaceIsNotDeprivation(t *testing.T) {
 // give way, where its settled demand alone let them take its share.
 func TestBackloggedPhaseWantsMore(t *testing.T) {
 	for _, backlogged := range []bool{false, true} {
-		a := New(Params{})
-		loop := schedHog("loop", 1700, 0.5, 1)
-		loop.Backlogged, loop.Demand, loop.Waited = backlogged, 0.5, 0.2
-		loop.BurstNS = float64(60 * time.Millisecond)
-		in := []Input{loop, schedHog("h1", 300, 0.37, 1), schedHog("h2", 100, 0.13, 1)}
-		var ds []Decision
-		for range 3 {
-			ds = a.Step(in, steered)
-		}
-		h1, h2 := decisionOf(t, ds, "h1"), decisionOf(t, ds, "h2")
+		h1, h2 := loopBesideHogs(t, backlogged, 0.5, 0.2, 60*time.Millisecond)
 		if held := h2.Duty < 1 && h1.Reason == "above target"; held != backlogged {
 			t.Errorf("loop backlogged %v at 50%% for a settled demand of 50%%: h1 %s, h2 run fraction %.2f (%s); want them held back %v",
 				backlogged, h1.Reason, h2.Duty, h2.Reason, backlogged)
