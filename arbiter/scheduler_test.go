@@ -394,7 +394,8 @@ func TestFeedbackDoesNotWindUpAcrossPhases(t *testing.T) {
 // A paused tenant below its target resumes at once where the pauses only
 // waste the GPU: it idles more than idleSlack of the window and nobody is
 // above target (the tenant it was paused for gone). Where the GPU is
-// busy, it grows back at maxRunStep.
+// busy, it grows back at maxRunStep; so does a tenant paused for its
+// limit, which idles the GPU by design.
 func TestPausedResumesAtOnceWhereTheGPUIdles(t *testing.T) {
 	for _, c := range []struct {
 		share float64
@@ -419,5 +420,27 @@ func TestPausedResumesAtOnceWhereTheGPUIdles(t *testing.T) {
 			t.Errorf("loop gone, hog at %.0f%%: run fraction %.3f after %.3f (%s), want back at once %v, else growing",
 				100*c.share, dh.Duty, paused, dh.Reason, c.once)
 		}
+	}
+}
+
+// A tenant alone held at its limit that dips below it while the GPU idles
+// grows back at maxRunStep, not at once: its pause is its limit.
+func TestLimitedTenantDoesNotResumeAtOnce(t *testing.T) {
+	a := New(Params{})
+	hog := schedHog("hog", 100, 0.8, 1)
+	hog.Rules.Limit = 0.4
+	in := []Input{hog}
+	var paused float64
+	for i := 0; i < 6; i++ {
+		paused = decisionOf(t, a.Step(in, steered), "hog").Duty
+	}
+	if paused >= 1 {
+		t.Fatalf("hog at 80%% for a limit of 40%%: run fraction %.2f, want paused", paused)
+	}
+	setShare(&in[0], 0.35)
+	dh := decisionOf(t, a.Step(in, steered), "hog")
+	if dh.Duty >= 1 || dh.Duty <= paused {
+		t.Errorf("hog at 35%% for a limit of 40%%, the GPU 65%% idle: run fraction %.3f after %.3f (%s), want growing, not back at once",
+			dh.Duty, paused, dh.Reason)
 	}
 }
