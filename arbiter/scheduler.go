@@ -49,11 +49,13 @@ const (
 	// latency tenant weighs: its turn comes at once and lasts to MaxSlice.
 	latencyWeight = 1000
 	// idleSlack is how much of the control window the GPU may idle while
-	// no tenant is above its target before the paused ones below theirs
-	// resume at once: the pauses then only waste the GPU (a heavy tenant
-	// gone, the others' run fractions of 0.05 growing back at maxRunStep
-	// left it 26% and 36% idle for two seconds: fuzz seed 25). Above the
-	// few % a closed loop's own gaps idle it beside paused others.
+	// every busy tenant is below its target before the paused ones resume
+	// at once: the pauses then serve nobody and only waste the GPU (a
+	// heavy tenant gone, the others' run fractions of 0.05 growing back at
+	// maxRunStep left it 26% and 36% idle for two seconds: fuzz seed 25).
+	// Not while any tenant is at its target: a closed loop's own gaps idle
+	// the GPU that much beside others paused for it (fuzz seed 41: 13.5%),
+	// and resuming them at once took the loop's share.
 	idleSlack = 0.15
 )
 
@@ -101,10 +103,10 @@ func (a *Arbiter) sched(k key) *schedState {
 func (a *Arbiter) schedule(ts []Input) []Decision {
 	targets := Targets(ts, func(Input) float64 { return 1 })
 	busy, missed, latencyBusy, deprived, wanting := 0, false, false, false, 0
-	used, anyAbove := 0.0, false
+	used, allBelow := 0.0, true
 	for i, t := range ts {
 		used += t.Share
-		anyAbove = anyAbove || t.Busy && t.Share > targets[i]+a.p.Tolerance
+		allBelow = allBelow && (!t.Busy || t.Share < targets[i]-a.p.Tolerance)
 		if a.wanting(t, targets[i]) {
 			wanting++
 		}
@@ -171,7 +173,7 @@ func (a *Arbiter) schedule(ts []Input) []Decision {
 		// launch gate is its only lever, run as a run fraction is.
 		atFloor := t.Unsteered || out[i].Timeslice <= MinSlice || states[i].feedback <= 1/maxFeedback
 		contested := wanting > 0 && (wanting > 1 || !a.wanting(t, targets[i]))
-		wasted := used < 1-idleSlack && !anyAbove
+		wasted := used < 1-idleSlack && allBelow
 		out[i].Duty, why = a.runFraction(t, states[i], targets[i], runContext{atFloor, missed, deprived, contested, wasted})
 		if why != "" {
 			out[i].Reason = why
@@ -376,8 +378,8 @@ func (a *Arbiter) heldByOthers(t Input) bool {
 // runContext is what a tenant's run fraction depends on beside its own
 // share and target: whether its slice or feedback is at its floor, a
 // latency SLO is missed, another tenant is deprived, another still wants
-// more (contested), and the GPU idles more than idleSlack with no tenant
-// above its target (wasted).
+// more (contested), and the GPU idles more than idleSlack with every busy
+// tenant below its target (wasted).
 type runContext struct {
 	atFloor, missed, deprived, contested, wasted bool
 }

@@ -392,15 +392,15 @@ func TestFeedbackDoesNotWindUpAcrossPhases(t *testing.T) {
 }
 
 // A paused tenant below its target resumes at once where the pauses only
-// waste the GPU: it idles more than idleSlack of the window and nobody is
-// above target (the tenant it was paused for gone). Where the GPU is
-// busy, it grows back at maxRunStep; so does a tenant paused for its
-// limit, which idles the GPU by design.
+// waste the GPU: it idles more than idleSlack of the window and every busy
+// tenant is below its target (the tenant it was paused for gone). Where
+// the GPU is busy, or a closed loop at its target idles it by its own
+// gaps, it grows back at maxRunStep.
 func TestPausedResumesAtOnceWhereTheGPUIdles(t *testing.T) {
 	for _, c := range []struct {
-		share float64
-		once  bool
-	}{{0.5, true}, {0.9, false}} {
+		share, loop float64 // the hog's share, the loop's (0: gone)
+		once        bool
+	}{{0.5, 0, true}, {0.9, 0, false}, {0.3, 0.5, false}} {
 		a := New(Params{})
 		loop := schedHog("loop", 100, 0.2, 1)
 		loop.BurstNS = float64(50 * time.Microsecond)
@@ -412,13 +412,15 @@ func TestPausedResumesAtOnceWhereTheGPUIdles(t *testing.T) {
 		if paused >= 1 {
 			t.Fatalf("hog's run fraction %.2f beside a deprived loop, want paused", paused)
 		}
-		in[0].Busy, in[0].Backlogged = false, false
-		setShare(&in[0], 0)
+		if c.loop == 0 {
+			in[0].Busy, in[0].Backlogged = false, false
+		}
+		setShare(&in[0], c.loop)
 		setShare(&in[1], c.share)
 		dh := decisionOf(t, a.Step(in, steered), "hog")
 		if once := dh.Duty == 1; once != c.once || dh.Duty <= paused {
-			t.Errorf("loop gone, hog at %.0f%%: run fraction %.3f after %.3f (%s), want back at once %v, else growing",
-				100*c.share, dh.Duty, paused, dh.Reason, c.once)
+			t.Errorf("hog at %.0f%%, loop at %.0f%%: run fraction %.3f after %.3f (%s), want back at once %v, else growing",
+				100*c.share, 100*c.loop, dh.Duty, paused, dh.Reason, c.once)
 		}
 	}
 }
