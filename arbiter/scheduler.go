@@ -63,13 +63,12 @@ const (
 type schedState struct {
 	feedback float64 // multiplier of its weight, 1/maxFeedback..maxFeedback
 	run      float64 // fraction of each period its groups stay on the GPU
-	// slice is its groups' timeslice in the last step it had work, and
-	// raiseMovesNothing whether a larger weight would have moved no slice
-	// then: its own was set by its burst (or MaxSlice) and every other
-	// busy group's was MinSlice. A feedback that cannot move a slice
-	// stays (see correct).
-	slice             time.Duration
-	raiseMovesNothing bool
+	// sliceAtFloor tells whether its groups' timeslice was MinSlice in the
+	// last step it had work, and raiseMovesNothing whether a larger weight
+	// would have moved no slice then: its own was set by its burst (or
+	// MaxSlice) and every other busy group's was MinSlice. A feedback that
+	// cannot move a slice stays (see correct).
+	sliceAtFloor, raiseMovesNothing bool
 }
 
 func (a *Arbiter) sched(k key) *schedState {
@@ -167,13 +166,13 @@ func (a *Arbiter) schedule(ts []Input) []Decision {
 	}
 	timeslices(ts, out, turnBound, maxWait, lightDemand)
 	recordSlices(ts, out, states, turnBound, lightDemand)
+	wasted := used < 1-idleSlack && allBelow
 	for i, t := range ts {
 		var why string
 		// An unsteered tenant has no slice to shrink: its rate at the
 		// launch gate is its only lever, run as a run fraction is.
 		atFloor := t.Unsteered || out[i].Timeslice <= MinSlice || states[i].feedback <= 1/maxFeedback
 		contested := wanting > 0 && (wanting > 1 || !a.wanting(t, targets[i]))
-		wasted := used < 1-idleSlack && allBelow
 		out[i].Duty, why = a.runFraction(t, states[i], targets[i], runContext{atFloor, missed, deprived, contested, wasted})
 		if why != "" {
 			out[i].Reason = why
@@ -267,8 +266,8 @@ func timeslices(ts []Input, out []Decision, turnBound []bool, maxWait, lightDema
 	}
 }
 
-// recordSlices keeps, for every busy steered tenant, its new timeslice and
-// whether a larger weight would have moved no slice: what the next step's
+// recordSlices keeps, for every busy steered tenant, whether its new
+// timeslice is at MinSlice and whether a larger weight would have moved no slice: what the next step's
 // correct needs to tell a feedback that steers from one that only winds
 // up. A closed loop's slice (turnBound) and a light tenant's hold their
 // bursts whatever their weights; a larger weight only shrinks the others'
@@ -290,7 +289,7 @@ func recordSlices(ts []Input, out []Decision, states []*schedState, turnBound []
 			others--
 		}
 		ownFixed := lightDemand[i] > 0 || turnBound[i] && float64(out[i].Timeslice) >= t.BurstNS
-		states[i].slice = out[i].Timeslice
+		states[i].sliceAtFloor = out[i].Timeslice <= MinSlice
 		states[i].raiseMovesNothing = out[i].Timeslice >= MaxSlice || ownFixed && others == 0
 	}
 }
@@ -441,8 +440,9 @@ func (a *Arbiter) runFraction(t Input, s *schedState, target float64, c runConte
 // A feedback that could not move any slice stays where it is: down while
 // its own slice is at MinSlice (a pause is the lever there, see
 // runFraction), up while a larger weight would move no slice (its own
-// holds its burst or MaxSlice, every other busy group's is at MinSlice). Wound up in one
-// phase of a workload, it held the next one off target for seconds: a
+// holds its burst or MaxSlice, every other busy group's is at MinSlice).
+// Wound up in one phase of a workload, it held the next one off target
+// for seconds: a
 // loop of 20 µs kernels beside five tenants raised its weight to the bound
 // while the others' slices were at MinSlice already, and took 51–60% for
 // a target of 46.7% in its phase of 22 ms kernels, where the others'
@@ -451,7 +451,7 @@ func (a *Arbiter) correct(t Input, s *schedState, target float64, deprived bool)
 	step := math.Pow(target/math.Max(t.Share, 1e-3), feedbackGain/float64(a.p.React))
 	switch {
 	case t.Share > target+a.p.Tolerance && deprived:
-		if s.slice == 0 || s.slice > MinSlice {
+		if !s.sliceAtFloor {
 			s.feedback = math.Max(1/maxFeedback, s.feedback*step)
 		}
 		return "above target"
