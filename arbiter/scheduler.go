@@ -48,12 +48,27 @@ const (
 	// latencyWeight is how many times the largest other weight a busy
 	// latency tenant weighs: its turn comes at once and lasts to MaxSlice.
 	latencyWeight = 1000
+	// idleSlack is how much of the control window the GPU may idle while
+	// every busy tenant is below its target before the paused ones resume
+	// at once: the pauses then serve nobody and only waste the GPU (a
+	// heavy tenant gone, the others' run fractions of 0.05 growing back at
+	// maxRunStep left it 26% and 36% idle for two seconds: fuzz seed 25).
+	// Not while any tenant is at its target: a closed loop's own gaps idle
+	// the GPU that much beside others paused for it (fuzz seed 41: 13.5%),
+	// and resuming them at once took the loop's share.
+	idleSlack = 0.15
 )
 
 // schedState is the scheduler mode's memory of one tenant on one GPU.
 type schedState struct {
 	feedback float64 // multiplier of its weight, 1/maxFeedback..maxFeedback
 	run      float64 // fraction of each period its groups stay on the GPU
+	// sliceAtFloor tells whether its groups' timeslice was MinSlice in the
+	// last step it had work, and raiseMovesNothing whether a larger weight
+	// would have moved no slice then: its own was set by its burst (or
+	// MaxSlice) and every other busy group's was MinSlice. A feedback that
+	// cannot move a slice stays (see correct).
+	sliceAtFloor, raiseMovesNothing bool
 }
 
 func (a *Arbiter) sched(k key) *schedState {
@@ -87,7 +102,10 @@ func (a *Arbiter) sched(k key) *schedState {
 func (a *Arbiter) schedule(ts []Input) []Decision {
 	targets := Targets(ts, func(Input) float64 { return 1 })
 	busy, missed, latencyBusy, deprived, wanting := 0, false, false, false, 0
+	used, allBelow := 0.0, true
 	for i, t := range ts {
+		used += t.Share
+		allBelow = allBelow && (!t.Busy || t.Share < targets[i]-a.p.Tolerance)
 		if a.wanting(t, targets[i]) {
 			wanting++
 		}
@@ -147,13 +165,15 @@ func (a *Arbiter) schedule(ts []Input) []Decision {
 		}
 	}
 	timeslices(ts, out, turnBound, maxWait, lightDemand)
+	recordSlices(ts, out, states, turnBound, lightDemand)
+	wasted := used < 1-idleSlack && allBelow
 	for i, t := range ts {
 		var why string
 		// An unsteered tenant has no slice to shrink: its rate at the
 		// launch gate is its only lever, run as a run fraction is.
 		atFloor := t.Unsteered || out[i].Timeslice <= MinSlice || states[i].feedback <= 1/maxFeedback
 		contested := wanting > 0 && (wanting > 1 || !a.wanting(t, targets[i]))
-		out[i].Duty, why = a.runFraction(t, states[i], targets[i], atFloor, missed, deprived, contested)
+		out[i].Duty, why = a.runFraction(t, states[i], targets[i], runContext{atFloor, missed, deprived, contested, wasted})
 		if why != "" {
 			out[i].Reason = why
 		}
@@ -246,6 +266,34 @@ func timeslices(ts []Input, out []Decision, turnBound []bool, maxWait, lightDema
 	}
 }
 
+// recordSlices keeps, for every busy steered tenant, whether its new
+// timeslice is at MinSlice and whether a larger weight would have moved no slice: what the next step's
+// correct needs to tell a feedback that steers from one that only winds
+// up. A closed loop's slice (turnBound) and a light tenant's hold their
+// bursts whatever their weights; a larger weight only shrinks the others'
+// slices, and not below MinSlice.
+func recordSlices(ts []Input, out []Decision, states []*schedState, turnBound []bool, lightDemand []float64) {
+	steeredBusy := func(t Input) bool { return t.Busy && !t.Unsteered && t.Rules.Priority != policy.Latency }
+	aboveFloor := 0
+	for i, t := range ts {
+		if steeredBusy(t) && out[i].Timeslice > MinSlice {
+			aboveFloor++
+		}
+	}
+	for i, t := range ts {
+		if !steeredBusy(t) {
+			continue
+		}
+		others := aboveFloor
+		if out[i].Timeslice > MinSlice {
+			others--
+		}
+		ownFixed := lightDemand[i] > 0 || turnBound[i] && float64(out[i].Timeslice) >= t.BurstNS
+		states[i].sliceAtFloor = out[i].Timeslice <= MinSlice
+		states[i].raiseMovesNothing = out[i].Timeslice >= MaxSlice || ownFixed && others == 0
+	}
+}
+
 // burstSlice is a light tenant's timeslice: long enough for one of its
 // bursts (burstCover of it), so that its turn ends when its work runs out,
 // not in the middle of a burst — a burst cut by its slice waits through
@@ -326,6 +374,15 @@ func (a *Arbiter) heldByOthers(t Input) bool {
 	return t.Waited > a.p.Tolerance
 }
 
+// runContext is what a tenant's run fraction depends on beside its own
+// share and target: whether its slice or feedback is at its floor, a
+// latency SLO is missed, another tenant is deprived, another still wants
+// more (contested), and the GPU idles more than idleSlack with every busy
+// tenant below its target (wasted).
+type runContext struct {
+	atFloor, missed, deprived, contested, wasted bool
+}
+
 // runFraction is the part of each period a tenant's groups stay on the
 // GPU, and why it pauses them. Pauses bound what slices cannot: a limit;
 // while another tenant is deprived, a tenant above target whose slice is
@@ -338,8 +395,13 @@ func (a *Arbiter) heldByOthers(t Input) bool {
 // its target, both ways, while another still wants more (contested) —
 // growing back at full rate the moment the other comes within Tolerance
 // would hold the other below its target on average; once nothing calls
-// for a pause any more, the run fraction grows back at maxRunStep.
-func (a *Arbiter) runFraction(t Input, s *schedState, target float64, atFloor, missed, deprived, contested bool) (float64, string) {
+// for a pause any more, the run fraction grows back at maxRunStep. A
+// paused tenant below its target resumes at once where the pauses only
+// waste the GPU (wasted), unless it has a limit: pausing to hold a limit
+// leaves the GPU idle by design, and one that resumed at once overshot
+// its limit for seconds (fuzz seed 35: 35.6% for a limit of 19%).
+func (a *Arbiter) runFraction(t Input, s *schedState, target float64, c runContext) (float64, string) {
+	atFloor, missed, deprived, contested := c.atFloor, c.missed, c.deprived, c.contested
 	per := 1 / float64(a.p.React)
 	share := math.Max(t.Share, 1e-3)
 	overLimit := t.Rules.Limit > 0 && t.Share > float64(t.Rules.Limit)+a.p.Tolerance
@@ -354,6 +416,9 @@ func (a *Arbiter) runFraction(t Input, s *schedState, target float64, atFloor, m
 	case yields:
 		s.run = math.Max(minRun, s.run*math.Min(1, toward))
 		return s.run, "above target: paused part of each period"
+	case s.run < 1 && t.Share < target-a.p.Tolerance && c.wasted && t.Rules.Limit == 0:
+		s.run = 1
+		return s.run, "below target: resuming at once (the GPU idles)"
 	case s.run < 1 && t.Share < target-a.p.Tolerance:
 		s.run = math.Min(1, s.run*toward)
 		return s.run, "below target: resuming"
@@ -371,16 +436,31 @@ func (a *Arbiter) runFraction(t Input, s *schedState, target float64, atFloor, m
 // control window (spread over the window's periods) and says why: down
 // while it is above target and another tenant is deprived, up while it is
 // below target and wants more.
+//
+// A feedback that could not move any slice stays where it is: down while
+// its own slice is at MinSlice (a pause is the lever there, see
+// runFraction), up while a larger weight would move no slice (its own
+// holds its burst or MaxSlice, every other busy group's is at MinSlice).
+// Wound up in one phase of a workload, it held the next one off target
+// for seconds: a
+// loop of 20 µs kernels beside five tenants raised its weight to the bound
+// while the others' slices were at MinSlice already, and took 51–60% for
+// a target of 46.7% in its phase of 22 ms kernels, where the others'
+// weights, lowered at their floor, kept them below theirs (fuzz seed 47).
 func (a *Arbiter) correct(t Input, s *schedState, target float64, deprived bool) string {
 	step := math.Pow(target/math.Max(t.Share, 1e-3), feedbackGain/float64(a.p.React))
 	switch {
 	case t.Share > target+a.p.Tolerance && deprived:
-		s.feedback = math.Max(1/maxFeedback, s.feedback*step)
+		if !s.sliceAtFloor {
+			s.feedback = math.Max(1/maxFeedback, s.feedback*step)
+		}
 		return "above target"
 	case t.Share > target+a.p.Tolerance:
 		return "above target: takes the slack"
 	case t.Share < target-a.p.Tolerance && a.wantsMore(t):
-		s.feedback = math.Min(maxFeedback, s.feedback*step)
+		if !s.raiseMovesNothing {
+			s.feedback = math.Min(maxFeedback, s.feedback*step)
+		}
 		return "below target"
 	}
 	return "on target"

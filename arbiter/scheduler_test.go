@@ -354,3 +354,95 @@ func TestBackloggedPhaseWantsMore(t *testing.T) {
 		}
 	}
 }
+
+// A feedback that moves no slice stays: in a phase of short bursts a
+// loop's slice holds its burst and the hogs' slices sit at MinSlice, so
+// neither the loop's weight rising nor the hogs' falling would change a
+// turn (pauses hold the hogs back). When the loop's phase of long bursts
+// comes, the slices follow the targets from the first step, where wound-up
+// feedbacks (the loop's at maxFeedback, the hogs' at 1/maxFeedback) gave
+// the loop four times its weight for seconds (fuzz seed 47).
+func TestFeedbackDoesNotWindUpAcrossPhases(t *testing.T) {
+	a := New(Params{})
+	loop := schedHog("loop", 100, 0.2, 1)
+	// Equal weights give the hogs the loop's burst as slices at first:
+	// 10% above MinSlice, all that feedback can take from them.
+	loop.BurstNS = float64(110 * time.Microsecond)
+	in := []Input{loop, schedHog("h1", 100, 0.4, 1), schedHog("h2", 100, 0.4, 1)}
+	var ds []Decision
+	for i := 0; i < 60; i++ {
+		ds = a.Step(in, steered)
+	}
+	dl, dh := decisionOf(t, ds, "loop"), decisionOf(t, ds, "h1")
+	if dh.Timeslice != MinSlice || dh.Duty >= 1 || dl.Reason != "below target" {
+		t.Fatalf("short phase: loop %+v, h1 %+v; want h1 at MinSlice and paused, the loop below target", dl, dh)
+	}
+	if r := dl.Weight / dh.Weight; r > 1.2 {
+		t.Errorf("short phase: weights loop %.3f h1 %.3f, want within 20%% of each other (no slice moves with them)", dl.Weight, dh.Weight)
+	}
+	in[0].BurstNS = 0 // its phase of long kernels: it never runs out of work
+	for i := range in {
+		setShare(&in[i], 1/3.0)
+	}
+	ds = a.Step(in, steered)
+	dl, dh = decisionOf(t, ds, "loop"), decisionOf(t, ds, "h1")
+	if r := float64(dl.Timeslice) / float64(dh.Timeslice); r > 1.2 {
+		t.Errorf("long phase, first step: timeslices loop %v h1 %v, want equal weights' slices within 20%%", dl.Timeslice, dh.Timeslice)
+	}
+}
+
+// A paused tenant below its target resumes at once where the pauses only
+// waste the GPU: it idles more than idleSlack of the window and every busy
+// tenant is below its target (the tenant it was paused for gone). Where
+// the GPU is busy, or a closed loop at its target idles it by its own
+// gaps, it grows back at maxRunStep.
+func TestPausedResumesAtOnceWhereTheGPUIdles(t *testing.T) {
+	for _, c := range []struct {
+		share, loop float64 // the hog's share, the loop's (0: gone)
+		once        bool
+	}{{0.5, 0, true}, {0.9, 0, false}, {0.3, 0.5, false}} {
+		a := New(Params{})
+		loop := schedHog("loop", 100, 0.2, 1)
+		loop.BurstNS = float64(50 * time.Microsecond)
+		in := []Input{loop, schedHog("hog", 100, 0.8, 1)}
+		var paused float64
+		for i := 0; i < 3; i++ {
+			paused = decisionOf(t, a.Step(in, steered), "hog").Duty
+		}
+		if paused >= 1 {
+			t.Fatalf("hog's run fraction %.2f beside a deprived loop, want paused", paused)
+		}
+		if c.loop == 0 {
+			in[0].Busy, in[0].Backlogged = false, false
+		}
+		setShare(&in[0], c.loop)
+		setShare(&in[1], c.share)
+		dh := decisionOf(t, a.Step(in, steered), "hog")
+		if once := dh.Duty == 1; once != c.once || dh.Duty <= paused {
+			t.Errorf("hog at %.0f%%, loop at %.0f%%: run fraction %.3f after %.3f (%s), want back at once %v, else growing",
+				100*c.share, 100*c.loop, dh.Duty, paused, dh.Reason, c.once)
+		}
+	}
+}
+
+// A tenant alone held at its limit that dips below it while the GPU idles
+// grows back at maxRunStep, not at once: its pause is its limit.
+func TestLimitedTenantDoesNotResumeAtOnce(t *testing.T) {
+	a := New(Params{})
+	hog := schedHog("hog", 100, 0.8, 1)
+	hog.Rules.Limit = 0.4
+	in := []Input{hog}
+	var paused float64
+	for i := 0; i < 6; i++ {
+		paused = decisionOf(t, a.Step(in, steered), "hog").Duty
+	}
+	if paused >= 1 {
+		t.Fatalf("hog at 80%% for a limit of 40%%: run fraction %.2f, want paused", paused)
+	}
+	setShare(&in[0], 0.35)
+	dh := decisionOf(t, a.Step(in, steered), "hog")
+	if dh.Duty >= 1 || dh.Duty <= paused {
+		t.Errorf("hog at 35%% for a limit of 40%%, the GPU 65%% idle: run fraction %.3f after %.3f (%s), want growing, not back at once",
+			dh.Duty, paused, dh.Reason)
+	}
+}
