@@ -7,7 +7,9 @@
 // The package is split by job: meter.go takes events and keeps contexts
 // (one process on one GPU), context.go models a context's streams and
 // costs, replay.go re-enacts the GPU's time-slicing, learn.go corrects
-// costs from what syncs prove, report.go answers with figures.
+// costs from what syncs prove, report.go answers with figures, record.go
+// records every input (Config.Record) and plays a recording back (Play),
+// so that a misreading seen once replays the same every time.
 //
 // # The estimator (kernel-bypass path)
 //

@@ -1,6 +1,7 @@
 package meter
 
 import (
+	"io"
 	"math"
 	"sort"
 	"sync"
@@ -27,6 +28,11 @@ type Config struct {
 	Lag time.Duration
 	// Now returns CLOCK_MONOTONIC ns, the probes' clock (tests inject one).
 	Now func() uint64
+	// Record, when set, receives every input the meter takes, one JSON
+	// object a line, for Play to feed to another meter (a recording: see
+	// record.go). Lines are buffered and written out at every Tick and by
+	// FlushRecording.
+	Record io.Writer
 }
 
 // MonotonicNow reads CLOCK_MONOTONIC, the clock of the probes' timestamps.
@@ -40,6 +46,7 @@ func MonotonicNow() uint64 {
 // called by one reader; the rest may run concurrently with it.
 type Meter struct {
 	cfg Config
+	rec *recorder // nil unless Config.Record is set
 
 	mu       sync.Mutex
 	ctxs     map[uint32]*gpuContext
@@ -86,6 +93,7 @@ func (m *Meter) Bounded() (folded, untrackedAllocs uint64) {
 func (m *Meter) SetPreexisting(pids []uint32) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.rec.put(recordLine{Op: opPreexisting, Now: m.cfg.Now(), PIDs: pids})
 	m.preexisting = make(map[uint32]bool, len(pids))
 	for _, p := range pids {
 		m.preexisting[p] = true
@@ -106,8 +114,8 @@ func New(cfg Config) *Meter {
 	if cfg.Now == nil {
 		cfg.Now = MonotonicNow
 	}
-	return &Meter{cfg: cfg, ctxs: map[uint32]*gpuContext{}, gpus: map[int]*replay{}, longRun: map[TenantKey]float64{},
-		frozen: map[uint64][]span{}, submitted: map[uint64]float64{}}
+	return &Meter{cfg: cfg, rec: newRecorder(cfg.Record), ctxs: map[uint32]*gpuContext{}, gpus: map[int]*replay{},
+		longRun: map[TenantKey]float64{}, frozen: map[uint64][]span{}, submitted: map[uint64]float64{}}
 }
 
 func (m *Meter) replayOf(gpu int) *replay {
@@ -123,7 +131,9 @@ func (m *Meter) replayOf(gpu int) *replay {
 // scheduling is what the meter knows of a GPU's scheduler.
 func (m *Meter) scheduling(gpu int) (slice uint64, preemptive bool) {
 	if m.sched != nil {
-		if ts, pre := m.sched(gpu); ts > 0 {
+		ts, pre := m.sched(gpu)
+		m.rec.put(recordLine{Op: opScheduling, Now: m.cfg.Now(), GPU: gpu, NS: int64(ts), On: pre})
+		if ts > 0 {
 			return uint64(ts), pre
 		}
 	}
@@ -147,6 +157,7 @@ func (m *Meter) SetScheduling(sched func(gpu int) (timeslice time.Duration, pree
 func (m *Meter) SetTimeslice(pid uint32, d time.Duration) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.rec.put(recordLine{Op: opTimeslice, Now: m.cfg.Now(), PID: pid, NS: int64(d)})
 	if c := m.ctxs[pid]; c != nil {
 		c.timeslice = d
 	}
@@ -158,6 +169,7 @@ func (m *Meter) SetTimeslice(pid uint32, d time.Duration) {
 func (m *Meter) SetPaused(pid uint32, paused bool, t uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.rec.put(recordLine{Op: opPaused, Now: m.cfg.Now(), PID: pid, On: paused, From: t})
 	c := m.ctxs[pid]
 	if c == nil || c.paused == paused {
 		return
@@ -183,6 +195,7 @@ func (m *Meter) SetPaused(pid uint32, paused bool, t uint64) {
 func (m *Meter) SetUnprobed(pid uint32, cgroupID uint64, gpu int, t uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.rec.put(recordLine{Op: opUnprobed, Now: m.cfg.Now(), PID: pid, Cgroup: cgroupID, GPU: gpu, From: t})
 	if c := m.ctxs[pid]; c != nil && (c.exited || c.unprobed && c.cgroup == cgroupID && c.gpu == gpu) {
 		return
 	}
@@ -331,6 +344,7 @@ func (m *Meter) launchDeferred(c *gpuContext, t uint64) {
 func (m *Meter) Released(pid uint32, since, t uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.rec.put(recordLine{Op: opReleased, Now: m.cfg.Now(), PID: pid, From: since, To: t})
 	c := m.ctxs[pid]
 	if c == nil {
 		return
@@ -349,6 +363,7 @@ func (m *Meter) Released(pid uint32, since, t uint64) {
 func (m *Meter) Paused(cgroupID, from, to uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.rec.put(recordLine{Op: opFrozen, Now: m.cfg.Now(), Cgroup: cgroupID, From: from, To: to})
 	if m.unprobed > 0 {
 		m.freezeUnprobed(cgroupID, from, to)
 	}
@@ -408,6 +423,7 @@ var submissionKey = costKey{handle: ^uint64(0)}
 func (m *Meter) Observe(ev ioctlspy.Event) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.rec.observe(m.cfg.Now(), ev)
 	h := ev.Hdr()
 	if c := m.ctxs[h.PID]; c != nil && len(c.deferred) > 0 && !h.Held {
 		// It runs again, so it was released: by the arbiter, its Released
@@ -506,14 +522,15 @@ func (m *Meter) Reconcile(alive func(pid uint32) bool) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.horizon()
-	n := 0
+	var ended []uint32
 	for pid, c := range m.ctxs {
 		if !c.exited && !alive(pid) {
 			m.exit(c, now)
-			n++
+			ended = append(ended, pid)
 		}
 	}
-	return n
+	m.rec.put(recordLine{Op: opReconcile, Now: m.cfg.Now(), PIDs: ended})
+	return len(ended)
 }
 
 // SubmittedNS returns the GPU ns launched so far by the processes of the
@@ -542,6 +559,8 @@ func (m *Meter) horizon() uint64 {
 func (m *Meter) Tick() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.rec.put(recordLine{Op: opTick, Now: m.cfg.Now()})
+	defer m.rec.flush()
 	now := m.horizon()
 	m.settle(now)
 	if m.lastTick != 0 && now > m.lastTick {

@@ -106,6 +106,7 @@ const recentBursts = 8
 func (m *Meter) Contexts(window time.Duration) (at uint64, out []ContextStats) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.rec.put(recordLine{Op: opSettle, Now: m.cfg.Now(), NS: int64(window)})
 	now := m.horizon()
 	m.settle(now)
 	w := uint64(window)

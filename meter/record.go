@@ -1,0 +1,219 @@
+package meter
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"reflect"
+	"time"
+
+	"github.com/gpuarb/gpuarb/ioctlspy"
+)
+
+// A recording is every input a meter took, one JSON object a line in the
+// order taken (Config.Record): each event, each call of the arbiter's
+// (SetPaused, SetTimeslice, Released, Paused, SetUnprobed, SetPreexisting,
+// the processes Reconcile ended), what the GPUs' scheduling said, and each
+// settling of the replay (Tick, Contexts) with the clock's reading then.
+// Play feeds one to a new meter, which then computes what the recorded
+// one did: a misreading seen once in a live run, under a mix of tenants
+// that rarely recurs, is replayed at will.
+type recordLine struct {
+	Op  string `json:"op"`
+	Now uint64 `json:"now"` // the meter's clock at the call
+	// Kind and Event are an observed event: its Go type's name and the
+	// event itself.
+	Kind  string          `json:"kind,omitempty"`
+	Event json.RawMessage `json:"event,omitempty"`
+
+	PID    uint32   `json:"pid,omitempty"`
+	PIDs   []uint32 `json:"pids,omitempty"`
+	Cgroup uint64   `json:"cgroup,omitempty"`
+	GPU    int      `json:"gpu,omitempty"`
+	On     bool     `json:"on,omitempty"` // paused, preemptive
+	From   uint64   `json:"from,omitempty"`
+	To     uint64   `json:"to,omitempty"`
+	NS     int64    `json:"ns,omitempty"` // a timeslice; a window
+}
+
+// The operations of a recording.
+const (
+	opObserve     = "observe"
+	opTimeslice   = "timeslice"
+	opPaused      = "paused"
+	opUnprobed    = "unprobed"
+	opReleased    = "released"
+	opFrozen      = "frozen"
+	opPreexisting = "preexisting"
+	opReconcile   = "reconcile"
+	opScheduling  = "scheduling"
+	opTick        = "tick"
+	opSettle      = "settle"
+)
+
+// recordedKinds are the events whose own fields the meter reads; any
+// other is played back as its header alone (an ioctlspy.Unknown), which
+// is all the meter takes of it.
+var recordedKinds = map[string]func() ioctlspy.Event{}
+
+func init() {
+	for _, ev := range []ioctlspy.Event{&ioctlspy.Launch{}, &ioctlspy.GraphLaunch{}, &ioctlspy.EventRecord{},
+		&ioctlspy.StreamCapture{}, &ioctlspy.StreamWaitEvent{}, &ioctlspy.Submission{}, &ioctlspy.WaitBegin{},
+		&ioctlspy.Sync{}, &ioctlspy.TSGControl{}, &ioctlspy.TSGAllocated{}, &ioctlspy.ContextCreated{},
+		&ioctlspy.MemAlloc{}, &ioctlspy.MemFree{}, &ioctlspy.ProcessExit{}} {
+		t := reflect.TypeOf(ev).Elem()
+		recordedKinds[t.Name()] = func() ioctlspy.Event { return reflect.New(t).Interface().(ioctlspy.Event) }
+	}
+}
+
+// recorder writes a meter's inputs; the meter's lock orders its writes.
+// The first failed write ends the recording (err keeps why).
+type recorder struct {
+	w   *bufio.Writer
+	enc *json.Encoder
+	err error
+}
+
+func newRecorder(w io.Writer) *recorder {
+	if w == nil {
+		return nil
+	}
+	b := bufio.NewWriterSize(w, 1<<20)
+	return &recorder{w: b, enc: json.NewEncoder(b)}
+}
+
+// put writes one line; a nil recorder writes nothing.
+func (r *recorder) put(l recordLine) {
+	if r == nil || r.err != nil {
+		return
+	}
+	r.err = r.enc.Encode(l)
+}
+
+// observe writes an event.
+func (r *recorder) observe(now uint64, ev ioctlspy.Event) {
+	if r == nil || r.err != nil {
+		return
+	}
+	raw, err := json.Marshal(ev)
+	if err != nil {
+		r.err = fmt.Errorf("encode %T: %w", ev, err)
+		return
+	}
+	r.put(recordLine{Op: opObserve, Now: now, Kind: reflect.TypeOf(ev).Elem().Name(), Event: raw})
+}
+
+// flush writes out what is buffered.
+func (r *recorder) flush() {
+	if r == nil || r.err != nil {
+		return
+	}
+	r.err = r.w.Flush()
+}
+
+// FlushRecording writes out the recording's buffered lines (the meter
+// flushes at every Tick) and returns the error that ended it, if one did.
+func (m *Meter) FlushRecording() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.rec == nil {
+		return nil
+	}
+	m.rec.flush()
+	return m.rec.err
+}
+
+// Play feeds a recording (Config.Record) to m, in order, the clock
+// reading what it read when recorded: m's Config.Now must return what
+// clock holds, which Play sets before each input. settled, when set, is
+// called where the recorded meter answered with figures (its Contexts and
+// Snapshot), after m settled there too.
+func Play(r io.Reader, m *Meter, clock *uint64, settled func(now uint64)) error {
+	var lines []recordLine
+	dec := json.NewDecoder(r)
+	for {
+		var l recordLine
+		if err := dec.Decode(&l); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			return fmt.Errorf("recording line %d: %w", len(lines)+1, err)
+		}
+		lines = append(lines, l)
+	}
+	// The scheduling the recorded meter was told: the GPUs' policy, fixed
+	// for a run.
+	sched := map[int]recordLine{}
+	for _, l := range lines {
+		if l.Op == opScheduling {
+			sched[l.GPU] = l
+		}
+	}
+	if len(sched) > 0 {
+		m.SetScheduling(func(gpu int) (time.Duration, bool) {
+			l := sched[gpu]
+			return time.Duration(l.NS), l.On
+		})
+	}
+	for i, l := range lines {
+		*clock = l.Now
+		switch l.Op {
+		case opObserve:
+			ev, err := decodeEvent(l)
+			if err != nil {
+				return fmt.Errorf("recording line %d: %w", i+1, err)
+			}
+			m.Observe(ev)
+		case opTimeslice:
+			m.SetTimeslice(l.PID, time.Duration(l.NS))
+		case opPaused:
+			m.SetPaused(l.PID, l.On, l.From)
+		case opUnprobed:
+			m.SetUnprobed(l.PID, l.Cgroup, l.GPU, l.From)
+		case opReleased:
+			m.Released(l.PID, l.From, l.To)
+		case opFrozen:
+			m.Paused(l.Cgroup, l.From, l.To)
+		case opPreexisting:
+			m.SetPreexisting(l.PIDs)
+		case opReconcile:
+			m.Reconcile(func(pid uint32) bool {
+				for _, p := range l.PIDs {
+					if p == pid {
+						return false
+					}
+				}
+				return true
+			})
+		case opTick:
+			m.Tick()
+		case opSettle:
+			m.Contexts(time.Duration(l.NS))
+			if settled != nil {
+				settled(l.Now)
+			}
+		case opScheduling:
+		default:
+			return fmt.Errorf("recording line %d: unknown operation %q", i+1, l.Op)
+		}
+	}
+	return nil
+}
+
+// decodeEvent rebuilds a recorded event.
+func decodeEvent(l recordLine) (ioctlspy.Event, error) {
+	mk, ok := recordedKinds[l.Kind]
+	if !ok {
+		var u ioctlspy.Unknown
+		if err := json.Unmarshal(l.Event, &u.Header); err != nil {
+			return nil, fmt.Errorf("decode %s: %w", l.Kind, err)
+		}
+		return &u, nil
+	}
+	ev := mk()
+	if err := json.Unmarshal(l.Event, ev); err != nil {
+		return nil, fmt.Errorf("decode %s: %w", l.Kind, err)
+	}
+	return ev, nil
+}

@@ -1,0 +1,92 @@
+package meter
+
+import (
+	"bytes"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A recording played into a new meter computes exactly what the recorded
+// meter did: the same shares and costs at every Snapshot, with pauses,
+// timeslices, the GPU's scheduling and ticks along the events.
+func TestRecordingPlaysBackTheSameFigures(t *testing.T) {
+	procs := []simProc{{cg: 100, kernels: []time.Duration{18 * time.Millisecond, 846 * time.Microsecond}, perSync: 5, run: 60 * time.Millisecond}}
+	for range 2 {
+		procs = append(procs, simProc{cg: 200, kernels: []time.Duration{348 * time.Microsecond, 42 * time.Microsecond}, perSync: 6})
+	}
+	procs = append(procs, simProc{cg: 300, kernels: []time.Duration{5 * time.Millisecond}})
+	evs, _, end := simulateGPU(procs, 50*time.Microsecond, 0, 3, 1)
+
+	figures := func(m *Meter) string {
+		var lines []string
+		for _, ts := range m.Snapshot().Tenants {
+			lines = append(lines, fmt.Sprintf("cgroup %d: share %.9f queued %d ns, long-run %.9f", ts.CgroupID, ts.Share, ts.QueueNS, ts.LongRunShare))
+		}
+		slices.Sort(lines)
+		return strings.Join(lines, "; ")
+	}
+	var rec bytes.Buffer
+	clk := &clock{}
+	m := New(Config{Now: clk.now, Record: &rec})
+	m.SetScheduling(func(int) (time.Duration, bool) { return 1500 * time.Microsecond, true })
+	var want []string
+	paused := false
+	next := uint64(10*1000*ms) + 100*ms
+	for i, ev := range evs {
+		if ev.Hdr().End >= next {
+			clk.t = next
+			m.Tick()
+			want = append(want, figures(m))
+			next += 100 * ms
+		}
+		if i == len(evs)/2 {
+			m.SetTimeslice(4, 3*time.Millisecond)
+		}
+		if p := simPaused(procs[0], ev.Hdr().End); p != paused {
+			m.SetPaused(1, p, ev.Hdr().End)
+			paused = p
+		}
+		clk.t = ev.Hdr().End
+		m.Observe(ev)
+	}
+	clk.t = end
+	m.Tick()
+	want = append(want, figures(m))
+	if err := m.FlushRecording(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("recording of %d events: %d bytes, %d lines; last figures %s", len(evs), rec.Len(), bytes.Count(rec.Bytes(), []byte("\n")), want[len(want)-1])
+
+	var played uint64
+	p := New(Config{Now: func() uint64 { return played }})
+	var got []string
+	if err := Play(&rec, p, &played, func(uint64) { got = append(got, figures(p)) }); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("played back %d answers, recorded %d", len(got), len(want))
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("answer %d played back: %s; recorded: %s", i+1, got[i], want[i])
+		}
+	}
+}
+
+// A recording that is not one is refused with the line it broke on.
+func TestPlayRefusesABrokenRecording(t *testing.T) {
+	var now uint64
+	m := New(Config{Now: func() uint64 { return now }})
+	for _, tc := range []struct{ in, want string }{
+		{"{\"op\":\"tick\",\"now\":1}\nnot json\n", "line 2"},
+		{"{\"op\":\"launder\",\"now\":1}\n", "unknown operation \"launder\""},
+		{"{\"op\":\"observe\",\"now\":1,\"kind\":\"Launch\",\"event\":[1]}\n", "decode Launch"},
+	} {
+		if err := Play(strings.NewReader(tc.in), m, &now, nil); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: error %v, want one that says %q", tc.in, err, tc.want)
+		}
+	}
+}
