@@ -61,13 +61,17 @@ type Config struct {
 	// ObserveOnly measures without throttling anyone.
 	ObserveOnly bool
 	// NoGPUScheduler keeps gpuarb off the GPUs' own schedulers: tenants are
-	// paced at the launch gate (or frozen) everywhere.
+	// paced at the launch gate (or frozen) everywhere. The channel groups
+	// gpuarb changed are recorded in steered.json beside the Ledger
+	// (SteerLedgerBeside).
 	NoGPUScheduler bool
-	// The channel groups gpuarb changed are recorded in steered.json beside
-	// the Ledger (SteerLedgerBeside).
 	// MetricsAddr, when set, serves Prometheus metrics over HTTP there (a
 	// bare port listens on 127.0.0.1 only).
 	MetricsAddr string
+	// RecordMeter, when set, is a file the meter records its every input
+	// to (meter.Config.Record), for meter.Play to replay a misreading at
+	// will; about 0.3 KB an event. It is created, or truncated.
+	RecordMeter string
 	Log         *slog.Logger
 	// Exact is an exact per-process GPU time source to report beside the
 	// estimate; nil picks DRM fdinfo when a DRM client exists at start.
@@ -88,15 +92,17 @@ var ErrAlreadyRunning = errors.New("another gpuarb daemon is running")
 
 // Daemon is a running gpuarb daemon.
 type Daemon struct {
-	cfg      Config
-	log      *slog.Logger
-	lock     *os.File
-	probes   *bpf.Probes
-	spy      *ioctlspy.Spy
-	meter    *meter.Meter
-	resolver *cgroup.Resolver
-	server   *http.Server
-	listener net.Listener
+	cfg    Config
+	log    *slog.Logger
+	lock   *os.File
+	probes *bpf.Probes
+	spy    *ioctlspy.Spy
+	meter  *meter.Meter
+	// recording is the file the meter records to (Config.RecordMeter).
+	recording *os.File
+	resolver  *cgroup.Resolver
+	server    *http.Server
+	listener  net.Listener
 	// the Prometheus endpoint, when configured
 	metricsServer   *http.Server
 	metricsListener net.Listener
@@ -205,7 +211,15 @@ func (c *Config) setDefaults() {
 // serving. Stop (or Run's context) undoes all of it.
 func Start(cfg Config) (_ *Daemon, err error) {
 	cfg.setDefaults()
-	d := &Daemon{cfg: cfg, log: cfg.Log, ungroupedSince: map[tenantGPU]time.Time{}, meter: meter.New(meter.Config{Window: cfg.Window, Lag: 20 * time.Millisecond}),
+	mcfg := meter.Config{Window: cfg.Window, Lag: 20 * time.Millisecond}
+	var recording *os.File
+	if cfg.RecordMeter != "" {
+		if recording, err = os.Create(cfg.RecordMeter); err != nil {
+			return nil, fmt.Errorf("record the meter's inputs: %w", err)
+		}
+		mcfg.Record = recording
+	}
+	d := &Daemon{cfg: cfg, log: cfg.Log, ungroupedSince: map[tenantGPU]time.Time{}, meter: meter.New(mcfg), recording: recording,
 		arb: arbiter.New(arbiter.DefaultParams()), tenants: map[string]*tenant{}, pidStarts: map[int]uint64{}, enforcing: !cfg.ObserveOnly,
 		epoch: time.Now(), mode: cgroup.DetectMode()}
 	defer func() {
@@ -550,6 +564,13 @@ func (d *Daemon) Stop() error {
 	if d.spy != nil {
 		_ = d.spy.Close() // also ends a running Run; closing twice is harmless
 		d.spy = nil
+	}
+	if d.recording != nil {
+		if err := d.meter.FlushRecording(); err != nil {
+			errs = append(errs, fmt.Errorf("record the meter's inputs: %w", err))
+		}
+		errs = append(errs, d.recording.Close())
+		d.recording = nil
 	}
 	if d.probes != nil {
 		errs = append(errs, d.probes.Close(), d.probes.Unpin())

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,6 +31,11 @@ type RunOptions struct {
 	// Logs, when set, is a directory that keeps, per seed, the daemon's
 	// log and its status at every sample (JSON lines).
 	Logs string
+	// RecordMeter, with Logs, also keeps per seed the daemon's meter
+	// recording of the run with gpuarb (gpuarb daemon --record-meter:
+	// seed-N-meter.jsonl, about 1 MB a second of a busy scenario), for
+	// gpuarb-lab replay-meter.
+	RecordMeter bool
 	// ProbedDemand adds a run of every tenant alone beside the daemon
 	// observing (--observe-only: its probes, no arbitration) and sets the
 	// targets from it: what each tenant takes alone under gpuarb's probes,
@@ -302,7 +308,11 @@ func runTogether(ctx context.Context, sc Scenario, o RunOptions, arbitrate bool)
 		tenants = append(tenants, Tenant{Name: t.Name, Cgroup: filepath.Join(st.cgroup.Rel, t.Name)})
 	}
 	if arbitrate {
-		if err := st.startDaemon(o.Bins, sc, o.DaemonArgs); err != nil {
+		args := o.DaemonArgs
+		if o.RecordMeter && o.Logs != "" {
+			args = append(slices.Clone(args), "--record-meter", filepath.Join(o.Logs, fmt.Sprintf("seed-%d-meter.jsonl", sc.Seed)))
+		}
+		if err := st.startDaemon(o.Bins, sc, args); err != nil {
 			return nil, err
 		}
 	}

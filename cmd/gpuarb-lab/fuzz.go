@@ -40,6 +40,7 @@ about 50 s.`,
 			&cli.StringSliceFlag{Name: "daemon-arg", Usage: "pass `FLAG` to gpuarb daemon (repeatable)"},
 			&cli.BoolFlag{Name: "verbose", Usage: "print every second of the runs: true share, gpuarb's estimate, target and duty per tenant"},
 			&cli.StringFlag{Name: "logs", Usage: "keep the daemon's log and its status every second, per seed, in `DIR`"},
+			&cli.BoolFlag{Name: "record-meter", Usage: "with --logs, also keep the meter's recording of the run with gpuarb (seed-N-meter.jsonl, about 1 MB a second), to replay with replay-meter"},
 		},
 		Action: func(c *cli.Context) error {
 			if err := requireRoot(); err != nil {
@@ -77,6 +78,9 @@ about 50 s.`,
 					return err
 				}
 				o.Logs = d
+			}
+			if o.RecordMeter = c.Bool("record-meter"); o.RecordMeter && o.Logs == "" {
+				return fmt.Errorf("--record-meter keeps the recordings in --logs DIR: give --logs")
 			}
 			if c.Bool("verbose") {
 				o.Samples = func(arbitrated bool, ss []lab.Sample) { printSamples(c.App.Writer, arbitrated, ss) }

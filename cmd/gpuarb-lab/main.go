@@ -2,8 +2,9 @@
 // shows what gpuarb does in one command (make demo), `bench` measures it
 // beside the unarbitrated baseline and writes BENCHMARKS.md with its
 // charts (make bench), `fuzz` runs random scenarios against their targets,
-// and `realgpu` is the check on a host with a real NVIDIA GPU (make
-// realgpu). All need root (eBPF, cgroups, runc) and stop everything they
+// `replay-meter` replays a recording of the meter's inputs, and `realgpu`
+// is the check on a host with a real NVIDIA GPU (make realgpu). All but
+// replay-meter need root (eBPF, cgroups, runc) and stop everything they
 // started on exit or Ctrl-C.
 package main
 
@@ -26,7 +27,7 @@ func main() {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "bin", Usage: "`DIR` with gpuarb, fakegpud, gpuwork and libcuda.so.1 (default: beside this program)"},
 		},
-		Commands:       []*cli.Command{demoCommand(), benchCommand(), fuzzCommand(), realgpuCommand()},
+		Commands:       []*cli.Command{demoCommand(), benchCommand(), fuzzCommand(), replayMeterCommand(), realgpuCommand()},
 		ExitErrHandler: func(*cli.Context, error) {},
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

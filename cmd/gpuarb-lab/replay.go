@@ -1,0 +1,139 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gpuarb/gpuarb/meter"
+	"github.com/urfave/cli/v2"
+)
+
+func replayMeterCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "replay-meter",
+		Usage:     "replay a meter recording (gpuarb daemon --record-meter, fuzz --record-meter) and print what the meter read every second",
+		ArgsUsage: "RECORDING",
+		Description: `replay-meter feeds a recording of the meter's inputs to a meter of this
+build and prints, every --every of the recording's clock, each tenant's
+estimated share of the GPU and each of its processes' launches, estimated GPU
+ms a launch and bursts. A misreading seen once in a live run replays the same
+every time, and a change to the meter is tried against it in seconds. --status
+names the tenants from the fuzzer's status log of the same run
+(seed-N-status.jsonl); without it they are cgroup IDs. Needs no root.`,
+		Flags: []cli.Flag{
+			&cli.DurationFlag{Name: "every", Value: time.Second, Usage: "print every `INTERVAL` of the recording's clock"},
+			&cli.StringFlag{Name: "status", Usage: "name the tenants from the fuzzer's status log `FILE` (seed-N-status.jsonl)"},
+		},
+		Action: func(c *cli.Context) error {
+			if c.NArg() != 1 {
+				return fmt.Errorf("give one recording (gpuarb daemon --record-meter FILE)")
+			}
+			names := map[uint64]string{}
+			if p := c.String("status"); p != "" {
+				var err error
+				if names, err = tenantNames(p); err != nil {
+					return err
+				}
+			}
+			f, err := os.Open(c.Args().First())
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			return replayMeter(c.App.Writer, f, c.Duration("every"), names)
+		},
+	}
+}
+
+// replayMeter plays a recording and prints the meter's figures every
+// interval of its clock.
+func replayMeter(w io.Writer, rec io.Reader, every time.Duration, names map[uint64]string) error {
+	var now uint64
+	m := meter.New(meter.Config{Now: func() uint64 { return now }})
+	var start, next uint64
+	err := meter.Play(bufio.NewReaderSize(rec, 1<<20), m, &now, func(at uint64) {
+		if start == 0 {
+			start, next = at, at+uint64(every)
+		}
+		if at < next {
+			return
+		}
+		next = at + uint64(every)
+		_, ctxs := m.Contexts(time.Second)
+		shares := map[uint64]float64{}
+		per := map[uint64][]string{}
+		for _, cs := range ctxs {
+			shares[cs.CgroupID] += cs.Share
+			launch := 0.0
+			if cs.Launches > 0 {
+				launch = float64(cs.GPUNS) / float64(cs.Launches) / 1e6
+			}
+			per[cs.CgroupID] = append(per[cs.CgroupID], fmt.Sprintf("pid %d %d launches %.3f ms each, %d drains",
+				cs.PID, cs.Launches, launch, cs.Drains))
+		}
+		ids := make([]uint64, 0, len(shares))
+		for id := range shares {
+			ids = append(ids, id)
+		}
+		slices.SortFunc(ids, func(a, b uint64) int { return strings.Compare(name(names, a), name(names, b)) })
+		fmt.Fprintf(w, "%7.1fs", float64(at-start)/1e9)
+		for _, id := range ids {
+			fmt.Fprintf(w, " | %s %5.1f%%", name(names, id), 100*shares[id])
+		}
+		fmt.Fprintln(w)
+		for _, id := range ids {
+			slices.Sort(per[id])
+			fmt.Fprintf(w, "          %s: %s\n", name(names, id), strings.Join(per[id], "; "))
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("replay: %w", err)
+	}
+	return nil
+}
+
+// name is a tenant's name, or its cgroup ID where none is known.
+func name(names map[uint64]string, id uint64) string {
+	if n, ok := names[id]; ok {
+		return n
+	}
+	return fmt.Sprintf("cgroup %d", id)
+}
+
+// tenantNames reads the tenants' cgroup IDs and names from a fuzzer
+// status log.
+func tenantNames(path string) (map[uint64]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	names := map[uint64]string{}
+	dec := json.NewDecoder(f)
+	for {
+		var row struct {
+			Status struct {
+				Tenants []struct {
+					Name     string `json:"name"`
+					CgroupID uint64 `json:"cgroup_id"`
+				} `json:"tenants"`
+			} `json:"status"`
+		}
+		if err := dec.Decode(&row); err == io.EOF {
+			return names, nil
+		} else if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		for _, t := range row.Status.Tenants {
+			if t.CgroupID != 0 {
+				names[t.CgroupID] = t.Name
+			}
+		}
+	}
+}
