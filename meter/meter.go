@@ -27,12 +27,12 @@ type Config struct {
 	// uses 20ms; default 0).
 	Lag time.Duration
 	// Now returns CLOCK_MONOTONIC ns, the probes' clock (tests inject one).
-	Now func() uint64
+	Now func() uint64 `json:"-"`
 	// Record, when set, receives every input the meter takes, one JSON
 	// object a line, for Play to feed to another meter (a recording: see
 	// record.go). Lines are buffered and written out at every Tick and by
 	// FlushRecording.
-	Record io.Writer
+	Record io.Writer `json:"-"`
 }
 
 // MonotonicNow reads CLOCK_MONOTONIC, the clock of the probes' timestamps.
@@ -114,7 +114,7 @@ func New(cfg Config) *Meter {
 	if cfg.Now == nil {
 		cfg.Now = MonotonicNow
 	}
-	return &Meter{cfg: cfg, rec: newRecorder(cfg.Record), ctxs: map[uint32]*gpuContext{}, gpus: map[int]*replay{},
+	return &Meter{cfg: cfg, rec: newRecorder(cfg), ctxs: map[uint32]*gpuContext{}, gpus: map[int]*replay{},
 		longRun: map[TenantKey]float64{}, frozen: map[uint64][]span{}, submitted: map[uint64]float64{}}
 }
 
@@ -521,7 +521,8 @@ func (m *Meter) exit(c *gpuContext, t uint64) {
 func (m *Meter) Reconcile(alive func(pid uint32) bool) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	now := m.horizon()
+	clock := m.cfg.Now()
+	now := m.horizon(clock)
 	var ended []uint32
 	for pid, c := range m.ctxs {
 		if !c.exited && !alive(pid) {
@@ -529,7 +530,7 @@ func (m *Meter) Reconcile(alive func(pid uint32) bool) int {
 			ended = append(ended, pid)
 		}
 	}
-	m.rec.put(recordLine{Op: opReconcile, Now: m.cfg.Now(), PIDs: ended})
+	m.rec.put(recordLine{Op: opReconcile, Now: clock, PIDs: ended})
 	return len(ended)
 }
 
@@ -545,9 +546,9 @@ func (m *Meter) SubmittedNS(cgroups []uint64) float64 {
 	return sum
 }
 
-// horizon is the latest time the replay settles: the clock less the lag.
-func (m *Meter) horizon() uint64 {
-	now := m.cfg.Now()
+// horizon is the latest time the replay settles at the clock reading
+// now: now less the lag.
+func (m *Meter) horizon(now uint64) uint64 {
 	if lag := uint64(m.cfg.Lag); now > lag {
 		return now - lag
 	}
@@ -559,9 +560,10 @@ func (m *Meter) horizon() uint64 {
 func (m *Meter) Tick() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.rec.put(recordLine{Op: opTick, Now: m.cfg.Now()})
+	clock := m.cfg.Now()
+	m.rec.put(recordLine{Op: opTick, Now: clock})
 	defer m.rec.flush()
-	now := m.horizon()
+	now := m.horizon(clock)
 	m.settle(now)
 	if m.lastTick != 0 && now > m.lastTick {
 		dt := now - m.lastTick

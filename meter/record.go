@@ -13,7 +13,7 @@ import (
 )
 
 // A recording is every input a meter took, one JSON object a line in the
-// order taken (Config.Record): each event, each call of the arbiter's
+// order taken (Config.Record), after the meter's configuration: each event, each call of the arbiter's
 // (SetPaused, SetTimeslice, Released, Paused, SetUnprobed, SetPreexisting,
 // the processes Reconcile ended), what the GPUs' scheduling said, and each
 // settling of the replay (Tick, Contexts) with the clock's reading then.
@@ -36,10 +36,13 @@ type recordLine struct {
 	From   uint64   `json:"from,omitempty"`
 	To     uint64   `json:"to,omitempty"`
 	NS     int64    `json:"ns,omitempty"` // a timeslice; a window
+	// Config is the recorded meter's (its clock and recording aside).
+	Config *Config `json:"config,omitempty"`
 }
 
 // The operations of a recording.
 const (
+	opConfig      = "config"
 	opObserve     = "observe"
 	opTimeslice   = "timeslice"
 	opPaused      = "paused"
@@ -76,12 +79,15 @@ type recorder struct {
 	err error
 }
 
-func newRecorder(w io.Writer) *recorder {
-	if w == nil {
+func newRecorder(cfg Config) *recorder {
+	if cfg.Record == nil {
 		return nil
 	}
-	b := bufio.NewWriterSize(w, 1<<20)
-	return &recorder{w: b, enc: json.NewEncoder(b)}
+	b := bufio.NewWriterSize(cfg.Record, 1<<20)
+	r := &recorder{w: b, enc: json.NewEncoder(b)}
+	kept := Config{Window: cfg.Window, HalfLife: cfg.HalfLife, Timeslice: cfg.Timeslice, Lag: cfg.Lag}
+	r.put(recordLine{Op: opConfig, Now: cfg.Now(), Config: &kept})
+	return r
 }
 
 // put writes one line; a nil recorder writes nothing.
@@ -125,12 +131,13 @@ func (m *Meter) FlushRecording() error {
 	return m.rec.err
 }
 
-// Play feeds a recording (Config.Record) to m, in order, the clock
-// reading what it read when recorded: m's Config.Now must return what
-// clock holds, which Play sets before each input. settled, when set, is
-// called where the recorded meter answered with figures (its Contexts and
-// Snapshot), after m settled there too.
-func Play(r io.Reader, m *Meter, clock *uint64, settled func(now uint64)) error {
+// Play makes a meter configured as the recorded one (Config.Record) was
+// and feeds it the recording, in order, its clock reading what the
+// recorded meter's read at each input. settled, when set, is called where
+// the recorded meter answered with figures (its Contexts and Snapshot),
+// once the meter played into settled there too, with the clock then. It
+// returns the meter at the recording's end.
+func Play(r io.Reader, settled func(m *Meter, now uint64)) (*Meter, error) {
 	var lines []recordLine
 	dec := json.NewDecoder(r)
 	for {
@@ -138,10 +145,17 @@ func Play(r io.Reader, m *Meter, clock *uint64, settled func(now uint64)) error 
 		if err := dec.Decode(&l); errors.Is(err, io.EOF) {
 			break
 		} else if err != nil {
-			return fmt.Errorf("recording line %d: %w", len(lines)+1, err)
+			return nil, fmt.Errorf("recording line %d: %w", len(lines)+1, err)
 		}
 		lines = append(lines, l)
 	}
+	if len(lines) == 0 || lines[0].Op != opConfig || lines[0].Config == nil {
+		return nil, errors.New("not a meter recording: it does not begin with the meter's configuration")
+	}
+	var clock uint64
+	cfg := *lines[0].Config
+	cfg.Now = func() uint64 { return clock }
+	m := New(cfg)
 	// The scheduling the recorded meter was told: the GPUs' policy, fixed
 	// for a run.
 	sched := map[int]recordLine{}
@@ -156,13 +170,13 @@ func Play(r io.Reader, m *Meter, clock *uint64, settled func(now uint64)) error 
 			return time.Duration(l.NS), l.On
 		})
 	}
-	for i, l := range lines {
-		*clock = l.Now
+	for i, l := range lines[1:] {
+		clock = l.Now
 		switch l.Op {
 		case opObserve:
 			ev, err := decodeEvent(l)
 			if err != nil {
-				return fmt.Errorf("recording line %d: %w", i+1, err)
+				return nil, fmt.Errorf("recording line %d: %w", i+2, err)
 			}
 			m.Observe(ev)
 		case opTimeslice:
@@ -191,14 +205,14 @@ func Play(r io.Reader, m *Meter, clock *uint64, settled func(now uint64)) error 
 		case opSettle:
 			m.Contexts(time.Duration(l.NS))
 			if settled != nil {
-				settled(l.Now)
+				settled(m, l.Now)
 			}
 		case opScheduling:
 		default:
-			return fmt.Errorf("recording line %d: unknown operation %q", i+1, l.Op)
+			return nil, fmt.Errorf("recording line %d: unknown operation %q", i+2, l.Op)
 		}
 	}
-	return nil
+	return m, nil
 }
 
 // decodeEvent rebuilds a recorded event.

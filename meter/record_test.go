@@ -60,10 +60,8 @@ func TestRecordingPlaysBackTheSameFigures(t *testing.T) {
 	}
 	t.Logf("recording of %d events: %d bytes, %d lines; last figures %s", len(evs), rec.Len(), bytes.Count(rec.Bytes(), []byte("\n")), want[len(want)-1])
 
-	var played uint64
-	p := New(Config{Now: func() uint64 { return played }})
 	var got []string
-	if err := Play(&rec, p, &played, func(uint64) { got = append(got, figures(p)) }); err != nil {
+	if _, err := Play(&rec, func(p *Meter, _ uint64) { got = append(got, figures(p)) }); err != nil {
 		t.Fatal(err)
 	}
 	if len(got) != len(want) {
@@ -78,14 +76,15 @@ func TestRecordingPlaysBackTheSameFigures(t *testing.T) {
 
 // A recording that is not one is refused with the line it broke on.
 func TestPlayRefusesABrokenRecording(t *testing.T) {
-	var now uint64
-	m := New(Config{Now: func() uint64 { return now }})
+	const config = "{\"op\":\"config\",\"now\":1,\"config\":{\"Window\":1000000000}}\n"
 	for _, tc := range []struct{ in, want string }{
-		{"{\"op\":\"tick\",\"now\":1}\nnot json\n", "line 2"},
-		{"{\"op\":\"launder\",\"now\":1}\n", "unknown operation \"launder\""},
-		{"{\"op\":\"observe\",\"now\":1,\"kind\":\"Launch\",\"event\":[1]}\n", "decode Launch"},
+		{"", "not a meter recording"},
+		{"{\"op\":\"tick\",\"now\":1}\n", "not a meter recording"},
+		{config + "{\"op\":\"tick\",\"now\":1}\nnot json\n", "line 3"},
+		{config + "{\"op\":\"launder\",\"now\":1}\n", "line 2: unknown operation \"launder\""},
+		{config + "{\"op\":\"observe\",\"now\":1,\"kind\":\"Launch\",\"event\":[1]}\n", "line 2: decode Launch"},
 	} {
-		if err := Play(strings.NewReader(tc.in), m, &now, nil); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if _, err := Play(strings.NewReader(tc.in), nil); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q: error %v, want one that says %q", tc.in, err, tc.want)
 		}
 	}

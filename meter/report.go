@@ -106,8 +106,9 @@ const recentBursts = 8
 func (m *Meter) Contexts(window time.Duration) (at uint64, out []ContextStats) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.rec.put(recordLine{Op: opSettle, Now: m.cfg.Now(), NS: int64(window)})
-	now := m.horizon()
+	clock := m.cfg.Now()
+	m.rec.put(recordLine{Op: opSettle, Now: clock, NS: int64(window)})
+	now := m.horizon(clock)
 	m.settle(now)
 	w := uint64(window)
 	from := uint64(0)

@@ -54,10 +54,8 @@ names the tenants from the fuzzer's status log of the same run
 // replayMeter plays a recording and prints the meter's figures every
 // interval of its clock.
 func replayMeter(w io.Writer, rec io.Reader, every time.Duration, names map[uint64]string) error {
-	var now uint64
-	m := meter.New(meter.Config{Now: func() uint64 { return now }})
 	var start, next uint64
-	err := meter.Play(bufio.NewReaderSize(rec, 1<<20), m, &now, func(at uint64) {
+	_, err := meter.Play(bufio.NewReaderSize(rec, 1<<20), func(m *meter.Meter, at uint64) {
 		if start == 0 {
 			start, next = at, at+uint64(every)
 		}
