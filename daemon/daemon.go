@@ -98,11 +98,13 @@ type Daemon struct {
 	probes *bpf.Probes
 	spy    *ioctlspy.Spy
 	meter  *meter.Meter
-	// recording is the file the meter records to (Config.RecordMeter).
-	recording *os.File
-	resolver  *cgroup.Resolver
-	server    *http.Server
-	listener  net.Listener
+	// recording is the file the meter records to (Config.RecordMeter);
+	// recordingFailed once a write to it failed.
+	recording       *os.File
+	recordingFailed bool
+	resolver        *cgroup.Resolver
+	server          *http.Server
+	listener        net.Listener
 	// the Prometheus endpoint, when configured
 	metricsServer   *http.Server
 	metricsListener net.Listener
@@ -455,6 +457,7 @@ loop:
 		case <-tick.C:
 			began := time.Now()
 			d.meter.Tick()
+			d.checkRecording()
 			d.stepMu.Lock()
 			d.control(ctx)
 			d.stepMu.Unlock()
@@ -526,6 +529,18 @@ func (d *Daemon) sampleExact() {
 }
 
 // Stop shuts the API down, detaches the probes, removes the pins, the
+// checkRecording logs, once, that the meter's recording ended on an error
+// (a full disk): the daemon runs on without it.
+func (d *Daemon) checkRecording() {
+	if d.recording == nil || d.recordingFailed {
+		return
+	}
+	if err := d.meter.FlushRecording(); err != nil {
+		d.recordingFailed = true
+		d.log.Warn("the meter's recording stopped", "path", d.cfg.RecordMeter, "err", err)
+	}
+}
+
 // socket and the lock. It is safe to call more than once.
 func (d *Daemon) Stop() error {
 	var errs []error

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -89,3 +90,23 @@ func TestPlayRefusesABrokenRecording(t *testing.T) {
 		}
 	}
 }
+
+// A write that fails ends the recording and FlushRecording says why; the
+// meter measures on.
+func TestFailedRecordingIsReported(t *testing.T) {
+	clk := &clock{t: 10 * 1000 * ms}
+	m := New(Config{Now: clk.now, Record: failingWriter{}})
+	m.Observe(launchFn(1, 100, clk.t, 7, 0xa, 100))
+	clk.t += 10 * ms
+	m.Tick()
+	if err := m.FlushRecording(); err == nil || !strings.Contains(err.Error(), "no space left") {
+		t.Errorf("FlushRecording: %v, want the write's error", err)
+	}
+	if got := byCgroup(m.Snapshot())[100].Share; got <= 0 {
+		t.Errorf("share %.3f after the recording failed, want the launch's work", got)
+	}
+}
+
+type failingWriter struct{}
+
+func (failingWriter) Write([]byte) (int, error) { return 0, syscall.ENOSPC }
