@@ -267,11 +267,11 @@ func timeslices(ts []Input, out []Decision, turnBound []bool, maxWait, lightDema
 }
 
 // recordSlices keeps, for every busy steered tenant, whether its new
-// timeslice is at MinSlice and whether a larger weight would have moved no slice: what the next step's
-// correct needs to tell a feedback that steers from one that only winds
-// up. A closed loop's slice (turnBound) and a light tenant's hold their
-// bursts whatever their weights; a larger weight only shrinks the others'
-// slices, and not below MinSlice.
+// timeslice is at MinSlice and whether a larger weight would have moved
+// no slice: what the next step's correct needs to tell a feedback that
+// steers from one that only winds up. A closed loop's slice (turnBound)
+// and a light tenant's hold their bursts whatever their weights; a
+// larger weight only shrinks the others' slices, and not below MinSlice.
 func recordSlices(ts []Input, out []Decision, states []*schedState, turnBound []bool, lightDemand []float64) {
 	steeredBusy := func(t Input) bool { return t.Busy && !t.Unsteered && t.Rules.Priority != policy.Latency }
 	aboveFloor := 0
@@ -442,11 +442,11 @@ func (a *Arbiter) runFraction(t Input, s *schedState, target float64, c runConte
 // runFraction), up while a larger weight would move no slice (its own
 // holds its burst or MaxSlice, every other busy group's is at MinSlice).
 // Wound up in one phase of a workload, it held the next one off target
-// for seconds: a
-// loop of 20 µs kernels beside five tenants raised its weight to the bound
-// while the others' slices were at MinSlice already, and took 51–60% for
-// a target of 46.7% in its phase of 22 ms kernels, where the others'
-// weights, lowered at their floor, kept them below theirs (fuzz seed 47).
+// for seconds: a loop of 20 µs kernels beside five tenants raised its
+// weight to the bound while the others' slices were at MinSlice already,
+// and took 51–60% for a target of 46.7% in its phase of 22 ms kernels,
+// where the others' weights, lowered at their floor, kept them below
+// theirs (fuzz seed 47).
 func (a *Arbiter) correct(t Input, s *schedState, target float64, deprived bool) string {
 	step := math.Pow(target/math.Max(t.Share, 1e-3), feedbackGain/float64(a.p.React))
 	switch {
