@@ -180,11 +180,8 @@ type gpuContext struct {
 	// whenever it may run, none while its cgroup is frozen (frozenNow).
 	unprobed  bool
 	frozenNow bool
-	// owed is set while work a sync proved done is still queued in the
-	// replay (its phase is not the GPU's): the replay runs it next.
-	owed   bool
-	held   []span // when the replay gave it the GPU, oldest first
-	waited []span // when it had work but another context held the GPU
+	held      []span // when the replay gave it the GPU, oldest first
+	waited    []span // when it had work but another context held the GPU
 	// waitedFor are its finished waits for the GPU (syncs, polls), waits
 	// those in progress; pausedFor when gpuarb kept its group off the GPU.
 	waitedFor []span
