@@ -72,13 +72,13 @@ func TestMeterRecordingReplaysTheLiveFigures(t *testing.T) {
 		shares map[uint64]float64
 	}
 	var figures []replayed
-	if _, err := meter.Play(f, func(m *meter.Meter, at uint64) {
+	if _, err := meter.Play(f, meter.PlayOptions{Settled: func(m *meter.Meter, at uint64) {
 		r := replayed{at: at, shares: map[uint64]float64{}}
 		for _, tn := range m.Snapshot().Tenants {
 			r.shares[tn.CgroupID] += tn.Share
 		}
 		figures = append(figures, r)
-	}); err != nil {
+	}}); err != nil {
 		t.Fatal(err)
 	}
 	fi, _ := f.Stat()

@@ -233,6 +233,7 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 		// is less; a context of tiny kernels must not start at its
 		// round-robin share.
 		c.learn(min(got, float64(done-h.Start))/(got+left), burst)
+		m.traceProof(c, Proof{At: done, Of: e.Of, First: true, WaitNS: done - h.Start, RanNS: got, LeftNS: left})
 	case !c.learned:
 		// A sync that did not wait teaches a guess nothing (see eventSync).
 	default:
@@ -240,7 +241,9 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 		if pl, pe, ok := m.pollLateness(c, h, e, left, drained); ok {
 			late, early = pl, pe
 		}
-		c.prove(m.lateness(c, late, early), got+left, burst)
+		taught := m.lateness(c, late, early)
+		c.prove(taught, got+left, burst)
+		m.traceProof(c, Proof{At: done, Of: e.Of, WaitNS: done - h.Start, RanNS: got, LeftNS: left, LateNS: taught})
 	}
 }
 
@@ -389,6 +392,7 @@ func (m *Meter) eventSync(c *gpuContext, h *ioctlspy.Header, e *ioctlspy.Sync, n
 		}
 		if ran > 0 {
 			c.learn(min(ran, float64(done-h.Start))/covered, burst)
+			m.traceProof(c, Proof{At: done, Of: e.Of, First: true, WaitNS: done - h.Start, RanNS: ran, LeftNS: covered - ran})
 		}
 		// Else the replay gave the context no turn before the proof: its
 		// phase is off (another's slice still runs there), and the work
@@ -404,7 +408,9 @@ func (m *Meter) eventSync(c *gpuContext, h *ioctlspy.Header, e *ioctlspy.Sync, n
 		if pl, pe, ok := m.pollLateness(c, h, e, late, k.crossed); ok {
 			late, early = pl, pe
 		}
-		c.prove(m.lateness(c, late, early), covered, burst)
+		taught := m.lateness(c, late, early)
+		c.prove(taught, covered, burst)
+		m.traceProof(c, Proof{At: done, Of: e.Of, WaitNS: done - h.Start, RanNS: ran, LeftNS: max(behind, 0), LateNS: taught})
 	}
 }
 
@@ -448,4 +454,40 @@ func (m *Meter) turnPart(c *gpuContext) float64 {
 		}
 	}
 	return own / total // slices are never 0: the GPU's default stands in
+}
+
+// Proof is one completion proof that taught a context its costs, as
+// Config.Proofs receives it: what the replay did with the proven work and
+// what the meter learned from it.
+type Proof struct {
+	PID uint32
+	// At is when the work completed (the waiting thread's wake-up, or the
+	// call's return), CLOCK_MONOTONIC ns.
+	At uint64
+	Of string // what was synchronized: "stream", "context" or "event"
+	// First is set for the context's first proof, which scales its
+	// guessed costs whole.
+	First bool
+	// WaitNS is how long the process waited in the call.
+	WaitNS uint64
+	// RanNS is the GPU time the replay gave the proven work; LeftNS what
+	// it still had of it queued.
+	RanNS, LeftNS float64
+	// LateNS is what a later proof taught, in the context's own work:
+	// costs too high by that much where positive, too low where negative
+	// (lateness).
+	LateNS float64
+	// TurnPart is the context's part of the replay's round robin then.
+	TurnPart float64
+	// LaunchNS is its modeled cost of a launch once taught.
+	LaunchNS float64
+}
+
+// traceProof hands a proof to Config.Proofs, where one is set.
+func (m *Meter) traceProof(c *gpuContext, p Proof) {
+	if m.cfg.Proofs == nil {
+		return
+	}
+	p.PID, p.TurnPart, p.LaunchNS = c.pid, m.turnPart(c), c.launchCost()
+	m.cfg.Proofs(p)
 }

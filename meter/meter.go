@@ -33,6 +33,9 @@ type Config struct {
 	// record.go). Lines are buffered and written out at every Tick and by
 	// FlushRecording.
 	Record io.Writer `json:"-"`
+	// Proofs, when set, is handed every proof that teaches a context its
+	// costs (Proof), under the meter's lock: it must not call the meter.
+	Proofs func(Proof) `json:"-"`
 }
 
 // MonotonicNow reads CLOCK_MONOTONIC, the clock of the probes' timestamps.

@@ -131,13 +131,21 @@ func (m *Meter) FlushRecording() error {
 	return m.rec.err
 }
 
+// PlayOptions are what Play calls back.
+type PlayOptions struct {
+	// Settled, when set, is called where the recorded meter answered with
+	// figures (its Contexts and Snapshot), once the meter played into
+	// settled there too, with the clock then.
+	Settled func(m *Meter, now uint64)
+	// Proofs is the played meter's Config.Proofs.
+	Proofs func(Proof)
+}
+
 // Play makes a meter configured as the recorded one (Config.Record) was
 // and feeds it the recording, in order, its clock reading what the
-// recorded meter's read at each input. settled, when set, is called where
-// the recorded meter answered with figures (its Contexts and Snapshot),
-// once the meter played into settled there too, with the clock then. It
-// returns the meter at the recording's end.
-func Play(r io.Reader, settled func(m *Meter, now uint64)) (*Meter, error) {
+// recorded meter's read at each input. It returns the meter at the
+// recording's end.
+func Play(r io.Reader, o PlayOptions) (*Meter, error) {
 	var lines []recordLine
 	dec := json.NewDecoder(r)
 	for {
@@ -155,6 +163,7 @@ func Play(r io.Reader, settled func(m *Meter, now uint64)) (*Meter, error) {
 	var clock uint64
 	cfg := *lines[0].Config
 	cfg.Now = func() uint64 { return clock }
+	cfg.Proofs = o.Proofs
 	m := New(cfg)
 	// The scheduling the recorded meter was told: the GPUs' policy, fixed
 	// for a run.
@@ -204,8 +213,8 @@ func Play(r io.Reader, settled func(m *Meter, now uint64)) (*Meter, error) {
 			m.Tick()
 		case opSettle:
 			m.Contexts(time.Duration(l.NS))
-			if settled != nil {
-				settled(m, l.Now)
+			if o.Settled != nil {
+				o.Settled(m, l.Now)
 			}
 		case opScheduling:
 		default:

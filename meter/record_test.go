@@ -62,7 +62,7 @@ func TestRecordingPlaysBackTheSameFigures(t *testing.T) {
 	t.Logf("recording of %d events: %d bytes, %d lines; last figures %s", len(evs), rec.Len(), bytes.Count(rec.Bytes(), []byte("\n")), want[len(want)-1])
 
 	var got []string
-	if _, err := Play(&rec, func(p *Meter, _ uint64) { got = append(got, figures(p)) }); err != nil {
+	if _, err := Play(&rec, PlayOptions{Settled: func(p *Meter, _ uint64) { got = append(got, figures(p)) }}); err != nil {
 		t.Fatal(err)
 	}
 	if len(got) != len(want) {
@@ -85,7 +85,7 @@ func TestPlayRefusesABrokenRecording(t *testing.T) {
 		{config + "{\"op\":\"launder\",\"now\":1}\n", "line 2: unknown operation \"launder\""},
 		{config + "{\"op\":\"observe\",\"now\":1,\"kind\":\"Launch\",\"event\":[1]}\n", "line 2: decode Launch"},
 	} {
-		if _, err := Play(strings.NewReader(tc.in), nil); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if _, err := Play(strings.NewReader(tc.in), PlayOptions{}); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q: error %v, want one that says %q", tc.in, err, tc.want)
 		}
 	}

@@ -28,10 +28,14 @@ every time, and a change to the meter is tried against it in seconds. A
 RECORDING whose name ends in .gz is read through gzip (recordings shrink about
 17-fold). --status
 names the tenants from the fuzzer's status log of the same run
-(seed-N-status.jsonl); without it they are cgroup IDs. Needs no root.`,
+(seed-N-status.jsonl); without it they are cgroup IDs. --proofs PID also
+prints, as they come, the proofs that taught that process its costs: how
+long it waited, what the replay ran and still had queued of the proven work,
+what the proof taught and the cost of a launch after it. Needs no root.`,
 		Flags: []cli.Flag{
 			&cli.DurationFlag{Name: "every", Value: time.Second, Usage: "print every `INTERVAL` of the recording's clock"},
 			&cli.StringFlag{Name: "status", Usage: "name the tenants from the fuzzer's status log `FILE` (seed-N-status.jsonl)"},
+			&cli.UintFlag{Name: "proofs", Usage: "also print every proof that taught process `PID` its costs"},
 		},
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 1 {
@@ -57,16 +61,33 @@ names the tenants from the fuzzer's status log of the same run
 				}
 				rec = gz
 			}
-			return replayMeter(c.App.Writer, rec, c.Duration("every"), names)
+			return replayMeter(c.App.Writer, rec, c.Duration("every"), names, uint32(c.Uint("proofs")))
 		},
 	}
 }
 
 // replayMeter plays a recording and prints the meter's figures every
-// interval of its clock.
-func replayMeter(w io.Writer, rec io.Reader, every time.Duration, names map[uint64]string) error {
+// interval of its clock, and the proofs of process pid where it is not 0.
+func replayMeter(w io.Writer, rec io.Reader, every time.Duration, names map[uint64]string, pid uint32) error {
 	var start, next uint64
-	_, err := meter.Play(bufio.NewReaderSize(rec, 1<<20), func(m *meter.Meter, at uint64) {
+	o := meter.PlayOptions{}
+	if pid != 0 {
+		o.Proofs = func(p meter.Proof) {
+			if p.PID != pid {
+				return
+			}
+			if start == 0 { // times count from the first figures or proof
+				start, next = p.At, p.At+uint64(every)
+			}
+			kind := "proof"
+			if p.First {
+				kind = "first proof"
+			}
+			fmt.Fprintf(w, "%9.4fs pid %d %s of its %s: waited %.3f ms, the replay ran %.3f ms of it and had %.3f ms left (its turn part %.2f); taught %+.3f ms, a launch costs %.3f ms\n",
+				float64(p.At-start)/1e9, p.PID, kind, p.Of, float64(p.WaitNS)/1e6, p.RanNS/1e6, p.LeftNS/1e6, p.TurnPart, p.LateNS/1e6, p.LaunchNS/1e6)
+		}
+	}
+	o.Settled = func(m *meter.Meter, at uint64) {
 		if start == 0 {
 			start, next = at, at+uint64(every)
 		}
@@ -100,8 +121,8 @@ func replayMeter(w io.Writer, rec io.Reader, every time.Duration, names map[uint
 			slices.Sort(per[id])
 			fmt.Fprintf(w, "          %s: %s\n", name(names, id), strings.Join(per[id], "; "))
 		}
-	})
-	if err != nil {
+	}
+	if _, err := meter.Play(bufio.NewReaderSize(rec, 1<<20), o); err != nil {
 		return fmt.Errorf("replay: %w", err)
 	}
 	return nil

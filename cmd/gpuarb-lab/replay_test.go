@@ -47,10 +47,9 @@ func TestReplayMeterPrintsTheTenantsShares(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
-	if err := replayMeter(&out, &rec, time.Second, names); err != nil {
+	if err := replayMeter(&out, &rec, time.Second, names, 7); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("\n%s", out.String())
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
 	var rows []string
 	for _, l := range lines {
@@ -63,5 +62,19 @@ func TestReplayMeterPrintsTheTenantsShares(t *testing.T) {
 	}
 	if last := rows[len(rows)-1]; !strings.Contains(last, "loop  25.0%") {
 		t.Errorf("last row %q, want loop at 25.0%%", last)
+	}
+	// --proofs 7: its first proof, then the rest, each at a launch's true
+	// cost of 1 ms.
+	var proofs []string
+	for _, l := range lines {
+		if strings.Contains(l, "pid 7 ") && strings.Contains(l, "proof of its stream") {
+			proofs = append(proofs, l)
+		}
+	}
+	if len(proofs) < 900 {
+		t.Fatalf("%d proofs of pid 7, want 1000:\n%s", len(proofs), out.String())
+	}
+	if !strings.Contains(proofs[0], "first proof") || !strings.Contains(proofs[len(proofs)-1], "a launch costs 1.000 ms") {
+		t.Errorf("pid 7's proofs: the first %q, the last %q; want its first proof first and a launch at 1 ms", proofs[0], proofs[len(proofs)-1])
 	}
 }
