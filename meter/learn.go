@@ -225,6 +225,10 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 	if !any || got <= 0 || unseen || stopped {
 		// A sync that spanned a stop waited for the resume, not the GPU;
 		// one of work queued before the meter saw it, for unseen work.
+		if any {
+			m.traceProof(c, Proof{At: done, Of: e.Of, WaitNS: done - h.Start, RanNS: got, LeftNS: left,
+				Skipped: skipped(unseen, stopped)})
+		}
 		return
 	}
 	switch {
@@ -382,6 +386,10 @@ func (m *Meter) eventSync(c *gpuContext, h *ioctlspy.Header, e *ioctlspy.Sync, n
 		r.anchor(c) // as in sync
 	}
 	if covered <= 0 || unseen || stopped {
+		if covered > 0 {
+			m.traceProof(c, Proof{At: done, Of: e.Of, WaitNS: done - h.Start, RanNS: ran, LeftNS: max(behind, 0),
+				Skipped: skipped(unseen, stopped)})
+		}
 		return
 	}
 	switch {
@@ -393,6 +401,8 @@ func (m *Meter) eventSync(c *gpuContext, h *ioctlspy.Header, e *ioctlspy.Sync, n
 		if ran > 0 {
 			c.learn(min(ran, float64(done-h.Start))/covered, burst)
 			m.traceProof(c, Proof{At: done, Of: e.Of, First: true, WaitNS: done - h.Start, RanNS: ran, LeftNS: covered - ran})
+		} else {
+			m.traceProof(c, Proof{At: done, Of: e.Of, WaitNS: done - h.Start, LeftNS: covered, Skipped: skipped(false, false)})
 		}
 		// Else the replay gave the context no turn before the proof: its
 		// phase is off (another's slice still runs there), and the work
@@ -479,6 +489,11 @@ type Proof struct {
 	LateNS float64
 	// TurnPart is the context's part of the replay's round robin then.
 	TurnPart float64
+	// Skipped says why a proof taught nothing (empty where it taught): the
+	// replay had not begun the proven work, the process was stopped
+	// during the wait, or the work was queued before the meter saw it.
+	// What the replay still had of it (LeftNS) is dropped all the same.
+	Skipped string
 	// LaunchNS is its modeled cost of a launch once taught.
 	LaunchNS float64
 }
@@ -490,4 +505,15 @@ func (m *Meter) traceProof(c *gpuContext, p Proof) {
 	}
 	p.PID, p.TurnPart, p.LaunchNS = c.pid, m.turnPart(c), c.launchCost()
 	m.cfg.Proofs(p)
+}
+
+// skipped is why a proof that taught nothing did not (Proof.Skipped).
+func skipped(unseen, stopped bool) string {
+	switch {
+	case stopped:
+		return "the process was stopped during the wait"
+	case unseen:
+		return "the work was queued before the meter saw it"
+	}
+	return "the replay had not begun the proven work"
 }

@@ -1333,7 +1333,8 @@ func TestProofBeforeTheReplaysTurnTeachesNothing(t *testing.T) {
 	for _, of := range []string{"stream", "event"} {
 		t.Run(of, func(t *testing.T) {
 			clk := &clock{t: 10 * 1000 * ms}
-			m := New(Config{Now: clk.now})
+			var proofs []Proof
+			m := New(Config{Now: clk.now, Proofs: func(p Proof) { proofs = append(proofs, p) }})
 			t0 := clk.t
 			for range 50 {
 				m.Observe(launchFn(1, 100, t0, 1, 0xa, 20000)) // the hog holds the GPU in the replay
@@ -1351,6 +1352,10 @@ func TestProofBeforeTheReplaysTurnTeachesNothing(t *testing.T) {
 			t.Logf("after the proof: %.3g ns a block, learned %v", k.ns, c.learned)
 			if c.learned || k.learned {
 				t.Errorf("the proof taught %.3g ns a block (learned %v); a proof before the context's turn in the replay should teach nothing", k.ns, c.learned)
+			}
+			// Config.Proofs hears of it, and of why it taught nothing.
+			if len(proofs) != 1 || proofs[0].PID != 2 || proofs[0].Skipped != "the replay had not begun the proven work" || proofs[0].LeftNS <= 0 {
+				t.Errorf("proofs traced: %+v; want pid 2's, skipped as not begun, with its work left", proofs)
 			}
 		})
 	}

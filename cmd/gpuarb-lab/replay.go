@@ -29,13 +29,15 @@ RECORDING whose name ends in .gz is read through gzip (recordings shrink about
 17-fold). --status
 names the tenants from the fuzzer's status log of the same run
 (seed-N-status.jsonl); without it they are cgroup IDs. --proofs PID also
-prints, as they come, the proofs that taught that process its costs: how
-long it waited, what the replay ran and still had queued of the proven work,
-what the proof taught and the cost of a launch after it. Needs no root.`,
+prints, as they come, the proofs of that process's work: how long it waited,
+what the replay ran and still had queued of the proven work, what the proof
+taught and the cost of a launch after it, or why it taught nothing (the
+replay had not begun the work, the process was stopped, the work was unseen)
+and what the replay dropped. Needs no root.`,
 		Flags: []cli.Flag{
 			&cli.DurationFlag{Name: "every", Value: time.Second, Usage: "print every `INTERVAL` of the recording's clock"},
 			&cli.StringFlag{Name: "status", Usage: "name the tenants from the fuzzer's status log `FILE` (seed-N-status.jsonl)"},
-			&cli.UintFlag{Name: "proofs", Usage: "also print every proof that taught process `PID` its costs"},
+			&cli.UintFlag{Name: "proofs", Usage: "also print every proof of process `PID`'s work: what it taught, or why nothing"},
 		},
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 1 {
@@ -82,6 +84,11 @@ func replayMeter(w io.Writer, rec io.Reader, every time.Duration, names map[uint
 			kind := "proof"
 			if p.First {
 				kind = "first proof"
+			}
+			if p.Skipped != "" {
+				fmt.Fprintf(w, "%9.4fs pid %d proof of its %s taught nothing (%s): waited %.3f ms, the replay ran %.3f ms of it and dropped the %.3f ms left\n",
+					float64(p.At-start)/1e9, p.PID, p.Of, p.Skipped, float64(p.WaitNS)/1e6, p.RanNS/1e6, p.LeftNS/1e6)
+				return
 			}
 			fmt.Fprintf(w, "%9.4fs pid %d %s of its %s: waited %.3f ms, the replay ran %.3f ms of it and had %.3f ms left (its turn part %.2f); taught %+.3f ms, a launch costs %.3f ms\n",
 				float64(p.At-start)/1e9, p.PID, kind, p.Of, float64(p.WaitNS)/1e6, p.RanNS/1e6, p.LeftNS/1e6, p.TurnPart, p.LateNS/1e6, p.LaunchNS/1e6)
