@@ -96,7 +96,7 @@ func (m *Meter) Bounded() (folded, untrackedAllocs uint64) {
 func (m *Meter) SetPreexisting(pids []uint32) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.rec.put(recordLine{Op: opPreexisting, Now: m.cfg.Now(), PIDs: pids})
+	m.rec.put(recordLine{Op: opPreexisting, PIDs: pids})
 	m.preexisting = make(map[uint32]bool, len(pids))
 	for _, p := range pids {
 		m.preexisting[p] = true
@@ -135,7 +135,7 @@ func (m *Meter) replayOf(gpu int) *replay {
 func (m *Meter) scheduling(gpu int) (slice uint64, preemptive bool) {
 	if m.sched != nil {
 		ts, pre := m.sched(gpu)
-		m.rec.put(recordLine{Op: opScheduling, Now: m.cfg.Now(), GPU: gpu, NS: int64(ts), On: pre})
+		m.rec.put(recordLine{Op: opScheduling, GPU: gpu, NS: int64(ts), On: pre})
 		if ts > 0 {
 			return uint64(ts), pre
 		}
@@ -160,7 +160,7 @@ func (m *Meter) SetScheduling(sched func(gpu int) (timeslice time.Duration, pree
 func (m *Meter) SetTimeslice(pid uint32, d time.Duration) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.rec.put(recordLine{Op: opTimeslice, Now: m.cfg.Now(), PID: pid, NS: int64(d)})
+	m.rec.put(recordLine{Op: opTimeslice, PID: pid, NS: int64(d)})
 	if c := m.ctxs[pid]; c != nil {
 		c.timeslice = d
 	}
@@ -172,7 +172,7 @@ func (m *Meter) SetTimeslice(pid uint32, d time.Duration) {
 func (m *Meter) SetPaused(pid uint32, paused bool, t uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.rec.put(recordLine{Op: opPaused, Now: m.cfg.Now(), PID: pid, On: paused, From: t})
+	m.rec.put(recordLine{Op: opPaused, PID: pid, On: paused, From: t})
 	c := m.ctxs[pid]
 	if c == nil || c.paused == paused {
 		return
@@ -198,7 +198,7 @@ func (m *Meter) SetPaused(pid uint32, paused bool, t uint64) {
 func (m *Meter) SetUnprobed(pid uint32, cgroupID uint64, gpu int, t uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.rec.put(recordLine{Op: opUnprobed, Now: m.cfg.Now(), PID: pid, Cgroup: cgroupID, GPU: gpu, From: t})
+	m.rec.put(recordLine{Op: opUnprobed, PID: pid, Cgroup: cgroupID, GPU: gpu, From: t})
 	if c := m.ctxs[pid]; c != nil && (c.exited || c.unprobed && c.cgroup == cgroupID && c.gpu == gpu) {
 		return
 	}
@@ -347,7 +347,7 @@ func (m *Meter) launchDeferred(c *gpuContext, t uint64) {
 func (m *Meter) Released(pid uint32, since, t uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.rec.put(recordLine{Op: opReleased, Now: m.cfg.Now(), PID: pid, From: since, To: t})
+	m.rec.put(recordLine{Op: opReleased, PID: pid, From: since, To: t})
 	c := m.ctxs[pid]
 	if c == nil {
 		return
@@ -366,7 +366,7 @@ func (m *Meter) Released(pid uint32, since, t uint64) {
 func (m *Meter) Paused(cgroupID, from, to uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.rec.put(recordLine{Op: opFrozen, Now: m.cfg.Now(), Cgroup: cgroupID, From: from, To: to})
+	m.rec.put(recordLine{Op: opFrozen, Cgroup: cgroupID, From: from, To: to})
 	if m.unprobed > 0 {
 		m.freezeUnprobed(cgroupID, from, to)
 	}
@@ -426,7 +426,7 @@ var submissionKey = costKey{handle: ^uint64(0)}
 func (m *Meter) Observe(ev ioctlspy.Event) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.rec.observe(m.cfg.Now(), ev)
+	m.rec.observe(ev)
 	h := ev.Hdr()
 	if c := m.ctxs[h.PID]; c != nil && len(c.deferred) > 0 && !h.Held {
 		// It runs again, so it was released: by the arbiter, its Released

@@ -7,16 +7,18 @@ import (
 	"fmt"
 	"io"
 	"reflect"
+	"slices"
 	"time"
 
 	"github.com/gpuarb/gpuarb/ioctlspy"
 )
 
 // A recording is every input a meter took, one JSON object a line in the
-// order taken (Config.Record), after the meter's configuration: each event, each call of the arbiter's
-// (SetPaused, SetTimeslice, Released, Paused, SetUnprobed, SetPreexisting,
-// the processes Reconcile ended), what the GPUs' scheduling said, and each
-// settling of the replay (Tick, Contexts) with the clock's reading then.
+// order taken (Config.Record), after the meter's configuration: each
+// event, each call of the arbiter's (SetPaused, SetTimeslice, Released,
+// Paused, SetUnprobed, SetPreexisting, the processes Reconcile ended),
+// what the GPUs' scheduling said, and each settling of the replay (Tick,
+// Contexts) with the clock's reading then.
 // Play feeds one to a new meter, which then computes what the recorded
 // one did: a misreading seen once in a live run, under a mix of tenants
 // that rarely recurs, is replayed at will.
@@ -72,10 +74,13 @@ func init() {
 }
 
 // recorder writes a meter's inputs; the meter's lock orders its writes.
-// The first failed write ends the recording (err keeps why).
+// The first failed write ends the recording (err keeps why). It reads the
+// meter's clock itself, so that a meter that records nothing reads it no
+// more often than before.
 type recorder struct {
 	w   *bufio.Writer
 	enc *json.Encoder
+	now func() uint64
 	err error
 }
 
@@ -84,22 +89,26 @@ func newRecorder(cfg Config) *recorder {
 		return nil
 	}
 	b := bufio.NewWriterSize(cfg.Record, 1<<20)
-	r := &recorder{w: b, enc: json.NewEncoder(b)}
+	r := &recorder{w: b, enc: json.NewEncoder(b), now: cfg.Now}
 	kept := Config{Window: cfg.Window, HalfLife: cfg.HalfLife, Timeslice: cfg.Timeslice, Lag: cfg.Lag}
 	r.put(recordLine{Op: opConfig, Now: cfg.Now(), Config: &kept})
 	return r
 }
 
-// put writes one line; a nil recorder writes nothing.
+// put writes one line, at the clock's reading now where l has none; a nil
+// recorder writes nothing.
 func (r *recorder) put(l recordLine) {
 	if r == nil || r.err != nil {
 		return
+	}
+	if l.Now == 0 {
+		l.Now = r.now()
 	}
 	r.err = r.enc.Encode(l)
 }
 
 // observe writes an event.
-func (r *recorder) observe(now uint64, ev ioctlspy.Event) {
+func (r *recorder) observe(ev ioctlspy.Event) {
 	if r == nil || r.err != nil {
 		return
 	}
@@ -108,7 +117,7 @@ func (r *recorder) observe(now uint64, ev ioctlspy.Event) {
 		r.err = fmt.Errorf("encode %T: %w", ev, err)
 		return
 	}
-	r.put(recordLine{Op: opObserve, Now: now, Kind: reflect.TypeOf(ev).Elem().Name(), Event: raw})
+	r.put(recordLine{Op: opObserve, Kind: reflect.TypeOf(ev).Elem().Name(), Event: raw})
 }
 
 // flush writes out what is buffered.
@@ -146,82 +155,101 @@ type PlayOptions struct {
 // recorded meter's read at each input. It returns the meter at the
 // recording's end.
 func Play(r io.Reader, o PlayOptions) (*Meter, error) {
-	var lines []recordLine
 	dec := json.NewDecoder(r)
-	for {
+	n := 0 // lines read
+	read := func() (recordLine, bool, error) {
 		var l recordLine
 		if err := dec.Decode(&l); errors.Is(err, io.EOF) {
-			break
+			return l, false, nil
 		} else if err != nil {
-			return nil, fmt.Errorf("recording line %d: %w", len(lines)+1, err)
+			return l, false, fmt.Errorf("recording line %d: %w", n+1, err)
 		}
-		lines = append(lines, l)
+		n++
+		return l, true, nil
 	}
-	if len(lines) == 0 || lines[0].Op != opConfig || lines[0].Config == nil {
+	first, ok, err := read()
+	if err != nil {
+		return nil, err
+	}
+	if !ok || first.Op != opConfig || first.Config == nil {
 		return nil, errors.New("not a meter recording: it does not begin with the meter's configuration")
 	}
 	var clock uint64
-	cfg := *lines[0].Config
+	cfg := *first.Config
 	cfg.Now = func() uint64 { return clock }
 	cfg.Proofs = o.Proofs
 	m := New(cfg)
-	// The scheduling the recorded meter was told: the GPUs' policy, fixed
-	// for a run.
+	// What the recorded meter's GPUs' scheduling said. Its lines follow
+	// the input during which the meter asked (or a policy's reload), so
+	// they are taken in before that input is played.
 	sched := map[int]recordLine{}
-	for _, l := range lines {
-		if l.Op == opScheduling {
-			sched[l.GPU] = l
-		}
+	told := func(gpu int) (time.Duration, bool) {
+		l := sched[gpu]
+		return time.Duration(l.NS), l.On
 	}
-	if len(sched) > 0 {
-		m.SetScheduling(func(gpu int) (time.Duration, bool) {
-			l := sched[gpu]
-			return time.Duration(l.NS), l.On
-		})
-	}
-	for i, l := range lines[1:] {
-		clock = l.Now
-		switch l.Op {
-		case opObserve:
-			ev, err := decodeEvent(l)
-			if err != nil {
-				return nil, fmt.Errorf("recording line %d: %w", i+2, err)
+	m.SetScheduling(told)
+	l, ok, err := read()
+	for ok && err == nil {
+		at := n
+		next, more, nerr := read()
+		changed := false
+		for more && nerr == nil && next.Op == opScheduling {
+			if was, seen := sched[next.GPU]; !seen || was.NS != next.NS || was.On != next.On {
+				sched[next.GPU], changed = next, true
 			}
-			m.Observe(ev)
-		case opTimeslice:
-			m.SetTimeslice(l.PID, time.Duration(l.NS))
-		case opPaused:
-			m.SetPaused(l.PID, l.On, l.From)
-		case opUnprobed:
-			m.SetUnprobed(l.PID, l.Cgroup, l.GPU, l.From)
-		case opReleased:
-			m.Released(l.PID, l.From, l.To)
-		case opFrozen:
-			m.Paused(l.Cgroup, l.From, l.To)
-		case opPreexisting:
-			m.SetPreexisting(l.PIDs)
-		case opReconcile:
-			m.Reconcile(func(pid uint32) bool {
-				for _, p := range l.PIDs {
-					if p == pid {
-						return false
-					}
-				}
-				return true
-			})
-		case opTick:
-			m.Tick()
-		case opSettle:
-			m.Contexts(time.Duration(l.NS))
-			if o.Settled != nil {
-				o.Settled(m, l.Now)
-			}
-		case opScheduling:
-		default:
-			return nil, fmt.Errorf("recording line %d: unknown operation %q", i+2, l.Op)
+			next, more, nerr = read()
 		}
+		if changed {
+			m.SetScheduling(told)
+		}
+		if perr := playLine(m, &clock, sched, l, o); perr != nil {
+			return nil, fmt.Errorf("recording line %d: %w", at, perr)
+		}
+		l, ok, err = next, more, nerr
+	}
+	if err != nil {
+		return nil, err
 	}
 	return m, nil
+}
+
+// playLine plays one input of a recording into m.
+func playLine(m *Meter, clock *uint64, sched map[int]recordLine, l recordLine, o PlayOptions) error {
+	*clock = l.Now
+	switch l.Op {
+	case opObserve:
+		ev, err := decodeEvent(l)
+		if err != nil {
+			return err
+		}
+		m.Observe(ev)
+	case opTimeslice:
+		m.SetTimeslice(l.PID, time.Duration(l.NS))
+	case opPaused:
+		m.SetPaused(l.PID, l.On, l.From)
+	case opUnprobed:
+		m.SetUnprobed(l.PID, l.Cgroup, l.GPU, l.From)
+	case opReleased:
+		m.Released(l.PID, l.From, l.To)
+	case opFrozen:
+		m.Paused(l.Cgroup, l.From, l.To)
+	case opPreexisting:
+		m.SetPreexisting(l.PIDs)
+	case opReconcile:
+		m.Reconcile(func(pid uint32) bool { return !slices.Contains(l.PIDs, pid) })
+	case opTick:
+		m.Tick()
+	case opSettle:
+		m.Contexts(time.Duration(l.NS))
+		if o.Settled != nil {
+			o.Settled(m, l.Now)
+		}
+	case opScheduling:
+		sched[l.GPU] = l
+	default:
+		return fmt.Errorf("unknown operation %q", l.Op)
+	}
+	return nil
 }
 
 // decodeEvent rebuilds a recorded event.
