@@ -127,6 +127,9 @@ func made(ret int64, status uint32) bool {
 	return status == 0 && (ret == 0 || ret == -int64(unix.ENOTTY))
 }
 
+// Made tells whether the allocation took effect (see made).
+func (e *ObjectAllocated) Made() bool { return made(e.Ret, e.Status) }
+
 // RM classes the table follows besides channels and groups.
 const (
 	classRootClient = 0x41

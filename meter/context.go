@@ -202,7 +202,10 @@ type gpuContext struct {
 	total          Totals // since the context appeared in its cgroup and on its GPU
 	// Launches the launch gate held: they reach the GPU when the process
 	// is released (Released, or its next event), not when they were seen.
-	since      uint64 // its first event
+	since uint64 // its first event
+	// tsgAt is when its first channel group was allocated (0: not seen):
+	// its place on the GPU's runlist.
+	tsgAt      uint64
 	deferred   []heldLaunch
 	heldAt     uint64 // when the first of deferred was held
 	releasedAt uint64
@@ -289,6 +292,16 @@ func (c *gpuContext) left() float64 {
 		l += s.left
 	}
 	return l
+}
+
+// runlistAt is what orders the context on its GPU's runlist: when its
+// channel group was allocated, or its first event where the meter saw no
+// allocation (a process that ran before the meter started).
+func (c *gpuContext) runlistAt() uint64 {
+	if c.tsgAt != 0 {
+		return c.tsgAt
+	}
+	return c.since
 }
 
 // runnable tells whether the replay may give the context the GPU: it has

@@ -29,16 +29,15 @@ func (r *replay) sliceOf(c *gpuContext) uint64 {
 	return r.slice
 }
 
-// join puts c on the runlist in the order the contexts came (their first
-// event's time, not the order their events reached the meter from
-// different CPUs): the GPU runs its channel groups in the order they
-// were allocated, and a replay that rotates in another order is out of
-// phase with it at every turn. Four closed loops beside four hogs, their
-// processes started together, read 47% for 41% in an order their events
-// happened to arrive in.
+// join puts c on the runlist in the order the contexts' channel groups
+// were allocated (runlistAt), not the order their events reached the
+// meter from different CPUs: the GPU runs its groups in that order, and a
+// replay that rotates in another is out of phase with it at every turn.
+// Four closed loops beside four hogs, their processes started together,
+// read 47% for 41% in an order their events happened to arrive in.
 func (r *replay) join(c *gpuContext) {
 	i := len(r.runlist)
-	for i > 0 && r.runlist[i-1].since > c.since {
+	for i > 0 && r.runlist[i-1].runlistAt() > c.runlistAt() {
 		i--
 	}
 	r.runlist = slices.Insert(r.runlist, i, c)
