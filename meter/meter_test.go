@@ -43,6 +43,20 @@ func byCgroup(s Snapshot) map[uint64]TenantStats {
 	return out
 }
 
+// playedShares feeds evs to a new meter, each at its end's clock, settles
+// it at end and returns its tenants by cgroup.
+func playedShares(evs []ioctlspy.Event, end uint64) map[uint64]TenantStats {
+	clk := &clock{}
+	m := New(Config{Now: clk.now})
+	for _, ev := range evs {
+		clk.t = ev.Hdr().End
+		m.Observe(ev)
+	}
+	clk.t = end
+	m.Tick()
+	return byCgroup(m.Snapshot())
+}
+
 func TestProcessorSharing(t *testing.T) {
 	base := 10 * 1000 * ms
 	for _, tc := range []struct {
@@ -1561,15 +1575,7 @@ func TestClosedLoopsBesideHogs(t *testing.T) {
 		for _, jitter := range []time.Duration{0, 50 * time.Microsecond, 150 * time.Microsecond} {
 			t.Run(fmt.Sprintf("%d loops, %d hogs, jitter %v", n, n, jitter), func(t *testing.T) {
 				evs, truth, end := closedLoopsBesideHogs(n, n, 3, 465*time.Microsecond, 3469*time.Microsecond, jitter, 4)
-				clk := &clock{}
-				m := New(Config{Now: clk.now})
-				for _, ev := range evs {
-					clk.t = ev.Hdr().End
-					m.Observe(ev)
-				}
-				clk.t = end
-				m.Tick()
-				got := byCgroup(m.Snapshot())
+				got := playedShares(evs, end)
 				t.Logf("loops: true %.3f, estimated %.3f; hogs: true %.3f, estimated %.3f", truth[100], got[100].Share, truth[200], got[200].Share)
 				if math.Abs(got[100].Share-truth[100]) > 0.02 {
 					t.Errorf("loops estimated at %.3f, true %.3f: want within 2 pp", got[100].Share, truth[100])
@@ -1754,15 +1760,7 @@ func TestRunlistFollowsGroupAllocation(t *testing.T) {
 	}
 	evs = append(created, evs...)
 	sort.SliceStable(evs, func(i, j int) bool { return evs[i].Hdr().End < evs[j].Hdr().End })
-	clk := &clock{}
-	m := New(Config{Now: clk.now})
-	for _, ev := range evs {
-		clk.t = ev.Hdr().End
-		m.Observe(ev)
-	}
-	clk.t = end
-	m.Tick()
-	got := byCgroup(m.Snapshot())
+	got := playedShares(evs, end)
 	for cg := uint64(101); cg <= 104; cg++ {
 		t.Logf("loop %d: true %.3f, estimated %.3f", cg-100, truth[cg], got[cg].Share)
 		if math.Abs(got[cg].Share-truth[cg]) > 0.02 {
