@@ -76,6 +76,8 @@ struct sys_exit_ctx {
 #define NV_ESC_RM_ALLOC 0x2B
 #define NV_ESC_IOCTL_XFER_CMD 211
 #define NV_TSG_CLASS 0xA06C
+/* sizeof(NV_CHANNEL_GROUP_ALLOCATION_PARAMETERS): three handles, engineType, a bool. */
+#define NV_TSG_PARAMS_SIZE 20
 #define UVM_REGISTER_CHANNEL 27
 #define UVM_REGISTER_CHANNEL_SIZE 48
 
@@ -583,6 +585,12 @@ static __always_inline void decode_nvidia(struct event *e, struct ioctl_stash *s
 			params_size = *(__u32 *)&e->arg[32]; /* NVOS64 */
 		else
 			params_size = *(__u32 *)&e->arg[24]; /* NVOS21 */
+		/* The driver sizes a fixed-size class's parameters from its
+		 * class table (rmapiGetClassAllocParamSize), and the real
+		 * libcuda leaves paramsSize 0 (real-GPU check, driver 580):
+		 * read the prefix the decoder needs. */
+		if (!params_size)
+			params_size = cls == NV_TSG_CLASS ? NV_TSG_PARAMS_SIZE : GPUARB_PAYLOAD;
 		if (e->ret == 0 && (cls == NV_TSG_CLASS || (cls & 0xff) == 0x6f))
 			track_object(e->tgid, DEV_NVIDIA_CTL, hnew, e->cgroup_id, e->ts_exit, cls, hparent);
 	} else if (nr == NV_ESC_RM_CONTROL && e->arg_len >= 32) {

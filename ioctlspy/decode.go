@@ -148,13 +148,14 @@ func decodeNvidia(h Header, info IoctlInfo, r Record) Event {
 		if !(ok1 && ok2 && ok3 && ok4) {
 			return nil
 		}
-		statusOff := 28 // NVOS21
+		sizeOff, statusOff := 24, 28 // NVOS21
 		if len(a) >= 48 {
-			statusOff = 40 // NVOS64
+			sizeOff, statusOff = 32, 40 // NVOS64
 		}
+		size, _ := a.u32(sizeOff)
 		status, _ := a.u32(statusOff)
 		obj := ObjectAllocated{Header: h, IoctlInfo: info, Client: client, Parent: parent, Handle: handle,
-			Class: class, ClassName: ClassName(class), Status: status}
+			Class: class, ClassName: ClassName(class), ParamsSize: size, Status: status}
 		switch {
 		case class == ClassDevice:
 			obj.DeviceID, _ = p.u32(0)

@@ -63,13 +63,16 @@ type ObjectAllocated struct {
 	Class     uint32 `json:"class"`
 	ClassName string `json:"class_name"`
 	Status    uint32 `json:"status"`
+	// ParamsSize is the caller's paramsSize: the real libcuda leaves it 0
+	// and the driver sizes the parameters from the class.
+	ParamsSize uint32 `json:"params_size"`
 	// DeviceID is the GPU a device object (NV01_DEVICE_0) opens.
 	DeviceID uint32 `json:"device_id,omitempty"`
 }
 
 func (e *ObjectAllocated) String() string {
-	return fmt.Sprintf("%s RM_ALLOC class=0x%04x(%s) client=0x%x parent=0x%x handle=0x%x status=0x%x ret=%d",
-		e.Device, e.Class, e.ClassName, e.Client, e.Parent, e.Handle, e.Status, e.Ret)
+	return fmt.Sprintf("%s RM_ALLOC class=0x%04x(%s) client=0x%x parent=0x%x handle=0x%x params_size=%d status=0x%x ret=%d",
+		e.Device, e.Class, e.ClassName, e.Client, e.Parent, e.Handle, e.ParamsSize, e.Status, e.Ret)
 }
 
 // TSGAllocated is the allocation of a channel group (KEPLER_CHANNEL_GROUP_A):

@@ -107,10 +107,12 @@ func runHelper(kind string) error {
 			return err
 		}
 		tsgParams := a.put(le(0, 0, 0x5c000005, 1, 0))
-		nvos21 := le(0xc1d00001, 0x5c000002, 0x5c000010, 0xA06C, tsgParams, 20, 0)
+		// paramsSize 0, as the real libcuda passes it: the driver sizes
+		// the parameters from the class.
+		nvos21 := le(0xc1d00001, 0x5c000002, 0x5c000010, 0xA06C, tsgParams, 0, 0)
 		ioctl(nv, ioc(3, 'F', 0x2B, 32), a.put(nvos21))
 		chParams := a.put(le(0, 0, uint64(0xabc000), 512, 0, 0, 0x5c000005))
-		nvos64 := a.put(le(0xc1d00001, 0x5c000010, 0x5c000011, 0xC56F, chParams, uint64(0), 28, 0, 0, 0))
+		nvos64 := a.put(le(0xc1d00001, 0x5c000010, 0x5c000011, 0xC56F, chParams, uint64(0), 0, 0, 0, 0))
 		ioctl(nv, ioc(3, 'F', 211, 16), a.put(le(0x2B, 48, nvos64))) // IOCTL_XFER_CMD -> RM_ALLOC
 		token := a.put(le(0x1234))
 		ioctl(nv, ioc(3, 'F', 0x2A, 32), a.put(le(0xc1d00001, 0x5c000011, 0xC36F0108, 0, token, 4, 0)))
@@ -289,7 +291,7 @@ func TestNvidiaIoctls(t *testing.T) {
 	}
 	tsg := byType[*ioctlspy.TSGAllocated](evs)
 	if len(tsg) != 1 || tsg[0].Class != 0xA06C || tsg[0].Client != 0xc1d00001 || tsg[0].Parent != 0x5c000002 ||
-		tsg[0].Handle != 0x5c000010 || tsg[0].EngineType != 1 || tsg[0].VASpace != 0x5c000005 || tsg[0].Device != "1:7" {
+		tsg[0].Handle != 0x5c000010 || tsg[0].EngineType != 1 || tsg[0].VASpace != 0x5c000005 || tsg[0].Device != "1:7" || tsg[0].ParamsSize != 0 {
 		t.Errorf("TSG allocation: %+v", tsg)
 	}
 	ch := byType[*ioctlspy.ChannelAllocated](evs)

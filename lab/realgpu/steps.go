@@ -148,7 +148,7 @@ func (c *check) record(ev ioctlspy.Event) {
 	c.seen[pid][name]++
 	switch ev.(type) {
 	case *ioctlspy.TSGAllocated, *ioctlspy.ChannelAllocated:
-		if len(c.allocs[pid]) < 8 {
+		if len(c.allocs[pid]) < 24 {
 			c.allocs[pid] = append(c.allocs[pid], fmt.Sprint(ev))
 		}
 	}

@@ -117,13 +117,13 @@ static CUcontext ctx_new(CUdevice dev, unsigned flags, CUresult *err)
 		c->h_subdevice = new_handle();
 		c->h_vaspace = new_handle();
 		c->h_tsg = new_handle();
-		nv_alloc21(g_hclient, c->h_device, NV01_DEVICE_0, &dp, sizeof(dp));
-		nv_alloc21(c->h_device, c->h_subdevice, NV20_SUBDEVICE_0, &sp, sizeof(sp));
-		nv_alloc21(c->h_device, c->h_vaspace, FERMI_VASPACE_A, NULL, 0);
+		nv_alloc21(g_hclient, c->h_device, NV01_DEVICE_0, &dp);
+		nv_alloc21(c->h_device, c->h_subdevice, NV20_SUBDEVICE_0, &sp);
+		nv_alloc21(c->h_device, c->h_vaspace, FERMI_VASPACE_A, NULL);
 		tp.hVASpace = c->h_vaspace;
 		tp.engineType = NV2080_ENGINE_TYPE_GR0;
 		req.tsg_at = monotonic_ns();
-		nv_alloc21(c->h_device, c->h_tsg, KEPLER_CHANNEL_GROUP_A, &tp, sizeof(tp));
+		nv_alloc21(c->h_device, c->h_tsg, KEPLER_CHANNEL_GROUP_A, &tp);
 	}
 	req.gpu = (uint32_t)dev;
 	req.arg0 = g_hclient;

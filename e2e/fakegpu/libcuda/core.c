@@ -259,9 +259,11 @@ uint32_t new_handle(void)
 	return ++g_next_handle;
 }
 
-void nv_alloc21(uint32_t parent, uint32_t handle, uint32_t cls, void *params, uint32_t size)
+/* paramsSize is 0, as the real libcuda leaves it (real-GPU check, driver
+ * 580): the driver sizes a class's parameters from its class table. */
+void nv_alloc21(uint32_t parent, uint32_t handle, uint32_t cls, void *params)
 {
-	NVOS21_PARAMETERS p = { g_hclient, parent, handle, cls, (uint64_t)(uintptr_t)params, size, 0 };
+	NVOS21_PARAMETERS p = { g_hclient, parent, handle, cls, (uint64_t)(uintptr_t)params, 0, 0 };
 
 	if (g_nvfd >= 0)
 		ioctl(g_nvfd, NV_IOWR(NV_ESC_RM_ALLOC, sizeof(p)), &p);
@@ -269,9 +271,9 @@ void nv_alloc21(uint32_t parent, uint32_t handle, uint32_t cls, void *params, ui
 
 /* Channel allocations go through IOCTL_XFER_CMD with NVOS64, as the driver
  * does for parameters it passes indirectly. */
-void nv_alloc64_xfer(uint32_t parent, uint32_t handle, uint32_t cls, void *params, uint32_t size)
+void nv_alloc64_xfer(uint32_t parent, uint32_t handle, uint32_t cls, void *params)
 {
-	NVOS64_PARAMETERS p = { g_hclient, parent, handle, cls, (uint64_t)(uintptr_t)params, 0, size, 0, 0, 0 };
+	NVOS64_PARAMETERS p = { g_hclient, parent, handle, cls, (uint64_t)(uintptr_t)params, 0, 0, 0, 0, 0 };
 	nv_ioctl_xfer_t x = { NV_ESC_RM_ALLOC, sizeof(p), (uint64_t)(uintptr_t)&p };
 
 	if (g_nvfd >= 0)
@@ -316,7 +318,7 @@ void channel_setup_ioctls(struct ctx *c, int ch)
 	cp.gpFifoEntries = FG_RING_ENTRIES;
 	cp.hVASpace = c->h_vaspace;
 	cp.engineType = NV2080_ENGINE_TYPE_GR0;
-	nv_alloc64_xfer(c->h_tsg, c->h_chan[ch], HOPPER_CHANNEL_GPFIFO_A, &cp, sizeof(cp));
+	nv_alloc64_xfer(c->h_tsg, c->h_chan[ch], HOPPER_CHANNEL_GPFIFO_A, &cp);
 	/* The simulator's token names the doorbell's channel: (context << 5) | channel. */
 	tok.workSubmitToken = (uint32_t)(c->id << 5) | (uint32_t)ch;
 	nv_control(c->h_chan[ch], NVC36F_CTRL_CMD_GPFIFO_GET_WORK_SUBMIT_TOKEN, &tok, sizeof(tok));
@@ -547,7 +549,7 @@ CUAPI CUresult cuInit(unsigned int flags)
 		 * later controls on the client from strangers'. */
 		open_node("nvidiactl", &g_nvfd);
 		g_hclient = new_client_handle();
-		nv_alloc21(0, g_hclient, NV01_ROOT_CLIENT, NULL, 0);
+		nv_alloc21(0, g_hclient, NV01_ROOT_CLIENT, NULL);
 		req.arg0 = g_hclient;
 	}
 	if ((g_nvfd >= 0 ? send_fd(&req, g_nvfd) : send_all(&req, sizeof(req))) < 0 || rpc_reply(&resp) < 0 ||

@@ -203,8 +203,8 @@ uint32_t rpc_control(uint32_t object, uint32_t cmd, void *params, uint32_t size)
 /* nvidia and nouveau ioctls, issued as a real host's libcuda does. */
 uint32_t new_handle(void);
 extern uint32_t g_hclient;
-void nv_alloc21(uint32_t parent, uint32_t handle, uint32_t cls, void *params, uint32_t size);
-void nv_alloc64_xfer(uint32_t parent, uint32_t handle, uint32_t cls, void *params, uint32_t size);
+void nv_alloc21(uint32_t parent, uint32_t handle, uint32_t cls, void *params);
+void nv_alloc64_xfer(uint32_t parent, uint32_t handle, uint32_t cls, void *params);
 void nv_control(uint32_t object, uint32_t cmd, void *params, uint32_t size);
 void nv_free(uint32_t parent, uint32_t handle);
 void channel_setup_ioctls(struct ctx *c, int ch);
