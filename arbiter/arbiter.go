@@ -144,6 +144,8 @@ type Arbiter struct {
 	duty map[key]float64
 	// schedStates are the scheduler mode's tenants.
 	schedStates map[key]*schedState
+	// slices are the GPUs' timeslice bounds SetSlices named.
+	slices map[int]Slices
 	// settled counts the periods a paced tenant's queue has stayed
 	// drained; it is steady at Settle. A queue before then is work from
 	// before it was paced (or costs learned since), drained first.
@@ -177,7 +179,7 @@ func New(p Params) *Arbiter {
 		p.React = d.React
 	}
 	return &Arbiter{p: p, duty: map[key]float64{}, settled: map[key]int{}, pressed: map[key]bool{},
-		schedStates: map[key]*schedState{}}
+		schedStates: map[key]*schedState{}, slices: map[int]Slices{}}
 }
 
 // SetWindows sets Params.React and Params.Settle: the periods the control

@@ -11,13 +11,16 @@ import (
 // Scheduler-mode constants.
 const (
 	// BaseSlice is a channel group's timeslice when every group weighs the
-	// same: the driver's own default on Volta and later (REALGPU.md).
+	// same, on a GPU whose own (SetSlices) gpuarb does not know: the
+	// simulated GPU's default. On the nvidia driver it is what CUDA runs
+	// with (2048 µs on an H200, e2e/realgpu/report.md).
 	BaseSlice = 1024 * time.Microsecond
-	// MinSlice is the shortest timeslice gpuarb gives a group: a context
-	// switch costs a few µs (20 on the simulated GPU; the real-GPU check's
-	// context-switch step measures it), and shorter slices would spend
-	// the GPU on them. 50 µs gained the fuzzer's latency-held loops
-	// nothing on the simulated GPU (docs/benchmark-history.md §10).
+	// MinSlice is the shortest timeslice gpuarb gives a group on such a
+	// GPU: a context switch costs the simulated GPU 20 µs, and shorter
+	// slices would spend it on switches. 50 µs gained the fuzzer's
+	// latency-held loops nothing there (docs/benchmark-history.md §10).
+	// A switch costs a real H200 about 250 µs: its floor is 1024 µs
+	// (gpusched.Slices).
 	MinSlice = 100 * time.Microsecond
 	// MaxSlice bounds one group's timeslice, and maxRotation the round of
 	// all of a GPU's busy groups: the longest a group with work waits.
@@ -59,14 +62,40 @@ const (
 	idleSlack = 0.15
 )
 
+// Slices bound a GPU's timeslices: Base is the mean of its busy groups'
+// when every group weighs the same, Min the shortest. They follow the
+// GPU's driver (gpusched.Actuator.Slices); DefaultSlices are the
+// simulated GPU's.
+type Slices struct{ Base, Min time.Duration }
+
+// DefaultSlices are the slices of a GPU SetSlices has not named.
+var DefaultSlices = Slices{Base: BaseSlice, Min: MinSlice}
+
+// SetSlices sets GPU gpu's slices: Min at least 1 µs, Base within
+// [Min, MaxSlice].
+func (a *Arbiter) SetSlices(gpu int, s Slices) {
+	s.Min = min(max(s.Min, time.Microsecond), MaxSlice)
+	s.Base = min(max(s.Base, s.Min), MaxSlice)
+	a.slices[gpu] = s
+}
+
+// SlicesOf returns GPU gpu's slices.
+func (a *Arbiter) SlicesOf(gpu int) Slices {
+	if s, ok := a.slices[gpu]; ok {
+		return s
+	}
+	return DefaultSlices
+}
+
 // schedState is the scheduler mode's memory of one tenant on one GPU.
 type schedState struct {
 	feedback float64 // multiplier of its weight, 1/maxFeedback..maxFeedback
 	run      float64 // fraction of each period its groups stay on the GPU
-	// sliceAtFloor tells whether its groups' timeslice was MinSlice in the
-	// last step it had work, and raiseMovesNothing whether a larger weight
-	// would have moved no slice then: its own was set by its burst (or
-	// MaxSlice) and every other busy group's was MinSlice. A feedback that
+	// sliceAtFloor tells whether its groups' timeslice was the GPU's
+	// Slices.Min in the last step it had work, and raiseMovesNothing
+	// whether a larger weight would have moved no slice then: its own was
+	// set by its burst (or MaxSlice) and every other busy group's was at
+	// the floor. A feedback that
 	// cannot move a slice stays (see correct).
 	sliceAtFloor, raiseMovesNothing bool
 }
@@ -164,14 +193,15 @@ func (a *Arbiter) schedule(ts []Input) []Decision {
 			turnBound[i] = busy > 1
 		}
 	}
-	timeslices(ts, out, turnBound, maxWait, lightDemand)
-	recordSlices(ts, out, states, turnBound, lightDemand)
+	sl := a.SlicesOf(ts[0].GPU)
+	timeslices(ts, out, turnBound, maxWait, lightDemand, sl)
+	recordSlices(ts, out, states, turnBound, lightDemand, sl.Min)
 	wasted := used < 1-idleSlack && allBelow
 	for i, t := range ts {
 		var why string
 		// An unsteered tenant has no slice to shrink: its rate at the
 		// launch gate is its only lever, run as a run fraction is.
-		atFloor := t.Unsteered || out[i].Timeslice <= MinSlice || states[i].feedback <= 1/maxFeedback
+		atFloor := t.Unsteered || out[i].Timeslice <= sl.Min || states[i].feedback <= 1/maxFeedback
 		contested := wanting > 0 && (wanting > 1 || !a.wanting(t, targets[i]))
 		out[i].Duty, why = a.runFraction(t, states[i], targets[i], runContext{atFloor, missed, deprived, contested, wasted})
 		if why != "" {
@@ -189,7 +219,7 @@ func (a *Arbiter) schedule(ts []Input) []Decision {
 
 // timeslices sets every tenant's Decision.Timeslice: its weight split
 // among its channel groups, scaled so that the GPU's busy groups average
-// BaseSlice (more where the lightest would fall below MinSlice, less where
+// sl.Base (more where the lightest would fall below sl.Min, less where
 // the rotation would exceed maxRotation) — or less, until the burst of
 // every closed loop among them (turnBound) fills its slice, since its turn
 // ends when its work runs out and the others' slices must shrink for its
@@ -204,8 +234,8 @@ func (a *Arbiter) schedule(ts []Input) []Decision {
 // each busy in some steps) would shrink everyone's slices with their
 // number, which changes every step; its own slice holds its burst
 // (burstSlice). So does a closed loop's whose slice nearly fits its burst
-// (within burstCover). No slice falls below MinSlice or exceeds MaxSlice.
-func timeslices(ts []Input, out []Decision, turnBound []bool, maxWait, lightDemand []float64) {
+// (within burstCover). No slice falls below sl.Min or exceeds MaxSlice.
+func timeslices(ts []Input, out []Decision, turnBound []bool, maxWait, lightDemand []float64, sl Slices) {
 	groups := func(t Input) float64 { return float64(max(t.Groups, 1)) }
 	perGroup := func(i int) float64 { return math.Max(out[i].Weight, 1e-9) / groups(ts[i]) }
 	var n, total, lightest float64
@@ -220,8 +250,8 @@ func timeslices(ts []Input, out []Decision, turnBound []bool, maxWait, lightDema
 	if n == 0 {
 		return
 	}
-	scale := float64(BaseSlice) * n / total // ns of slice per unit of weight
-	scale = max(scale, float64(MinSlice)/lightest)
+	scale := float64(sl.Base) * n / total // ns of slice per unit of weight
+	scale = max(scale, float64(sl.Min)/lightest)
 	left, heavy := 1.0, total // the part of a rotation the light tenants leave, and who shares it
 	for i, t := range ts {
 		if lightDemand[i] > 0 && t.Busy && !t.Unsteered {
@@ -236,7 +266,7 @@ func timeslices(ts []Input, out []Decision, turnBound []bool, maxWait, lightDema
 	}
 	for i, t := range ts {
 		if turnBound[i] {
-			// Below the lightest's floor too: the groups held at MinSlice
+			// Below the lightest's floor too: the groups held at sl.Min
 			// then get more than their weight, which their feedback and
 			// pauses correct; everyone's longer slices would not let the
 			// closed loop have its share at all.
@@ -251,7 +281,7 @@ func timeslices(ts []Input, out []Decision, turnBound []bool, maxWait, lightDema
 			d := time.Duration(scale * perGroup(i))
 			switch {
 			case lightDemand[i] > 0:
-				d = max(d, burstSlice(t.BurstNS))
+				d = max(d, burstSlice(t.BurstNS, sl.Base))
 			case turnBound[i] && burstCover*float64(d) >= t.BurstNS:
 				// A closed loop whose slice nearly fits its burst gets a
 				// slice that holds it: its turn ends when its work runs
@@ -261,22 +291,22 @@ func timeslices(ts []Input, out []Decision, turnBound []bool, maxWait, lightDema
 				// a target of 55.8%).
 				d = max(d, time.Duration(burstCover*t.BurstNS))
 			}
-			out[i].Timeslice = min(max(d, MinSlice), MaxSlice)
+			out[i].Timeslice = min(max(d, sl.Min), MaxSlice)
 		}
 	}
 }
 
 // recordSlices keeps, for every busy steered tenant, whether its new
-// timeslice is at MinSlice and whether a larger weight would have moved
+// timeslice is at the GPU's floor and whether a larger weight would have moved
 // no slice: what the next step's correct needs to tell a feedback that
 // steers from one that only winds up. A closed loop's slice (turnBound)
 // and a light tenant's hold their bursts whatever their weights; a
-// larger weight only shrinks the others' slices, and not below MinSlice.
-func recordSlices(ts []Input, out []Decision, states []*schedState, turnBound []bool, lightDemand []float64) {
+// larger weight only shrinks the others' slices, and not below floor.
+func recordSlices(ts []Input, out []Decision, states []*schedState, turnBound []bool, lightDemand []float64, floor time.Duration) {
 	steeredBusy := func(t Input) bool { return t.Busy && !t.Unsteered && t.Rules.Priority != policy.Latency }
 	aboveFloor := 0
 	for i, t := range ts {
-		if steeredBusy(t) && out[i].Timeslice > MinSlice {
+		if steeredBusy(t) && out[i].Timeslice > floor {
 			aboveFloor++
 		}
 	}
@@ -285,11 +315,11 @@ func recordSlices(ts []Input, out []Decision, states []*schedState, turnBound []
 			continue
 		}
 		others := aboveFloor
-		if out[i].Timeslice > MinSlice {
+		if out[i].Timeslice > floor {
 			others--
 		}
 		ownFixed := lightDemand[i] > 0 || turnBound[i] && float64(out[i].Timeslice) >= t.BurstNS
-		states[i].sliceAtFloor = out[i].Timeslice <= MinSlice
+		states[i].sliceAtFloor = out[i].Timeslice <= floor
 		states[i].raiseMovesNothing = out[i].Timeslice >= MaxSlice || ownFixed && others == 0
 	}
 }
@@ -301,14 +331,14 @@ func recordSlices(ts []Input, out []Decision, states []*schedState, turnBound []
 // costs a closed loop most of what it would take alone (a 12.6 ms burst
 // in 1 ms slices beside six groups read 41% for a demand of 51%). A light
 // tenant wants less than its share, so a turn as long as its burst takes
-// no more than it needs. Rounded up to BaseSlice times a power of two, or
-// every wobble of the burst's estimate would cost a control; 0 when it
-// never ran out of work (BurstNS 0).
-func burstSlice(burstNS float64) time.Duration {
+// no more than it needs. Rounded up to the GPU's base slice times a power
+// of two, or every wobble of the burst's estimate would cost a control; 0
+// when it never ran out of work (BurstNS 0).
+func burstSlice(burstNS float64, base time.Duration) time.Duration {
 	if burstNS <= 0 {
 		return 0
 	}
-	d := BaseSlice
+	d := base
 	for float64(d) < burstCover*burstNS && d < MaxSlice {
 		d *= 2
 	}
@@ -386,10 +416,10 @@ type runContext struct {
 // runFraction is the part of each period a tenant's groups stay on the
 // GPU, and why it pauses them. Pauses bound what slices cannot: a limit;
 // while another tenant is deprived, a tenant above target whose slice is
-// at MinSlice or feedback at its floor (atFloor); while a latency SLO is
-// missed, batch tenants. Normal tenants keep running beside a latency
-// tenant at MinSlice: its turn comes within their slices, and pausing
-// them leaves the GPU idle without serving it sooner.
+// at the GPU's floor (Slices.Min) or feedback at its floor (atFloor);
+// while a latency SLO is missed, batch tenants. Normal tenants keep
+// running beside a latency tenant at the floor: its turn comes within
+// their slices, and pausing them leaves the GPU idle without serving it sooner.
 // Corrections by the control window's share are spread over its periods,
 // at most a factor maxRunStep per window. A paused tenant converges on
 // its target, both ways, while another still wants more (contested) —
@@ -438,15 +468,15 @@ func (a *Arbiter) runFraction(t Input, s *schedState, target float64, c runConte
 // below target and wants more.
 //
 // A feedback that could not move any slice stays where it is: down while
-// its own slice is at MinSlice (a pause is the lever there, see
-// runFraction), up while a larger weight would move no slice (its own
-// holds its burst or MaxSlice, every other busy group's is at MinSlice).
-// Wound up in one phase of a workload, it held the next one off target
-// for seconds: a loop of 20 µs kernels beside five tenants raised its
-// weight to the bound while the others' slices were at MinSlice already,
-// and took 51–60% for a target of 46.7% in its phase of 22 ms kernels,
-// where the others' weights, lowered at their floor, kept them below
-// theirs (fuzz seed 47).
+// its own slice is at the GPU's floor (Slices.Min; a pause is the lever
+// there, see runFraction), up while a larger weight would move no slice
+// (its own holds its burst or MaxSlice, every other busy group's is at
+// the floor). Wound up in one phase of a workload, it held the next one
+// off target for seconds: a loop of 20 µs kernels beside five tenants
+// raised its weight to the bound while the others' slices were at the
+// floor already, and took 51–60% for a target of 46.7% in its phase of
+// 22 ms kernels, where the others' weights, lowered at their floor, kept
+// them below theirs (fuzz seed 47).
 func (a *Arbiter) correct(t Input, s *schedState, target float64, deprived bool) string {
 	step := math.Pow(target/math.Max(t.Share, 1e-3), feedbackGain/float64(a.p.React))
 	switch {

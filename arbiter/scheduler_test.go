@@ -52,6 +52,43 @@ func TestSlicesFollowTargets(t *testing.T) {
 	}
 }
 
+// Each GPU's slices follow its own bounds (SetSlices): on one whose switch
+// costs 250 µs (the real H200's, gpusched.Slices) equal hogs run at its
+// base of 2048 µs, and a light weight's slice stops at its floor of
+// 1024 µs where the simulated GPU's would go to 1/19 of the heavy one's.
+func TestSlicesFollowTheGPU(t *testing.T) {
+	a := New(Params{})
+	h200 := Slices{Base: 2048 * time.Microsecond, Min: 1024 * time.Microsecond}
+	a.SetSlices(1, h200)
+	on := func(gpu int, in Input) Input { in.GPU = gpu; return in }
+	ds := a.Step([]Input{on(0, schedHog("a", 100, 0.5, 1)), on(0, schedHog("b", 100, 0.5, 1)),
+		on(1, schedHog("c", 100, 0.5, 1)), on(1, schedHog("d", 100, 0.5, 1))}, steered)
+	for _, d := range ds {
+		want := BaseSlice
+		if d.GPU == 1 {
+			want = h200.Base
+		}
+		if d.Timeslice != want {
+			t.Errorf("%s on GPU %d: timeslice %v, want %v", d.Name, d.GPU, d.Timeslice, want)
+		}
+	}
+	ds = a.Step([]Input{on(0, schedHog("a", 50, 0.5, 1)), on(0, schedHog("b", 950, 0.5, 1)),
+		on(1, schedHog("c", 50, 0.5, 1)), on(1, schedHog("d", 950, 0.5, 1))}, steered)
+	if da := decisionOf(t, ds, "a"); da.Timeslice < MinSlice || da.Timeslice > 2*MinSlice {
+		t.Errorf("weight 50 of 1000 on the simulated GPU: timeslice %v, want about a 19th of the other's", da.Timeslice)
+	}
+	if dc := decisionOf(t, ds, "c"); dc.Timeslice != h200.Min {
+		t.Errorf("weight 50 of 1000 on the H200: timeslice %v, want its floor %v", dc.Timeslice, h200.Min)
+	}
+	if got := a.SlicesOf(1); got != h200 {
+		t.Errorf("SlicesOf(1) = %+v, want %+v", got, h200)
+	}
+	a.SetSlices(2, Slices{Base: 50 * time.Microsecond, Min: 200 * time.Microsecond})
+	if got := a.SlicesOf(2); got.Base != 200*time.Microsecond || got.Min != 200*time.Microsecond {
+		t.Errorf("a base below the floor: %+v, want both 200µs", got)
+	}
+}
+
 // A closed loop brings only so much work to a turn: the others' slices
 // shrink until its burst is its share of the rotation, and its own holds
 // its burst with burstCover to spare, so that a longer burst is not cut.

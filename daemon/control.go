@@ -268,7 +268,7 @@ func (d *Daemon) control(ctx context.Context) {
 			res.Inputs[i].Groups = n
 		}
 	}
-	actuation, unsteered := d.actuations(cfg, res, groups)
+	actuation, gpuSlices, unsteered := d.actuations(cfg, res, groups)
 	for k := range refused {
 		unsteered[k] = true
 	}
@@ -302,6 +302,9 @@ func (d *Daemon) control(ctx context.Context) {
 	}
 	var finish []func()
 	d.arb.SetWindows(int(math.Ceil(float64(window)/float64(cfg.Period))), int(math.Ceil(float64(d.cfg.Window)/float64(cfg.Period))))
+	for gpu, sl := range gpuSlices {
+		d.arb.SetSlices(gpu, arbiter.Slices(sl))
+	}
 	decisions := d.arb.Step(res.Inputs, func(gpu int) arbiter.Actuation { return actuation[gpu] })
 	var seen []member
 	for name, ct := range res.Tenants {
@@ -456,11 +459,13 @@ func (d *Daemon) groupsOf(res control.Result) (_ map[string]map[int][]gpusched.G
 // ungroupedGrace (a process that set up its GPU before the daemon
 // started) is unsteered: paced at the launch gate, the others steered
 // (so is one whose process's controls the driver refused: the caller
-// adds those, groupsOf names them).
-func (d *Daemon) actuations(cfg *policy.Config, res control.Result, groups map[string]map[int][]gpusched.Group) (map[int]arbiter.Actuation, map[tenantGPU]bool) {
+// adds those, groupsOf names them). bounds are the steered GPUs'
+// timeslices (gpusched.Slices), as far as they could be read.
+func (d *Daemon) actuations(cfg *policy.Config, res control.Result, groups map[string]map[int][]gpusched.Group) (_ map[int]arbiter.Actuation, bounds map[int]gpusched.Slices, _ map[tenantGPU]bool) {
 	now := time.Now()
 	seen := map[tenantGPU]bool{}
 	out := map[int]arbiter.Actuation{}
+	bounds = map[int]gpusched.Slices{}
 	unsteered := map[tenantGPU]bool{}
 	why := map[int]string{}
 	for _, in := range res.Inputs {
@@ -484,10 +489,18 @@ func (d *Daemon) actuations(cfg *policy.Config, res control.Result, groups map[s
 				out[gpu] = arbiter.Scheduler
 			}
 		case len(groups[in.Name][gpu]) > 0:
-			if r := d.steer.gpuState(gpu, groups[in.Name][gpu][0]); r != "" {
+			probe := groups[in.Name][gpu][0]
+			if r := d.steer.gpuState(gpu, probe); r != "" {
 				out[gpu], why[gpu] = arbiter.Pacing, r
-			} else if _, done := out[gpu]; !done {
+				break
+			}
+			if _, done := out[gpu]; !done {
 				out[gpu] = arbiter.Scheduler
+			}
+			if _, read := bounds[gpu]; !read {
+				if sl, ok := d.steer.slicesOf(gpu, probe); ok {
+					bounds[gpu] = sl
+				}
 			}
 		default:
 			if _, done := out[gpu]; !done {
@@ -503,7 +516,7 @@ func (d *Daemon) actuations(cfg *policy.Config, res control.Result, groups map[s
 			delete(d.ungroupedSince, k) // it has its groups now, or left
 		}
 	}
-	return out, unsteered
+	return out, bounds, unsteered
 }
 
 // unprobedPeriod is the least period of the freeze windows of a tenant

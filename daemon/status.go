@@ -113,7 +113,7 @@ func (d *Daemon) Status() api.Status {
 		if t == nil {
 			continue
 		}
-		row.State, row.ThrottledNS = liveState(row, t, d.enforcing)
+		row.State, row.ThrottledNS = liveState(row, t, d.enforcing, d.arb.SlicesOf(row.GPU).Base)
 		if t.gater != nil {
 			row.GateEscapes, _ = t.gater.Escapes()
 		}
@@ -178,15 +178,16 @@ func (d *Daemon) Status() api.Status {
 }
 
 // liveState names what gpuarb does to a tenant now, with the time it has
-// held it back so far. Called with d.mu held.
-func liveState(row *api.Tenant, t *tenant, enforcing bool) (string, uint64) {
+// held it back so far; base is its GPU's base timeslice. Called with d.mu
+// held.
+func liveState(row *api.Tenant, t *tenant, enforcing bool, base time.Duration) (string, uint64) {
 	state := row.State
 	var throttled time.Duration
 	switch {
 	case t.pauser != nil:
 		var paused bool
 		paused, throttled = t.pauser.State()
-		if row.State == "running" && steeredAway(row) {
+		if row.State == "running" && steeredAway(row, base) {
 			state = "steered"
 		}
 		if paused {
@@ -208,15 +209,15 @@ func liveState(row *api.Tenant, t *tenant, enforcing bool) (string, uint64) {
 		case row.Duty < 1 && enforcing:
 			state = "throttled"
 		}
-	case row.Actuator == "gpu scheduler" && row.State == "running" && enforcing && steeredAway(row):
+	case row.Actuator == "gpu scheduler" && row.State == "running" && enforcing && steeredAway(row, base):
 		state = "steered"
 	}
 	return state, uint64(math.Max(0, float64(throttled)))
 }
 
 // steeredAway tells whether gpuarb runs a tenant's channel groups other
-// than the driver would: a timeslice not the default, or paused part of
+// than the driver would: a timeslice not its GPU's base, or paused part of
 // each period.
-func steeredAway(row *api.Tenant) bool {
-	return row.TimesliceUS > 0 && row.TimesliceUS != arbiter.BaseSlice.Microseconds() || row.Duty < 1
+func steeredAway(row *api.Tenant, base time.Duration) bool {
+	return row.TimesliceUS > 0 && row.TimesliceUS != base.Microseconds() || row.Duty < 1
 }

@@ -42,6 +42,7 @@ type steering struct {
 
 	mu      sync.Mutex
 	gpus    map[int]string // per GPU probed: "" steerable, else why not
+	slices  map[int]gpusched.Slices
 	groups  map[groupKey]*steered
 	refused refusals
 }
@@ -102,7 +103,8 @@ func (r *refusals) forget(live map[uint32]bool) {
 // newSteering prepares steering, or says why it is off: disabled by the
 // daemon's flag, or not allowed on this host (gpusched.Available).
 func newSteering(disabled bool, ledgerPath string, m *meter.Meter, log *slog.Logger) (*steering, error) {
-	s := &steering{act: gpusched.New(), meter: m, log: log, gpus: map[int]string{}, groups: map[groupKey]*steered{}}
+	s := &steering{act: gpusched.New(), meter: m, log: log, gpus: map[int]string{}, slices: map[int]gpusched.Slices{},
+		groups: map[groupKey]*steered{}}
 	switch {
 	case disabled:
 		s.off = "disabled (--gpu-scheduler off)"
@@ -154,6 +156,29 @@ func (s *steering) gpuState(gpu int, probe gpusched.Group) string {
 	s.gpus[gpu] = why
 	s.mu.Unlock()
 	return why
+}
+
+// slicesOf returns the timeslices GPU gpu runs its channel groups well at,
+// read through group g the first time (before gpuarb changes any of the
+// GPU's groups: a steerable GPU's slices are read in the step that first
+// finds it steerable); ok is false while they could not be read.
+func (s *steering) slicesOf(gpu int, g gpusched.Group) (_ gpusched.Slices, ok bool) {
+	s.mu.Lock()
+	sl, known := s.slices[gpu]
+	s.mu.Unlock()
+	if known {
+		return sl, true
+	}
+	sl, err := s.act.Slices(g)
+	if err != nil {
+		s.log.Warn("read a GPU's timeslices: its default bounds hold", "gpu", gpu, "pid", g.PID, "err", err)
+		return sl, false
+	}
+	s.log.Info("GPU timeslices", "gpu", gpu, "base", sl.Base, "min", sl.Min)
+	s.mu.Lock()
+	s.slices[gpu] = sl
+	s.mu.Unlock()
+	return sl, true
 }
 
 // noteRefused records that the driver refused a control of group g's

@@ -203,6 +203,19 @@ func (a *Actuator) Probe(g Group) error {
 	return a.control(g, g.TSG, ctrlTSGGetInfo, make([]byte, 4))
 }
 
+// Slices reads the timeslices group g's GPU runs channel groups well at.
+// Call it before gpuarb changes the GPU's groups: on the nvidia driver,
+// Base is g's own timeslice.
+func (a *Actuator) Slices(g Group) (Slices, error) {
+	a.mu.Lock()
+	cf, err := a.file(g)
+	a.mu.Unlock()
+	if err != nil {
+		return Slices{}, err
+	}
+	return cf.via.slices(func() (time.Duration, error) { return a.Timeslice(g) })
+}
+
 // Timeslice reads group g's timeslice.
 func (a *Actuator) Timeslice(g Group) (time.Duration, error) {
 	p := make([]byte, 8)

@@ -97,6 +97,11 @@ func TestTimeslicesSteerShares(t *testing.T) {
 	// A group whose channels are not allocated yet (the probes saw its
 	// TSG first) cannot take a timeslice: Apply says so, and the other
 	// change still takes effect.
+	// The simulated GPU's slices are its default and its floor, read
+	// before any change.
+	if sl, err := a.Slices(ga); err != nil || sl != (Slices{Base: fakegpu.DefaultTimeslice, Min: 100 * time.Microsecond}) {
+		t.Errorf("Slices %+v %v, want the simulator's default and its floor", sl, err)
+	}
 	bare := b
 	bare.Channels = nil
 	if failed, err := a.Apply([]Change{{Group: bare, Timeslice: 500 * time.Microsecond}, {Group: ga, Timeslice: 1024 * time.Microsecond}}); err == nil || failed[0] == nil || failed[1] != nil {
@@ -121,6 +126,30 @@ func TestTimeslicesSteerShares(t *testing.T) {
 		if math.Abs(share-tc.want) > 0.02 {
 			t.Errorf("timeslices %v / %v: first hog's share %.3f, want %.3f ± 0.02", tc.sa, tc.sb, share, tc.want)
 		}
+	}
+}
+
+// On the nvidia driver a GPU's base slice is what the probed group runs
+// with (CUDA's 2048 µs on the real-GPU check's H200), never below the
+// floor the check's switch cost set.
+func TestNvidiaSlices(t *testing.T) {
+	read := func(d time.Duration, err error) func() (time.Duration, error) {
+		return func() (time.Duration, error) { return d, err }
+	}
+	for _, tc := range []struct {
+		read time.Duration
+		want Slices
+	}{
+		{2048 * time.Microsecond, Slices{Base: 2048 * time.Microsecond, Min: 1024 * time.Microsecond}},
+		{8 * time.Millisecond, Slices{Base: 8 * time.Millisecond, Min: 1024 * time.Microsecond}},
+		{500 * time.Microsecond, Slices{Base: 1024 * time.Microsecond, Min: 1024 * time.Microsecond}},
+	} {
+		if got, err := (nvidia{}).slices(read(tc.read, nil)); err != nil || got != tc.want {
+			t.Errorf("group at %v: %+v %v, want %+v", tc.read, got, err, tc.want)
+		}
+	}
+	if _, err := (nvidia{}).slices(read(0, errors.New("refused"))); err == nil {
+		t.Error("a timeslice that cannot be read: no error")
 	}
 }
 

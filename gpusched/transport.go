@@ -18,11 +18,44 @@ import (
 // process's control file: the file that process's RM client is bound to.
 type transport interface {
 	control(file *os.File, client, object, cmd uint32, params []byte) (status uint32, err error)
+	// slices are the timeslices its GPU runs channel groups well at;
+	// timeslice reads the probed group's own.
+	slices(timeslice func() (time.Duration, error)) (Slices, error)
 	String() string
 }
 
+// Slices are the timeslices a GPU runs its channel groups well at: Base,
+// what a group runs with unless gpuarb changes it (its switches cost no
+// more than the driver's own choice does), and Min, the shortest whose
+// switches still leave most of the GPU to the work.
+type Slices struct{ Base, Min time.Duration }
+
+// nvidiaMinSlice is the shortest timeslice on the nvidia driver. The
+// real-GPU check (e2e/realgpu/report.md: H200, driver 580, three
+// saturating processes all at one timeslice) kept, of the throughput at
+// their default 2048 µs, 1.004 at 4096 µs, 0.905 at 1024, 0.751 at 512,
+// 0.44 at 200 and 0.18 at 100: a channel-group switch costs about 250 µs.
+// At 1024 µs one group at the floor beside one at 9× its slice loses
+// about 5% of the GPU to switches.
+const nvidiaMinSlice = 1024 * time.Microsecond
+
+// fakeSlices are the simulated GPU's: its default timeslice, and its floor
+// for SET_TIMESLICE (a switch costs it 20 µs; e2e/fakegpu).
+var fakeSlices = Slices{Base: 1024 * time.Microsecond, Min: 100 * time.Microsecond}
+
 // nvidia is the real driver: NV_ESC_RM_CONTROL on the duplicate.
 type nvidia struct{}
+
+// slices: Base is the probed group's own timeslice, what CUDA runs its
+// contexts with (2048 µs on the H200 of the real-GPU check, where the open
+// driver's source sets 1024 µs), never below nvidiaMinSlice.
+func (nvidia) slices(timeslice func() (time.Duration, error)) (Slices, error) {
+	ts, err := timeslice()
+	if err != nil {
+		return Slices{}, fmt.Errorf("read the driver's timeslice: %w", err)
+	}
+	return Slices{Base: max(ts, nvidiaMinSlice), Min: nvidiaMinSlice}, nil
+}
 
 // nvos54 is NVOS54_PARAMETERS, RM_CONTROL's argument.
 type nvos54 struct {
@@ -65,6 +98,11 @@ const (
 )
 
 func (f fakeGPU) String() string { return "fakegpu " + f.socket }
+
+// slices are fakeSlices: read back, a group's timeslice would depend on
+// which context was probed (the realism's libcuda sets 2048 µs on every
+// other one).
+func (fakeGPU) slices(func() (time.Duration, error)) (Slices, error) { return fakeSlices, nil }
 
 func (f fakeGPU) control(file *os.File, client, object, cmd uint32, params []byte) (uint32, error) {
 	if len(params) > fakeMaxParams {

@@ -133,11 +133,14 @@ func (c *check) startProbes() error {
 }
 
 // record counts one event under its kind, and its entry point where it
-// names one (Func).
+// names one (Func) or its control where it is a channel group's.
 func (c *check) record(ev ioctlspy.Event) {
 	name := strings.TrimPrefix(reflect.TypeOf(ev).String(), "*ioctlspy.")
 	if f := reflect.ValueOf(ev).Elem().FieldByName("Func"); f.IsValid() && f.Kind() == reflect.String && f.String() != "" {
 		name = f.String()
+	}
+	if tc, ok := ev.(*ioctlspy.TSGControl); ok {
+		name += " " + tc.Name // which control the process made on its own group
 	}
 	pid := ev.Hdr().PID
 	c.mu.Lock()
@@ -338,20 +341,41 @@ func (c *check) timeslices(ctx context.Context, s *Step) error {
 		return err
 	}
 	ratio := func(r []float64) float64 { return r[0] / max((r[1]+r[2])/2, 1e-9) }
+	shares := timeShares(before, after)
 	s.Values["rates_before"], s.Values["rates_after"] = before, after
 	s.Values["ratio_before"], s.Values["ratio_after"] = ratio(before), ratio(after)
-	s.Summary = fmt.Sprintf("iterations/s %.1f/%.1f/%.1f at the default %v, %.1f/%.1f/%.1f at 8000/500/500 µs: first to others %.2f → %.2f (timeslices 16:1)",
-		before[0], before[1], before[2], def, after[0], after[1], after[2], ratio(before), ratio(after))
+	s.Values["time_shares_after"] = shares
+	s.Summary = fmt.Sprintf("iterations/s %.1f/%.1f/%.1f at the default %v, %.1f/%.1f/%.1f at 8000/500/500 µs: first to others %.2f → %.2f (timeslices 16:1); GPU time %.3f/%.3f/%.3f, first to others %.1f:1",
+		before[0], before[1], before[2], def, after[0], after[1], after[2], ratio(before), ratio(after),
+		shares[0], shares[1], shares[2], shares[0]/max((shares[1]+shares[2])/2, 1e-9))
 	if restore != nil {
 		return fmt.Errorf("put the default timeslice back: %w", restore)
 	}
 	return nil
 }
 
+// timeShares are the burners' shares of GPU time after a change, from
+// their iterations per second before (every burner at the same timeslice,
+// so each had a third) and after: a burner's kernels differ in length
+// (each calibrates beside the others), so its iterations count its time
+// only against its own rate.
+func timeShares(before, after []float64) []float64 {
+	out := make([]float64, len(after))
+	var total float64
+	for i := range after {
+		out[i] = after[i] / max(before[i], 1e-9)
+		total += out[i]
+	}
+	for i := range out {
+		out[i] /= max(total, 1e-9)
+	}
+	return out
+}
+
 // shortSlices are the timeslices the switch-cost step gives every burner:
 // around gpuarb's shortest (arbiter.MinSlice) and below it, where the
 // closed loops the fuzzer finds latency-held would need their neighbours.
-var shortSlices = []time.Duration{200 * time.Microsecond, 100 * time.Microsecond, 50 * time.Microsecond, 25 * time.Microsecond}
+var shortSlices = []time.Duration{4096 * time.Microsecond, 1024 * time.Microsecond, 512 * time.Microsecond, 200 * time.Microsecond, 100 * time.Microsecond, 50 * time.Microsecond}
 
 // switchWindow is how long the switch-cost step measures each timeslice:
 // the burners finish about 25 kernels of burnerMS a second between them,
