@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 
 	"github.com/urfave/cli/v2"
 
@@ -22,18 +24,25 @@ three saturating PyTorch processes it starts, and what a channel-group switch
 costs (their throughput at timeslices of 200 down to 25 µs); which libcuda
 entry points the probes see under PyTorch eager and CUDA-graph replay;
 gpuarb's shares against NVML's per-process utilization; the probes' cost per
-launch. It writes report.md and report.json into --out. On a host without an
-NVIDIA GPU it says so and exits with status 2; it exits with 1 when a step
-failed.`,
+launch; the daemon arbitrating two equal loops weighted 1:3, by NVML. It
+writes report.md and report.json into --out. On a host without an NVIDIA GPU
+it says so and exits with status 2; it exits with 1 when a step failed.`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "out", Value: "e2e/realgpu", Usage: "write report.md and report.json into `DIR`"},
 			&cli.StringFlag{Name: "python", Value: "python3", Usage: "the `PYTHON` with PyTorch that runs the CUDA workloads"},
+			&cli.StringSliceFlag{Name: "only", Usage: "run only the step `NAME` (repeatable; one of: " + strings.Join(realgpu.StepNames(), ", ") + ")"},
 		},
 		Action: runRealGPU,
 	}
 }
 
 func runRealGPU(c *cli.Context) error {
+	only := c.StringSlice("only")
+	for _, name := range only {
+		if !slices.Contains(realgpu.StepNames(), name) {
+			return cli.Exit(fmt.Sprintf("realgpu: no step %q (the steps: %s)", name, strings.Join(realgpu.StepNames(), ", ")), 2)
+		}
+	}
 	host, err := realgpu.Detect(c.Context, c.String("python"))
 	if errors.Is(err, realgpu.ErrNoGPU) {
 		return cli.Exit(fmt.Sprintf("realgpu: %v: the check needs an NVIDIA GPU, its driver, CUDA and PyTorch (make demo and make bench run on the simulated GPU)", err), 2)
@@ -54,7 +63,7 @@ func runRealGPU(c *cli.Context) error {
 	}
 	defer os.RemoveAll(work)
 	logf := func(format string, args ...any) { fmt.Fprintf(c.App.ErrWriter, format+"\n", args...) }
-	r, err := realgpu.Run(c.Context, host, realgpu.Options{Bin: bins, Python: c.String("python"), Work: work, Logf: logf})
+	r, err := realgpu.Run(c.Context, host, realgpu.Options{Bin: bins, Python: c.String("python"), Work: work, Only: only, Logf: logf})
 	if err != nil {
 		return err
 	}

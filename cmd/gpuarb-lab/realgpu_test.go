@@ -42,3 +42,20 @@ func TestRealGPUWithoutGPU(t *testing.T) {
 		t.Error("a report was written without a GPU")
 	}
 }
+
+// An unknown step in --only is refused before anything runs, naming the
+// steps there are.
+func TestRealGPUUnknownStep(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), "GPUARB_LAB_ARGS=realgpu --only arbitration --only nope --out "+t.TempDir())
+	text, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(text), `no step "nope"`) ||
+		!strings.Contains(string(text), "arbitration, Xid errors") {
+		t.Errorf("gpuarb-lab realgpu --only nope: %v: %s", err, text)
+	}
+}

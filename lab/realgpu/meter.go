@@ -26,28 +26,108 @@ const meterWindows = 10
 // sizes in two cgroups and compares its shares with NVML's per-process SM
 // utilization (nvidia-smi pmon) over 1 s windows and over the whole run.
 func (c *check) meter(ctx context.Context, s *Step) error {
-	names := []string{"large", "small"}
-	sizes := []string{"4096", "1024"}
-	cgs := make([]*lab.Cgroup, len(names))
+	names, sizes := []string{"large", "small"}, []string{"4096", "1024"}
+	run, err := c.runLoops(ctx, names, sizes, []int{100, 100}, "--observe-only")
+	if err != nil {
+		return err
+	}
+	s.Values["pmon"] = run.pmon
+	var parts []string
+	for i, n := range names {
+		ours, theirs := run.gpuarb[n], run.nvml[i]
+		var errs []float64
+		for w := 0; w < min(len(ours), len(theirs)); w++ {
+			errs = append(errs, math.Abs(ours[w]-theirs[w]))
+		}
+		whole := math.Abs(lab.Mean(ours) - lab.Mean(theirs))
+		s.Values[n] = map[string]any{"pid": run.pids[i], "gpuarb": ours, "nvml_sm": theirs, "window_errors": errs, "whole_run_error": whole}
+		parts = append(parts, fmt.Sprintf("%s: gpuarb %.1f%%, NVML %.1f%% over %d s (off %.1f pp; 1 s windows median off %.1f pp)",
+			n, 100*lab.Mean(ours), 100*lab.Mean(theirs), meterWindows, 100*whole, 100*lab.Median(errs)))
+	}
+	s.Summary = strings.Join(parts, "; ")
+	return nil
+}
+
+// arbitrationWeights are the arbitration step's two tenants' weights: a
+// target of 25% and 75%, the 1:3 bar.
+var arbitrationWeights = []int{100, 300}
+
+// arbitrationTolerance is how far from its target NVML may read a tenant
+// before the arbitration step fails: the simulated GPU's bar is 2 pp, and
+// NVML's samples swing by tens of points a second (the meter step).
+const arbitrationTolerance = 0.05
+
+// arbitration runs the daemon arbitrating (the GPU's own scheduler
+// steered) between two equal PyTorch loops weighted 1:3 in two cgroups,
+// and compares their NVML shares over meterWindows seconds with the
+// targets; it records gpuarb's shares, targets, timeslices and reasons.
+func (c *check) arbitration(ctx context.Context, s *Step) error {
+	defer func() {
+		if c.daemon != nil {
+			_, stderr := c.daemon.Output()
+			s.Values["daemon_log"] = lastLines(stderr, 40)
+		}
+		c.stopDaemon()
+	}()
+	names := []string{"light", "heavy"}
+	run, err := c.runLoops(ctx, names, []string{"4096", "4096"}, arbitrationWeights)
+	if err != nil {
+		return err
+	}
+	s.Values["pmon"], s.Values["status"] = run.pmon, run.status
+	light, heavy := lab.Mean(run.nvml[0]), lab.Mean(run.nvml[1])
+	share := heavy / max(light+heavy, 1e-9)
+	target := float64(arbitrationWeights[1]) / float64(arbitrationWeights[0]+arbitrationWeights[1])
+	s.Values["nvml_light"], s.Values["nvml_heavy"], s.Values["nvml_heavy_share"] = light, heavy, share
+	s.Values["gpuarb_light"], s.Values["gpuarb_heavy"] = lab.Mean(run.gpuarb["light"]), lab.Mean(run.gpuarb["heavy"])
+	last := run.status[len(run.status)-1]
+	s.Summary = fmt.Sprintf("weights 1:3 between two 4096² matrix-multiply loops: NVML SM %.1f%% / %.1f%% over %d s, the heavy one %.1f%% of their sum for a target of %.0f%%; gpuarb read %.1f%% / %.1f%%; last step: %s",
+		100*light, 100*heavy, meterWindows, 100*share, 100*target, 100*lab.Mean(run.gpuarb["light"]), 100*lab.Mean(run.gpuarb["heavy"]), last)
+	if math.Abs(share-target) > arbitrationTolerance {
+		return fmt.Errorf("the heavy tenant took %.1f%% of the two's GPU time for a target of %.0f%%", 100*share, 100*target)
+	}
+	return nil
+}
+
+// loopRun is what runLoops measured: per tenant (in the order named) its
+// pid and NVML SM utilization per 1 s sample, by name gpuarb's shares per
+// second, and each second's decisions as status printed them.
+type loopRun struct {
+	pids   []int
+	nvml   [][]float64
+	gpuarb map[string][]float64
+	status []string
+	pmon   string
+}
+
+// runLoops starts the daemon (with extra flags) over one tenant per name,
+// each a cgroup with its weight and a PyTorch loop of matrix multiplies of
+// its size, waits until both are metered and 3 s more, then samples NVML
+// and gpuarb's status for meterWindows seconds. The loops stop before it
+// returns; the daemon runs on until stopDaemon (the cost step times
+// launches under it).
+func (c *check) runLoops(ctx context.Context, names, sizes []string, weights []int, extra ...string) (*loopRun, error) {
+	c.stopDaemon() // an earlier step's
 	policy := "tenants:\n"
+	cgs := make([]*lab.Cgroup, len(names))
 	for i, n := range names {
 		cg, err := lab.NewCgroup("gpuarb-realgpu", n)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		c.cgroups = append(c.cgroups, cg)
 		cgs[i] = cg
-		policy += fmt.Sprintf("  - {name: %s, cgroup: %s}\n", n, cg.Rel)
+		policy += fmt.Sprintf("  - {name: %s, cgroup: %s, weight: %d}\n", n, cg.Rel, weights[i])
 	}
 	policyPath := filepath.Join(c.o.Work, "policy.yaml")
 	if err := os.WriteFile(policyPath, []byte(policy), 0o644); err != nil {
-		return err
+		return nil, err
 	}
 	c.socket = filepath.Join(c.o.Work, "gpuarb.sock")
-	p, err := lab.Start(exec.Command(filepath.Join(c.o.Bin, "gpuarb"), "daemon", "--socket", c.socket, "--pin-path", pinPath,
-		"--policy", policyPath, "--observe-only"), "")
+	args := append([]string{"daemon", "--socket", c.socket, "--pin-path", pinPath, "--policy", policyPath}, extra...)
+	p, err := lab.Start(exec.Command(filepath.Join(c.o.Bin, "gpuarb"), args...), "")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	c.daemon = p
 	client := api.NewClient(c.socket)
@@ -59,78 +139,72 @@ func (c *check) meter(ctx context.Context, s *Step) error {
 		_, err := client.Status(ctx)
 		return err == nil, nil
 	}); err != nil {
-		return fmt.Errorf("start the daemon: %w", err)
+		return nil, fmt.Errorf("start the daemon: %w", err)
 	}
-	pids := make([]int, len(names))
+	run := &loopRun{gpuarb: map[string][]float64{}}
 	for i := range names {
 		lp, err := lab.Start(c.python(ctx, "eager.py", "120", sizes[i]), cgs[i].Path)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		defer lp.Stop()
-		pids[i] = lp.Cmd.Process.Pid
+		run.pids = append(run.pids, lp.Cmd.Process.Pid)
 	}
-	shares := func() (map[string]float64, error) {
+	status := func() (map[string]api.Tenant, error) {
 		st, err := client.Status(ctx)
 		if err != nil {
 			return nil, err
 		}
-		out := map[string]float64{}
+		out := map[string]api.Tenant{}
 		for _, t := range st.Tenants {
-			out[t.Name] = t.Share
+			out[t.Name] = t
 		}
 		return out, nil
 	}
 	if err := waitFor(ctx, 90*time.Second, func() (bool, error) {
-		sh, err := shares()
-		return err == nil && sh["large"] > 0 && sh["small"] > 0, err
+		st, err := status()
+		return err == nil && st[names[0]].Share > 0 && st[names[1]].Share > 0, err
 	}); err != nil {
-		return fmt.Errorf("both loops metered: %w", err)
+		return nil, fmt.Errorf("both loops metered: %w", err)
 	}
 	if err := lab.Sleep(ctx, 3*time.Second); err != nil {
-		return err
+		return nil, err
 	}
 	pmon := exec.CommandContext(ctx, "nvidia-smi", "pmon", "-s", "u", "-d", "1", "-c", strconv.Itoa(meterWindows))
 	var pmonOut strings.Builder
 	pmon.Stdout = &pmonOut
 	if err := pmon.Start(); err != nil {
-		return fmt.Errorf("nvidia-smi pmon: %w", err)
+		return nil, fmt.Errorf("nvidia-smi pmon: %w", err)
 	}
-	gpuarb := map[string][]float64{}
 	for i := 0; i < meterWindows; i++ {
 		if err := lab.Sleep(ctx, time.Second); err != nil {
-			return err
+			return nil, err
 		}
-		sh, err := shares()
+		st, err := status()
 		if err != nil {
-			return err
+			return nil, err
 		}
+		var line []string
 		for _, n := range names {
-			gpuarb[n] = append(gpuarb[n], sh[n])
+			t := st[n]
+			run.gpuarb[n] = append(run.gpuarb[n], t.Share)
+			line = append(line, fmt.Sprintf("%s %.1f%% target %.1f%% %s %dµs duty %.2f (%s)",
+				n, 100*t.Share, 100*t.TargetShare, t.Actuator, t.TimesliceUS, t.Duty, t.Reason))
 		}
+		run.status = append(run.status, strings.Join(line, "; "))
 	}
 	if err := pmon.Wait(); err != nil {
-		return fmt.Errorf("nvidia-smi pmon: %w", err)
+		return nil, fmt.Errorf("nvidia-smi pmon: %w", err)
 	}
-	nvml := parsePmon(pmonOut.String())
-	s.Values["pmon"] = pmonOut.String()
-	var parts []string
-	for i, n := range names {
-		ours, theirs := gpuarb[n], nvml[pids[i]]
-		if len(theirs) == 0 {
-			return fmt.Errorf("nvidia-smi pmon shows nothing of pid %d", pids[i])
+	run.pmon = pmonOut.String()
+	nvml := parsePmon(run.pmon)
+	for _, pid := range run.pids {
+		if len(nvml[pid]) == 0 {
+			return nil, fmt.Errorf("nvidia-smi pmon shows nothing of pid %d", pid)
 		}
-		var errs []float64
-		for w := 0; w < min(len(ours), len(theirs)); w++ {
-			errs = append(errs, math.Abs(ours[w]-theirs[w]))
-		}
-		whole := math.Abs(lab.Mean(ours) - lab.Mean(theirs))
-		s.Values[n] = map[string]any{"pid": pids[i], "gpuarb": ours, "nvml_sm": theirs, "window_errors": errs, "whole_run_error": whole}
-		parts = append(parts, fmt.Sprintf("%s: gpuarb %.1f%%, NVML %.1f%% over %d s (off %.1f pp; 1 s windows median off %.1f pp)",
-			n, 100*lab.Mean(ours), 100*lab.Mean(theirs), meterWindows, 100*whole, 100*lab.Median(errs)))
+		run.nvml = append(run.nvml, nvml[pid])
 	}
-	s.Summary = strings.Join(parts, "; ")
-	return nil
+	return run, nil
 }
 
 // parsePmon reads nvidia-smi pmon -s u: per pid, its SM utilization

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -49,6 +50,9 @@ type Options struct {
 	Python string
 	// Work is a scratch directory for the scripts and the daemon.
 	Work string
+	// Only names the steps to run (nil: all). A step that needs an
+	// earlier one's burners or daemon fails without it.
+	Only []string
 	// Logf reports progress; nil is silent.
 	Logf func(format string, args ...any)
 }
@@ -108,8 +112,41 @@ func Detect(ctx context.Context, python string) (Host, error) {
 	return h, nil
 }
 
-// Run runs every step within Limit and returns the report; an error is
-// returned only when the check could not start at all.
+// StepNames are the check's steps, in the order they run.
+func StepNames() []string {
+	var names []string
+	for _, st := range (&check{}).steps() {
+		names = append(names, st.name)
+	}
+	return names
+}
+
+// stepDef is one step of the check and what ends after it (burners,
+// probes, a daemon the steps after it must not find running).
+type stepDef struct {
+	name  string
+	run   func(context.Context, *Step) error
+	after func()
+}
+
+func (c *check) steps() []stepDef {
+	return []stepDef{
+		{"cost without gpuarb", c.costWithout, nil},
+		{"ownership and permission", c.ownership, nil},
+		{"timeslices", c.timeslices, nil},
+		{"context-switch cost", c.switchCost, nil},
+		{"pause and resume", c.pauseResume, nil},
+		{"preempt", c.preempt, c.stopBurners},
+		{"probes under PyTorch", c.census, c.closeProbes},
+		{"meter against NVML", c.meter, nil},
+		{"cost with gpuarb", c.costWith, c.stopDaemon},
+		{"arbitration", c.arbitration, nil},
+		{"Xid errors", c.xids, nil},
+	}
+}
+
+// Run runs every step (those of Options.Only) within Limit and returns the
+// report; an error is returned only when the check could not start at all.
 func Run(ctx context.Context, host Host, o Options) (*Report, error) {
 	ctx, cancel := context.WithTimeout(ctx, Limit)
 	defer cancel()
@@ -119,19 +156,12 @@ func Run(ctx context.Context, host Host, o Options) (*Report, error) {
 	r := &Report{Started: time.Now().UTC(), Host: host}
 	c := &check{o: o, report: r}
 	defer c.cleanups()
-	c.step(ctx, "cost without gpuarb", c.costWithout)
-	c.step(ctx, "ownership and permission", c.ownership)
-	c.step(ctx, "timeslices", c.timeslices)
-	c.step(ctx, "context-switch cost", c.switchCost)
-	c.step(ctx, "pause and resume", c.pauseResume)
-	c.step(ctx, "preempt", c.preempt)
-	c.stopBurners()
-	c.step(ctx, "probes under PyTorch", c.census)
-	c.closeProbes()
-	c.step(ctx, "meter against NVML", c.meter)
-	c.step(ctx, "cost with gpuarb", c.costWith)
-	c.stopDaemon()
-	c.step(ctx, "Xid errors", c.xids)
+	for _, st := range c.steps() {
+		c.step(ctx, st.name, st.run)
+		if st.after != nil {
+			st.after()
+		}
+	}
 	return r, nil
 }
 
@@ -154,6 +184,9 @@ func writeScripts(dir string) error {
 
 // step runs fn as the named step, recording its result and time.
 func (c *check) step(ctx context.Context, name string, fn func(context.Context, *Step) error) {
+	if c.o.Only != nil && !slices.Contains(c.o.Only, name) {
+		return
+	}
 	s := Step{Name: name, Values: map[string]any{}}
 	c.o.logf("realgpu: %s ...", name)
 	start := time.Now()
@@ -174,4 +207,10 @@ func (c *check) step(ctx context.Context, name string, fn func(context.Context, 
 func lastLine(s string) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	return lines[len(lines)-1]
+}
+
+// lastLines are the last n lines of s.
+func lastLines(s string, n int) []string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[max(0, len(lines)-n):]
 }
