@@ -129,9 +129,9 @@ func TestTimeslicesSteerShares(t *testing.T) {
 	}
 }
 
-// On the nvidia driver a GPU's base slice is what the probed group runs
-// with (CUDA's 2048 µs on the real-GPU check's H200), never below the
-// floor the check's switch cost set.
+// On the nvidia driver a GPU's base slice is 2048 µs, the least that lost
+// nothing to switches on the real-GPU check's H200, or the probed group's
+// own where it is longer; the floor is what the check's switch cost set.
 func TestNvidiaSlices(t *testing.T) {
 	read := func(d time.Duration, err error) func() (time.Duration, error) {
 		return func() (time.Duration, error) { return d, err }
@@ -142,7 +142,8 @@ func TestNvidiaSlices(t *testing.T) {
 	}{
 		{2048 * time.Microsecond, Slices{Base: 2048 * time.Microsecond, Min: 1024 * time.Microsecond}},
 		{8 * time.Millisecond, Slices{Base: 8 * time.Millisecond, Min: 1024 * time.Microsecond}},
-		{500 * time.Microsecond, Slices{Base: 1024 * time.Microsecond, Min: 1024 * time.Microsecond}},
+		{1024 * time.Microsecond, Slices{Base: 2048 * time.Microsecond, Min: 1024 * time.Microsecond}},
+		{500 * time.Microsecond, Slices{Base: 2048 * time.Microsecond, Min: 1024 * time.Microsecond}},
 	} {
 		if got, err := (nvidia{}).slices(read(tc.read, nil)); err != nil || got != tc.want {
 			t.Errorf("group at %v: %+v %v, want %+v", tc.read, got, err, tc.want)
