@@ -21,12 +21,14 @@ CUDA and PyTorch, in at most 10 minutes and without network: pidfd_getfd of a
 CUDA process's control file and the driver's answers through it and through a
 fresh open; the effect of per-group timeslices, channel disable and preempt on
 three saturating PyTorch processes it starts, and what a channel-group switch
-costs (their throughput at timeslices of 200 down to 25 µs); which libcuda
-entry points the probes see under PyTorch eager and CUDA-graph replay;
-gpuarb's shares against NVML's per-process utilization; the probes' cost per
-launch; the daemon arbitrating two equal loops weighted 1:3, by NVML. It
-writes report.md and report.json into --out. On a host without an NVIDIA GPU
-it says so and exits with status 2; it exits with 1 when a step failed.`,
+costs (their throughput at timeslices of 4096 down to 50 µs); what 1:3
+timeslices give two equal loops of shorter kernels, by their iterations and by
+NVML; which libcuda entry points the probes see under PyTorch eager and
+CUDA-graph replay; gpuarb's shares against NVML's per-process utilization; the
+probes' cost per launch; the daemon arbitrating two equal loops weighted 1:3,
+by their iterations and by NVML. It writes report.md and report.json into
+--out (--only runs chosen steps). On a host without an NVIDIA GPU it says so
+and exits with status 2; it exits with 1 when a step failed.`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "out", Value: "e2e/realgpu", Usage: "write report.md and report.json into `DIR`"},
 			&cli.StringFlag{Name: "python", Value: "python3", Usage: "the `PYTHON` with PyTorch that runs the CUDA workloads"},

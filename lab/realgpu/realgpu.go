@@ -137,6 +137,7 @@ func (c *check) steps() []stepDef {
 		{"context-switch cost", c.switchCost, nil},
 		{"pause and resume", c.pauseResume, nil},
 		{"preempt", c.preempt, c.stopBurners},
+		{"slice shares", c.sliceShares, nil},
 		{"probes under PyTorch", c.census, c.closeProbes},
 		{"meter against NVML", c.meter, nil},
 		{"cost with gpuarb", c.costWith, c.stopDaemon},

@@ -87,3 +87,18 @@ func TestSwitchCostAt(t *testing.T) {
 		}
 	}
 }
+
+// A workload's progress lines give its iterations per second between two
+// times, from the last line before each; other lines are skipped.
+func TestRateOf(t *testing.T) {
+	ps := progressOf("ready 4096\n1000000000 10\n1500000000 20\n2000000000 30\n2500000000 40\niterations 40\n")
+	if len(ps) != 4 {
+		t.Fatalf("progress lines: %v", ps)
+	}
+	if r := rateOf(ps, 1_200_000_000, 2_200_000_000); r != 20 {
+		t.Errorf("rate over 1 s from 10 to 30 iterations: %v, want 20", r)
+	}
+	if r := rateOf(ps, 500_000_000, 2_000_000_000); r != 0 {
+		t.Errorf("rate from before the first line: %v, want 0", r)
+	}
+}

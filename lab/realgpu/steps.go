@@ -54,31 +54,59 @@ type burner struct {
 	groups []gpusched.Group
 }
 
+// progress is one line "MONOTONIC_NS COUNT" of a workload's output: the
+// iterations it had finished at that time.
+type progress struct{ at, count int64 }
+
+// progressOf parses a workload's progress lines, skipping the others.
+func progressOf(out string) []progress {
+	var ps []progress
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) != 2 {
+			continue
+		}
+		t, err1 := strconv.ParseInt(f[0], 10, 64)
+		n, err2 := strconv.ParseInt(f[1], 10, 64)
+		if err1 == nil && err2 == nil {
+			ps = append(ps, progress{t, n})
+		}
+	}
+	return ps
+}
+
+// rateOf is the iterations per second between two monotonic times, from
+// the last progress line before each.
+func rateOf(ps []progress, from, to int64) float64 {
+	var a, b int64 = -1, -1
+	for _, p := range ps {
+		if p.at <= from {
+			a = p.count
+		}
+		if p.at <= to {
+			b = p.count
+		}
+	}
+	if a < 0 || b < 0 {
+		return 0
+	}
+	return float64(b-a) / (float64(to-from) / 1e9)
+}
+
 // completions are the monotonic times of the burner's finished iterations.
 func (b *burner) completions() []int64 {
 	out, _ := b.proc.Output()
 	var ts []int64
-	for _, line := range strings.Split(out, "\n") {
-		f := strings.Fields(line)
-		if len(f) != 2 || f[0] == "ready" {
-			continue
-		}
-		if t, err := strconv.ParseInt(f[0], 10, 64); err == nil {
-			ts = append(ts, t)
-		}
+	for _, p := range progressOf(out) {
+		ts = append(ts, p.at)
 	}
 	return ts
 }
 
 // rate is the burner's iterations per second between two monotonic times.
 func (b *burner) rate(from, to int64) float64 {
-	n := 0
-	for _, t := range b.completions() {
-		if t >= from && t < to {
-			n++
-		}
-	}
-	return float64(n) / (float64(to-from) / 1e9)
+	out, _ := b.proc.Output()
+	return rateOf(progressOf(out), from, to)
 }
 
 func monotonic() int64 {
@@ -178,27 +206,37 @@ func (c *check) startBurners(ctx context.Context, n int) error {
 		}
 		c.burners = append(c.burners, &burner{proc: p})
 	}
-	deadline := time.Now().Add(2 * time.Minute)
 	for _, b := range c.burners {
-		for {
-			out, stderr := b.proc.Output()
-			if p, ok := c.spy.Table().Process(uint32(b.proc.Cmd.Process.Pid)); ok && strings.HasPrefix(out, "ready") {
-				if b.groups = p.Groups(); len(b.groups) > 0 {
-					break
-				}
-			}
-			switch {
-			case b.proc.Done():
-				return fmt.Errorf("burner %d exited: %s", b.proc.Cmd.Process.Pid, lastLine(stderr))
-			case time.Now().After(deadline):
-				return fmt.Errorf("burner %d: no channel group seen by the probes within 2 minutes", b.proc.Cmd.Process.Pid)
-			}
-			if err := lab.Sleep(ctx, 100*time.Millisecond); err != nil {
-				return err
-			}
+		gs, err := c.groupsOf(ctx, b.proc, "ready")
+		if err != nil {
+			return err
 		}
+		b.groups = gs
 	}
 	return nil
+}
+
+// groupsOf waits (2 minutes at most) until process p's output starts with
+// ready and its channel groups are in the probes' table, and returns them.
+func (c *check) groupsOf(ctx context.Context, p *lab.Proc, ready string) ([]gpusched.Group, error) {
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		out, stderr := p.Output()
+		if proc, ok := c.spy.Table().Process(uint32(p.Cmd.Process.Pid)); ok && strings.HasPrefix(out, ready) {
+			if gs := proc.Groups(); len(gs) > 0 {
+				return gs, nil
+			}
+		}
+		switch {
+		case p.Done():
+			return nil, fmt.Errorf("pid %d exited: %s", p.Cmd.Process.Pid, lastLine(stderr))
+		case time.Now().After(deadline):
+			return nil, fmt.Errorf("pid %d: no channel group seen by the probes within 2 minutes", p.Cmd.Process.Pid)
+		}
+		if err := lab.Sleep(ctx, 100*time.Millisecond); err != nil {
+			return nil, err
+		}
+	}
 }
 
 func (c *check) stopBurners() {
@@ -533,6 +571,109 @@ func (c *check) preempt(ctx context.Context, s *Step) error {
 	s.Values["preempt_us"] = us
 	s.Summary = fmt.Sprintf("PREEMPT (wait) median %.0f µs, max %.0f µs over 10", us[len(us)/2], us[len(us)-1])
 	return nil
+}
+
+// sliceRatios are the timeslice pairs (1:3) the slice-shares step gives
+// its two loops: gpuarb's floor beside three times it on the nvidia
+// driver, and its base beside three times that.
+var sliceRatios = [][2]time.Duration{
+	{1024 * time.Microsecond, 3072 * time.Microsecond},
+	{2048 * time.Microsecond, 6144 * time.Microsecond},
+}
+
+// sliceWindow is how long the slice-shares step measures each pair.
+const sliceWindow = 4 * time.Second
+
+// sliceShares gives two equal PyTorch loops (4096² matrix multiplies, a
+// sync every 10: kernels of a few ms, where the burners' are 40 ms) equal
+// timeslices, then each pair of sliceRatios, without gpuarb, and measures
+// the second loop's part of their GPU time by their iterations and by
+// NVML: whether a slice buys its length of GPU time with such kernels
+// (the arbitration step's loops) and what NVML counts of it.
+func (c *check) sliceShares(ctx context.Context, s *Step) error {
+	if err := c.startProbes(); err != nil {
+		return err
+	}
+	if c.act == nil {
+		c.act = gpusched.New()
+	}
+	var loops []*lab.Proc
+	var groups [][]gpusched.Group
+	for i := 0; i < 2; i++ {
+		p, err := lab.Start(c.python(context.Background(), "eager.py", "120", "4096"), "")
+		if err != nil {
+			return err
+		}
+		defer p.Stop()
+		loops = append(loops, p)
+	}
+	for _, p := range loops {
+		// The first progress line: a sync done, its groups allocated.
+		gs, err := c.groupsOf(ctx, p, "")
+		if err != nil {
+			return err
+		}
+		for len(progressLines(p)) == 0 {
+			if err := lab.Sleep(ctx, 100*time.Millisecond); err != nil {
+				return err
+			}
+		}
+		groups = append(groups, gs)
+	}
+	def, err := c.act.Timeslice(groups[0][0])
+	if err != nil {
+		return fmt.Errorf("GET_TIMESLICE: %w", err)
+	}
+	set := func(a, b time.Duration) error {
+		var changes []gpusched.Change
+		for i, d := range []time.Duration{a, b} {
+			for _, g := range groups[i] {
+				changes = append(changes, gpusched.Change{Group: g, Timeslice: d})
+			}
+		}
+		return c.apply(changes...)
+	}
+	var parts []string
+	for _, pair := range append([][2]time.Duration{{def, def}}, sliceRatios...) {
+		if err := set(pair[0], pair[1]); err != nil {
+			return fmt.Errorf("SET_TIMESLICE %v/%v: %w", pair[0], pair[1], err)
+		}
+		if err := lab.Sleep(ctx, 500*time.Millisecond); err != nil {
+			return err
+		}
+		pm, err := startPmon(ctx, int(sliceWindow/time.Second))
+		if err != nil {
+			return err
+		}
+		from := monotonic()
+		if err := lab.Sleep(ctx, sliceWindow); err != nil {
+			return err
+		}
+		to := monotonic()
+		nvml, text, err := pm.wait()
+		if err != nil {
+			return err
+		}
+		var rates, sm []float64
+		for _, p := range loops {
+			rates = append(rates, rateOf(progressLines(p), from, to))
+			sm = append(sm, lab.Mean(nvml[p.Cmd.Process.Pid]))
+		}
+		byIterations := rates[1] / max(rates[0]+rates[1], 1e-9)
+		byNVML := sm[1] / max(sm[0]+sm[1], 1e-9)
+		key := fmt.Sprintf("%dus_%dus", pair[0].Microseconds(), pair[1].Microseconds())
+		s.Values[key] = map[string]any{"rates": rates, "nvml_sm": sm, "second_share": byIterations, "second_share_nvml": byNVML, "pmon": text}
+		parts = append(parts, fmt.Sprintf("%v/%v: the second %.1f%% of their iterations, %.1f%% by NVML (%.1f/%.1f iterations/s)",
+			pair[0], pair[1], 100*byIterations, 100*byNVML, rates[0], rates[1]))
+	}
+	s.Summary = strings.Join(parts, "; ")
+	return set(def, def)
+}
+
+// progressLines are a running workload's progress so far.
+func progressLines(p *lab.Proc) []progress {
+	out, _ := p.Output()
+	return progressOf(out)
 }
 
 // census runs PyTorch eager and CUDA-graph replay and records which libcuda

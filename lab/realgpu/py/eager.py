@@ -1,5 +1,7 @@
-# PyTorch eager mode for the probes' census: matrix multiplies and an
-# elementwise kernel, a sync every 10 iterations, for SECONDS seconds.
+# PyTorch eager mode for the probes' census and the meter's loops: matrix
+# multiplies of N x N and an elementwise kernel, a sync every 10
+# iterations, for SECONDS seconds. After each sync a line
+# "MONOTONIC_NS COUNT" (the iterations done); last "iterations COUNT".
 import sys
 import time
 
@@ -16,5 +18,6 @@ while time.monotonic() < end:
     i += 1
     if i % 10 == 0:
         torch.cuda.synchronize()
+        print(time.monotonic_ns(), i, flush=True)
 torch.cuda.synchronize()
 print("iterations", i, flush=True)
