@@ -205,7 +205,7 @@ func (a *Actuator) Probe(g Group) error {
 
 // Slices reads the timeslices group g's GPU runs channel groups well at.
 // Call it before gpuarb changes the GPU's groups: on the nvidia driver,
-// Base is g's own timeslice.
+// g's own timeslice may lengthen the base.
 func (a *Actuator) Slices(g Group) (Slices, error) {
 	a.mu.Lock()
 	cf, err := a.file(g)
@@ -213,7 +213,7 @@ func (a *Actuator) Slices(g Group) (Slices, error) {
 	if err != nil {
 		return Slices{}, err
 	}
-	return cf.via.slices(func() (time.Duration, error) { return a.Timeslice(g) })
+	return cf.via.slices(func(cmd uint32, params []byte) error { return a.control(g, g.TSG, cmd, params) })
 }
 
 // Timeslice reads group g's timeslice.

@@ -97,11 +97,6 @@ func TestTimeslicesSteerShares(t *testing.T) {
 	// A group whose channels are not allocated yet (the probes saw its
 	// TSG first) cannot take a timeslice: Apply says so, and the other
 	// change still takes effect.
-	// The simulated GPU's slices are its default and its floor, read
-	// before any change.
-	if sl, err := a.Slices(ga); err != nil || sl != (Slices{Base: fakegpu.DefaultTimeslice, Min: 100 * time.Microsecond}) {
-		t.Errorf("Slices %+v %v, want the simulator's default and its floor", sl, err)
-	}
 	bare := b
 	bare.Channels = nil
 	if failed, err := a.Apply([]Change{{Group: bare, Timeslice: 500 * time.Microsecond}, {Group: ga, Timeslice: 1024 * time.Microsecond}}); err == nil || failed[0] == nil || failed[1] != nil {
@@ -129,12 +124,18 @@ func TestTimeslicesSteerShares(t *testing.T) {
 	}
 }
 
-// On the nvidia driver a GPU's base slice is 2048 µs, the least that lost
-// nothing to switches on the real-GPU check's H200, or the probed group's
-// own where it is longer; the floor is what the check's switch cost set.
+// A GPU's slices follow its switch cost: on the nvidia driver (256 µs, the
+// real-GPU check's H200) the floor is 1024 µs and the base 2048 µs, or the
+// probed group's own where it is longer.
 func TestNvidiaSlices(t *testing.T) {
-	read := func(d time.Duration, err error) func() (time.Duration, error) {
-		return func() (time.Duration, error) { return d, err }
+	read := func(d time.Duration, err error) func(uint32, []byte) error {
+		return func(cmd uint32, p []byte) error {
+			if cmd != ctrlTSGGetTimeslice || len(p) != 8 {
+				t.Fatalf("control 0x%x with %d bytes, want GET_TIMESLICE", cmd, len(p))
+			}
+			binary.LittleEndian.PutUint64(p, uint64(d/time.Microsecond))
+			return err
+		}
 	}
 	for _, tc := range []struct {
 		read time.Duration
@@ -143,7 +144,6 @@ func TestNvidiaSlices(t *testing.T) {
 		{2048 * time.Microsecond, Slices{Base: 2048 * time.Microsecond, Min: 1024 * time.Microsecond}},
 		{8 * time.Millisecond, Slices{Base: 8 * time.Millisecond, Min: 1024 * time.Microsecond}},
 		{1024 * time.Microsecond, Slices{Base: 2048 * time.Microsecond, Min: 1024 * time.Microsecond}},
-		{500 * time.Microsecond, Slices{Base: 2048 * time.Microsecond, Min: 1024 * time.Microsecond}},
 	} {
 		if got, err := (nvidia{}).slices(read(tc.read, nil)); err != nil || got != tc.want {
 			t.Errorf("group at %v: %+v %v, want %+v", tc.read, got, err, tc.want)
@@ -151,6 +151,28 @@ func TestNvidiaSlices(t *testing.T) {
 	}
 	if _, err := (nvidia{}).slices(read(0, errors.New("refused"))); err == nil {
 		t.Error("a timeslice that cannot be read: no error")
+	}
+}
+
+// The simulated GPU tells its costs, and its slices follow them: the
+// defaults (20 µs switches, 1024 µs slices) keep the 100 µs floor; run with
+// the H200's figures it gets the H200's bounds.
+func TestSimulatedGPUSlices(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want Slices
+	}{
+		{nil, Slices{Base: 1024 * time.Microsecond, Min: 100 * time.Microsecond}},
+		{[]string{"--ctxsw", "256us", "--timeslice", "2048us"}, Slices{Base: 2048 * time.Microsecond, Min: 1024 * time.Microsecond}},
+	} {
+		gpu := testutil.StartFakeGPU(t, tc.args...)
+		pa, _ := twoHogs(t, gpu)
+		a := New()
+		got, err := a.Slices(groupOf(t, gpu, pa))
+		a.Close()
+		if err != nil || got != tc.want {
+			t.Errorf("fakegpud %v: slices %+v %v, want %+v", tc.args, got, err, tc.want)
+		}
 	}
 }
 

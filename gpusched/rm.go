@@ -16,6 +16,9 @@ const (
 	ctrlTSGGetInfo            = 0xa06c0106 // on the TSG: {u32 tsgID}
 	ctrlRestartRunlist        = 0xa06f0111 // on a channel: {bool bForceRestart, bBypassWait}
 	ctrlFIFODisableChannels   = 0x2080110b // on the subdevice: 536 B
+	// ctrlSimSchedCosts is the simulated GPU's own, on the TSG: {u64
+	// defaultTimesliceUs; u64 contextSwitchNs; u64 preemptNs}.
+	ctrlSimSchedCosts = 0xfa6c0001
 	fifoDisableSize           = 536
 	fifoDisableMax            = 64
 	fifoDisableClientsOffset  = 24

@@ -19,8 +19,8 @@ import (
 type transport interface {
 	control(file *os.File, client, object, cmd uint32, params []byte) (status uint32, err error)
 	// slices are the timeslices its GPU runs channel groups well at;
-	// timeslice reads the probed group's own.
-	slices(timeslice func() (time.Duration, error)) (Slices, error)
+	// control makes an RM control on the probed group.
+	slices(control func(cmd uint32, params []byte) error) (Slices, error)
 	String() string
 }
 
@@ -30,37 +30,42 @@ type transport interface {
 // switches still leave most of the GPU to the work.
 type Slices struct{ Base, Min time.Duration }
 
-// nvidiaMinSlice is the shortest timeslice on the nvidia driver. The
-// real-GPU check (e2e/realgpu/report.md: H200, driver 580, three
-// saturating processes all at one timeslice) kept, of the throughput at
-// their default 2048 µs, 1.004 at 4096 µs, 0.905 at 1024, 0.751 at 512,
-// 0.44 at 200 and 0.18 at 100: a channel-group switch costs about 250 µs.
-// At 1024 µs one group at the floor beside one at 9× its slice loses
-// about 5% of the GPU to switches.
-const nvidiaMinSlice = 1024 * time.Microsecond
+// slicesFor are the timeslices of a GPU whose channel-group switch costs
+// sw and whose groups run at def unless told otherwise: the floor is 4 sw
+// (a group held there loses a fifth of its turn to its switch), never
+// below minFloor; the base 8 sw (a ninth), never below def. On the real-GPU
+// check's H200 (e2e/realgpu/report.md: three saturating processes all at
+// one timeslice) 2048 µs, 8 switches, kept the throughput of 4096 µs,
+// 1024 µs kept 0.905 of it, 512 µs 0.751, 200 µs 0.44 and 100 µs 0.18.
+func slicesFor(sw, def time.Duration) Slices {
+	floor := max(4*sw, minFloor)
+	return Slices{Base: max(8*sw, def, floor), Min: floor}
+}
 
-// nvidiaBaseSlice is the least base slice on the nvidia driver: 2048 µs
-// lost nothing against 4096 µs on the check's H200, 1024 µs lost 9.5%.
-// CUDA's contexts there read 2048 µs once busy (the check's ownership
-// step) and 1024 µs when the daemon probed a fresh one (its arbitration
-// step), so the read alone cannot be the base.
-const nvidiaBaseSlice = 2048 * time.Microsecond
+// minFloor is the shortest floor of any GPU: shorter slices gained the
+// fuzzer's latency-held loops nothing on the simulated GPU
+// (docs/benchmark-history.md §10).
+const minFloor = 100 * time.Microsecond
 
-// fakeSlices are the simulated GPU's: its default timeslice, and its floor
-// for SET_TIMESLICE (a switch costs it 20 µs; e2e/fakegpu).
-var fakeSlices = Slices{Base: 1024 * time.Microsecond, Min: 100 * time.Microsecond}
+// nvidiaSwitch is what a channel-group switch costs on the nvidia driver:
+// the real-GPU check's H200 lost to switches what 240–254 µs each explain
+// at slices of 1024 and 512 µs (more at shorter ones), between processes
+// of 40 ms matrix multiplies.
+const nvidiaSwitch = 256 * time.Microsecond
 
 // nvidia is the real driver: NV_ESC_RM_CONTROL on the duplicate.
 type nvidia struct{}
 
-// slices: Base is the probed group's own timeslice where a process or
-// the driver set it longer, else nvidiaBaseSlice; Min nvidiaMinSlice.
-func (nvidia) slices(timeslice func() (time.Duration, error)) (Slices, error) {
-	ts, err := timeslice()
-	if err != nil {
+// slices are slicesFor nvidiaSwitch and the probed group's own timeslice.
+// CUDA's contexts on the check's H200 read 2048 µs once busy and 1024 µs
+// when the daemon probed a fresh one, so the group's own only lengthens
+// the base.
+func (nvidia) slices(control func(cmd uint32, params []byte) error) (Slices, error) {
+	p := make([]byte, 8)
+	if err := control(ctrlTSGGetTimeslice, p); err != nil {
 		return Slices{}, fmt.Errorf("read the driver's timeslice: %w", err)
 	}
-	return Slices{Base: max(ts, nvidiaBaseSlice), Min: nvidiaMinSlice}, nil
+	return slicesFor(nvidiaSwitch, time.Duration(binary.LittleEndian.Uint64(p))*time.Microsecond), nil
 }
 
 // nvos54 is NVOS54_PARAMETERS, RM_CONTROL's argument.
@@ -105,10 +110,18 @@ const (
 
 func (f fakeGPU) String() string { return "fakegpu " + f.socket }
 
-// slices are fakeSlices: read back, a group's timeslice would depend on
-// which context was probed (the realism's libcuda sets 2048 µs on every
-// other one).
-func (fakeGPU) slices(func() (time.Duration, error)) (Slices, error) { return fakeSlices, nil }
+// slices are slicesFor the simulator's own switch cost and default
+// timeslice, as it tells them (ctrlSimSchedCosts): a group's timeslice
+// read back would depend on which context was probed (the realism's
+// libcuda sets 2048 µs on every other one).
+func (fakeGPU) slices(control func(cmd uint32, params []byte) error) (Slices, error) {
+	p := make([]byte, 24)
+	if err := control(ctrlSimSchedCosts, p); err != nil {
+		return Slices{}, fmt.Errorf("read the simulated GPU's costs: %w", err)
+	}
+	le := binary.LittleEndian
+	return slicesFor(time.Duration(le.Uint64(p[8:])), time.Duration(le.Uint64(p))*time.Microsecond), nil
+}
 
 func (f fakeGPU) control(file *os.File, client, object, cmd uint32, params []byte) (uint32, error) {
 	if len(params) > fakeMaxParams {

@@ -25,6 +25,8 @@ type bench struct {
 	// fuzzSeeds are the fuzzer section's seeds; fuzzResults, when set, a
 	// previous run's results to report instead.
 	fuzzSeeds, fuzzResults string
+	// gpuArgs are extra fakegpud serve flags for every scene.
+	gpuArgs []string
 	// busy collects GPU utilisation without and with gpuarb per scenario
 	// for the work-conservation section.
 	busy []busyFigure
@@ -76,6 +78,7 @@ about 15 minutes; the fuzzer about 45 s per seed (--fuzz-seeds 1..100: about
 			&cli.BoolFlag{Name: "quick", Usage: "shorter windows and smaller scales: a check that the bench runs, not figures to publish"},
 			&cli.StringFlag{Name: "fuzz-seeds", Value: "1..100", Usage: "the fuzzer section's seeds: `A..B` or a comma-separated list (--quick: 1..2)"},
 			&cli.StringFlag{Name: "fuzz-results", Usage: "report the fuzzer section from `FILE` (gpuarb-lab fuzz --json) instead of running it"},
+			&cli.StringSliceFlag{Name: "gpu-arg", Usage: "pass `FLAG` to every simulated GPU (repeatable; --gpu-arg=--ctxsw=256us --gpu-arg=--timeslice=2048us runs the real-GPU check's H200; not the fuzzer's, not the go test sections')"},
 		},
 		Action: func(c *cli.Context) error {
 			if err := requireRoot(); err != nil {
@@ -97,7 +100,7 @@ about 15 minutes; the fuzzer about 45 s per seed (--fuzz-seeds 1..100: about
 			}
 			out := c.String("out")
 			b := &bench{bins: bins, repo: repo, outDir: filepath.Dir(out), quick: c.Bool("quick"), log: c.App.ErrWriter,
-				fuzzSeeds: c.String("fuzz-seeds"), fuzzResults: c.String("fuzz-results")}
+				fuzzSeeds: c.String("fuzz-seeds"), fuzzResults: c.String("fuzz-results"), gpuArgs: c.StringSlice("gpu-arg")}
 			if b.quick && !c.IsSet("fuzz-seeds") {
 				b.fuzzSeeds = "1..2"
 			}

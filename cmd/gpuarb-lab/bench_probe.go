@@ -33,7 +33,7 @@ func benchProbes(ctx context.Context, b *bench) (string, error) {
 	var storm [2]float64
 	for i, m := range modes {
 		b.logf("storm, %s", m.name)
-		sc, err := newScene(b.bins, "storm", m.mode)
+		sc, err := b.scene("storm", m.mode)
 		if err != nil {
 			return "", err
 		}

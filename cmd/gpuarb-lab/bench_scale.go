@@ -59,7 +59,7 @@ func benchReaction(ctx context.Context, b *bench) (string, error) {
 // arrival runs the arrival scenario and returns 100 ms samples from the
 // arrival on.
 func (b *bench) arrival(ctx context.Context, mode daemonMode) ([]lab.Sample, error) {
-	sc, err := newScene(b.bins, "arrival", mode)
+	sc, err := b.scene("arrival", mode)
 	if err != nil {
 		return nil, err
 	}
@@ -126,7 +126,7 @@ func benchScale(ctx context.Context, b *bench) (string, error) {
 }
 
 func (b *bench) scaleRun(ctx context.Context, n int) (string, error) {
-	sc, err := newScene(b.bins, "scale", enforcing)
+	sc, err := b.scene("scale", enforcing)
 	if err != nil {
 		return "", err
 	}

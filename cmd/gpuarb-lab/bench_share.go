@@ -209,7 +209,7 @@ func benchLatency(ctx context.Context, b *bench) (string, error) {
 	ratio := map[string]float64{} // each case's p99 on the GPU over alone's
 	for _, lc := range latencyCases {
 		b.logf("inference %s", lc.name)
-		sc, err := newScene(b.bins, "latency", lc.mode)
+		sc, err := b.scene("latency", lc.mode)
 		if err != nil {
 			return "", err
 		}
@@ -342,7 +342,7 @@ func (b *bench) benchServe(ctx context.Context, measure time.Duration) (string, 
 	p50, p99s, steady := map[string]float64{}, map[string]float64{}, map[string]float64{}
 	for _, lc := range serveCases {
 		b.logf("serve %s", lc.name)
-		sc, err := newScene(b.bins, "serve", lc.mode)
+		sc, err := b.scene("serve", lc.mode)
 		if err != nil {
 			return "", err
 		}
@@ -382,7 +382,7 @@ func benchFrames(ctx context.Context, b *bench) (string, error) {
 	var busy [2]float64
 	for i, m := range modes {
 		b.logf("frames, %s", m.name)
-		sc, err := newScene(b.bins, "frames", m.mode)
+		sc, err := b.scene("frames", m.mode)
 		if err != nil {
 			return "", err
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -24,11 +25,17 @@ func (b *bench) windows() int {
 // settle is how long a scenario runs before it is measured.
 const settle = 4 * time.Second
 
+// scene starts a scene with the section's gpuArgs and the bench's own
+// (--gpu-arg).
+func (b *bench) scene(name string, mode daemonMode, gpuArgs ...string) (*scene, error) {
+	return newScene(b.bins, name, mode, append(slices.Clone(gpuArgs), b.gpuArgs...)...)
+}
+
 // measured runs a scenario in a fresh scene: setup starts its tenants,
 // then the truth is sampled in 1 s windows after settle. It returns the
 // samples and the GPU utilisation over them.
 func (b *bench) measured(ctx context.Context, name string, mode daemonMode, gpuArgs []string, setup func(*scene) error) ([]lab.Sample, float64, error) {
-	sc, err := newScene(b.bins, name, mode, gpuArgs...)
+	sc, err := b.scene(name, mode, gpuArgs...)
 	if err != nil {
 		return nil, 0, err
 	}

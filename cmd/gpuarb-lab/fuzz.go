@@ -35,6 +35,7 @@ about 50 s.`,
 			&cli.StringFlag{Name: "seeds", Value: "1..10", Usage: "`A..B` (inclusive) or a comma-separated list"},
 			&cli.StringFlag{Name: "scenario", Usage: "run the scenarios in `FILE` instead of drawing them from seeds: --json's output, or its \"Scenario\" objects (one, or a list), edited at will"},
 			&cli.BoolFlag{Name: "realism", Usage: "run the simulated GPU with --realism"},
+			&cli.StringSliceFlag{Name: "gpu-arg", Usage: "pass `FLAG` to fakegpud serve (repeatable; --gpu-arg=--ctxsw=256us --gpu-arg=--timeslice=2048us runs the real-GPU check's H200)"},
 			&cli.BoolFlag{Name: "probed-demand", Usage: "set the targets from each tenant alone beside the daemon observing (its probes' cost counted as the tenant's own), in a fourth run (about 15 s more a seed); the errors against the demands without them are printed beside"},
 			&cli.StringFlag{Name: "json", Usage: "also write the results to `FILE` as JSON"},
 			&cli.StringSliceFlag{Name: "daemon-arg", Usage: "pass `FLAG` to gpuarb daemon (repeatable)"},
@@ -72,6 +73,7 @@ about 50 s.`,
 			if c.Bool("realism") {
 				o.GPUArgs = []string{"--realism"}
 			}
+			o.GPUArgs = append(o.GPUArgs, c.StringSlice("gpu-arg")...)
 			o.ProbedDemand = c.Bool("probed-demand")
 			if d := c.String("logs"); d != "" {
 				if err := os.MkdirAll(d, 0o755); err != nil {

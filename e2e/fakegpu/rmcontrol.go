@@ -18,11 +18,17 @@ const (
 	CtrlTSGSetInterleaveLevel  = 0xa06c0107 // {u32 level}: accepted, not simulated
 	CtrlChannelRestartRunlist  = 0xa06f0111 // on a channel: {bool bForceRestart, bBypassWait}
 	CtrlSubdevFIFODisableChans = 0x2080110b // on the subdevice: 536 B, see disableChannels
+	// CtrlSimSchedCosts is the simulator's own, on a TSG: {u64
+	// defaultTimesliceUs; u64 contextSwitchNs; u64 preemptNs}, what its
+	// scheduler costs, which gpuarb reads where a real driver's are the
+	// real-GPU check's figures (gpusched.Slices).
+	CtrlSimSchedCosts = 0xfa6c0001
 )
 
 // Parameter sizes of the controls, which must match exactly.
 var controlSize = map[uint32]int{CtrlTSGGPFIFOSchedule: 3, CtrlTSGSetTimeslice: 8, CtrlTSGGetTimeslice: 8, CtrlTSGPreempt: 8,
-	CtrlTSGGetInfo: 4, CtrlTSGSetInterleaveLevel: 4, CtrlChannelRestartRunlist: 2, CtrlSubdevFIFODisableChans: 536}
+	CtrlTSGGetInfo: 4, CtrlTSGSetInterleaveLevel: 4, CtrlChannelRestartRunlist: 2, CtrlSubdevFIFODisableChans: 536,
+	CtrlSimSchedCosts: 24}
 
 // privileged controls need an administrator (RS_ACCESS_NICE or
 // CAP_SYS_ADMIN in the driver; root here).
@@ -137,6 +143,10 @@ func (s *Server) control(client, object, cmd uint32, params []byte, admin bool) 
 		le.PutUint64(params, uint64(x.slice()/int64(time.Microsecond)))
 	case CtrlTSGGetInfo:
 		le.PutUint32(params, uint32(x.id))
+	case CtrlSimSchedCosts:
+		le.PutUint64(params, uint64(g.cfg.Timeslice/time.Microsecond))
+		le.PutUint64(params[8:], uint64(g.cfg.ContextSwitch))
+		le.PutUint64(params[16:], uint64(preemptCost))
 	case CtrlTSGPreempt:
 		if g.running && g.cur == x {
 			g.cur.chans[g.curCh].busy = false // preempted: it stays runnable
