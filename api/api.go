@@ -110,6 +110,11 @@ type GPU struct {
 	// the GPU's own scheduler, SchedulerUnavailable says why.
 	Actuator             string `json:"actuator,omitempty"`
 	SchedulerUnavailable string `json:"scheduler_unavailable,omitempty"`
+	// BaseSliceUS and MinSliceUS are, where gpuarb steers its scheduler,
+	// the timeslice its busy groups average when they weigh the same and
+	// the shortest it gives one (µs): what a switch costs there sets them.
+	BaseSliceUS int64 `json:"base_slice_us,omitempty"`
+	MinSliceUS  int64 `json:"min_slice_us,omitempty"`
 }
 
 // Probes describes the probe layer behind the figures.

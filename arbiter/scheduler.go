@@ -12,14 +12,14 @@ import (
 const (
 	// BaseSlice is a channel group's timeslice when every group weighs the
 	// same, on a GPU whose own (SetSlices) gpuarb does not know: the
-	// simulated GPU's default. On the nvidia driver it is what CUDA runs
-	// with (2048 µs on an H200, e2e/realgpu/report.md).
+	// simulated GPU's default. The nvidia driver's is 2048 µs, 8 of its
+	// switches (gpusched.Slices, e2e/realgpu).
 	BaseSlice = 1024 * time.Microsecond
 	// MinSlice is the shortest timeslice gpuarb gives a group on such a
 	// GPU: a context switch costs the simulated GPU 20 µs, and shorter
 	// slices would spend it on switches. 50 µs gained the fuzzer's
 	// latency-held loops nothing there (docs/benchmark-history.md §10).
-	// A switch costs a real H200 about 250 µs: its floor is 1024 µs
+	// A switch costs a real H200 about 256 µs: its floor is 1024 µs
 	// (gpusched.Slices).
 	MinSlice = 100 * time.Microsecond
 	// MaxSlice bounds one group's timeslice, and maxRotation the round of
@@ -95,8 +95,7 @@ type schedState struct {
 	// Slices.Min in the last step it had work, and raiseMovesNothing
 	// whether a larger weight would have moved no slice then: its own was
 	// set by its burst (or MaxSlice) and every other busy group's was at
-	// the floor. A feedback that
-	// cannot move a slice stays (see correct).
+	// the floor. A feedback that cannot move a slice stays (see correct).
 	sliceAtFloor, raiseMovesNothing bool
 }
 

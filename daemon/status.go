@@ -66,6 +66,10 @@ func (d *Daemon) publish(res control.Result, snap meter.Snapshot, actuation map[
 		if why, ok := d.steerWhy[g.Index]; ok && actuation[g.Index] != arbiter.Scheduler {
 			gv.SchedulerUnavailable = why
 		}
+		if actuation[g.Index] == arbiter.Scheduler {
+			sl := d.arb.SlicesOf(g.Index)
+			gv.BaseSliceUS, gv.MinSliceUS = sl.Base.Microseconds(), sl.Min.Microseconds()
+		}
 		v.gpus = append(v.gpus, gv)
 	}
 	d.published.Store(v)

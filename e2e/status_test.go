@@ -60,12 +60,17 @@ func TestStatusAndTop(t *testing.T) {
 	if len(gpus) != 1 || gpus[0].(map[string]any)["busy_share"].(float64) < 0.95 {
 		t.Errorf("gpus %v", gpus)
 	}
+	// The simulated GPU's scheduler is steered, at the bounds its 20 µs
+	// switches give.
+	if g := gpus[0].(map[string]any); g["actuator"] != "gpu scheduler" || g["base_slice_us"] != 1024.0 || g["min_slice_us"] != 100.0 {
+		t.Errorf("GPU 0: %v; want the gpu scheduler, timeslices 1024 µs at least 100 µs", g)
+	}
 
 	top, err := exec.Command(testutil.Bin(t, "gpuarb"), "top", "--once", "--sort", "name", "--socket", sock).Output()
 	if err != nil {
 		t.Fatalf("top: %v", err)
 	}
-	for _, want := range []string{"gpuarb top", "GPU 0", "TENANT", cg.Rel, "running"} {
+	for _, want := range []string{"gpuarb top", "GPU 0", "timeslices 1024 µs, at least 100 µs", "TENANT", cg.Rel, "running"} {
 		if !strings.Contains(string(top), want) {
 			t.Errorf("top --once lacks %q:\n%s", want, top)
 		}

@@ -89,7 +89,11 @@ place; over a pipe it prints one frame after another. q or Ctrl-C quits.`,
 				fmt.Fprintf(c.App.Writer, "gpuarb top - %s - %d tenant(s) - window %s\n", time.Now().Format("15:04:05"),
 					len(st.Tenants), time.Duration(st.WindowNS))
 				for _, g := range st.GPUs {
-					fmt.Fprintf(c.App.Writer, "GPU %d  busy %5.1f%%  %d tenant(s)\n", g.Index, 100*g.BusyShare, g.Tenants)
+					fmt.Fprintf(c.App.Writer, "GPU %d  busy %5.1f%%  %d tenant(s)", g.Index, 100*g.BusyShare, g.Tenants)
+					if g.BaseSliceUS > 0 {
+						fmt.Fprintf(c.App.Writer, "  timeslices %d µs, at least %d µs", g.BaseSliceUS, g.MinSliceUS)
+					}
+					fmt.Fprintln(c.App.Writer)
 				}
 				fmt.Fprintln(c.App.Writer)
 				if err := printTable(c.App.Writer, st, key); err != nil {
