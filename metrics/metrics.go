@@ -35,6 +35,8 @@ var (
 	gateErrors  = desc("tenant_gate_errors_total", "Failed freezes, thaws and pauses of the tenant (each undone; it may get more than its share meanwhile).", tenantLabels)
 	unprobed    = desc("tenant_unprobed_processes", "Processes of the tenant using the GPU through a driver gpuarb does not probe (metered as busy whenever they may run).", tenantLabels)
 	gpuBusy     = desc("gpu_busy_ratio", "Fraction of the GPU's time some tenant held it in the last window (0..1).", []string{"gpu"})
+	baseSlice   = desc("gpu_base_timeslice_seconds", "Timeslice the steered GPU's busy channel groups average when they weigh the same (set by what a switch costs there).", []string{"gpu"})
+	minSlice    = desc("gpu_min_timeslice_seconds", "Shortest timeslice gpuarb gives a channel group on the steered GPU.", []string{"gpu"})
 	probeEvents = desc("probe_events_total", "Events read from the probes' ring buffer.", nil)
 	probeLost   = desc("probe_lost_events_total", "Events the probes dropped because the ring buffer was full.", nil)
 	exitsRecon  = desc("meter_exits_reconciled_total", "Processes the meter ended because they were gone with no exit event seen (lost).", nil)
@@ -92,6 +94,10 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, g := range st.GPUs {
 		ch <- prometheus.MustNewConstMetric(gpuBusy, prometheus.GaugeValue, g.BusyShare, strconv.Itoa(g.Index))
+		if g.BaseSliceUS > 0 {
+			ch <- prometheus.MustNewConstMetric(baseSlice, prometheus.GaugeValue, float64(g.BaseSliceUS)/1e6, strconv.Itoa(g.Index))
+			ch <- prometheus.MustNewConstMetric(minSlice, prometheus.GaugeValue, float64(g.MinSliceUS)/1e6, strconv.Itoa(g.Index))
+		}
 	}
 	ch <- prometheus.MustNewConstMetric(probeEvents, prometheus.CounterValue, float64(st.Probes.Events))
 	ch <- prometheus.MustNewConstMetric(probeLost, prometheus.CounterValue, float64(st.Probes.LostEvents))

@@ -20,7 +20,7 @@ func TestScrapeStatus(t *testing.T) {
 				UnprobedPIDs: []int{77, 78}},
 			{Name: "infer", GPU: 1, Share: 0.2, Duty: 1, GPUNSTotal: 1_000_000, LaunchesTotal: 7, SyncsTotal: 7},
 		},
-		GPUs: []api.GPU{{Index: 0, BusyShare: 0.95}, {Index: 1, BusyShare: 0.2}},
+		GPUs: []api.GPU{{Index: 0, BusyShare: 0.95, BaseSliceUS: 2048, MinSliceUS: 1024}, {Index: 1, BusyShare: 0.2}},
 		Probes: api.Probes{Events: 123456, LostEvents: 3, ExitsReconciled: 2, UnfollowedForks: 5, LibcudaOpensDropped: 6,
 			LibcudasRefused: 7, FoldedLaunches: 8, UntrackedAllocs: 9},
 	}
@@ -48,6 +48,8 @@ func TestScrapeStatus(t *testing.T) {
 		{"gpuarb_tenant_unprobed_processes", train, 2, dto.MetricType_GAUGE},
 		{"gpuarb_tenant_launches_total", map[string]string{"tenant": "infer", "gpu": "1"}, 7, dto.MetricType_COUNTER},
 		{"gpuarb_gpu_busy_ratio", map[string]string{"gpu": "0"}, 0.95, dto.MetricType_GAUGE},
+		{"gpuarb_gpu_base_timeslice_seconds", map[string]string{"gpu": "0"}, 0.002048, dto.MetricType_GAUGE},
+		{"gpuarb_gpu_min_timeslice_seconds", map[string]string{"gpu": "0"}, 0.001024, dto.MetricType_GAUGE},
 		{"gpuarb_probe_events_total", nil, 123456, dto.MetricType_COUNTER},
 		{"gpuarb_probe_lost_events_total", nil, 3, dto.MetricType_COUNTER},
 		{"gpuarb_meter_exits_reconciled_total", nil, 2, dto.MetricType_COUNTER},
