@@ -10,15 +10,15 @@ import (
 // REALGPU.md section 3), each with the exact parameter size the driver
 // checks.
 const (
-	ctrlTSGSetTimeslice       = 0xa06c0103 // on the TSG: {u64 timesliceUs}
-	ctrlTSGGetTimeslice       = 0xa06c0104 // on the TSG: {u64 timesliceUs}
-	ctrlTSGPreempt            = 0xa06c0105 // on the TSG: {bool bWait; bool bManualTimeout; u32 timeoutUs@4}
-	ctrlTSGGetInfo            = 0xa06c0106 // on the TSG: {u32 tsgID}
-	ctrlRestartRunlist        = 0xa06f0111 // on a channel: {bool bForceRestart, bBypassWait}
-	ctrlFIFODisableChannels   = 0x2080110b // on the subdevice: 536 B
+	ctrlTSGSetTimeslice     = 0xa06c0103 // on the TSG: {u64 timesliceUs}
+	ctrlTSGGetTimeslice     = 0xa06c0104 // on the TSG: {u64 timesliceUs}
+	ctrlTSGPreempt          = 0xa06c0105 // on the TSG: {bool bWait; bool bManualTimeout; u32 timeoutUs@4}
+	ctrlTSGGetInfo          = 0xa06c0106 // on the TSG: {u32 tsgID}
+	ctrlRestartRunlist      = 0xa06f0111 // on a channel: {bool bForceRestart, bBypassWait}
+	ctrlFIFODisableChannels = 0x2080110b // on the subdevice: 536 B
 	// ctrlSimSchedCosts is the simulated GPU's own, on the TSG: {u64
 	// defaultTimesliceUs; u64 contextSwitchNs; u64 preemptNs}.
-	ctrlSimSchedCosts = 0xfa6c0001
+	ctrlSimSchedCosts         = 0xfa6c0001
 	fifoDisableSize           = 536
 	fifoDisableMax            = 64
 	fifoDisableClientsOffset  = 24
