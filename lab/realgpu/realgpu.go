@@ -136,6 +136,7 @@ func (c *check) steps() []stepDef {
 		{"timeslices", c.timeslices, nil},
 		{"context-switch cost", c.switchCost, nil},
 		{"pause and resume", c.pauseResume, nil},
+		{"latency", c.latency, nil},
 		{"preempt", c.preempt, c.stopBurners},
 		{"slice shares", c.sliceShares, nil},
 		{"probes under PyTorch", c.census, c.closeProbes},

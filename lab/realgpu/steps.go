@@ -550,6 +550,99 @@ func (c *check) pauseResume(ctx context.Context, s *Step) error {
 	return nil
 }
 
+// latencySlices are the timeslices the latency step gives the burners
+// beside the probe: gpuarb's floor on the nvidia driver and below it.
+var latencySlices = []time.Duration{1024 * time.Microsecond, 512 * time.Microsecond, 200 * time.Microsecond}
+
+// latencyWindow is how long the latency step measures each setting: 300
+// requests at 100 a second.
+const latencyWindow = 3 * time.Second
+
+// latency measures an inference service's shape (latency.py: a request of
+// one ~1 ms matrix multiply and a sync, 100 a second) alone (the burners
+// paused), beside the three burners at their default timeslice, and
+// beside them at each of latencySlices: its p50 and p99 against alone's
+// and the burners' throughput against their default's. It tells what
+// shorter slices for the others buy a latency tenant on this GPU, and at
+// what cost: where a switch costs hundreds of µs, the other way is to take
+// them off the GPU while it has work.
+func (c *check) latency(ctx context.Context, s *Step) error {
+	def, err := c.defaultTimeslice()
+	if err != nil {
+		return err
+	}
+	pauseAll := func(on bool) error {
+		var changes []gpusched.Change
+		for _, b := range c.burners {
+			for _, g := range b.groups {
+				changes = append(changes, gpusched.Change{Group: g, Pause: &on})
+			}
+		}
+		return c.apply(changes...)
+	}
+	if err := pauseAll(true); err != nil {
+		return fmt.Errorf("disable the burners: %w", err)
+	}
+	p, err := lab.Start(c.python(context.Background(), "latency.py", "1", "100", "120"), "")
+	if err != nil {
+		_ = pauseAll(false)
+		return err
+	}
+	defer p.Stop()
+	if _, err := c.groupsOf(ctx, p, "ready"); err != nil {
+		_ = pauseAll(false)
+		return err
+	}
+	measure := func(name string) (p50, p99, rate float64, err error) {
+		from := monotonic() + int64(500*time.Millisecond)
+		if err := lab.Sleep(ctx, latencyWindow+500*time.Millisecond); err != nil {
+			return 0, 0, 0, err
+		}
+		to := monotonic()
+		var lats []float64
+		for _, pr := range progressLines(p) {
+			if pr.at >= from && pr.at < to {
+				lats = append(lats, float64(pr.count)/1e6)
+			}
+		}
+		if len(lats) == 0 {
+			return 0, 0, 0, fmt.Errorf("%s: no request completed", name)
+		}
+		for _, b := range c.burners {
+			rate += b.rate(from, to)
+		}
+		p50, p99 = lab.Percentile(lats, 50), lab.Percentile(lats, 99)
+		s.Values[name] = map[string]any{"p50_ms": p50, "p99_ms": p99, "requests": len(lats), "burner_rate": rate}
+		return p50, p99, rate, nil
+	}
+	_, alone, _, err := measure("alone")
+	if resume := pauseAll(false); err == nil {
+		err = resume
+	}
+	if err != nil {
+		return err
+	}
+	var parts []string
+	_, p99, base, err := measure("default")
+	if err != nil {
+		return err
+	}
+	parts = append(parts, fmt.Sprintf("beside the burners at %v p99 %.2f ms (%.2f×)", def, p99, p99/alone))
+	for _, slice := range latencySlices {
+		if err := c.setSlices(slice, slice, slice); err != nil {
+			return fmt.Errorf("SET_TIMESLICE %v: %w", slice, err)
+		}
+		_, p99, rate, err := measure(fmt.Sprintf("others_%dus", slice.Microseconds()))
+		if err != nil {
+			_ = c.setSlices(def, def, def)
+			return err
+		}
+		parts = append(parts, fmt.Sprintf("them at %v p99 %.2f ms (%.2f×, their throughput %.3f of the default's)", slice, p99, p99/alone, rate/max(base, 1e-9)))
+	}
+	s.Summary = fmt.Sprintf("requests of one ~1 ms matrix multiply, 100 a second: alone p99 %.2f ms; %s", alone, strings.Join(parts, "; "))
+	return c.setSlices(def, def, def)
+}
+
 // preempt times PREEMPT (bWait) on the second burner's group.
 func (c *check) preempt(ctx context.Context, s *Step) error {
 	if err := c.ready(); err != nil {
