@@ -707,6 +707,10 @@ func (c *check) sliceShares(ctx context.Context, s *Step) error {
 			return err
 		}
 		for len(progressLines(p)) == 0 {
+			if p.Done() {
+				_, stderr := p.Output()
+				return fmt.Errorf("pid %d exited: %s", p.Cmd.Process.Pid, lastLine(stderr))
+			}
 			if err := lab.Sleep(ctx, 100*time.Millisecond); err != nil {
 				return err
 			}
