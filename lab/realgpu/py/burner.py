@@ -7,24 +7,10 @@ import time
 
 import torch
 
+import calibrate
+
 ms = float(sys.argv[1]) if len(sys.argv) > 1 else 40.0
-torch.backends.cuda.matmul.allow_tf32 = False
-n = 4096
-a = torch.randn(n, n, device="cuda")
-b = torch.randn(n, n, device="cuda")
-c = torch.empty(n, n, device="cuda")
-torch.mm(a, b, out=c)
-torch.cuda.synchronize()
-t = time.perf_counter()
-torch.mm(a, b, out=c)
-torch.cuda.synchronize()
-one = (time.perf_counter() - t) * 1000
-# Cost grows as n^3: pick n for one kernel of about ms.
-n = max(512, min(16384, int(n * (ms / max(one, 1e-3)) ** (1 / 3)) // 64 * 64))
-a = torch.randn(n, n, device="cuda")
-b = torch.randn(n, n, device="cuda")
-c = torch.empty(n, n, device="cuda")
-torch.cuda.synchronize()
+n, a, b, c = calibrate.matrices(ms, 4096, 512, 16384, warmup=1, repeats=1)
 print("ready", n, flush=True)
 i = 0
 while True:
