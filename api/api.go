@@ -115,6 +115,19 @@ type GPU struct {
 	// the shortest it gives one (µs): what a switch costs there sets them.
 	BaseSliceUS int64 `json:"base_slice_us,omitempty"`
 	MinSliceUS  int64 `json:"min_slice_us,omitempty"`
+	// LatencyHolds counts the times a latency tenant's launch took the
+	// other tenants' channel groups off the GPU until its wait ended;
+	// LatencyHoldsCut those that lasted the longest a hold may (20 ms)
+	// instead, and LatencyHeldNS the others' time off the GPU in them.
+	LatencyHolds    uint64 `json:"latency_holds,omitempty"`
+	LatencyHoldsCut uint64 `json:"latency_holds_cut,omitempty"`
+	LatencyHeldNS   uint64 `json:"latency_held_ns,omitempty"`
+	// LatencyHoldStartUS is how long a hold took to start, from the
+	// latency tenant's launch to the others off the GPU (the median of
+	// the last 15, µs), and LatencyHoldBoundUS the wait for a turn the
+	// slices bound without one: holds are on while the start is shorter.
+	LatencyHoldStartUS int64 `json:"latency_hold_start_us,omitempty"`
+	LatencyHoldBoundUS int64 `json:"latency_hold_bound_us,omitempty"`
 }
 
 // Probes describes the probe layer behind the figures.

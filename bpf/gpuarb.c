@@ -295,16 +295,33 @@ struct {
  * daemon. */
 volatile __u32 gate_members;
 
+/* Processes whose every record wakes the reader at once, by tgid: those of
+ * latency tenants on a GPU whose scheduler the daemon steers, which takes
+ * the other tenants off the GPU the moment one of them launches work and
+ * puts them back when its wait ends. Set by the daemon. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, __u8);
+} gpuarb_urgent SEC(".maps");
+
+/* Number of gpuarb_urgent entries; 0 skips the lookup on every record. */
+volatile __u32 urgent_members;
+
 /* Bytes pending on the ring above which a submit wakes the reader; below it
  * the reader finds records on its next poll (see ioctlspy.Spy). Waking the
  * reader for every record costs the submitting process microseconds. Set at
  * load time. A held launch always wakes it: the process is stopped until
- * its gate's pacer, told by the reader, releases it. */
+ * its gate's pacer, told by the reader, releases it; so does every record of
+ * an urgent process (gpuarb_urgent). */
 volatile const __u64 wakeup_bytes = 65536;
 
 static __always_inline __u64 wakeup_flag(const struct event *e)
 {
 	if (e->flags & EVF_HELD)
+		return BPF_RB_FORCE_WAKEUP;
+	if (urgent_members && bpf_map_lookup_elem(&gpuarb_urgent, &e->tgid))
 		return BPF_RB_FORCE_WAKEUP;
 	return bpf_ringbuf_query(&gpuarb_events, BPF_RB_AVAIL_DATA) >= wakeup_bytes ? BPF_RB_FORCE_WAKEUP
 										    : BPF_RB_NO_WAKEUP;

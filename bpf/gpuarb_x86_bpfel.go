@@ -312,6 +312,7 @@ const (
 	gpuarbMapGpuarbSyncWakes       = "gpuarb_sync_wakes"
 	gpuarbMapGpuarbTrees           = "gpuarb_trees"
 	gpuarbMapGpuarbUnfollowed      = "gpuarb_unfollowed"
+	gpuarbMapGpuarbUrgent          = "gpuarb_urgent"
 	gpuarbProgGpuarbCuCopy         = "gpuarb_cu_copy"
 	gpuarbProgGpuarbCuCtxCreate    = "gpuarb_cu_ctx_create"
 	gpuarbProgGpuarbCuCtxCreateRet = "gpuarb_cu_ctx_create_ret"
@@ -339,6 +340,7 @@ const (
 	gpuarbVarUnusedEventFlags      = "unused_event_flags"
 	gpuarbVarUnusedEventType       = "unused_event_type"
 	gpuarbVarUnusedGateKind        = "unused_gate_kind"
+	gpuarbVarUrgentMembers         = "urgent_members"
 	gpuarbVarWakeupBytes           = "wakeup_bytes"
 )
 
@@ -430,6 +432,7 @@ type gpuarbMapSpecs struct {
 	GpuarbSyncWakes  *ebpf.MapSpec `ebpf:"gpuarb_sync_wakes"`
 	GpuarbTrees      *ebpf.MapSpec `ebpf:"gpuarb_trees"`
 	GpuarbUnfollowed *ebpf.MapSpec `ebpf:"gpuarb_unfollowed"`
+	GpuarbUrgent     *ebpf.MapSpec `ebpf:"gpuarb_urgent"`
 }
 
 // gpuarbVariableSpecs contains global variables before they are loaded into the kernel.
@@ -443,6 +446,7 @@ type gpuarbVariableSpecs struct {
 	UnusedEventFlags *ebpf.VariableSpec `ebpf:"unused_event_flags"`
 	UnusedEventType  *ebpf.VariableSpec `ebpf:"unused_event_type"`
 	UnusedGateKind   *ebpf.VariableSpec `ebpf:"unused_gate_kind"`
+	UrgentMembers    *ebpf.VariableSpec `ebpf:"urgent_members"`
 	WakeupBytes      *ebpf.VariableSpec `ebpf:"wakeup_bytes"`
 }
 
@@ -486,6 +490,7 @@ type gpuarbMaps struct {
 	GpuarbSyncWakes  *ebpf.Map `ebpf:"gpuarb_sync_wakes"`
 	GpuarbTrees      *ebpf.Map `ebpf:"gpuarb_trees"`
 	GpuarbUnfollowed *ebpf.Map `ebpf:"gpuarb_unfollowed"`
+	GpuarbUrgent     *ebpf.Map `ebpf:"gpuarb_urgent"`
 }
 
 func (m *gpuarbMaps) Close() error {
@@ -510,6 +515,7 @@ func (m *gpuarbMaps) Close() error {
 		m.GpuarbSyncWakes,
 		m.GpuarbTrees,
 		m.GpuarbUnfollowed,
+		m.GpuarbUrgent,
 	)
 }
 
@@ -524,6 +530,7 @@ type gpuarbVariables struct {
 	UnusedEventFlags *ebpf.Variable `ebpf:"unused_event_flags"`
 	UnusedEventType  *ebpf.Variable `ebpf:"unused_event_type"`
 	UnusedGateKind   *ebpf.Variable `ebpf:"unused_gate_kind"`
+	UrgentMembers    *ebpf.Variable `ebpf:"urgent_members"`
 	WakeupBytes      *ebpf.Variable `ebpf:"wakeup_bytes"`
 }
 

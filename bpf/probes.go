@@ -77,6 +77,8 @@ type Probes struct {
 	refused     uint64
 
 	gates gateTable
+	// urgent are the processes in gpuarb_urgent (SetUrgent).
+	urgent map[uint32]bool
 }
 
 type fileID struct{ dev, ino uint64 }
@@ -138,7 +140,7 @@ func Load(opts Options) (_ *Probes, err error) {
 	}
 
 	p := &Probes{pinPath: opts.PinPath, libcudas: map[fileID]*libcudaProbe{}, notLibcuda: map[notLibcudaMark]struct{}{},
-		maxLibcudas: opts.MaxLibcudas}
+		maxLibcudas: opts.MaxLibcudas, urgent: map[uint32]bool{}}
 	if p.maxLibcudas <= 0 {
 		p.maxLibcudas = DefaultMaxLibcudas
 	}

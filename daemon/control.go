@@ -407,6 +407,7 @@ func (d *Daemon) control(ctx context.Context) {
 	if enforcing {
 		d.steerSlices(plan, groups)
 	}
+	d.hold.setPlan(holdPlanOf(enforcing, actuation, gpuSlices, res, groups))
 	live := map[uint32]bool{}
 	for _, c := range long {
 		if !c.Exited {
@@ -855,6 +856,9 @@ func (t *tenant) heldSince(since time.Time) bool {
 // stopAllGates resumes every tenant: gaters and pausers end, timeslices
 // are restored.
 func (d *Daemon) stopAllGates() {
+	// No hold starts after this; one under way ends within maxHold, or
+	// here, where putBackAll resumes its groups.
+	d.hold.setPlan(&holdPlan{})
 	d.mu.Lock()
 	var finish []func()
 	for _, t := range d.tenants {

@@ -98,6 +98,7 @@ type Daemon struct {
 	probes *bpf.Probes
 	spy    *ioctlspy.Spy
 	meter  *meter.Meter
+	hold   *latencyHold
 	// recording is the file the meter records to (Config.RecordMeter);
 	// recordingFailed once a write to it failed.
 	recording       *os.File
@@ -315,6 +316,7 @@ func Start(cfg Config) (_ *Daemon, err error) {
 		return nil, err
 	}
 	d.spy.OnError = func(err error) { d.log.Warn("probe", "err", err) }
+	d.hold = newLatencyHold(d.steer, d.probes.SetUrgent, d.log)
 	if err := d.listen(); err != nil {
 		return nil, err
 	}
@@ -408,9 +410,12 @@ func (d *Daemon) listenMetrics() error {
 	return nil
 }
 
-// observe meters an event; a held launch wakes its tenant's gater, which
-// releases the process when the tenant's credit pays for the launch.
+// observe meters an event; a latency tenant's launch takes the others off
+// the GPU, the end of its wait puts them back (latencyHold); a held launch
+// wakes its tenant's gater, which releases the process when the tenant's
+// credit pays for the launch.
 func (d *Daemon) observe(ev ioctlspy.Event) {
+	d.hold.observe(ev)
 	d.meter.Observe(ev)
 	if h := ev.Hdr(); h.Held {
 		if w := d.wakers.Load(); w != nil {
@@ -448,6 +453,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 		defer close(sampled)
 		d.sampleEveryWindow(ctx)
 	}()
+	held := make(chan struct{})
+	go func() {
+		defer close(held)
+		d.hold.run(ctx)
+	}()
 	var runErr error
 loop:
 	for {
@@ -473,6 +483,7 @@ loop:
 	}
 	cancel()
 	<-sampled
+	<-held
 	return errors.Join(runErr, d.Stop())
 }
 

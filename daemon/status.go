@@ -61,6 +61,7 @@ func (d *Daemon) publish(res control.Result, snap meter.Snapshot, actuation map[
 			v.rows = append(v.rows, row)
 		}
 	}
+	holds := d.hold.Stats()
 	for _, g := range snap.GPUs {
 		gv := api.GPU{Index: g.Index, BusyShare: g.BusyShare, Tenants: g.Tenants, Actuator: actuatorName(actuation[g.Index], nil)}
 		if why, ok := d.steerWhy[g.Index]; ok && actuation[g.Index] != arbiter.Scheduler {
@@ -70,6 +71,9 @@ func (d *Daemon) publish(res control.Result, snap meter.Snapshot, actuation map[
 			sl := d.arb.SlicesOf(g.Index)
 			gv.BaseSliceUS, gv.MinSliceUS = sl.Base.Microseconds(), sl.Min.Microseconds()
 		}
+		h := holds[g.Index]
+		gv.LatencyHolds, gv.LatencyHoldsCut, gv.LatencyHeldNS = h.Holds, h.Cut, uint64(h.Held)
+		gv.LatencyHoldStartUS, gv.LatencyHoldBoundUS = h.Start.Microseconds(), h.Bound.Microseconds()
 		v.gpus = append(v.gpus, gv)
 	}
 	d.published.Store(v)

@@ -24,10 +24,23 @@ func keyOf(g gpusched.Group) groupKey { return groupKey{g.PID, g.Client, g.TSG} 
 
 // steered is what gpuarb set on one channel group.
 type steered struct {
-	rec    gpusched.Steered
-	slice  time.Duration // 0: untouched
-	paused bool
+	rec   gpusched.Steered
+	slice time.Duration // 0: untouched
+	// pausedBy says who has the group off the GPU (none: it runs).
+	pausedBy pauser
 }
+
+// pauser is who takes a channel group off the GPU; the group runs again
+// when none of them holds it.
+type pauser uint8
+
+const (
+	// byDuty: its tenant's window gater, for the rest of each period its
+	// decision's run fraction leaves.
+	byDuty pauser = 1 << iota
+	// byHold: a latency tenant's hold, while its work is pending.
+	byHold
+)
 
 // steering is the daemon's hold on the GPUs' own schedulers: whether this
 // host allows it, per GPU whether the driver answers, and per channel
@@ -40,6 +53,7 @@ type steering struct {
 	log    *slog.Logger
 	off    string // why this host cannot be steered ("": it can)
 
+	pauseMu sync.Mutex // serializes pause
 	mu      sync.Mutex
 	gpus    map[int]string // per GPU probed: "" steerable, else why not
 	slices  map[int]gpusched.Slices
@@ -419,17 +433,36 @@ func (s *steering) track(gs []gpusched.Group) ([]*steered, []error) {
 	return out, errs
 }
 
-// pause takes groups off the GPU (or puts them back) at once.
-func (s *steering) pause(groups []gpusched.Group, off bool) error {
+// pause takes groups off the GPU for by (off), or lets them go for by,
+// at once. A group runs while no pauser holds it: a latency tenant's hold
+// ending does not resume a group its tenant's gater has paused, nor the
+// other way round. Calls are serialized, so that two pausers' changes to
+// one group do not cross between their decision and the driver's answer.
+func (s *steering) pause(groups []gpusched.Group, by pauser, off bool) error {
+	s.pauseMu.Lock()
+	defer s.pauseMu.Unlock()
 	var changes []gpusched.Change
 	var changed []*steered // beside changes; forget may drop them from s.groups meanwhile
+	var masks []pauser     // beside changed: who holds each after the change
 	sts, errs := s.track(groups)
+	s.mu.Lock()
 	for i, st := range sts {
-		if st != nil && st.paused != off {
-			changes = append(changes, gpusched.Change{Group: groups[i], Pause: &off})
-			changed = append(changed, st)
+		if st == nil {
+			continue
 		}
+		mask := st.pausedBy &^ by
+		if off {
+			mask |= by
+		}
+		if (mask != 0) == (st.pausedBy != 0) {
+			st.pausedBy = mask // no change on the GPU
+			continue
+		}
+		paused := mask != 0
+		changes = append(changes, gpusched.Change{Group: groups[i], Pause: &paused})
+		changed, masks = append(changed, st), append(masks, mask)
 	}
+	s.mu.Unlock()
 	if len(changes) == 0 {
 		return errors.Join(errs...)
 	}
@@ -439,13 +472,13 @@ func (s *steering) pause(groups []gpusched.Group, off bool) error {
 	s.mu.Lock()
 	for i, st := range changed {
 		if failed[i] == nil {
-			st.paused = off
+			st.pausedBy = masks[i]
 		}
 	}
 	s.mu.Unlock()
 	for i, c := range changes {
 		if failed[i] == nil {
-			s.meter.SetPaused(c.Group.PID, off, now)
+			s.meter.SetPaused(c.Group.PID, *c.Pause, now)
 		}
 	}
 	return errors.Join(append(errs, err)...)
@@ -591,8 +624,8 @@ type pauseGate struct {
 	groups func() []gpusched.Group // the tenant's groups now
 }
 
-func (p pauseGate) Freeze() error { return p.s.pause(p.groups(), true) }
-func (p pauseGate) Thaw() error   { return p.s.pause(p.groups(), false) }
+func (p pauseGate) Freeze() error { return p.s.pause(p.groups(), byDuty, true) }
+func (p pauseGate) Thaw() error   { return p.s.pause(p.groups(), byDuty, false) }
 
 // Target describes the gate for the freeze ledger: nothing to freeze
 // there, the steering ledger records the groups.

@@ -949,10 +949,22 @@ func TestArbiterLatencyTenant(t *testing.T) {
 	// attached.
 	for _, others := range []string{"greedy", "hog"} {
 		t.Run("beside two "+others+" tenants", func(t *testing.T) {
-			measureTwice(t, func(t *testing.T, miss missFunc) { latencyBeside(t, miss, others) })
+			measureTwice(t, func(t *testing.T, miss missFunc) { latencyBeside(t, miss, others, false) })
 		})
 	}
+	// Where a switch costs what it cost an H200 (256 µs: e2e/realgpu) the
+	// shortest slice worth having is 1024 µs, two of them and their
+	// switches ahead of a request are 3.3× its time alone, and the
+	// latency holds take the others off the GPU at its launch instead
+	// (daemon/hold.go).
+	t.Run("H200 costs", func(t *testing.T) {
+		measureTwice(t, func(t *testing.T, miss missFunc) { latencyBeside(t, miss, "greedy", true) })
+	})
 }
+
+// h200Costs are the simulated GPU's flags for what the real-GPU check
+// measured on an H200: a 2048 µs default timeslice, a 256 µs switch.
+var h200Costs = []string{"--ctxsw=256us", "--timeslice=2048us"}
 
 // wallP99Ceiling (ms) bounds infer's per-second wall-clock p99 where 2.5×
 // alone is less: the wall clock carries this VM's host stalls (alone read
@@ -963,9 +975,16 @@ func TestArbiterLatencyTenant(t *testing.T) {
 const wallP99Ceiling = 8.0
 
 // latencyBeside measures infer alone for 4 s, then beside two tenants of
-// the workload others, and reports the bars it misses.
-func latencyBeside(t *testing.T, miss missFunc, others string) {
-	gpu := testutil.StartFakeGPU(t)
+// the workload others, on a GPU of the simulator's default costs or an
+// H200's (h200), and reports the bars it misses. On the H200's the
+// latency holds must have served it.
+func latencyBeside(t *testing.T, miss missFunc, others string, h200 bool) {
+	var gpu *testutil.FakeGPU
+	if h200 {
+		gpu = testutil.StartFakeGPU(t, h200Costs...)
+	} else {
+		gpu = testutil.StartFakeGPU(t)
+	}
 	cgs := map[string]*testutil.Cgroup{"infer": testutil.NewCgroup(t, "infer"), "o1": testutil.NewCgroup(t, others+"1"),
 		"o2": testutil.NewCgroup(t, others+"2")}
 	d := startDaemon(t)
@@ -990,24 +1009,48 @@ func latencyBeside(t *testing.T, miss missFunc, others string) {
 	ws := trueShares(t, gpu, cgs, 3*time.Second, 4)
 	s = summary(t, p)
 	logStatus(t, d)
+	if h200 {
+		st, err := d.Status(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := st.GPUs[0]
+		t.Logf("latency holds %d (cut %d), start %d µs, slices bound %d µs", g.LatencyHolds, g.LatencyHoldsCut,
+			g.LatencyHoldStartUS, g.LatencyHoldBoundUS)
+		// 200 requests a second for 8 s: most of them held the others.
+		if g.LatencyHolds < 800 {
+			miss("%d latency holds in 8 s of 200 requests a second, want most requests held", g.LatencyHolds)
+		}
+	}
 	busy := median(col(ws, func(w map[string]float64) float64 { return w["busy"] }))
 	steady, p50, device := median(perSecond(p, "latency_p99_ms", 1)), s["latency_p50_ms"], s["device_latency_p99_ms"]
 	t.Logf("infer beside two %s tenants: p99 %.2f ms, per-second p99 %.2f ms (%.1f× alone), p50 %.2f ms; on the GPU p99 %.3f ms "+
 		"(%.2f× alone), p50 %.3f ms; GPU busy %s (median %.1f%%)", others, s["latency_p99_ms"], steady, steady/aloneSteady, p50,
 		device, device/aloneDevice, s["device_latency_p50_ms"], pcts(col(ws, func(w map[string]float64) float64 { return w["busy"] })),
 		100*busy)
-	if device > 2*aloneDevice {
-		miss("infer p99 on the GPU beside %s tenants %.3f ms, alone %.3f ms: want within 2×", others, device, aloneDevice)
+	// At an H200's costs a held request still waits for the hold to
+	// start (about 0.4 ms here: the reader's wake-up and three controls
+	// over the simulator's socket) and a 256 µs switch: 2.2–2.5× alone at
+	// p99 and 1.5× at p50 in the runs of this test, against 3.3× with the
+	// slices alone and 5.3× without gpuarb (docs/benchmark-history.md
+	// §20); the bars are those, not issue 16's 1.5×, which the default
+	// costs hold.
+	deviceBar, p50Bar, busyBar := 2.0, 1.25, 0.9
+	if h200 {
+		deviceBar, p50Bar, busyBar = 3.0, 2.0, 0.85
 	}
-	if p50 > 1.25*aloneP50 {
-		miss("infer p50 beside %s tenants %.2f ms, alone %.2f ms: want within 1.25×", others, p50, aloneP50)
+	if device > deviceBar*aloneDevice {
+		miss("infer p99 on the GPU beside %s tenants %.3f ms, alone %.3f ms: want within %.1f×", others, device, aloneDevice, deviceBar)
+	}
+	if p50 > p50Bar*aloneP50 {
+		miss("infer p50 beside %s tenants %.2f ms, alone %.2f ms: want within %.2f×", others, p50, aloneP50, p50Bar)
 	}
 	if steady > max(2.5*aloneSteady, wallP99Ceiling) {
 		miss("infer per-second p99 beside %s tenants %.2f ms, alone %.2f ms: want within 2.5× or under %.0f ms", others, steady,
 			aloneSteady, wallP99Ceiling)
 	}
-	if busy < 0.9 {
-		miss("GPU busy %.1f%% beside %s tenants and the latency tenant, want ≥ 90%%", 100*busy, others)
+	if busy < busyBar {
+		miss("GPU busy %.1f%% beside %s tenants and the latency tenant, want ≥ %.0f%%", 100*busy, others, 100*busyBar)
 	}
 }
 

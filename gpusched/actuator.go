@@ -145,7 +145,7 @@ func transportOf(g Group, f *os.File) (transport, error) {
 	}
 	sock := fmt.Sprintf("/proc/%d/root%s", g.PID, filepath.Join(filepath.Dir(path), FakeGPUSocket))
 	if fi, err := os.Stat(sock); err == nil && fi.Mode()&os.ModeSocket != 0 {
-		return fakeGPU{socket: sock}, nil
+		return &fakeGPU{socket: sock}, nil
 	}
 	return nil, fmt.Errorf("pid %d: control file %s (%d:%d) is neither an nvidia node nor a simulated GPU's", g.PID, path,
 		unix.Major(st.Rdev), unix.Minor(st.Rdev))
@@ -240,26 +240,28 @@ func (a *Actuator) Preempt(g Group) error {
 // caller to try again, not to record. err joins them all.
 func (a *Actuator) Apply(changes []Change) (failed []error, err error) {
 	failed = make([]error, len(changes))
+	// The changes of different processes go to the driver at once, each
+	// process's in turn: a latency hold's pauses of the other tenants wait
+	// on the slowest, not on their sum.
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, maxConcurrentControls)
+	for _, idx := range byProcess(changes) {
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			for _, i := range idx {
+				failed[i] = a.change(changes[i])
+			}
+		})
+	}
+	wg.Wait()
 	commit := map[uint32][]Group{}
 	made := map[uint32][]int{}
 	for i, c := range changes {
-		g := c.Group
-		if len(g.Channels) == 0 {
-			failed[i] = fmt.Errorf("pid %d: group 0x%x has no channel", g.PID, g.TSG)
-			continue
+		if failed[i] == nil {
+			commit[c.Group.GPU] = append(commit[c.Group.GPU], c.Group)
+			made[c.Group.GPU] = append(made[c.Group.GPU], i)
 		}
-		if c.Timeslice > 0 {
-			if failed[i] = a.control(g, g.TSG, ctrlTSGSetTimeslice, timesliceParams(c.Timeslice)); failed[i] != nil {
-				continue
-			}
-		}
-		if c.Pause != nil {
-			if failed[i] = a.disable(g, *c.Pause); failed[i] != nil {
-				continue
-			}
-		}
-		commit[g.GPU] = append(commit[g.GPU], g)
-		made[g.GPU] = append(made[g.GPU], i)
 	}
 	gpus := make([]uint32, 0, len(commit))
 	for gpu := range commit {
@@ -291,6 +293,42 @@ func (a *Actuator) Apply(changes []Change) (failed []error, err error) {
 		}
 	}
 	return failed, errors.Join(errs...)
+}
+
+// maxConcurrentControls bounds the processes Apply changes at once.
+const maxConcurrentControls = 8
+
+// byProcess groups the indexes of changes by process, in order.
+func byProcess(changes []Change) [][]int {
+	at := map[uint32]int{}
+	var out [][]int
+	for i, c := range changes {
+		j, ok := at[c.Group.PID]
+		if !ok {
+			j = len(out)
+			at[c.Group.PID] = j
+			out = append(out, nil)
+		}
+		out[j] = append(out[j], i)
+	}
+	return out
+}
+
+// change makes one change, uncommitted: its timeslice, then its pause.
+func (a *Actuator) change(c Change) error {
+	g := c.Group
+	if len(g.Channels) == 0 {
+		return fmt.Errorf("pid %d: group 0x%x has no channel", g.PID, g.TSG)
+	}
+	if c.Timeslice > 0 {
+		if err := a.control(g, g.TSG, ctrlTSGSetTimeslice, timesliceParams(c.Timeslice)); err != nil {
+			return err
+		}
+	}
+	if c.Pause != nil {
+		return a.disable(g, *c.Pause)
+	}
+	return nil
 }
 
 // disable takes group g's channels off the GPU, or puts them back.
@@ -325,6 +363,7 @@ func (a *Actuator) forget(pid uint32) {
 		return
 	}
 	for _, cf := range p.files {
+		cf.via.close()
 		cf.file.Close()
 	}
 	unix.Close(p.pidfd)

@@ -57,6 +57,7 @@ func CheckOwnership(g Group) (Ownership, error) {
 	if err != nil {
 		return o, err
 	}
+	defer via.close()
 	o.Driver = via.String()
 	info := make([]byte, 4)
 	if o.ViaDuplicate, err = via.control(dup, g.Client, g.TSG, ctrlTSGGetInfo, info); err != nil {

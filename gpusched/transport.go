@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -22,6 +23,8 @@ type transport interface {
 	// control makes an RM control on the probed group.
 	slices(control func(cmd uint32, params []byte) error) (Slices, error)
 	String() string
+	// close releases what the transport holds beside the file.
+	close()
 }
 
 // Slices are the timeslices a GPU runs its channel groups well at: Base,
@@ -80,6 +83,8 @@ const rmControlIoctl = 0xC020462A
 
 func (nvidia) String() string { return "nvidia" }
 
+func (nvidia) close() {}
+
 func (nvidia) control(file *os.File, client, object, cmd uint32, params []byte) (uint32, error) {
 	if len(params) == 0 {
 		return 0, errors.New("rm control without params")
@@ -98,7 +103,15 @@ func (nvidia) control(file *os.File, client, object, cmd uint32, params []byte) 
 // (the one boundary a host without a GPU cannot have) with the duplicate
 // attached, and the simulator checks it is the file the client is bound
 // to, as the driver does.
-type fakeGPU struct{ socket string }
+type fakeGPU struct {
+	socket string
+	// conn is kept from one control to the next: a dial for each took
+	// about 200 µs here, three of them (a hold's two pauses and the
+	// runlist restart) more than a switch costs, where the driver's
+	// ioctl takes microseconds.
+	mu   sync.Mutex
+	conn *net.UnixConn
+}
 
 // The simulator's setup protocol (e2e/fakegpu/libcuda/fakegpu_abi.h).
 const (
@@ -108,13 +121,13 @@ const (
 	fakeMaxParams   = 1024
 )
 
-func (f fakeGPU) String() string { return "fakegpu " + f.socket }
+func (f *fakeGPU) String() string { return "fakegpu " + f.socket }
 
 // slices are slicesFor the simulator's own switch cost and default
 // timeslice, as it tells them (ctrlSimSchedCosts): a group's timeslice
 // read back would depend on which context was probed (the realism's
 // libcuda sets 2048 µs on every other one).
-func (fakeGPU) slices(control func(cmd uint32, params []byte) error) (Slices, error) {
+func (*fakeGPU) slices(control func(cmd uint32, params []byte) error) (Slices, error) {
 	p := make([]byte, 24)
 	if err := control(ctrlSimSchedCosts, p); err != nil {
 		return Slices{}, fmt.Errorf("read the simulated GPU's costs: %w", err)
@@ -123,15 +136,40 @@ func (fakeGPU) slices(control func(cmd uint32, params []byte) error) (Slices, er
 	return slicesFor(time.Duration(le.Uint64(p[8:])), time.Duration(le.Uint64(p))*time.Microsecond), nil
 }
 
-func (f fakeGPU) control(file *os.File, client, object, cmd uint32, params []byte) (uint32, error) {
+func (f *fakeGPU) control(file *os.File, client, object, cmd uint32, params []byte) (uint32, error) {
 	if len(params) > fakeMaxParams {
 		return 0, fmt.Errorf("rm control 0x%08x: %d bytes of params", cmd, len(params))
 	}
-	c, err := net.DialTimeout("unix", f.socket, time.Second)
-	if err != nil {
-		return 0, fmt.Errorf("rm control 0x%08x: simulated GPU at %s: %w", cmd, f.socket, err)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	reused := f.conn != nil
+	status, err := f.roundTrip(file, client, object, cmd, params)
+	if err != nil && reused {
+		// The simulator may have closed an idle connection (it restarted):
+		// once more on a fresh one.
+		status, err = f.roundTrip(file, client, object, cmd, params)
 	}
-	defer c.Close()
+	return status, err
+}
+
+// roundTrip sends one RM control on f's connection, dialled if there is
+// none, and reads the answer; a failure closes the connection. Called
+// with f.mu held.
+func (f *fakeGPU) roundTrip(file *os.File, client, object, cmd uint32, params []byte) (_ uint32, err error) {
+	if f.conn == nil {
+		c, err := net.DialTimeout("unix", f.socket, time.Second)
+		if err != nil {
+			return 0, fmt.Errorf("rm control 0x%08x: simulated GPU at %s: %w", cmd, f.socket, err)
+		}
+		f.conn = c.(*net.UnixConn)
+	}
+	c := f.conn
+	defer func() {
+		if err != nil {
+			c.Close()
+			f.conn = nil
+		}
+	}()
 	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
 	req := make([]byte, fakeReqSize, fakeReqSize+len(params))
 	le := binary.LittleEndian
@@ -140,8 +178,9 @@ func (f fakeGPU) control(file *os.File, client, object, cmd uint32, params []byt
 	le.PutUint64(req[8:], uint64(client))
 	le.PutUint64(req[16:], uint64(object))
 	le.PutUint64(req[24:], uint64(cmd))
-	uc := c.(*net.UnixConn)
-	if _, _, err := uc.WriteMsgUnix(append(req, params...), unix.UnixRights(int(file.Fd())), nil); err != nil {
+	// The file goes with every control: the simulator checks each against
+	// the client's, as the driver checks the file each ioctl comes on.
+	if _, _, err := c.WriteMsgUnix(append(req, params...), unix.UnixRights(int(file.Fd())), nil); err != nil {
 		return 0, fmt.Errorf("rm control 0x%08x: %w", cmd, err)
 	}
 	runtime.KeepAlive(file)
@@ -159,4 +198,14 @@ func (f fakeGPU) control(file *os.File, client, object, cmd uint32, params []byt
 	}
 	copy(params, out)
 	return le.Uint32(resp[0:]), nil
+}
+
+// close closes f's connection.
+func (f *fakeGPU) close() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.conn != nil {
+		f.conn.Close()
+		f.conn = nil
+	}
 }

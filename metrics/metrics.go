@@ -37,6 +37,9 @@ var (
 	gpuBusy     = desc("gpu_busy_ratio", "Fraction of the GPU's time some tenant held it in the last window (0..1).", []string{"gpu"})
 	baseSlice   = desc("gpu_base_timeslice_seconds", "Timeslice the steered GPU's busy channel groups average when they weigh the same (set by what a switch costs there).", []string{"gpu"})
 	minSlice    = desc("gpu_min_timeslice_seconds", "Shortest timeslice gpuarb gives a channel group on the steered GPU.", []string{"gpu"})
+	holds       = desc("gpu_latency_holds_total", "Times a latency tenant's launch took the other tenants' channel groups off the GPU until its wait ended.", []string{"gpu"})
+	holdsCut    = desc("gpu_latency_holds_cut_total", "Latency holds ended by their bound (20 ms) rather than by the wait's end.", []string{"gpu"})
+	held        = desc("gpu_latency_held_seconds_total", "Time the other tenants' channel groups were off the GPU for latency holds.", []string{"gpu"})
 	probeEvents = desc("probe_events_total", "Events read from the probes' ring buffer.", nil)
 	probeLost   = desc("probe_lost_events_total", "Events the probes dropped because the ring buffer was full.", nil)
 	exitsRecon  = desc("meter_exits_reconciled_total", "Processes the meter ended because they were gone with no exit event seen (lost).", nil)
@@ -66,7 +69,7 @@ func NewCollector(status func() api.Status) *Collector {
 // Describe sends every metric's description.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{gpuSeconds, share, target, duty, throttled, launches, syncs, memory,
-		syncP99, processes, gateErrors, unprobed, gpuBusy, probeEvents, probeLost, exitsRecon, unfollowed, opensDrop, libsRefused, folded, untracked, enforcing, build} {
+		syncP99, processes, gateErrors, unprobed, gpuBusy, baseSlice, minSlice, holds, holdsCut, held, probeEvents, probeLost, exitsRecon, unfollowed, opensDrop, libsRefused, folded, untracked, enforcing, build} {
 		ch <- d
 	}
 }
@@ -97,6 +100,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		if g.BaseSliceUS > 0 {
 			ch <- prometheus.MustNewConstMetric(baseSlice, prometheus.GaugeValue, float64(g.BaseSliceUS)/1e6, strconv.Itoa(g.Index))
 			ch <- prometheus.MustNewConstMetric(minSlice, prometheus.GaugeValue, float64(g.MinSliceUS)/1e6, strconv.Itoa(g.Index))
+			ch <- prometheus.MustNewConstMetric(holds, prometheus.CounterValue, float64(g.LatencyHolds), strconv.Itoa(g.Index))
+			ch <- prometheus.MustNewConstMetric(holdsCut, prometheus.CounterValue, float64(g.LatencyHoldsCut), strconv.Itoa(g.Index))
+			ch <- prometheus.MustNewConstMetric(held, prometheus.CounterValue, float64(g.LatencyHeldNS)/1e9, strconv.Itoa(g.Index))
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(probeEvents, prometheus.CounterValue, float64(st.Probes.Events))

@@ -93,6 +93,10 @@ place; over a pipe it prints one frame after another. q or Ctrl-C quits.`,
 					if g.BaseSliceUS > 0 {
 						fmt.Fprintf(c.App.Writer, "  timeslices %d µs, at least %d µs", g.BaseSliceUS, g.MinSliceUS)
 					}
+					if g.LatencyHolds > 0 {
+						fmt.Fprintf(c.App.Writer, "  latency holds %d (start %d µs, slices bound %d µs)", g.LatencyHolds,
+							g.LatencyHoldStartUS, g.LatencyHoldBoundUS)
+					}
 					fmt.Fprintln(c.App.Writer)
 				}
 				fmt.Fprintln(c.App.Writer)

@@ -1,0 +1,86 @@
+package daemon
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/gpuarb/gpuarb/arbiter"
+	"github.com/gpuarb/gpuarb/control"
+	"github.com/gpuarb/gpuarb/gpusched"
+	"github.com/gpuarb/gpuarb/policy"
+)
+
+// A latency tenant's processes hold the busy other tenants' groups on the
+// GPUs whose scheduler gpuarb steers, from before it is busy itself; idle
+// tenants, other latency tenants, GPUs paced at the launch gate and GPUs
+// with more groups than a hold can take in time are left out, and the
+// bound is the others' groups times the GPU's shortest slice.
+func TestHoldPlanOf(t *testing.T) {
+	tenant := func(name string, prio policy.Priority) *control.Tenant {
+		return &control.Tenant{Assignment: control.Assignment{Name: name, Rules: policy.Rules{Priority: prio}}}
+	}
+	res := control.Result{Tenants: map[string]*control.Tenant{
+		"infer": tenant("infer", policy.Latency), "infer2": tenant("infer2", policy.Latency),
+		"a": tenant("a", policy.Normal), "b": tenant("b", policy.Batch), "idle": tenant("idle", policy.Normal),
+	}}
+	groups := map[string]map[int][]gpusched.Group{}
+	add := func(name string, gpu int, pids ...uint32) {
+		if groups[name] == nil {
+			groups[name] = map[int][]gpusched.Group{}
+		}
+		for _, pid := range pids {
+			groups[name][gpu] = append(groups[name][gpu], gpusched.Group{PID: pid, GPU: uint32(gpu), Client: pid, TSG: 1})
+		}
+	}
+	in := func(name string, gpu int, busy bool) {
+		res.Inputs = append(res.Inputs, arbiter.Input{Name: name, GPU: gpu, Busy: busy})
+	}
+	// GPU 0: steered; infer not busy yet, infer2 busy, a and b busy, idle not.
+	in("infer", 0, false)
+	in("infer2", 0, true)
+	in("a", 0, true)
+	in("b", 0, true)
+	in("idle", 0, false)
+	add("infer", 0, 10)
+	add("infer2", 0, 11)
+	add("a", 0, 21, 20)
+	add("b", 0, 30)
+	add("idle", 0, 40)
+	// GPU 1: paced at the launch gate.
+	in("infer", 1, true)
+	in("a", 1, true)
+	add("infer", 1, 10)
+	add("a", 1, 22)
+	// GPU 2: steered, but too many groups to hold.
+	in("infer", 2, true)
+	in("b", 2, true)
+	add("infer", 2, 10)
+	for i := range maxHeldGroups + 1 {
+		add("b", 2, uint32(100+i))
+	}
+	actuation := map[int]arbiter.Actuation{0: arbiter.Scheduler, 1: arbiter.Pacing, 2: arbiter.Scheduler}
+	bounds := map[int]gpusched.Slices{0: {Base: 2048 * time.Microsecond, Min: 1024 * time.Microsecond}}
+
+	p := holdPlanOf(true, actuation, bounds, res, groups)
+	if got := fmt.Sprint(p.gpusOf); got != "map[10:[0] 11:[0]]" {
+		t.Errorf("urgent processes %s, want infer's and infer2's on GPU 0 alone", got)
+	}
+	var pids []uint32
+	for _, g := range p.others[0] {
+		pids = append(pids, g.PID)
+	}
+	if !slices.Equal(pids, []uint32{20, 21, 30}) {
+		t.Errorf("GPU 0 holds %v, want a's and b's groups in order (20 21 30), not the idle tenant's or a latency tenant's", pids)
+	}
+	if len(p.others) != 1 {
+		t.Errorf("holds on %d GPUs, want GPU 0 alone", len(p.others))
+	}
+	if p.bound[0] != 3*1024*time.Microsecond {
+		t.Errorf("GPU 0's bound %v, want 3 groups × 1024 µs", p.bound[0])
+	}
+	if p := holdPlanOf(false, actuation, bounds, res, groups); len(p.gpusOf) != 0 || len(p.others) != 0 {
+		t.Errorf("observing only, the plan holds %v", p.others)
+	}
+}
