@@ -136,6 +136,7 @@ func (c *check) steps() []stepDef {
 		{"timeslices", c.timeslices, nil},
 		{"context-switch cost", c.switchCost, nil},
 		{"pause and resume", c.pauseResume, nil},
+		{"hold cost", c.holdCost, nil},
 		{"latency", c.latency, nil},
 		{"preempt", c.preempt, c.stopBurners},
 		{"slice shares", c.sliceShares, nil},

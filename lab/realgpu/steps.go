@@ -550,6 +550,75 @@ func (c *check) pauseResume(ctx context.Context, s *Step) error {
 	return nil
 }
 
+// holdCycles and holdPeriod shape the hold-cost step: a cycle a
+// holdPeriod, each pausing two burners for holdLength, as gpuarb's latency
+// holds do around an inference request (daemon/hold.go).
+const (
+	holdCycles = 50
+	holdPeriod = 20 * time.Millisecond
+	holdLength = 2 * time.Millisecond
+)
+
+// holdCost times what a latency hold asks of the driver: the pause of two
+// burners' groups (FIFO_DISABLE_CHANNELS for each, one RESTART_RUNLIST)
+// and their resume, holdCycles times, with the burners' throughput during
+// the cycles against before. A hold starts as fast as the pause returns
+// (plus the daemon's wake-up), and gpuarb turns holds on only where that
+// is shorter than the wait the others' shortest slices bound (1024 µs
+// each here); on the simulated GPU a pause took about 320 µs.
+func (c *check) holdCost(ctx context.Context, s *Step) error {
+	if err := c.ready(); err != nil {
+		return err
+	}
+	before, err := c.rates(ctx, 2*time.Second)
+	if err != nil {
+		return err
+	}
+	var changes []gpusched.Change
+	for _, b := range c.burners[1:] {
+		for _, g := range b.groups {
+			changes = append(changes, gpusched.Change{Group: g})
+		}
+	}
+	set := func(pause bool) (float64, error) {
+		for i := range changes {
+			changes[i].Pause = &pause
+		}
+		start := time.Now()
+		err := c.apply(changes...)
+		return float64(time.Since(start).Microseconds()), err
+	}
+	from := monotonic()
+	var pauses, resumes []float64
+	for range holdCycles {
+		us, err := set(true)
+		if err != nil {
+			_, _ = set(false)
+			return fmt.Errorf("pause: %w", err)
+		}
+		pauses = append(pauses, us)
+		time.Sleep(holdLength)
+		if us, err = set(false); err != nil {
+			return fmt.Errorf("resume: %w", err)
+		}
+		resumes = append(resumes, us)
+		if err := lab.Sleep(ctx, holdPeriod-holdLength); err != nil {
+			return err
+		}
+	}
+	to := monotonic()
+	during := make([]float64, len(c.burners))
+	for i, b := range c.burners {
+		during[i] = b.rate(from, to)
+	}
+	s.Values["pause_us"], s.Values["resume_us"] = pauses, resumes
+	s.Values["rates_before"], s.Values["rates_during"] = before, during
+	s.Summary = fmt.Sprintf("pausing two burners (disable + restart) p50 %.0f µs, p99 %.0f µs; resuming them p50 %.0f µs, p99 %.0f µs over %d cycles of %v in %v; iterations/s %.1f/%.1f/%.1f before, %.1f/%.1f/%.1f during",
+		lab.Percentile(pauses, 50), lab.Percentile(pauses, 99), lab.Percentile(resumes, 50), lab.Percentile(resumes, 99),
+		holdCycles, holdLength, holdPeriod, before[0], before[1], before[2], during[0], during[1], during[2])
+	return nil
+}
+
 // latencySlices are the timeslices the latency step gives the burners
 // beside the probe: gpuarb's floor on the nvidia driver and below it.
 var latencySlices = []time.Duration{1024 * time.Microsecond, 512 * time.Microsecond, 200 * time.Microsecond}
