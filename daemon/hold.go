@@ -69,7 +69,9 @@ const (
 
 // holdPlan is who holds whom, from the last control step: per urgent
 // process (a latency tenant's) the GPUs it holds, and per GPU the other
-// tenants' channel groups a hold takes off it.
+// tenants' channel groups a hold takes off it. A process with groups on
+// several GPUs holds all of them at a launch: the launch's record does not
+// say which GPU it goes to.
 type holdPlan struct {
 	gpusOf map[uint32][]int
 	others map[int][]gpusched.Group

@@ -378,19 +378,26 @@ func (s *steering) applySlices(picks []sliceChange, groups map[groupKey]gpusched
 	return err
 }
 
+// tracked returns what gpuarb set on each group it tracks (nil for the
+// others).
+func (s *steering) tracked(gs []gpusched.Group) []*steered {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*steered, len(gs))
+	for i, g := range gs {
+		out[i] = s.groups[keyOf(g)]
+	}
+	return out
+}
+
 // track returns what gpuarb set on each group (nil where it failed),
 // recording the groups seen for the first time (with their own
 // timeslices, read first) in the ledger, in one write.
 func (s *steering) track(gs []gpusched.Group) ([]*steered, []error) {
-	out := make([]*steered, len(gs))
 	var fresh []*steered
 	var freshAt []int // fresh[j] is out[freshAt[j]]
 	var errs []error
-	s.mu.Lock()
-	for i, g := range gs {
-		out[i] = s.groups[keyOf(g)]
-	}
-	s.mu.Unlock()
+	out := s.tracked(gs)
 	for i, g := range gs {
 		if out[i] != nil {
 			continue
@@ -444,7 +451,16 @@ func (s *steering) pause(groups []gpusched.Group, by pauser, off bool) error {
 	var changes []gpusched.Change
 	var changed []*steered // beside changes; forget may drop them from s.groups meanwhile
 	var masks []pauser     // beside changed: who holds each after the change
-	sts, errs := s.track(groups)
+	var sts []*steered
+	var errs []error
+	if off {
+		sts, errs = s.track(groups)
+	} else {
+		// A group gpuarb does not track has nothing to resume (put back
+		// by a thaw, or never paused): tracking it now would record it
+		// in the ledger again.
+		sts = s.tracked(groups)
+	}
 	s.mu.Lock()
 	for i, st := range sts {
 		if st == nil {
