@@ -309,19 +309,49 @@ struct {
 /* Number of gpuarb_urgent entries; 0 skips the lookup on every record. */
 volatile __u32 urgent_members;
 
+/* Cgroups whose processes' records are all urgent, by cgroup id (with every
+ * cgroup below them): the latency tenants' own, so that a process of theirs
+ * the daemon has not seen yet (a new worker, a service's first requests)
+ * wakes the reader at its first launch. Set by the daemon. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __u64);
+	__type(value, __u8);
+} gpuarb_urgent_cgroups SEC(".maps");
+
+/* Number of gpuarb_urgent_cgroups entries; 0 skips the walk up the current
+ * cgroup's ancestors on every record. */
+volatile __u32 urgent_cgroup_members;
+
 /* Bytes pending on the ring above which a submit wakes the reader; below it
  * the reader finds records on its next poll (see ioctlspy.Spy). Waking the
  * reader for every record costs the submitting process microseconds. Set at
  * load time. A held launch always wakes it: the process is stopped until
  * its gate's pacer, told by the reader, releases it; so does every record of
- * an urgent process (gpuarb_urgent). */
+ * an urgent process (gpuarb_urgent, gpuarb_urgent_cgroups). */
 volatile const __u64 wakeup_bytes = 65536;
+
+/* Reports whether the current process's cgroup, or one of its ancestors, is
+ * in gpuarb_urgent_cgroups. */
+static __always_inline int urgent_cgroup(void)
+{
+	for (int level = GATE_CGROUP_LEVELS - 1; level >= 0; level--) {
+		__u64 id = bpf_get_current_ancestor_cgroup_id(level);
+
+		if (id && bpf_map_lookup_elem(&gpuarb_urgent_cgroups, &id))
+			return 1;
+	}
+	return 0;
+}
 
 static __always_inline __u64 wakeup_flag(const struct event *e)
 {
 	if (e->flags & EVF_HELD)
 		return BPF_RB_FORCE_WAKEUP;
 	if (urgent_members && bpf_map_lookup_elem(&gpuarb_urgent, &e->tgid))
+		return BPF_RB_FORCE_WAKEUP;
+	if (urgent_cgroup_members && urgent_cgroup())
 		return BPF_RB_FORCE_WAKEUP;
 	return bpf_ringbuf_query(&gpuarb_events, BPF_RB_AVAIL_DATA) >= wakeup_bytes ? BPF_RB_FORCE_WAKEUP
 										    : BPF_RB_NO_WAKEUP;

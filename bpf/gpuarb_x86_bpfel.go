@@ -313,6 +313,7 @@ const (
 	gpuarbMapGpuarbTrees           = "gpuarb_trees"
 	gpuarbMapGpuarbUnfollowed      = "gpuarb_unfollowed"
 	gpuarbMapGpuarbUrgent          = "gpuarb_urgent"
+	gpuarbMapGpuarbUrgentCgroups   = "gpuarb_urgent_cgroups"
 	gpuarbProgGpuarbCuCopy         = "gpuarb_cu_copy"
 	gpuarbProgGpuarbCuCtxCreate    = "gpuarb_cu_ctx_create"
 	gpuarbProgGpuarbCuCtxCreateRet = "gpuarb_cu_ctx_create_ret"
@@ -340,6 +341,7 @@ const (
 	gpuarbVarUnusedEventFlags      = "unused_event_flags"
 	gpuarbVarUnusedEventType       = "unused_event_type"
 	gpuarbVarUnusedGateKind        = "unused_gate_kind"
+	gpuarbVarUrgentCgroupMembers   = "urgent_cgroup_members"
 	gpuarbVarUrgentMembers         = "urgent_members"
 	gpuarbVarWakeupBytes           = "wakeup_bytes"
 )
@@ -412,42 +414,44 @@ type gpuarbProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type gpuarbMapSpecs struct {
-	GpuarbAllocs     *ebpf.MapSpec `ebpf:"gpuarb_allocs"`
-	GpuarbCgroups    *ebpf.MapSpec `ebpf:"gpuarb_cgroups"`
-	GpuarbCtxs       *ebpf.MapSpec `ebpf:"gpuarb_ctxs"`
-	GpuarbDevices    *ebpf.MapSpec `ebpf:"gpuarb_devices"`
-	GpuarbEvents     *ebpf.MapSpec `ebpf:"gpuarb_events"`
-	GpuarbGateAllow  *ebpf.MapSpec `ebpf:"gpuarb_gate_allow"`
-	GpuarbGateKeys   *ebpf.MapSpec `ebpf:"gpuarb_gate_keys"`
-	GpuarbGates      *ebpf.MapSpec `ebpf:"gpuarb_gates"`
-	GpuarbHeld       *ebpf.MapSpec `ebpf:"gpuarb_held"`
-	GpuarbLost       *ebpf.MapSpec `ebpf:"gpuarb_lost"`
-	GpuarbOpenBudget *ebpf.MapSpec `ebpf:"gpuarb_open_budget"`
-	GpuarbOpenDrops  *ebpf.MapSpec `ebpf:"gpuarb_open_drops"`
-	GpuarbPendCu     *ebpf.MapSpec `ebpf:"gpuarb_pend_cu"`
-	GpuarbPendIo     *ebpf.MapSpec `ebpf:"gpuarb_pend_io"`
-	GpuarbPolls      *ebpf.MapSpec `ebpf:"gpuarb_polls"`
-	GpuarbProcs      *ebpf.MapSpec `ebpf:"gpuarb_procs"`
-	GpuarbScratch    *ebpf.MapSpec `ebpf:"gpuarb_scratch"`
-	GpuarbSyncWakes  *ebpf.MapSpec `ebpf:"gpuarb_sync_wakes"`
-	GpuarbTrees      *ebpf.MapSpec `ebpf:"gpuarb_trees"`
-	GpuarbUnfollowed *ebpf.MapSpec `ebpf:"gpuarb_unfollowed"`
-	GpuarbUrgent     *ebpf.MapSpec `ebpf:"gpuarb_urgent"`
+	GpuarbAllocs        *ebpf.MapSpec `ebpf:"gpuarb_allocs"`
+	GpuarbCgroups       *ebpf.MapSpec `ebpf:"gpuarb_cgroups"`
+	GpuarbCtxs          *ebpf.MapSpec `ebpf:"gpuarb_ctxs"`
+	GpuarbDevices       *ebpf.MapSpec `ebpf:"gpuarb_devices"`
+	GpuarbEvents        *ebpf.MapSpec `ebpf:"gpuarb_events"`
+	GpuarbGateAllow     *ebpf.MapSpec `ebpf:"gpuarb_gate_allow"`
+	GpuarbGateKeys      *ebpf.MapSpec `ebpf:"gpuarb_gate_keys"`
+	GpuarbGates         *ebpf.MapSpec `ebpf:"gpuarb_gates"`
+	GpuarbHeld          *ebpf.MapSpec `ebpf:"gpuarb_held"`
+	GpuarbLost          *ebpf.MapSpec `ebpf:"gpuarb_lost"`
+	GpuarbOpenBudget    *ebpf.MapSpec `ebpf:"gpuarb_open_budget"`
+	GpuarbOpenDrops     *ebpf.MapSpec `ebpf:"gpuarb_open_drops"`
+	GpuarbPendCu        *ebpf.MapSpec `ebpf:"gpuarb_pend_cu"`
+	GpuarbPendIo        *ebpf.MapSpec `ebpf:"gpuarb_pend_io"`
+	GpuarbPolls         *ebpf.MapSpec `ebpf:"gpuarb_polls"`
+	GpuarbProcs         *ebpf.MapSpec `ebpf:"gpuarb_procs"`
+	GpuarbScratch       *ebpf.MapSpec `ebpf:"gpuarb_scratch"`
+	GpuarbSyncWakes     *ebpf.MapSpec `ebpf:"gpuarb_sync_wakes"`
+	GpuarbTrees         *ebpf.MapSpec `ebpf:"gpuarb_trees"`
+	GpuarbUnfollowed    *ebpf.MapSpec `ebpf:"gpuarb_unfollowed"`
+	GpuarbUrgent        *ebpf.MapSpec `ebpf:"gpuarb_urgent"`
+	GpuarbUrgentCgroups *ebpf.MapSpec `ebpf:"gpuarb_urgent_cgroups"`
 }
 
 // gpuarbVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type gpuarbVariableSpecs struct {
-	GateMembers      *ebpf.VariableSpec `ebpf:"gate_members"`
-	UnusedCudaFunc   *ebpf.VariableSpec `ebpf:"unused_cuda_func"`
-	UnusedDevKind    *ebpf.VariableSpec `ebpf:"unused_dev_kind"`
-	UnusedEvent      *ebpf.VariableSpec `ebpf:"unused_event"`
-	UnusedEventFlags *ebpf.VariableSpec `ebpf:"unused_event_flags"`
-	UnusedEventType  *ebpf.VariableSpec `ebpf:"unused_event_type"`
-	UnusedGateKind   *ebpf.VariableSpec `ebpf:"unused_gate_kind"`
-	UrgentMembers    *ebpf.VariableSpec `ebpf:"urgent_members"`
-	WakeupBytes      *ebpf.VariableSpec `ebpf:"wakeup_bytes"`
+	GateMembers         *ebpf.VariableSpec `ebpf:"gate_members"`
+	UnusedCudaFunc      *ebpf.VariableSpec `ebpf:"unused_cuda_func"`
+	UnusedDevKind       *ebpf.VariableSpec `ebpf:"unused_dev_kind"`
+	UnusedEvent         *ebpf.VariableSpec `ebpf:"unused_event"`
+	UnusedEventFlags    *ebpf.VariableSpec `ebpf:"unused_event_flags"`
+	UnusedEventType     *ebpf.VariableSpec `ebpf:"unused_event_type"`
+	UnusedGateKind      *ebpf.VariableSpec `ebpf:"unused_gate_kind"`
+	UrgentCgroupMembers *ebpf.VariableSpec `ebpf:"urgent_cgroup_members"`
+	UrgentMembers       *ebpf.VariableSpec `ebpf:"urgent_members"`
+	WakeupBytes         *ebpf.VariableSpec `ebpf:"wakeup_bytes"`
 }
 
 // gpuarbObjects contains all objects after they have been loaded into the kernel.
@@ -470,27 +474,28 @@ func (o *gpuarbObjects) Close() error {
 //
 // It can be passed to loadGpuarbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type gpuarbMaps struct {
-	GpuarbAllocs     *ebpf.Map `ebpf:"gpuarb_allocs"`
-	GpuarbCgroups    *ebpf.Map `ebpf:"gpuarb_cgroups"`
-	GpuarbCtxs       *ebpf.Map `ebpf:"gpuarb_ctxs"`
-	GpuarbDevices    *ebpf.Map `ebpf:"gpuarb_devices"`
-	GpuarbEvents     *ebpf.Map `ebpf:"gpuarb_events"`
-	GpuarbGateAllow  *ebpf.Map `ebpf:"gpuarb_gate_allow"`
-	GpuarbGateKeys   *ebpf.Map `ebpf:"gpuarb_gate_keys"`
-	GpuarbGates      *ebpf.Map `ebpf:"gpuarb_gates"`
-	GpuarbHeld       *ebpf.Map `ebpf:"gpuarb_held"`
-	GpuarbLost       *ebpf.Map `ebpf:"gpuarb_lost"`
-	GpuarbOpenBudget *ebpf.Map `ebpf:"gpuarb_open_budget"`
-	GpuarbOpenDrops  *ebpf.Map `ebpf:"gpuarb_open_drops"`
-	GpuarbPendCu     *ebpf.Map `ebpf:"gpuarb_pend_cu"`
-	GpuarbPendIo     *ebpf.Map `ebpf:"gpuarb_pend_io"`
-	GpuarbPolls      *ebpf.Map `ebpf:"gpuarb_polls"`
-	GpuarbProcs      *ebpf.Map `ebpf:"gpuarb_procs"`
-	GpuarbScratch    *ebpf.Map `ebpf:"gpuarb_scratch"`
-	GpuarbSyncWakes  *ebpf.Map `ebpf:"gpuarb_sync_wakes"`
-	GpuarbTrees      *ebpf.Map `ebpf:"gpuarb_trees"`
-	GpuarbUnfollowed *ebpf.Map `ebpf:"gpuarb_unfollowed"`
-	GpuarbUrgent     *ebpf.Map `ebpf:"gpuarb_urgent"`
+	GpuarbAllocs        *ebpf.Map `ebpf:"gpuarb_allocs"`
+	GpuarbCgroups       *ebpf.Map `ebpf:"gpuarb_cgroups"`
+	GpuarbCtxs          *ebpf.Map `ebpf:"gpuarb_ctxs"`
+	GpuarbDevices       *ebpf.Map `ebpf:"gpuarb_devices"`
+	GpuarbEvents        *ebpf.Map `ebpf:"gpuarb_events"`
+	GpuarbGateAllow     *ebpf.Map `ebpf:"gpuarb_gate_allow"`
+	GpuarbGateKeys      *ebpf.Map `ebpf:"gpuarb_gate_keys"`
+	GpuarbGates         *ebpf.Map `ebpf:"gpuarb_gates"`
+	GpuarbHeld          *ebpf.Map `ebpf:"gpuarb_held"`
+	GpuarbLost          *ebpf.Map `ebpf:"gpuarb_lost"`
+	GpuarbOpenBudget    *ebpf.Map `ebpf:"gpuarb_open_budget"`
+	GpuarbOpenDrops     *ebpf.Map `ebpf:"gpuarb_open_drops"`
+	GpuarbPendCu        *ebpf.Map `ebpf:"gpuarb_pend_cu"`
+	GpuarbPendIo        *ebpf.Map `ebpf:"gpuarb_pend_io"`
+	GpuarbPolls         *ebpf.Map `ebpf:"gpuarb_polls"`
+	GpuarbProcs         *ebpf.Map `ebpf:"gpuarb_procs"`
+	GpuarbScratch       *ebpf.Map `ebpf:"gpuarb_scratch"`
+	GpuarbSyncWakes     *ebpf.Map `ebpf:"gpuarb_sync_wakes"`
+	GpuarbTrees         *ebpf.Map `ebpf:"gpuarb_trees"`
+	GpuarbUnfollowed    *ebpf.Map `ebpf:"gpuarb_unfollowed"`
+	GpuarbUrgent        *ebpf.Map `ebpf:"gpuarb_urgent"`
+	GpuarbUrgentCgroups *ebpf.Map `ebpf:"gpuarb_urgent_cgroups"`
 }
 
 func (m *gpuarbMaps) Close() error {
@@ -516,6 +521,7 @@ func (m *gpuarbMaps) Close() error {
 		m.GpuarbTrees,
 		m.GpuarbUnfollowed,
 		m.GpuarbUrgent,
+		m.GpuarbUrgentCgroups,
 	)
 }
 
@@ -523,15 +529,16 @@ func (m *gpuarbMaps) Close() error {
 //
 // It can be passed to loadGpuarbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type gpuarbVariables struct {
-	GateMembers      *ebpf.Variable `ebpf:"gate_members"`
-	UnusedCudaFunc   *ebpf.Variable `ebpf:"unused_cuda_func"`
-	UnusedDevKind    *ebpf.Variable `ebpf:"unused_dev_kind"`
-	UnusedEvent      *ebpf.Variable `ebpf:"unused_event"`
-	UnusedEventFlags *ebpf.Variable `ebpf:"unused_event_flags"`
-	UnusedEventType  *ebpf.Variable `ebpf:"unused_event_type"`
-	UnusedGateKind   *ebpf.Variable `ebpf:"unused_gate_kind"`
-	UrgentMembers    *ebpf.Variable `ebpf:"urgent_members"`
-	WakeupBytes      *ebpf.Variable `ebpf:"wakeup_bytes"`
+	GateMembers         *ebpf.Variable `ebpf:"gate_members"`
+	UnusedCudaFunc      *ebpf.Variable `ebpf:"unused_cuda_func"`
+	UnusedDevKind       *ebpf.Variable `ebpf:"unused_dev_kind"`
+	UnusedEvent         *ebpf.Variable `ebpf:"unused_event"`
+	UnusedEventFlags    *ebpf.Variable `ebpf:"unused_event_flags"`
+	UnusedEventType     *ebpf.Variable `ebpf:"unused_event_type"`
+	UnusedGateKind      *ebpf.Variable `ebpf:"unused_gate_kind"`
+	UrgentCgroupMembers *ebpf.Variable `ebpf:"urgent_cgroup_members"`
+	UrgentMembers       *ebpf.Variable `ebpf:"urgent_members"`
+	WakeupBytes         *ebpf.Variable `ebpf:"wakeup_bytes"`
 }
 
 // gpuarbPrograms contains all programs after they have been loaded into the kernel.

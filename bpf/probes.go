@@ -77,8 +77,10 @@ type Probes struct {
 	refused     uint64
 
 	gates gateTable
-	// urgent are the processes in gpuarb_urgent (SetUrgent).
-	urgent map[uint32]bool
+	// urgent are the processes in gpuarb_urgent, urgentCgroups the
+	// cgroups in gpuarb_urgent_cgroups (SetUrgent).
+	urgent        map[uint32]bool
+	urgentCgroups map[uint64]bool
 }
 
 type fileID struct{ dev, ino uint64 }
@@ -140,7 +142,7 @@ func Load(opts Options) (_ *Probes, err error) {
 	}
 
 	p := &Probes{pinPath: opts.PinPath, libcudas: map[fileID]*libcudaProbe{}, notLibcuda: map[notLibcudaMark]struct{}{},
-		maxLibcudas: opts.MaxLibcudas, urgent: map[uint32]bool{}}
+		maxLibcudas: opts.MaxLibcudas, urgent: map[uint32]bool{}, urgentCgroups: map[uint64]bool{}}
 	if p.maxLibcudas <= 0 {
 		p.maxLibcudas = DefaultMaxLibcudas
 	}

@@ -400,6 +400,7 @@ func (d *Daemon) control(ctx context.Context) {
 	}
 	d.wakers.Store(newWakers(seen))
 	d.publish(res, snap, actuation)
+	urgentCgroups := d.latencyCgroups(cfg)
 	d.mu.Unlock()
 	for _, f := range finish {
 		f()
@@ -407,7 +408,7 @@ func (d *Daemon) control(ctx context.Context) {
 	if enforcing {
 		d.steerSlices(plan, groups)
 	}
-	d.hold.setPlan(holdPlanOf(enforcing, actuation, gpuSlices, res, groups))
+	d.hold.setPlan(holdPlanOf(enforcing, actuation, gpuSlices, res, groups, urgentCgroups))
 	live := map[uint32]bool{}
 	for _, c := range long {
 		if !c.Exited {
@@ -791,6 +792,30 @@ func runGater(ctx context.Context, g *arbiter.Gater) (cancel context.CancelFunc,
 		g.Run(gctx)
 	}()
 	return cancel, done
+}
+
+// latencyCgroups are the latency tenants' cgroups, whose processes hold
+// the others at a launch before a step has seen them (holdPlan): a cgroup
+// tenant's own (while it exists), and every cgroup a latency tenant's
+// processes were seen in. Called with d.mu held.
+func (d *Daemon) latencyCgroups(cfg *policy.Config) []uint64 {
+	ids := map[uint64]bool{}
+	for _, t := range cfg.Tenants {
+		if t.Rules.Priority != policy.Latency || t.Cgroup == "" {
+			continue
+		}
+		if id, err := cgroup.ID(filepath.Join(d.mount, normalizeCgroup(t.Cgroup, d.mount))); err == nil {
+			ids[id] = true
+		}
+	}
+	for _, t := range d.tenants {
+		if t.rules.Priority == policy.Latency {
+			for id := range t.cgroupIDs {
+				ids[id] = true
+			}
+		}
+	}
+	return slices.Sorted(maps.Keys(ids))
 }
 
 // newLaunchGate makes the launch gate of a tenant: its cgroup (and what is

@@ -65,16 +65,32 @@ const (
 	// read, the ledger written: 2.8 ms once), neither of which should turn
 	// holds off.
 	holdStarts = 15
+	// minHoldStarts is how many holds a GPU starts before their median
+	// can turn its holds off. The first one also records the groups, and
+	// the median of two is the slower: with one hold a second after that,
+	// a GPU whose first hold took 2.8 ms held nothing for its latency
+	// tenant's first two seconds (request p50 2.3 ms on the GPU where
+	// holds read 1.7 ms: the simulator at an H200's costs).
+	minHoldStarts = 5
 )
 
 // holdPlan is who holds whom, from the last control step: per urgent
 // process (a latency tenant's) the GPUs it holds, and per GPU the other
 // tenants' channel groups a hold takes off it. A process with groups on
 // several GPUs holds all of them at a launch: the launch's record does not
-// say which GPU it goes to.
+// say which GPU it goes to. A process of a latency tenant that the step
+// did not see with groups (new since) holds every GPU the plan holds,
+// found by its cgroup (cgroups: the latency tenants' own and those their
+// processes were seen in), until the next step: a service's first
+// requests waited through the others' slices for up to a control period
+// (p50 3.5 ms in its first 100 ms, 1.7 ms after, at an H200's costs).
 type holdPlan struct {
-	gpusOf map[uint32][]int
-	others map[int][]gpusched.Group
+	gpusOf  map[uint32][]int
+	cgroups map[uint64][]int
+	others  map[int][]gpusched.Group
+	// mates are the held groups' processes: never urgent by their cgroup
+	// (a tenant nested in a latency tenant's cgroup).
+	mates map[uint32]bool
 	// bound is per GPU the longest a latency tenant's work waits for a
 	// turn without a hold: one shortest slice per other group.
 	bound map[int]time.Duration
@@ -83,10 +99,12 @@ type holdPlan struct {
 // holdPlanOf is a control step's plan: on every GPU whose scheduler
 // gpuarb steers, while it enforces, the processes of latency tenants with
 // channel groups there hold the groups of the other tenants busy there (at
-// most maxHeldGroups).
+// most maxHeldGroups); so do those found by the latency tenants' cgroups
+// (urgentCgroups) on every such GPU.
 func holdPlanOf(enforcing bool, actuation map[int]arbiter.Actuation, bounds map[int]gpusched.Slices, res control.Result,
-	groups map[string]map[int][]gpusched.Group) *holdPlan {
-	p := &holdPlan{gpusOf: map[uint32][]int{}, others: map[int][]gpusched.Group{}, bound: map[int]time.Duration{}}
+	groups map[string]map[int][]gpusched.Group, urgentCgroups []uint64) *holdPlan {
+	p := &holdPlan{gpusOf: map[uint32][]int{}, cgroups: map[uint64][]int{}, others: map[int][]gpusched.Group{},
+		mates: map[uint32]bool{}, bound: map[int]time.Duration{}}
 	if !enforcing {
 		return p
 	}
@@ -109,11 +127,13 @@ func holdPlanOf(enforcing bool, actuation map[int]arbiter.Actuation, bounds map[
 			}
 		}
 	}
-	for gpu, urgent := range urgent {
-		others := others[gpu]
-		if len(urgent) == 0 || len(others) == 0 || len(others) > maxHeldGroups {
+	var held []int
+	for gpu, others := range others {
+		urgent := urgent[gpu]
+		if len(urgent) == 0 && len(urgentCgroups) == 0 || len(others) > maxHeldGroups {
 			continue
 		}
+		held = append(held, gpu)
 		slices.SortFunc(others, func(a, b gpusched.Group) int {
 			return cmp.Or(cmp.Compare(a.PID, b.PID), cmp.Compare(a.Client, b.Client), cmp.Compare(a.TSG, b.TSG))
 		})
@@ -123,6 +143,9 @@ func holdPlanOf(enforcing bool, actuation map[int]arbiter.Actuation, bounds map[
 			floor = sl.Min
 		}
 		p.bound[gpu] = time.Duration(len(others)) * floor
+		for _, g := range others {
+			p.mates[g.PID] = true
+		}
 		for _, pid := range urgent {
 			if !slices.Contains(p.gpusOf[pid], gpu) {
 				p.gpusOf[pid] = append(p.gpusOf[pid], gpu)
@@ -132,13 +155,29 @@ func holdPlanOf(enforcing bool, actuation map[int]arbiter.Actuation, bounds map[
 	for _, gs := range p.gpusOf {
 		slices.Sort(gs)
 	}
+	if len(held) > 0 {
+		slices.Sort(held)
+		for _, cg := range urgentCgroups {
+			p.cgroups[cg] = held
+		}
+	}
 	return p
+}
+
+// gpusOfProcess returns the GPUs a latency tenant's process holds at a launch:
+// its own, or by its cgroup every GPU the plan holds (nil: none).
+func (p *holdPlan) gpusOfProcess(pid uint32, cgroupID uint64) []int {
+	if gpus := p.gpusOf[pid]; gpus != nil || p.mates[pid] {
+		return gpus
+	}
+	return p.cgroups[cgroupID]
 }
 
 // holdSignal is a latency tenant's process launching work (work) or
 // ending a wait for it.
 type holdSignal struct {
 	pid  uint32
+	gpus []int // the GPUs it holds (holdPlan.gpusOfProcess)
 	work bool
 	at   uint64 // the record's time, CLOCK_MONOTONIC ns
 }
@@ -171,7 +210,7 @@ type gpuHold struct {
 // with every control step (setPlan); the event reader feeds it (observe).
 type latencyHold struct {
 	steer   *steering
-	urgent  func(pids []uint32) error // bpf.Probes.SetUrgent
+	urgent  func(pids []uint32, cgroups []uint64) error // bpf.Probes.SetUrgent
 	log     *slog.Logger
 	plan    atomic.Pointer[holdPlan]
 	signals chan holdSignal
@@ -180,7 +219,7 @@ type latencyHold struct {
 	stats map[int]HoldStats
 }
 
-func newLatencyHold(s *steering, urgent func([]uint32) error, log *slog.Logger) *latencyHold {
+func newLatencyHold(s *steering, urgent func([]uint32, []uint64) error, log *slog.Logger) *latencyHold {
 	return &latencyHold{steer: s, urgent: urgent, log: log, signals: make(chan holdSignal, holdSignals),
 		stats: map[int]HoldStats{}}
 }
@@ -189,11 +228,10 @@ func newLatencyHold(s *steering, urgent func([]uint32) error, log *slog.Logger) 
 // event reader at once.
 func (h *latencyHold) setPlan(p *holdPlan) {
 	old := h.plan.Swap(p)
-	if old != nil && maps.EqualFunc(old.gpusOf, p.gpusOf, slices.Equal) {
+	if old != nil && maps.EqualFunc(old.gpusOf, p.gpusOf, slices.Equal) && maps.EqualFunc(old.cgroups, p.cgroups, slices.Equal) {
 		return
 	}
-	pids := slices.Sorted(maps.Keys(p.gpusOf))
-	if err := h.urgent(pids); err != nil {
+	if err := h.urgent(slices.Sorted(maps.Keys(p.gpusOf)), slices.Sorted(maps.Keys(p.cgroups))); err != nil {
 		h.log.Warn("latency holds: mark urgent processes", "err", err)
 	}
 }
@@ -203,11 +241,12 @@ func (h *latencyHold) setPlan(p *holdPlan) {
 // for the others.
 func (h *latencyHold) observe(ev ioctlspy.Event) {
 	p := h.plan.Load()
-	if p == nil || len(p.gpusOf) == 0 {
+	if p == nil || len(p.gpusOf) == 0 && len(p.cgroups) == 0 {
 		return
 	}
-	pid := ev.Hdr().PID
-	if p.gpusOf[pid] == nil {
+	hdr := ev.Hdr()
+	gpus := p.gpusOfProcess(hdr.PID, hdr.CgroupID)
+	if gpus == nil {
 		return
 	}
 	var work bool
@@ -221,7 +260,7 @@ func (h *latencyHold) observe(ev ioctlspy.Event) {
 		return
 	}
 	select {
-	case h.signals <- holdSignal{pid, work, ev.Hdr().Start}:
+	case h.signals <- holdSignal{hdr.PID, gpus, work, hdr.Start}:
 	default:
 	}
 }
@@ -251,7 +290,7 @@ func (h *latencyHold) run(ctx context.Context) {
 			return
 		case s := <-h.signals:
 			p := h.plan.Load()
-			for _, gpu := range p.gpusOf[s.pid] {
+			for _, gpu := range s.gpus {
 				g := gpus[gpu]
 				if g == nil {
 					g = &gpuHold{pending: map[uint32]bool{}}
@@ -292,7 +331,7 @@ func (h *latencyHold) signal(gpu int, g *gpuHold, s holdSignal, others []gpusche
 		return
 	}
 	g.pending[s.pid] = true
-	slower := g.start > bound && now.Sub(g.probed) < holdProbe
+	slower := len(g.starts) >= minHoldStarts && g.start > bound && now.Sub(g.probed) < holdProbe
 	if g.held != nil || len(others) == 0 || now.Before(g.restUntil) || slower {
 		return
 	}

@@ -16,7 +16,10 @@ import (
 // GPUs whose scheduler gpuarb steers, from before it is busy itself; idle
 // tenants, other latency tenants, GPUs paced at the launch gate and GPUs
 // with more groups than a hold can take in time are left out, and the
-// bound is the others' groups times the GPU's shortest slice.
+// bound is the others' groups times the GPU's shortest slice. A process
+// the step did not see with groups holds by its latency tenant's cgroup
+// every GPU the plan holds, those without a latency tenant's groups
+// included; a held group's process never does.
 func TestHoldPlanOf(t *testing.T) {
 	tenant := func(name string, prio policy.Priority) *control.Tenant {
 		return &control.Tenant{Assignment: control.Assignment{Name: name, Rules: policy.Rules{Priority: prio}}}
@@ -60,10 +63,13 @@ func TestHoldPlanOf(t *testing.T) {
 	for i := range maxHeldGroups + 1 {
 		add("b", 2, uint32(100+i))
 	}
-	actuation := map[int]arbiter.Actuation{0: arbiter.Scheduler, 1: arbiter.Pacing, 2: arbiter.Scheduler}
+	// GPU 3: steered, a busy alone.
+	in("a", 3, true)
+	add("a", 3, 23)
+	actuation := map[int]arbiter.Actuation{0: arbiter.Scheduler, 1: arbiter.Pacing, 2: arbiter.Scheduler, 3: arbiter.Scheduler}
 	bounds := map[int]gpusched.Slices{0: {Base: 2048 * time.Microsecond, Min: 1024 * time.Microsecond}}
 
-	p := holdPlanOf(true, actuation, bounds, res, groups)
+	p := holdPlanOf(true, actuation, bounds, res, groups, nil)
 	if got := fmt.Sprint(p.gpusOf); got != "map[10:[0] 11:[0]]" {
 		t.Errorf("urgent processes %s, want infer's and infer2's on GPU 0 alone", got)
 	}
@@ -80,7 +86,26 @@ func TestHoldPlanOf(t *testing.T) {
 	if p.bound[0] != 3*1024*time.Microsecond {
 		t.Errorf("GPU 0's bound %v, want 3 groups × 1024 µs", p.bound[0])
 	}
-	if p := holdPlanOf(false, actuation, bounds, res, groups); len(p.gpusOf) != 0 || len(p.others) != 0 {
+	if p := holdPlanOf(false, actuation, bounds, res, groups, []uint64{500}); len(p.gpusOf) != 0 || len(p.others) != 0 || len(p.cgroups) != 0 {
 		t.Errorf("observing only, the plan holds %v", p.others)
+	}
+
+	p = holdPlanOf(true, actuation, bounds, res, groups, []uint64{500, 501})
+	if got := fmt.Sprint(p.cgroups); got != "map[500:[0 3] 501:[0 3]]" {
+		t.Errorf("urgent cgroups %s, want 500 and 501 holding GPUs 0 and 3", got)
+	}
+	for _, c := range []struct {
+		pid    uint32
+		cgroup uint64
+		want   string
+	}{
+		{10, 999, "[0]"},   // infer's, seen with groups: its own GPUs
+		{77, 500, "[0 3]"}, // new in infer's cgroup: every held GPU
+		{20, 500, "[]"},    // a's, held: never urgent
+		{77, 999, "[]"},    // elsewhere
+	} {
+		if got := fmt.Sprint(p.gpusOfProcess(c.pid, c.cgroup)); got != c.want {
+			t.Errorf("process %d in cgroup %d holds GPUs %s, want %s", c.pid, c.cgroup, got, c.want)
+		}
 	}
 }
