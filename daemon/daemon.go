@@ -25,6 +25,7 @@ import (
 	"github.com/gpuarb/gpuarb/bpf"
 	"github.com/gpuarb/gpuarb/cgroup"
 	"github.com/gpuarb/gpuarb/exact"
+	"github.com/gpuarb/gpuarb/gpusched"
 	"github.com/gpuarb/gpuarb/ioctlspy"
 	"github.com/gpuarb/gpuarb/meter"
 	"github.com/gpuarb/gpuarb/metrics"
@@ -316,7 +317,9 @@ func Start(cfg Config) (_ *Daemon, err error) {
 		return nil, err
 	}
 	d.spy.OnError = func(err error) { d.log.Warn("probe", "err", err) }
-	d.hold = newLatencyHold(d.steer, d.probes.SetUrgent, d.log)
+	steer := d.steer // Close forgets d.steer while the hold loop may still release
+	d.hold = newLatencyHold(func(gs []gpusched.Group, off bool) error { return steer.pause(gs, byHold, off) },
+		d.probes.SetUrgent, d.log)
 	if err := d.listen(); err != nil {
 		return nil, err
 	}

@@ -209,7 +209,9 @@ type gpuHold struct {
 // latencyHold runs the holds. Its plan and the urgent processes change
 // with every control step (setPlan); the event reader feeds it (observe).
 type latencyHold struct {
-	steer   *steering
+	// pause takes groups off their GPU (off) or lets them run again, as
+	// far as the holds are concerned (steering.pause byHold).
+	pause   func(groups []gpusched.Group, off bool) error
 	urgent  func(pids []uint32, cgroups []uint64) error // bpf.Probes.SetUrgent
 	log     *slog.Logger
 	plan    atomic.Pointer[holdPlan]
@@ -219,8 +221,8 @@ type latencyHold struct {
 	stats map[int]HoldStats
 }
 
-func newLatencyHold(s *steering, urgent func([]uint32, []uint64) error, log *slog.Logger) *latencyHold {
-	return &latencyHold{steer: s, urgent: urgent, log: log, signals: make(chan holdSignal, holdSignals),
+func newLatencyHold(pause func([]gpusched.Group, bool) error, urgent func([]uint32, []uint64) error, log *slog.Logger) *latencyHold {
+	return &latencyHold{pause: pause, urgent: urgent, log: log, signals: make(chan holdSignal, holdSignals),
 		stats: map[int]HoldStats{}}
 }
 
@@ -335,7 +337,7 @@ func (h *latencyHold) signal(gpu int, g *gpuHold, s holdSignal, others []gpusche
 	if g.held != nil || len(others) == 0 || now.Before(g.restUntil) || slower {
 		return
 	}
-	if err := h.steer.pause(others, byHold, true); err != nil && !onlyGone(err) {
+	if err := h.pause(others, true); err != nil && !onlyGone(err) {
 		h.log.Debug("latency hold", "gpu", gpu, "err", err)
 	}
 	g.held, g.since, g.probed = others, now, now
@@ -357,7 +359,7 @@ func (h *latencyHold) signal(gpu int, g *gpuHold, s holdSignal, others []gpusche
 // others run for holdRest before the next.
 func (h *latencyHold) release(gpu int, g *gpuHold, cut bool) {
 	now := time.Now()
-	if err := h.steer.pause(g.held, byHold, false); err != nil && !onlyGone(err) {
+	if err := h.pause(g.held, false); err != nil && !onlyGone(err) {
 		// Still held: the run loop tries again in holdRetry.
 		h.log.Warn("latency hold: resume the others", "gpu", gpu, "err", err)
 		g.since = now.Add(holdRetry - maxHold)

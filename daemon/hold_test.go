@@ -1,14 +1,21 @@
 package daemon
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/gpuarb/gpuarb/arbiter"
 	"github.com/gpuarb/gpuarb/control"
 	"github.com/gpuarb/gpuarb/gpusched"
+	"github.com/gpuarb/gpuarb/ioctlspy"
+	"github.com/gpuarb/gpuarb/meter"
 	"github.com/gpuarb/gpuarb/policy"
 )
 
@@ -108,4 +115,101 @@ func TestHoldPlanOf(t *testing.T) {
 			t.Errorf("process %d in cgroup %d holds GPUs %s, want %s", c.pid, c.cgroup, got, c.want)
 		}
 	}
+}
+
+// heldLog records the hold's pauses and resumes; fail makes the next
+// resume fail once.
+type heldLog struct {
+	mu    sync.Mutex
+	calls []string
+	fail  bool
+}
+
+func (l *heldLog) pause(gs []gpusched.Group, off bool) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !off && l.fail {
+		l.fail = false
+		l.calls = append(l.calls, "resume refused")
+		return errors.New("refused")
+	}
+	l.calls = append(l.calls, fmt.Sprintf("%v %d", map[bool]string{true: "pause", false: "resume"}[off], gs[0].PID))
+	return nil
+}
+
+func (l *heldLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Join(l.calls, ", ")
+}
+
+// A latency tenant's launch starts a hold and the end of its wait ends
+// it; launches within a hold start none, nor do other tenants'. A hold
+// whose wait gpuarb does not see is cut at maxHold, and the GPU rests
+// holdRest. A refused resume is tried again in holdRetry. Once the loop
+// ends, holds are released and none starts.
+func TestLatencyHoldLifecycle(t *testing.T) {
+	var log heldLog
+	h := newLatencyHold(log.pause, func([]uint32, []uint64) error { return nil }, slog.New(slog.DiscardHandler))
+	others := []gpusched.Group{{PID: 20, Client: 20, TSG: 1}}
+	h.setPlan(&holdPlan{gpusOf: map[uint32][]int{10: {0}}, cgroups: map[uint64][]int{},
+		others: map[int][]gpusched.Group{0: others}, mates: map[uint32]bool{20: true},
+		bound: map[int]time.Duration{0: 2 * time.Millisecond}})
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { h.run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	launch := func(pid uint32) {
+		h.observe(&ioctlspy.Launch{Header: ioctlspy.Header{PID: pid, Start: meter.MonotonicNow()}})
+	}
+	wait := func(pid uint32) { h.observe(&ioctlspy.Sync{Header: ioctlspy.Header{PID: pid}}) }
+	// want waits for the holds to have done calls, and no more a moment
+	// later.
+	want := func(what, calls string) {
+		t.Helper()
+		for began := time.Now(); log.String() != calls && time.Since(began) < time.Second; {
+			time.Sleep(100 * time.Microsecond)
+		}
+		time.Sleep(2 * time.Millisecond)
+		if got := log.String(); got != calls {
+			t.Fatalf("%s: holds did %q, want %q", what, got, calls)
+		}
+	}
+
+	launch(20) // another tenant's launch holds nothing
+	launch(10)
+	launch(10)
+	want("two launches", "pause 20")
+	wait(10)
+	want("the wait's end", "pause 20, resume 20")
+
+	launch(10) // its wait never seen: cut at maxHold
+	began := time.Now()
+	want("cut", "pause 20, resume 20, pause 20, resume 20")
+	if cut := time.Since(began); cut < maxHold {
+		t.Fatalf("cut after %v, want at maxHold %v", cut, maxHold)
+	}
+	if st := h.Stats()[0]; st.Holds != 2 || st.Cut != 1 || st.Held < maxHold {
+		t.Errorf("stats %+v, want 2 holds, 1 cut, held ≥ %v", st, maxHold)
+	}
+
+	time.Sleep(holdRest)
+	wait(10)
+	log.mu.Lock()
+	log.fail = true
+	log.mu.Unlock()
+	launch(10)
+	wait(10) // refused: tried again in holdRetry
+	want("retried resume", "pause 20, resume 20, pause 20, resume 20, pause 20, resume refused, resume 20")
+
+	time.Sleep(holdRest) // the retry ended the hold as a cut: the GPU rests
+	launch(10)
+	want("held at the loop's end", "pause 20, resume 20, pause 20, resume 20, pause 20, resume refused, resume 20, pause 20")
+	cancel()
+	<-done
+	launch(10)
+	wait(10)
+	launch(10)
+	want("after the loop's end", "pause 20, resume 20, pause 20, resume 20, pause 20, resume refused, resume 20, pause 20, resume 20")
 }

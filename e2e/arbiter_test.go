@@ -1030,11 +1030,12 @@ func latencyBeside(t *testing.T, miss missFunc, others string, h200 bool) {
 		100*busy)
 	// At an H200's costs a held request still waits for the hold to
 	// start (about 0.4 ms here: the reader's wake-up and three controls
-	// over the simulator's socket) and a 256 µs switch: 2.2–2.5× alone at
-	// p99 and 1.5× at p50 in the runs of this test, against 3.3× with the
-	// slices alone and 5.3× without gpuarb (docs/benchmark-history.md
-	// §20); the bars are those, not issue 16's 1.5×, which the default
-	// costs hold.
+	// over the simulator's socket) and a 256 µs switch: 1.8–2.2× alone at
+	// p99 and 1.5× at p50 in the runs of this test (2.2–2.5× before holds
+	// covered a service's first requests), against 3.3× with the slices
+	// alone and 5.3× without gpuarb (docs/benchmark-history.md §20, §21);
+	// the bars leave this VM's host stalls room, and are not issue 16's
+	// 1.5×, which the default costs hold.
 	deviceBar, p50Bar, busyBar := 2.0, 1.25, 0.9
 	if h200 {
 		deviceBar, p50Bar, busyBar = 3.0, 2.0, 0.85
