@@ -542,7 +542,29 @@ func (d *Daemon) sampleExact() {
 	d.exactPrev, d.exactAt = cur, now
 }
 
-// Stop shuts the API down, detaches the probes, removes the pins, the
+// shutdownGrace is how long the API and metrics servers' requests in
+// flight get to finish when the daemon stops.
+const shutdownGrace = 2 * time.Second
+
+// shutdown stops an HTTP server: requests in flight get shutdownGrace to
+// finish, then every connection is closed. net/http counts a connection
+// that has sent no request yet as busy for 5 s, so a client that dialled
+// one more connection than it used (16 attaches at once did) would
+// otherwise fail the daemon's stop.
+func (d *Daemon) shutdown(name string, s *http.Server) error {
+	ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+	defer cancel()
+	err := s.Shutdown(ctx)
+	if err == nil {
+		return nil
+	}
+	d.log.Warn("stop: connections still open after the grace period, closed", "server", name, "err", err)
+	if err := s.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+		return fmt.Errorf("stop the %s server: %w", name, err)
+	}
+	return nil
+}
+
 // checkRecording logs, once, that the meter's recording ended on an error
 // (a full disk): the daemon runs on without it.
 func (d *Daemon) checkRecording() {
@@ -555,6 +577,7 @@ func (d *Daemon) checkRecording() {
 	}
 }
 
+// Stop shuts the API down, detaches the probes, removes the pins, the
 // socket and the lock. It is safe to call more than once.
 func (d *Daemon) Stop() error {
 	var errs []error
@@ -576,18 +599,14 @@ func (d *Daemon) Stop() error {
 		d.guardian.stop()
 	}
 	if d.server != nil {
-		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		errs = append(errs, d.server.Shutdown(sctx))
-		cancel()
+		errs = append(errs, d.shutdown("API", d.server))
 		d.server = nil
 	}
 	if d.metricsListener != nil {
-		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		// Shutdown closes the listener of a serving server; before Run the
 		// listener is closed by hand.
-		errs = append(errs, d.metricsServer.Shutdown(sctx))
+		errs = append(errs, d.shutdown("metrics", d.metricsServer))
 		_ = d.metricsListener.Close()
-		cancel()
 		d.metricsServer, d.metricsListener = nil, nil
 	}
 	if d.spy != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -202,6 +203,13 @@ func TestConcurrentAttachesAllCount(t *testing.T) {
 // runs it until the test ends; it returns a client of its socket.
 func runDaemon(t *testing.T, policyYAML string) *api.Client {
 	t.Helper()
+	return api.NewClient(runDaemonAt(t, policyYAML))
+}
+
+// runDaemonAt is runDaemon, returning the daemon's socket. The daemon's
+// stop must not fail.
+func runDaemonAt(t *testing.T, policyYAML string) string {
+	t.Helper()
 	dir := t.TempDir()
 	cfg := Config{
 		Socket: filepath.Join(dir, "gpuarb.sock"), PinPath: filepath.Join(bpf.BPFFSPath, "gpuarb-test-"+filepath.Base(dir)),
@@ -227,7 +235,29 @@ func runDaemon(t *testing.T, policyYAML string) *api.Client {
 			t.Errorf("run: %v", err)
 		}
 	})
-	return api.NewClient(cfg.Socket)
+	return cfg.Socket
+}
+
+// A client's connection that has sent nothing (an HTTP client dials one
+// more than it uses when requests come at once) does not fail the
+// daemon's stop: net/http waits 5 s for such a connection, longer than
+// the grace the daemon gives its requests.
+func TestStopWithAnOpenConnection(t *testing.T) {
+	testutil.Privileged(t)
+	var conn net.Conn
+	t.Cleanup(func() { // after the daemon's stop, which runDaemonAt's cleanup checks
+		if conn != nil {
+			conn.Close()
+		}
+	})
+	socket := runDaemonAt(t, "")
+	var err error
+	if conn, err = net.Dial("unix", socket); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := api.NewClient(socket).Status(t.Context()); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // A workload (a container's hook, a VM's) registers itself with rules it
