@@ -41,11 +41,15 @@ const FakeGPUSocket = "fakegpu.sock"
 var ErrGone = errors.New("the process has ended")
 
 // Change is one group's new scheduling: a timeslice (0: unchanged), and
-// pause or resume (nil: unchanged).
+// pause or resume (nil: unchanged). A pause evicts the group from the GPU
+// at once, unless KeepRunning: then the group is only no longer scheduled,
+// and what runs of it now finishes its timeslice (bOnlyDisableScheduling),
+// so that the driver answers without waiting on a preemption.
 type Change struct {
-	Group     Group
-	Timeslice time.Duration
-	Pause     *bool
+	Group       Group
+	Timeslice   time.Duration
+	Pause       *bool
+	KeepRunning bool
 }
 
 // Actuator steers channel groups. It is safe for concurrent use.
@@ -326,20 +330,21 @@ func (a *Actuator) change(c Change) error {
 		}
 	}
 	if c.Pause != nil {
-		return a.disable(g, *c.Pause)
+		return a.disable(g, *c.Pause, c.KeepRunning)
 	}
 	return nil
 }
 
-// disable takes group g's channels off the GPU, or puts them back.
-func (a *Actuator) disable(g Group, off bool) error {
+// disable takes group g's channels off the GPU (evicting them unless
+// keepRunning), or puts them back.
+func (a *Actuator) disable(g Group, off, keepRunning bool) error {
 	if g.Subdevice == 0 {
 		return fmt.Errorf("pid %d: group 0x%x: no subdevice seen to disable channels through", g.PID, g.TSG)
 	}
 	var errs []error
 	for chunk := g.Channels; len(chunk) > 0; {
 		n := min(len(chunk), fifoDisableMax)
-		p, err := disableParams(off, g.Client, chunk[:n])
+		p, err := disableParams(off, off && keepRunning, g.Client, chunk[:n])
 		if err == nil {
 			err = a.control(g, g.Subdevice, ctrlFIFODisableChannels, p)
 		}

@@ -338,11 +338,20 @@ func TestNvidiaEncodingDecoded(t *testing.T) {
 		i++
 	}
 	// FIFO_DISABLE_CHANNELS' list is where the driver reads it.
-	p536 := must(disableParams(true, g.Client, g.Channels))
+	p536 := must(disableParams(true, false, g.Client, g.Channels))
 	le := binary.LittleEndian
 	if p536[0] != 1 || le.Uint32(p536[4:]) != 2 || le.Uint32(p536[24:]) != g.Client || le.Uint32(p536[280:]) != g.Channels[0] ||
 		le.Uint32(p536[284:]) != g.Channels[1] || len(p536) != 536 {
 		t.Errorf("FIFO_DISABLE_CHANNELS params % x", p536[:32])
+	}
+	if p536[8] != 0 {
+		t.Errorf("an evicting disable sets bOnlyDisableScheduling: % x", p536[:16])
+	}
+	if lazy := must(disableParams(true, true, g.Client, g.Channels)); lazy[0] != 1 || lazy[8] != 1 {
+		t.Errorf("a disable that keeps the group running: % x", lazy[:16])
+	}
+	if on := must(disableParams(false, false, g.Client, g.Channels)); on[0] != 0 || on[8] != 0 {
+		t.Errorf("an enable: % x", on[:16])
 	}
 }
 
@@ -377,7 +386,7 @@ func nvidiaHelper(pidText string) int {
 	}{
 		{0x5c000010, ctrlTSGSetTimeslice, timesliceParams(8 * time.Millisecond)},
 		{channels[0], ctrlRestartRunlist, restartParams()},
-		{0x5c000003, ctrlFIFODisableChannels, must(disableParams(true, client, channels))},
+		{0x5c000003, ctrlFIFODisableChannels, must(disableParams(true, false, client, channels))},
 	} {
 		if _, err := (nvidia{}).control(dup, client, c.object, c.cmd, c.params); !errors.Is(err, unix.ENOTTY) {
 			fmt.Printf("control 0x%x: %v, want ENOTTY from the mem driver's node\n", c.cmd, err)

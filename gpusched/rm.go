@@ -70,9 +70,10 @@ func restartParams() []byte { return []byte{1, 0} }
 // preemptParams waits for the preemption to finish.
 func preemptParams() []byte { return []byte{1, 0, 0, 0, 0, 0, 0, 0} }
 
-// disableParams disables (or enables) channels of one client, stopping
-// them on the GPU, their queued work kept (bOnlyDisableScheduling = 0).
-func disableParams(disable bool, client uint32, channels []uint32) ([]byte, error) {
+// disableParams disables (or enables) channels of one client, their
+// queued work kept: stopping them on the GPU, or where onlyScheduling
+// leaving what runs now to finish its timeslice (bOnlyDisableScheduling).
+func disableParams(disable, onlyScheduling bool, client uint32, channels []uint32) ([]byte, error) {
 	if len(channels) > fifoDisableMax {
 		return nil, fmt.Errorf("%d channels in one FIFO_DISABLE_CHANNELS, at most %d", len(channels), fifoDisableMax)
 	}
@@ -80,6 +81,9 @@ func disableParams(disable bool, client uint32, channels []uint32) ([]byte, erro
 	le := binary.LittleEndian
 	if disable {
 		p[0] = 1
+	}
+	if onlyScheduling {
+		p[8] = 1
 	}
 	le.PutUint32(p[4:], uint32(len(channels)))
 	for i, ch := range channels {

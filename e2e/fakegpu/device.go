@@ -129,9 +129,11 @@ type chanState struct {
 	needWake bool
 	handle   uint32 // the channel's RM handle, as libcuda allocated it
 	// disabled keeps the channel off the runlist (FIFO_DISABLE_CHANNELS);
-	// nextDisabled is the state the next runlist restart applies.
-	disabled, nextDisabled bool
-	arrivals               []arrival
+	// nextDisabled is the state the next runlist restart applies, and
+	// nextOnlyScheduling (bOnlyDisableScheduling) leaves it running there
+	// until its slice ends instead of evicting it.
+	disabled, nextDisabled, nextOnlyScheduling bool
+	arrivals                                   []arrival
 }
 
 // gpuContext is one channel group (TSG): a client's CUDA context.

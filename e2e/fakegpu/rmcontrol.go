@@ -201,10 +201,12 @@ func (x *gpuContext) channelOf(h uint32) int {
 // numChannels@4; bool bOnlyDisableScheduling@8; bool bRewindGpPut@9; u64
 // pRunlistPreemptEvent@16 (must be 0); u32 hClientList[64]@24; u32
 // hChannelList[64]@280}. The channels go off (or back on) the runlist at
-// the next restart; their queued work stays.
+// the next restart, which evicts a running one at once unless
+// bOnlyDisableScheduling (then its slice runs out first); their queued
+// work stays.
 func (s *Server) disableChannels(client, subdevice uint32, p []byte) uint32 {
 	le := binary.LittleEndian
-	disable, n := p[0] != 0, le.Uint32(p[4:])
+	disable, onlyScheduling, n := p[0] != 0, p[8] != 0, le.Uint32(p[4:])
 	if n > maxDisable || le.Uint64(p[16:]) != 0 {
 		return nvErrInvalidArgument
 	}
@@ -235,6 +237,7 @@ func (s *Server) disableChannels(client, subdevice uint32, p []byte) uint32 {
 	for _, t := range ts {
 		t.x.gpu.mu.Lock()
 		t.x.chans[t.ch].nextDisabled = disable
+		t.x.chans[t.ch].nextOnlyScheduling = disable && onlyScheduling
 		t.x.gpu.mu.Unlock()
 	}
 	return nvOK
@@ -255,7 +258,7 @@ func (g *gpu) restartRunlist() {
 			c.chans[i].disabled = c.chans[i].nextDisabled
 		}
 	}
-	if g.running && g.cur.chans[g.curCh].disabled {
+	if g.running && g.cur.chans[g.curCh].disabled && !g.cur.chans[g.curCh].nextOnlyScheduling {
 		g.sliceEnd = g.vt // its slice ends: evicted at the next preemption point
 	}
 	futexWake(&g.db.Ring) // the device loop acts on it at once

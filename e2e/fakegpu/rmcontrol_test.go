@@ -2,6 +2,7 @@ package fakegpu
 
 import (
 	"encoding/binary"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -68,5 +69,56 @@ func TestControlChecks(t *testing.T) {
 	g.restartRunlist()
 	if x.timeslice != 3*time.Millisecond || !x.chans[0].disabled {
 		t.Errorf("after the restart: timeslice %v, disabled %v", x.timeslice, x.chans[0].disabled)
+	}
+}
+
+// A disable evicts a running group at the runlist's restart; one with
+// bOnlyDisableScheduling leaves it running until its slice ends, as the
+// driver leaves what runs in hardware.
+func TestDisableEvictsUnlessOnlyScheduling(t *testing.T) {
+	for _, onlyScheduling := range []bool{false, true} {
+		s, g := newTestGPU(t)
+		const client, tsg, subdev, channel = 0xc1e00001, 0x5c000010, 0x5c000003, 0x5c000011
+		x, err := g.addContext(1, 42, "/", client, tsg, subdev, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		x.chans[0].handle = channel
+		x.timeslice = 50 * time.Millisecond
+		g.mu.Lock()
+		now := monotonicNS()
+		g.vt = now - int64(20*time.Millisecond)
+		ch := &x.shm.Ch[0]
+		ch.Ring[0] = entry{Kind: entryKernel, Event: 1, CostNS: uint64(time.Second)}
+		atomic.StoreUint64(&ch.RingAt, uint64(g.vt))
+		atomic.StoreUint64(&ch.GPPut, 1)
+		atomic.AddUint32(&g.db.Ring, 1)
+		g.catchUp()
+		if !g.running || g.cur != x || g.sliceEnd <= g.vt {
+			g.mu.Unlock()
+			t.Fatalf("the group is not running in its 50 ms slice: running %v, slice ends in %v", g.running, time.Duration(g.sliceEnd-g.vt))
+		}
+		g.mu.Unlock()
+		p := make([]byte, 536)
+		p[0] = 1
+		if onlyScheduling {
+			p[8] = 1
+		}
+		le := binary.LittleEndian
+		le.PutUint32(p[4:], 1)
+		le.PutUint32(p[24:], client)
+		le.PutUint32(p[280:], channel)
+		if status, _ := s.control(client, subdev, CtrlSubdevFIFODisableChans, p, true); status != nvOK {
+			t.Fatalf("FIFO_DISABLE_CHANNELS: 0x%x", status)
+		}
+		g.restartRunlist()
+		g.mu.Lock()
+		g.catchUp()
+		running := g.running && g.cur == x
+		g.mu.Unlock()
+		if running != onlyScheduling {
+			t.Errorf("bOnlyDisableScheduling %v: the group still running after the restart: %v", onlyScheduling, running)
+		}
+		g.removeContext(x)
 	}
 }
