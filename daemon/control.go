@@ -408,7 +408,7 @@ func (d *Daemon) control(ctx context.Context) {
 	if enforcing {
 		d.steerSlices(plan, groups)
 	}
-	d.hold.setPlan(holdPlanOf(enforcing, actuation, gpuSlices, res, groups, urgentCgroups))
+	d.hold.setPlan(holdPlanOf(enforcing && d.cfg.LatencyHolds != HoldOff, actuation, gpuSlices, res, groups, urgentCgroups))
 	live := map[uint32]bool{}
 	for _, c := range long {
 		if !c.Exited {

@@ -66,6 +66,9 @@ type Config struct {
 	// gpuarb changed are recorded in steered.json beside the Ledger
 	// (SteerLedgerBeside).
 	NoGPUScheduler bool
+	// LatencyHolds is how a latency tenant's launch takes the other
+	// tenants' channel groups off a GPU whose scheduler gpuarb steers.
+	LatencyHolds HoldMode
 	// MetricsAddr, when set, serves Prometheus metrics over HTTP there (a
 	// bare port listens on 127.0.0.1 only).
 	MetricsAddr string
@@ -318,8 +321,9 @@ func Start(cfg Config) (_ *Daemon, err error) {
 	}
 	d.spy.OnError = func(err error) { d.log.Warn("probe", "err", err) }
 	steer := d.steer // Close forgets d.steer while the hold loop may still release
-	d.hold = newLatencyHold(func(gs []gpusched.Group, off bool) error { return steer.pause(gs, byHold, off) },
-		d.probes.SetUrgent, d.log)
+	deschedule := cfg.LatencyHolds == HoldDeschedule
+	d.hold = newLatencyHold(func(gs []gpusched.Group, off bool) error { return steer.pause(gs, byHold, off, deschedule) },
+		d.probes.SetUrgent, deschedule, d.log)
 	if err := d.listen(); err != nil {
 		return nil, err
 	}
@@ -327,7 +331,7 @@ func Start(cfg Config) (_ *Daemon, err error) {
 		return nil, err
 	}
 	d.log.Info("gpuarb daemon started", "socket", cfg.Socket, "pins", cfg.PinPath,
-		"devices", len(cfg.Devices), "libcudas", len(d.probes.Libcudas()))
+		"devices", len(cfg.Devices), "libcudas", len(d.probes.Libcudas()), "latency_holds", cfg.LatencyHolds)
 	return d, nil
 }
 

@@ -150,7 +150,7 @@ func (l *heldLog) String() string {
 // ends, holds are released and none starts.
 func TestLatencyHoldLifecycle(t *testing.T) {
 	var log heldLog
-	h := newLatencyHold(log.pause, func([]uint32, []uint64) error { return nil }, slog.New(slog.DiscardHandler))
+	h := newLatencyHold(log.pause, func([]uint32, []uint64) error { return nil }, false, slog.New(slog.DiscardHandler))
 	others := []gpusched.Group{{PID: 20, Client: 20, TSG: 1}}
 	h.setPlan(&holdPlan{gpusOf: map[uint32][]int{10: {0}}, cgroups: map[uint64][]int{},
 		others: map[int][]gpusched.Group{0: others}, mates: map[uint32]bool{20: true},
@@ -212,4 +212,40 @@ func TestLatencyHoldLifecycle(t *testing.T) {
 	wait(10)
 	launch(10)
 	want("after the loop's end", "pause 20, resume 20, pause 20, resume 20, pause 20, resume refused, resume 20, pause 20, resume 20")
+}
+
+// Holds that start later than the slices bound the wait go off once a GPU
+// has had minHoldStarts of them (one a holdProbe still measures them),
+// unless every launch holds (HoldDeschedule).
+func TestSlowHoldsGoOff(t *testing.T) {
+	for _, everyLaunch := range []bool{false, true} {
+		var log heldLog
+		slow := func(gs []gpusched.Group, off bool) error {
+			if off {
+				time.Sleep(3 * time.Millisecond) // the bound is 2 ms
+			}
+			return log.pause(gs, off)
+		}
+		h := newLatencyHold(slow, func([]uint32, []uint64) error { return nil }, everyLaunch, slog.New(slog.DiscardHandler))
+		h.setPlan(&holdPlan{gpusOf: map[uint32][]int{10: {0}}, cgroups: map[uint64][]int{},
+			others: map[int][]gpusched.Group{0: {{PID: 20, Client: 20, TSG: 1}}}, mates: map[uint32]bool{20: true},
+			bound: map[int]time.Duration{0: 2 * time.Millisecond}})
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { h.run(ctx); close(done) }()
+		for range minHoldStarts + 3 {
+			h.observe(&ioctlspy.Launch{Header: ioctlspy.Header{PID: 10, Start: meter.MonotonicNow()}})
+			h.observe(&ioctlspy.Sync{Header: ioctlspy.Header{PID: 10}})
+			time.Sleep(10 * time.Millisecond)
+		}
+		cancel()
+		<-done
+		want := uint64(minHoldStarts)
+		if everyLaunch {
+			want = minHoldStarts + 3
+		}
+		if st := h.Stats()[0]; st.Holds != want || st.Start < 3*time.Millisecond {
+			t.Errorf("every launch %v: %d holds, starting in %v (%s); want %d", everyLaunch, st.Holds, st.Start, &log, want)
+		}
+	}
 }

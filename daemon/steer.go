@@ -445,7 +445,9 @@ func (s *steering) track(gs []gpusched.Group) ([]*steered, []error) {
 // ending does not resume a group its tenant's gater has paused, nor the
 // other way round. Calls are serialized, so that two pausers' changes to
 // one group do not cross between their decision and the driver's answer.
-func (s *steering) pause(groups []gpusched.Group, by pauser, off bool) error {
+// With keepRunning a pause leaves what runs of a group now to finish its
+// slice (gpusched.Change.KeepRunning).
+func (s *steering) pause(groups []gpusched.Group, by pauser, off, keepRunning bool) error {
 	s.pauseMu.Lock()
 	defer s.pauseMu.Unlock()
 	var changes []gpusched.Change
@@ -475,7 +477,7 @@ func (s *steering) pause(groups []gpusched.Group, by pauser, off bool) error {
 			continue
 		}
 		paused := mask != 0
-		changes = append(changes, gpusched.Change{Group: groups[i], Pause: &paused})
+		changes = append(changes, gpusched.Change{Group: groups[i], Pause: &paused, KeepRunning: paused && keepRunning})
 		changed, masks = append(changed, st), append(masks, mask)
 	}
 	s.mu.Unlock()
@@ -640,8 +642,8 @@ type pauseGate struct {
 	groups func() []gpusched.Group // the tenant's groups now
 }
 
-func (p pauseGate) Freeze() error { return p.s.pause(p.groups(), byDuty, true) }
-func (p pauseGate) Thaw() error   { return p.s.pause(p.groups(), byDuty, false) }
+func (p pauseGate) Freeze() error { return p.s.pause(p.groups(), byDuty, true, false) }
+func (p pauseGate) Thaw() error   { return p.s.pause(p.groups(), byDuty, false, false) }
 
 // Target describes the gate for the freeze ledger: nothing to freeze
 // there, the steering ledger records the groups.

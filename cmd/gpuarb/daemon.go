@@ -98,6 +98,7 @@ restored; pins, socket and lock removed).`,
 			&cli.StringFlag{Name: "ledger", Usage: "thaw ledger `FILE` (default: gated.json beside the socket)"},
 			&cli.BoolFlag{Name: "observe-only", Usage: "measure, never throttle"},
 			&cli.StringFlag{Name: "gpu-scheduler", Value: "auto", Usage: "steer the GPUs' own schedulers where the driver allows it (`auto`), or never (off: pace at the launch gate)"},
+			&cli.StringFlag{Name: "latency-holds", Value: "evict", Usage: "how a latency tenant's launch takes the other tenants off a GPU whose scheduler gpuarb steers: `evict` them at once, while that starts sooner than their slices bound its wait; deschedule them at every launch (what runs of them finishes its slice: shorter waits where the driver is slow to evict, as on a real H200, at the cost of the others' GPU time); or off"},
 			&cli.StringFlag{Name: "guardian-cgroup", Value: defaultGuardianCgroup, Usage: "run the thaw guardian in cgroup v2 `PATH` (made if missing), apart from the daemon's cgroup, so that what kills that cgroup (systemd after a stop timeout, a container's restart) does not kill it; empty: the daemon's cgroup"},
 			&cli.UintFlag{Name: "ring-size", Usage: "the probes' ring buffer in `BYTES` (a power of two; default 4 MiB)", Hidden: true},
 			&cli.StringFlag{Name: "record-meter", Usage: "record every input of the meter (events, pauses, timeslices) to `FILE`, JSON lines of about 0.3 KB an event, for a misreading to be replayed offline (gpuarb-lab replay-meter)"},
@@ -115,12 +116,16 @@ restored; pins, socket and lock removed).`,
 			if sched != "auto" && sched != "off" {
 				return fmt.Errorf("--gpu-scheduler %q: want auto or off", sched)
 			}
+			holds, err := daemon.ParseHoldMode(c.String("latency-holds"))
+			if err != nil {
+				return fmt.Errorf("--latency-holds: %w", err)
+			}
 			log := slog.New(slog.NewTextHandler(c.App.ErrWriter, nil))
 			d, err := daemon.Start(daemon.Config{
 				Socket: c.String("socket"), PinPath: c.String("pin-path"), Devices: devices,
 				Libcudas: c.StringSlice("libcuda"), Window: c.Duration("window"), Version: version, Log: log,
 				PolicyPath: c.String("policy"), Ledger: ledgerPath(c), ObserveOnly: c.Bool("observe-only"),
-				NoGPUScheduler: sched == "off", RingSize: uint32(c.Uint("ring-size")),
+				NoGPUScheduler: sched == "off", LatencyHolds: holds, RingSize: uint32(c.Uint("ring-size")),
 				MetricsAddr:    c.String("metrics-addr"),
 				RecordMeter:    c.String("record-meter"),
 				Guardian:       guardianCommand(ledgerPath(c), c.String("pin-path")),
