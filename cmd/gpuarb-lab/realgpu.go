@@ -21,14 +21,16 @@ CUDA and PyTorch, in at most 10 minutes and without network: pidfd_getfd of a
 CUDA process's control file and the driver's answers through it and through a
 fresh open; the effect of per-group timeslices, channel disable and preempt on
 three saturating PyTorch processes it starts, and what a channel-group switch
-costs (their throughput at timeslices of 4096 down to 50 µs); the p99 of an
-inference-shaped probe beside them at their default timeslice and at 1024,
-512 and 200 µs, against alone; what 1:3
-timeslices give two equal loops of shorter kernels, by their iterations and by
-NVML; which libcuda entry points the probes see under PyTorch eager and
-CUDA-graph replay; gpuarb's shares against NVML's per-process utilization; the
-probes' cost per launch; the daemon arbitrating two equal loops weighted 1:3,
-by their iterations and by NVML. It writes report.md and report.json into
+costs (their throughput at timeslices of 4096 down to 50 µs); how long
+pausing and resuming two of them takes the driver (a latency hold); the p99
+of an inference-shaped probe beside them at their default timeslice and at
+1024, 512 and 200 µs, against alone; what 1:3 timeslices give two equal
+loops of shorter kernels, by their iterations and by NVML; which libcuda
+entry points the probes see under PyTorch eager and CUDA-graph replay;
+gpuarb's shares against NVML's per-process utilization; the probes' cost per
+launch; the daemon arbitrating two equal loops weighted 1:3, by their
+iterations and by NVML; and the daemon serving the probe as a latency tenant
+beside two burners under each --latency-holds mode. It writes report.md and report.json into
 --out (--only runs chosen steps). On a host without an NVIDIA GPU it says so
 and exits with status 2; it exits with 1 when a step failed.`,
 		Flags: []cli.Flag{

@@ -55,7 +55,7 @@ func TestRealGPUUnknownStep(t *testing.T) {
 	text, err := cmd.CombinedOutput()
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(text), `no step "nope"`) ||
-		!strings.Contains(string(text), "arbitration, Xid errors") {
+		!strings.Contains(string(text), "arbitration, latency with gpuarb, Xid errors") {
 		t.Errorf("gpuarb-lab realgpu --only nope: %v: %s", err, text)
 	}
 }

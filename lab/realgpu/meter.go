@@ -117,39 +117,17 @@ type loopRun struct {
 // returns; the daemon runs on until stopDaemon (the cost step times
 // launches under it).
 func (c *check) runLoops(ctx context.Context, names, sizes []string, weights []int, extra ...string) (*loopRun, error) {
-	c.stopDaemon() // an earlier step's
-	policy := "tenants:\n"
-	cgs := make([]*lab.Cgroup, len(names))
-	for i, n := range names {
-		cg, err := lab.NewCgroup("gpuarb-realgpu", n)
-		if err != nil {
-			return nil, err
-		}
-		c.cgroups = append(c.cgroups, cg)
-		cgs[i] = cg
-		policy += fmt.Sprintf("  - {name: %s, cgroup: %s, weight: %d}\n", n, cg.Rel, weights[i])
-	}
-	policyPath := filepath.Join(c.o.Work, "policy.yaml")
-	if err := os.WriteFile(policyPath, []byte(policy), 0o644); err != nil {
-		return nil, err
-	}
-	c.socket = filepath.Join(c.o.Work, "gpuarb.sock")
-	args := append([]string{"daemon", "--socket", c.socket, "--pin-path", pinPath, "--policy", policyPath}, extra...)
-	p, err := lab.Start(exec.Command(filepath.Join(c.o.Bin, "gpuarb"), args...), "")
+	cgs, err := c.tenantCgroups(names...)
 	if err != nil {
 		return nil, err
 	}
-	c.daemon = p
-	client := api.NewClient(c.socket)
-	if err := waitFor(ctx, 30*time.Second, func() (bool, error) {
-		if p.Done() {
-			_, stderr := p.Output()
-			return false, fmt.Errorf("the daemon exited: %s", lastLine(stderr))
-		}
-		_, err := client.Status(ctx)
-		return err == nil, nil
-	}); err != nil {
-		return nil, fmt.Errorf("start the daemon: %w", err)
+	policy := "tenants:\n"
+	for i, n := range names {
+		policy += fmt.Sprintf("  - {name: %s, cgroup: %s, weight: %d}\n", n, cgs[i].Rel, weights[i])
+	}
+	client, err := c.startDaemon(ctx, policy, extra...)
+	if err != nil {
+		return nil, err
 	}
 	run := &loopRun{gpuarb: map[string][]float64{}}
 	var loops []*lab.Proc
@@ -162,19 +140,8 @@ func (c *check) runLoops(ctx context.Context, names, sizes []string, weights []i
 		loops = append(loops, lp)
 		run.pids = append(run.pids, lp.Cmd.Process.Pid)
 	}
-	status := func() (map[string]api.Tenant, error) {
-		st, err := client.Status(ctx)
-		if err != nil {
-			return nil, err
-		}
-		out := map[string]api.Tenant{}
-		for _, t := range st.Tenants {
-			out[t.Name] = t
-		}
-		return out, nil
-	}
 	if err := waitFor(ctx, 90*time.Second, func() (bool, error) {
-		st, err := status()
+		st, err := tenantsByName(ctx, client)
 		return err == nil && st[names[0]].Share > 0 && st[names[1]].Share > 0, err
 	}); err != nil {
 		return nil, fmt.Errorf("both loops metered: %w", err)
@@ -191,7 +158,7 @@ func (c *check) runLoops(ctx context.Context, names, sizes []string, weights []i
 		if err := lab.Sleep(ctx, time.Second); err != nil {
 			return nil, err
 		}
-		st, err := status()
+		st, err := tenantsByName(ctx, client)
 		if err != nil {
 			return nil, err
 		}
@@ -264,6 +231,50 @@ func parsePmon(out string) map[int][]float64 {
 		m[pid] = append(m[pid], sm/100)
 	}
 	return m
+}
+
+// tenantCgroups makes one cgroup per name under the check's parent,
+// removed at its end.
+func (c *check) tenantCgroups(names ...string) ([]*lab.Cgroup, error) {
+	var cgs []*lab.Cgroup
+	for _, n := range names {
+		cg, err := lab.NewCgroup("gpuarb-realgpu", n)
+		if err != nil {
+			return nil, err
+		}
+		c.cgroups = append(c.cgroups, cg)
+		cgs = append(cgs, cg)
+	}
+	return cgs, nil
+}
+
+// startDaemon starts the daemon (with extra flags) under policy, an
+// earlier step's stopped first, and returns a client once it answers.
+func (c *check) startDaemon(ctx context.Context, policy string, extra ...string) (*api.Client, error) {
+	c.stopDaemon()
+	policyPath := filepath.Join(c.o.Work, "policy.yaml")
+	if err := os.WriteFile(policyPath, []byte(policy), 0o644); err != nil {
+		return nil, err
+	}
+	c.socket = filepath.Join(c.o.Work, "gpuarb.sock")
+	args := append([]string{"daemon", "--socket", c.socket, "--pin-path", pinPath, "--policy", policyPath}, extra...)
+	p, err := lab.Start(exec.Command(filepath.Join(c.o.Bin, "gpuarb"), args...), "")
+	if err != nil {
+		return nil, err
+	}
+	c.daemon = p
+	client := api.NewClient(c.socket)
+	if err := waitFor(ctx, 30*time.Second, func() (bool, error) {
+		if p.Done() {
+			_, stderr := p.Output()
+			return false, fmt.Errorf("the daemon exited: %s", lastLine(stderr))
+		}
+		_, err := client.Status(ctx)
+		return err == nil, nil
+	}); err != nil {
+		return nil, fmt.Errorf("start the daemon: %w", err)
+	}
+	return client, nil
 }
 
 func waitFor(ctx context.Context, limit time.Duration, done func() (bool, error)) error {

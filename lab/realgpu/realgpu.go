@@ -144,6 +144,7 @@ func (c *check) steps() []stepDef {
 		{"meter against NVML", c.meter, nil},
 		{"cost with gpuarb", c.costWith, c.stopDaemon},
 		{"arbitration", c.arbitration, nil},
+		{"latency with gpuarb", c.latencyWithGpuarb, nil},
 		{"Xid errors", c.xids, nil},
 	}
 }

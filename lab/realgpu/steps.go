@@ -561,11 +561,12 @@ const (
 
 // holdCost times what a latency hold asks of the driver: the pause of two
 // burners' groups (FIFO_DISABLE_CHANNELS for each, one RESTART_RUNLIST)
-// and their resume, holdCycles times, with the burners' throughput during
-// the cycles against before. A hold starts as fast as the pause returns
-// (plus the daemon's wake-up), and gpuarb turns holds on only where that
-// is shorter than the wait the others' shortest slices bound (1024 µs
-// each here); on the simulated GPU a pause took about 320 µs.
+// and their resume, holdCycles times for each way of pausing the daemon
+// has (evicting what runs, and only descheduling it), with the burners'
+// throughput during the cycles against before. gpuarb turns holds on only
+// where the pause returns (plus the daemon's wake-up) sooner than the
+// others' shortest slices bound the wait (1024 µs each here); on the
+// simulated GPU a pause took about 320 µs.
 func (c *check) holdCost(ctx context.Context, s *Step) error {
 	if err := c.ready(); err != nil {
 		return err
@@ -574,6 +575,30 @@ func (c *check) holdCost(ctx context.Context, s *Step) error {
 	if err != nil {
 		return err
 	}
+	s.Values["rates_before"] = before
+	parts := []string{fmt.Sprintf("iterations/s %.1f/%.1f/%.1f before", before[0], before[1], before[2])}
+	for _, mode := range []struct {
+		name        string
+		keepRunning bool
+	}{{"evict", false}, {"deschedule", true}} {
+		pauses, resumes, during, err := c.cycleHolds(ctx, mode.keepRunning)
+		if err != nil {
+			return fmt.Errorf("%s: %w", mode.name, err)
+		}
+		s.Values[mode.name] = map[string]any{"pause_us": pauses, "resume_us": resumes, "rates_during": during}
+		parts = append(parts, fmt.Sprintf("%s: pausing two burners p50 %.0f µs, p99 %.0f µs; resuming them p50 %.0f µs, p99 %.0f µs; iterations/s %.1f/%.1f/%.1f during",
+			mode.name, lab.Percentile(pauses, 50), lab.Percentile(pauses, 99), lab.Percentile(resumes, 50), lab.Percentile(resumes, 99),
+			during[0], during[1], during[2]))
+	}
+	s.Summary = fmt.Sprintf("%d cycles of %v in %v each way; %s", holdCycles, holdLength, holdPeriod, strings.Join(parts, "; "))
+	return nil
+}
+
+// cycleHolds pauses the second and third burners for holdLength every
+// holdPeriod, holdCycles times, evicting them or (keepRunning) only
+// descheduling them, and returns each pause's and resume's time (µs) and
+// every burner's iterations a second meanwhile.
+func (c *check) cycleHolds(ctx context.Context, keepRunning bool) (pauses, resumes, during []float64, err error) {
 	var changes []gpusched.Change
 	for _, b := range c.burners[1:] {
 		for _, g := range b.groups {
@@ -582,41 +607,34 @@ func (c *check) holdCost(ctx context.Context, s *Step) error {
 	}
 	set := func(pause bool) (float64, error) {
 		for i := range changes {
-			changes[i].Pause = &pause
+			changes[i].Pause, changes[i].KeepRunning = &pause, pause && keepRunning
 		}
 		start := time.Now()
 		err := c.apply(changes...)
 		return float64(time.Since(start).Microseconds()), err
 	}
 	from := monotonic()
-	var pauses, resumes []float64
 	for range holdCycles {
 		us, err := set(true)
 		if err != nil {
 			_, _ = set(false)
-			return fmt.Errorf("pause: %w", err)
+			return nil, nil, nil, fmt.Errorf("pause: %w", err)
 		}
 		pauses = append(pauses, us)
 		time.Sleep(holdLength)
 		if us, err = set(false); err != nil {
-			return fmt.Errorf("resume: %w", err)
+			return nil, nil, nil, fmt.Errorf("resume: %w", err)
 		}
 		resumes = append(resumes, us)
 		if err := lab.Sleep(ctx, holdPeriod-holdLength); err != nil {
-			return err
+			return nil, nil, nil, err
 		}
 	}
 	to := monotonic()
-	during := make([]float64, len(c.burners))
-	for i, b := range c.burners {
-		during[i] = b.rate(from, to)
+	for _, b := range c.burners {
+		during = append(during, b.rate(from, to))
 	}
-	s.Values["pause_us"], s.Values["resume_us"] = pauses, resumes
-	s.Values["rates_before"], s.Values["rates_during"] = before, during
-	s.Summary = fmt.Sprintf("pausing two burners (disable + restart) p50 %.0f µs, p99 %.0f µs; resuming them p50 %.0f µs, p99 %.0f µs over %d cycles of %v in %v; iterations/s %.1f/%.1f/%.1f before, %.1f/%.1f/%.1f during",
-		lab.Percentile(pauses, 50), lab.Percentile(pauses, 99), lab.Percentile(resumes, 50), lab.Percentile(resumes, 99),
-		holdCycles, holdLength, holdPeriod, before[0], before[1], before[2], during[0], during[1], during[2])
-	return nil
+	return pauses, resumes, during, nil
 }
 
 // latencySlices are the timeslices the latency step gives the burners
