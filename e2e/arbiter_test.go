@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -960,6 +961,14 @@ func TestArbiterLatencyTenant(t *testing.T) {
 	t.Run("H200 costs", func(t *testing.T) {
 		measureTwice(t, func(t *testing.T, miss missFunc) { latencyBeside(t, miss, "greedy", true) })
 	})
+	// Descheduled instead of evicted, the others finish the slice they
+	// are in: a request waits up to one 1024 µs slice and a switch more
+	// than under evicting holds (2.7× alone at p99 in the runs of this
+	// test, 5.2× with holds off), and every launch holds, however slowly
+	// the holds start.
+	t.Run("H200 costs, deschedule holds", func(t *testing.T) {
+		measureTwice(t, func(t *testing.T, miss missFunc) { latencyBeside(t, miss, "greedy", true, "--latency-holds", "deschedule") })
+	})
 }
 
 // h200Costs are the simulated GPU's flags for what the real-GPU check
@@ -976,9 +985,9 @@ const wallP99Ceiling = 8.0
 
 // latencyBeside measures infer alone for 4 s, then beside two tenants of
 // the workload others, on a GPU of the simulator's default costs or an
-// H200's (h200), and reports the bars it misses. On the H200's the
-// latency holds must have served it.
-func latencyBeside(t *testing.T, miss missFunc, others string, h200 bool) {
+// H200's (h200), the daemon started with daemonArgs, and reports the bars
+// it misses. On the H200's the latency holds must have served it.
+func latencyBeside(t *testing.T, miss missFunc, others string, h200 bool, daemonArgs ...string) {
 	var gpu *testutil.FakeGPU
 	if h200 {
 		gpu = testutil.StartFakeGPU(t, h200Costs...)
@@ -987,7 +996,7 @@ func latencyBeside(t *testing.T, miss missFunc, others string, h200 bool) {
 	}
 	cgs := map[string]*testutil.Cgroup{"infer": testutil.NewCgroup(t, "infer"), "o1": testutil.NewCgroup(t, others+"1"),
 		"o2": testutil.NewCgroup(t, others+"2")}
-	d := startDaemon(t)
+	d := startDaemon(t, daemonArgs...)
 	pol := "tenants:\n  - {name: infer, cgroup: " + cgs["infer"].Rel + ", priority: latency, slo: {p99_sync_ms: 3}}\n"
 	if err := d.ApplyPolicy(t.Context(), []byte(pol)); err != nil {
 		t.Fatal(err)
@@ -1009,6 +1018,21 @@ func latencyBeside(t *testing.T, miss missFunc, others string, h200 bool) {
 	ws := trueShares(t, gpu, cgs, 3*time.Second, 4)
 	s = summary(t, p)
 	logStatus(t, d)
+	// At an H200's costs a held request still waits for the hold to
+	// start (about 0.4 ms here: the reader's wake-up and three controls
+	// over the simulator's socket) and a 256 µs switch: 1.8–2.2× alone at
+	// p99 and 1.5× at p50 in the runs of this test (2.2–2.5× before holds
+	// covered a service's first requests), against 3.3× with the slices
+	// alone and 5.3× without gpuarb (docs/benchmark-history.md §20, §21);
+	// the bars leave this VM's host stalls room, and are not issue 16's
+	// 1.5×, which the default costs hold.
+	deviceBar, p50Bar, busyBar := 2.0, 1.25, 0.9
+	if h200 {
+		deviceBar, p50Bar, busyBar = 3.0, 2.0, 0.85
+	}
+	if slices.Contains(daemonArgs, "deschedule") {
+		deviceBar, p50Bar = 3.5, 2.5
+	}
 	if h200 {
 		st, err := d.Status(t.Context())
 		if err != nil {
@@ -1026,8 +1050,8 @@ func latencyBeside(t *testing.T, miss missFunc, others string, h200 bool) {
 		// GPU's first slow hold (it records the groups) does not turn
 		// the holds off. Without either its first second read 5.2× alone
 		// on the GPU at p99.
-		if first := perSecond(p, "device_latency_p99_ms", 0); len(first) == 0 || first[0] > 3*aloneDevice {
-			miss("infer's first second on the GPU: p99 %v ms (per second), alone %.3f ms: want within 3×", first, aloneDevice)
+		if first := perSecond(p, "device_latency_p99_ms", 0); len(first) == 0 || first[0] > max(3, deviceBar)*aloneDevice {
+			miss("infer's first second on the GPU: p99 %v ms (per second), alone %.3f ms: want within %.1f×", first, aloneDevice, max(3, deviceBar))
 		}
 	}
 	busy := median(col(ws, func(w map[string]float64) float64 { return w["busy"] }))
@@ -1036,18 +1060,6 @@ func latencyBeside(t *testing.T, miss missFunc, others string, h200 bool) {
 		"(%.2f× alone), p50 %.3f ms; GPU busy %s (median %.1f%%)", others, s["latency_p99_ms"], steady, steady/aloneSteady, p50,
 		device, device/aloneDevice, s["device_latency_p50_ms"], pcts(col(ws, func(w map[string]float64) float64 { return w["busy"] })),
 		100*busy)
-	// At an H200's costs a held request still waits for the hold to
-	// start (about 0.4 ms here: the reader's wake-up and three controls
-	// over the simulator's socket) and a 256 µs switch: 1.8–2.2× alone at
-	// p99 and 1.5× at p50 in the runs of this test (2.2–2.5× before holds
-	// covered a service's first requests), against 3.3× with the slices
-	// alone and 5.3× without gpuarb (docs/benchmark-history.md §20, §21);
-	// the bars leave this VM's host stalls room, and are not issue 16's
-	// 1.5×, which the default costs hold.
-	deviceBar, p50Bar, busyBar := 2.0, 1.25, 0.9
-	if h200 {
-		deviceBar, p50Bar, busyBar = 3.0, 2.0, 0.85
-	}
 	if device > deviceBar*aloneDevice {
 		miss("infer p99 on the GPU beside %s tenants %.3f ms, alone %.3f ms: want within %.1f×", others, device, aloneDevice, deviceBar)
 	}
