@@ -263,8 +263,8 @@ type latencyHold struct {
 	// (HoldDeschedule: such a hold never lengthens the wait).
 	everyLaunch bool
 	log         *slog.Logger
-	plan    atomic.Pointer[holdPlan]
-	signals chan holdSignal
+	plan        atomic.Pointer[holdPlan]
+	signals     chan holdSignal
 
 	mu    sync.Mutex
 	stats map[int]HoldStats

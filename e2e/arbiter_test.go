@@ -967,7 +967,9 @@ func TestArbiterLatencyTenant(t *testing.T) {
 	// test, 5.2× with holds off), and every launch holds, however slowly
 	// the holds start.
 	t.Run("H200 costs, deschedule holds", func(t *testing.T) {
-		measureTwice(t, func(t *testing.T, miss missFunc) { latencyBeside(t, miss, "greedy", true, "--latency-holds", "deschedule") })
+		measureTwice(t, func(t *testing.T, miss missFunc) {
+			latencyBeside(t, miss, "greedy", true, "--latency-holds", "deschedule")
+		})
 	})
 }
 
