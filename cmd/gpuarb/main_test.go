@@ -49,6 +49,23 @@ func TestVersion(t *testing.T) {
 	}
 }
 
+// The daemon refuses a bad mode before it starts anything, naming the
+// ones there are.
+func TestDaemonRejectsBadModes(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the daemon checks for root first")
+	}
+	for _, tc := range []struct{ flag, want string }{
+		{"--gpu-scheduler", "want auto or off"},
+		{"--latency-holds", "want one of evict, deschedule, off"},
+	} {
+		_, err := runApp(t, "daemon", "--socket", t.TempDir()+"/s", tc.flag, "nope")
+		if err == nil || !strings.Contains(err.Error(), tc.flag) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("daemon %s nope: %v, want an error naming the flag and %q", tc.flag, err, tc.want)
+		}
+	}
+}
+
 func TestTraceRejectsBadDevice(t *testing.T) {
 	for _, arg := range []string{"1:7", "1:7=amd", "x:1=drm"} {
 		_, err := runApp(t, "trace", "--device", arg)
