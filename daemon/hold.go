@@ -94,8 +94,8 @@ const (
 	// latency tenant's wait, however slowly the driver answers, and every
 	// launch holds. The others lose the GPU while the latency tenant's
 	// work is pending and until the driver has put them back (1.5 ms on
-	// that H200): there its requests' p99 beside two burners read 2.8 ms
-	// against 4.6 ms without holds, and the GPU was busy 84% of the time
+	// that H200): there its requests' p99 beside two burners read 2.7 ms
+	// against 4.5 ms without holds, and the GPU was busy 84% of the time
 	// (e2e/realgpu).
 	HoldDeschedule
 	// HoldOff starts no holds: the others' slices bound a latency
@@ -105,6 +105,7 @@ const (
 
 var holdModeNames = []string{"evict", "deschedule", "off"}
 
+// String names the mode as ParseHoldMode reads it.
 func (m HoldMode) String() string {
 	if int(m) < len(holdModeNames) {
 		return holdModeNames[m]
