@@ -495,7 +495,11 @@ func (s *steering) pause(groups []gpusched.Group, by pauser, off, keepRunning bo
 	}
 	s.mu.Unlock()
 	for i, c := range changes {
-		if failed[i] == nil {
+		switch {
+		case failed[i] != nil:
+		case c.KeepRunning:
+			s.meter.SetDescheduled(c.Group.PID, now)
+		default:
 			s.meter.SetPaused(c.Group.PID, *c.Pause, now)
 		}
 	}

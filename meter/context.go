@@ -172,9 +172,12 @@ type gpuContext struct {
 	// evidence sums, per learned key, the proofs not applied yet.
 	evidence map[costKey]*evidence
 	// timeslice is its channel group's own timeslice (0: the GPU's), and
-	// paused set while gpuarb keeps its group off the GPU.
+	// paused set while gpuarb keeps its group off the GPU; pauseAt, where
+	// gpuarb descheduled the group while the replay ran it, is when the
+	// slice it is in ends and the pause begins (0: none pending).
 	timeslice time.Duration
 	paused    bool
+	pauseAt   uint64
 	// unprobed is set for a process whose launches no probe sees (it has
 	// GPU channels but maps no probed libcuda): the replay gives it work
 	// whenever it may run, none while its cgroup is frozen (frozenNow).
@@ -307,6 +310,21 @@ func (c *gpuContext) runlistAt() uint64 {
 // runnable tells whether the replay may give the context the GPU: it has
 // modeled work and gpuarb does not keep its group off the GPU.
 func (c *gpuContext) runnable() bool { return !c.paused && c.left() > 0 }
+
+// setPaused keeps the group off the GPU from t, or puts it back; a
+// pending deschedule is settled either way.
+func (c *gpuContext) setPaused(paused bool, t uint64) {
+	c.pauseAt = 0
+	if c.paused == paused {
+		return
+	}
+	c.paused = paused
+	if paused {
+		c.pausedFor = append(c.pausedFor, span{t, math.MaxUint64})
+	} else if n := len(c.pausedFor); n > 0 {
+		c.pausedFor[n-1].end = max(t, c.pausedFor[n-1].start)
+	}
+}
 
 // costOf returns the cost of a key, a guess until learned.
 func (c *gpuContext) costOf(k costKey) *cost {

@@ -100,6 +100,8 @@
 // the stop, so syncs across it teach nothing (they return at the resume).
 // A channel group paused by SetPaused is no stop: the replay keeps it off
 // the GPU as the GPU does, and syncs across the pause teach as any other.
+// One descheduled (SetDescheduled) while the replay runs it keeps the GPU
+// to the end of its slice first, as the driver lets it.
 //
 // # Demand evidence
 //

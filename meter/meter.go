@@ -174,16 +174,31 @@ func (m *Meter) SetPaused(pid uint32, paused bool, t uint64) {
 	defer m.mu.Unlock()
 	m.rec.put(recordLine{Op: opPaused, PID: pid, On: paused, From: t})
 	c := m.ctxs[pid]
-	if c == nil || c.paused == paused {
+	if c == nil || c.paused == paused && c.pauseAt == 0 {
 		return
 	}
-	m.at(c, t)
-	c.paused = paused
-	if paused {
-		c.pausedFor = append(c.pausedFor, span{t, math.MaxUint64})
-	} else if n := len(c.pausedFor); n > 0 {
-		c.pausedFor[n-1].end = max(t, c.pausedFor[n-1].start)
+	m.at(c, t) // may begin a pending deschedule's pause
+	c.setPaused(paused, t)
+}
+
+// SetDescheduled tells the meter that gpuarb stopped scheduling a
+// process's channel group at t (gpusched.Change.KeepRunning): one the
+// replay runs then keeps the GPU to the end of its slice, then it is
+// paused as SetPaused pauses it; SetPaused(pid, false, ...) puts it back.
+func (m *Meter) SetDescheduled(pid uint32, t uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.rec.put(recordLine{Op: opDescheduled, PID: pid, From: t})
+	c := m.ctxs[pid]
+	if c == nil || c.paused || c.pauseAt != 0 {
+		return
 	}
+	at := m.at(c, t)
+	if r := m.replayOf(c.gpu); r.holder == c && r.sliceEnd > at && c.left() > 0 {
+		c.pauseAt = r.sliceEnd
+		return
+	}
+	c.setPaused(true, at)
 }
 
 // SetUnprobed tells the meter, at t (CLOCK_MONOTONIC ns), that a process

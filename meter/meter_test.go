@@ -1768,3 +1768,52 @@ func TestRunlistFollowsGroupAllocation(t *testing.T) {
 		}
 	}
 }
+
+// A channel group descheduled while the replay runs it keeps the GPU to
+// the end of its slice (the driver leaves what runs to finish it), then
+// is paused; one paused is off at once, and one descheduled while another
+// runs takes no further turn.
+func TestDescheduledFinishesItsSlice(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		deschedule bool
+		want       float64 // the first context's share of the second
+	}{{"paused", false, 0.002}, {"descheduled", true, 0.010}} {
+		base := 10 * 1000 * ms
+		clk := &clock{t: base}
+		m := New(Config{Now: clk.now})
+		for pid := uint32(1); pid <= 2; pid++ {
+			c := m.context(&ioctlspy.Header{PID: pid, CgroupID: 100 * uint64(pid)})
+			c.costs[costKey{}] = &cost{ns: float64(ms), learned: true}
+			c.learned = true
+			m.SetTimeslice(pid, 10*time.Millisecond)
+			for i := 0; i < 2000; i++ {
+				m.Observe(launchFn(pid, 100*uint64(pid), base, 7, 0, 1))
+			}
+		}
+		clk.t = base + 2*ms
+		if tc.deschedule {
+			m.SetDescheduled(1, clk.t)
+			m.SetDescheduled(2, clk.t) // not on the GPU: off at once
+		} else {
+			m.SetPaused(1, true, clk.t)
+		}
+		if r := m.replayOf(0); r.t != clk.t || r.holder == nil || r.holder.pid != 1 {
+			t.Fatalf("%s: the replay at %d ms runs %+v, want the first context", tc.name, (r.t-base)/ms, r.holder)
+		}
+		clk.t = base + 1000*ms
+		got := byCgroup(m.Snapshot())
+		if math.Abs(got[100].Share-tc.want) > 0.001 {
+			t.Errorf("%s at 2 ms of a 10 ms slice: the first context %.4f of the second, want %.3f", tc.name, got[100].Share, tc.want)
+		}
+		if tc.deschedule && got[200].Share > 0.001 {
+			t.Errorf("the second context, descheduled while the first ran: %.4f of the second, want 0", got[200].Share)
+		}
+		m.SetPaused(1, false, clk.t)
+		m.SetPaused(2, false, clk.t)
+		clk.t += 1000 * ms
+		if got = byCgroup(m.Snapshot()); math.Abs(got[100].Share-0.5) > 0.01 {
+			t.Errorf("%s, then resumed: %.3f, want 0.5", tc.name, got[100].Share)
+		}
+	}
+}

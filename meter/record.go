@@ -48,6 +48,7 @@ const (
 	opObserve     = "observe"
 	opTimeslice   = "timeslice"
 	opPaused      = "paused"
+	opDescheduled = "descheduled"
 	opUnprobed    = "unprobed"
 	opReleased    = "released"
 	opFrozen      = "frozen"
@@ -227,6 +228,8 @@ func playLine(m *Meter, clock *uint64, sched map[int]recordLine, l recordLine, o
 		m.SetTimeslice(l.PID, time.Duration(l.NS))
 	case opPaused:
 		m.SetPaused(l.PID, l.On, l.From)
+	case opDescheduled:
+		m.SetDescheduled(l.PID, l.From)
 	case opUnprobed:
 		m.SetUnprobed(l.PID, l.Cgroup, l.GPU, l.From)
 	case opReleased:

@@ -47,7 +47,11 @@ func TestRecordingPlaysBackTheSameFigures(t *testing.T) {
 			m.SetTimeslice(4, 3*time.Millisecond)
 		}
 		if p := simPaused(procs[0], ev.Hdr().End); p != paused {
-			m.SetPaused(1, p, ev.Hdr().End)
+			if p && i > len(evs)/2 { // the second half's pauses deschedule
+				m.SetDescheduled(1, ev.Hdr().End)
+			} else {
+				m.SetPaused(1, p, ev.Hdr().End)
+			}
 			paused = p
 		}
 		clk.t = ev.Hdr().End

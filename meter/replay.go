@@ -66,6 +66,11 @@ func (r *replay) next(after *gpuContext) *gpuContext {
 // advance re-enacts the GPU from r.t to `to`.
 func (r *replay) advance(to uint64) {
 	for r.t < to {
+		// A descheduled holder keeps the GPU to the end of its slice, or
+		// until its work runs out.
+		if h := r.holder; h != nil && h.pauseAt != 0 && (r.t >= h.pauseAt || h.left() <= 0) {
+			h.setPaused(true, min(r.t, h.pauseAt))
+		}
 		if r.holder == nil || !r.holder.runnable() {
 			r.holder = r.next(r.holder)
 			r.midKernel = false
@@ -96,6 +101,9 @@ func (r *replay) advance(to uint64) {
 		}
 		if !r.preemptive && r.holder.learned {
 			end = min(end, boundary)
+		}
+		if r.holder.pauseAt != 0 {
+			end = min(end, r.holder.pauseAt)
 		}
 		if end <= r.t {
 			end = r.t + 1
@@ -139,6 +147,9 @@ func (r *replay) anchor(c *gpuContext) {
 	n := r.next(c)
 	if n == nil || n == c {
 		return
+	}
+	if h := r.holder; h != nil && h.pauseAt != 0 {
+		h.setPaused(true, r.t) // descheduled, its turn is over
 	}
 	r.holder = n
 	r.sliceEnd = r.t + r.sliceOf(n)
