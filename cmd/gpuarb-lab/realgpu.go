@@ -31,7 +31,8 @@ gpuarb's shares against NVML's per-process utilization; the probes' cost per
 launch; the daemon arbitrating two equal loops weighted 1:3, by their
 iterations and by NVML; and the daemon serving the probe as a latency tenant
 beside two burners under each --latency-holds mode. It writes report.md and report.json into
---out (--only runs chosen steps). On a host without an NVIDIA GPU it says so
+--out, with the meter's recording of that last step's run without holds
+(latency-with-gpuarb-off-meter.jsonl.gz, for replay-meter); --only runs chosen steps. On a host without an NVIDIA GPU it says so
 and exits with status 2; it exits with 1 when a step failed.`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "out", Value: "e2e/realgpu", Usage: "write report.md and report.json into `DIR`"},
@@ -69,7 +70,7 @@ func runRealGPU(c *cli.Context) error {
 	}
 	defer os.RemoveAll(work)
 	logf := func(format string, args ...any) { fmt.Fprintf(c.App.ErrWriter, format+"\n", args...) }
-	r, err := realgpu.Run(c.Context, host, realgpu.Options{Bin: bins, Python: c.String("python"), Work: work, Only: only, Logf: logf})
+	r, err := realgpu.Run(c.Context, host, realgpu.Options{Bin: bins, Python: c.String("python"), Work: work, Keep: c.String("out"), Only: only, Logf: logf})
 	if err != nil {
 		return err
 	}

@@ -1,8 +1,12 @@
 package realgpu
 
 import (
+	"compress/gzip"
 	"context"
 	"fmt"
+	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -39,16 +43,35 @@ func (c *check) latencyWithGpuarb(ctx context.Context, s *Step) error {
 	return nil
 }
 
+// heldRecording is the file, in Options.Keep, of the meter's recording
+// of the latency-with-gpuarb step's run without holds: on the check's
+// H200 the meter read that latency tenant at twice its GPU time, and a
+// recording lets the misreading be replayed where there is no GPU.
+const heldRecording = "latency-with-gpuarb-off-meter.jsonl.gz"
+
 // heldRun is one run of latencyWithGpuarb, its daemon under
 // --latency-holds mode.
 func (c *check) heldRun(ctx context.Context, mode string) (values map[string]any, summary string, err error) {
 	values = map[string]any{}
+	extra := []string{"--latency-holds", mode}
+	recording := ""
+	if mode == "off" && c.o.Keep != "" {
+		recording = filepath.Join(c.o.Work, "meter.jsonl")
+		extra = append(extra, "--record-meter", recording)
+	}
 	defer func() {
 		if c.daemon != nil {
 			_, stderr := c.daemon.Output()
 			values["daemon_log"] = lastLines(stderr, 20)
 		}
-		c.stopDaemon()
+		c.stopDaemon() // the daemon flushes its recording as it stops
+		if recording != "" {
+			if err := gzipFile(recording, filepath.Join(c.o.Keep, heldRecording)); err != nil {
+				values["meter_recording_error"] = err.Error()
+			} else {
+				values["meter_recording"] = heldRecording
+			}
+		}
 	}()
 	names := []string{"infer", "batch1", "batch2"}
 	cgs, err := c.tenantCgroups(mode+"-infer", mode+"-batch1", mode+"-batch2")
@@ -59,7 +82,7 @@ func (c *check) heldRun(ctx context.Context, mode string) (values map[string]any
 	for i, n := range names[1:] {
 		policy += fmt.Sprintf("  - {name: %s, cgroup: %s, weight: 100}\n", n, cgs[i+1].Rel)
 	}
-	client, err := c.startDaemon(ctx, policy, "--latency-holds", mode)
+	client, err := c.startDaemon(ctx, policy, extra...)
 	if err != nil {
 		return values, "", err
 	}
@@ -164,6 +187,34 @@ func tenantsByName(ctx context.Context, client *api.Client) (map[string]api.Tena
 		out[t.Name] = t
 	}
 	return out, nil
+}
+
+// gzipFile writes file src gzipped to dst, and removes src.
+func gzipFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return err
+	}
+	out, err := os.Create(dst)
+	if err != nil {
+		return err
+	}
+	zw := gzip.NewWriter(out)
+	_, err = io.Copy(zw, in)
+	if cerr := zw.Close(); err == nil {
+		err = cerr
+	}
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("gzip %s into %s: %w", src, dst, err)
+	}
+	return os.Remove(src)
 }
 
 func formatMS(xs []float64) string {

@@ -50,6 +50,10 @@ type Options struct {
 	Python string
 	// Work is a scratch directory for the scripts and the daemon.
 	Work string
+	// Keep, when set, is where the check leaves what its report does not
+	// hold: the meter's recording of the latency-with-gpuarb step's run
+	// without holds (heldRecording), for gpuarb-lab replay-meter.
+	Keep string
 	// Only names the steps to run (nil: all). A step that needs an
 	// earlier one's burners or daemon fails without it.
 	Only []string

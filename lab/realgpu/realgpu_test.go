@@ -1,8 +1,10 @@
 package realgpu
 
 import (
+	"compress/gzip"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -100,5 +102,35 @@ func TestRateOf(t *testing.T) {
 	}
 	if r := rateOf(ps, 500_000_000, 2_000_000_000); r != 0 {
 		t.Errorf("rate from before the first line: %v, want 0", r)
+	}
+}
+
+// gzipFile leaves the gzipped copy and removes the original.
+func TestGzipFile(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "meter.jsonl")
+	want := strings.Repeat("{\"op\":\"tick\"}\n", 1000)
+	if err := os.WriteFile(src, []byte(want), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(dir, "out", heldRecording)
+	if err := gzipFile(src, dst); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(zr)
+	if err != nil || string(got) != want {
+		t.Errorf("gunzipped %d bytes (%v), want the %d written", len(got), err, len(want))
+	}
+	if _, err := os.Stat(src); !os.IsNotExist(err) {
+		t.Errorf("the original is still there: %v", err)
 	}
 }
