@@ -863,20 +863,31 @@ func TestPolledCompletionBetweenQueries(t *testing.T) {
 	}
 }
 
-// The replay gives each context its own timeslice: 3:1 slices split two
-// backlogged contexts 75/25; a paused one runs nothing until resumed.
-func TestTimeslicesAndPauses(t *testing.T) {
-	base := 10 * 1000 * ms
-	clk := &clock{t: base}
+// twoBacklogged is a meter with two contexts (pids 1 and 2, cgroups 100
+// and 200) of 2000 learned 1 ms kernels each, launched at clk's time, at
+// timeslice slice (0: the GPU's).
+func twoBacklogged(clk *clock, slice time.Duration) *Meter {
 	m := New(Config{Now: clk.now})
 	for pid := uint32(1); pid <= 2; pid++ {
 		c := m.context(&ioctlspy.Header{PID: pid, CgroupID: 100 * uint64(pid)})
 		c.costs[costKey{}] = &cost{ns: float64(ms), learned: true}
 		c.learned = true
+		if slice > 0 {
+			m.SetTimeslice(pid, slice)
+		}
 		for i := 0; i < 2000; i++ {
-			m.Observe(launchFn(pid, 100*uint64(pid), base, 7, 0, 1))
+			m.Observe(launchFn(pid, 100*uint64(pid), clk.t, 7, 0, 1))
 		}
 	}
+	return m
+}
+
+// The replay gives each context its own timeslice: 3:1 slices split two
+// backlogged contexts 75/25; a paused one runs nothing until resumed.
+func TestTimeslicesAndPauses(t *testing.T) {
+	base := 10 * 1000 * ms
+	clk := &clock{t: base}
+	m := twoBacklogged(clk, 0)
 	m.SetTimeslice(1, 3*time.Millisecond)
 	clk.t = base + 1000*ms
 	got := byCgroup(m.Snapshot())
@@ -1781,16 +1792,7 @@ func TestDescheduledFinishesItsSlice(t *testing.T) {
 	}{{"paused", false, 0.002}, {"descheduled", true, 0.010}} {
 		base := 10 * 1000 * ms
 		clk := &clock{t: base}
-		m := New(Config{Now: clk.now})
-		for pid := uint32(1); pid <= 2; pid++ {
-			c := m.context(&ioctlspy.Header{PID: pid, CgroupID: 100 * uint64(pid)})
-			c.costs[costKey{}] = &cost{ns: float64(ms), learned: true}
-			c.learned = true
-			m.SetTimeslice(pid, 10*time.Millisecond)
-			for i := 0; i < 2000; i++ {
-				m.Observe(launchFn(pid, 100*uint64(pid), base, 7, 0, 1))
-			}
-		}
+		m := twoBacklogged(clk, 10*time.Millisecond)
 		clk.t = base + 2*ms
 		if tc.deschedule {
 			m.SetDescheduled(1, clk.t)
