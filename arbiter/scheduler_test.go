@@ -483,3 +483,62 @@ func TestLimitedTenantDoesNotResumeAtOnce(t *testing.T) {
 			dh.Duty, paused, dh.Reason)
 	}
 }
+
+// A paused tenant's run fraction follows a growth of its floor excess at
+// once: a hog held at the floor beside a loop whose bursts halve gets
+// twice the turns its weight calls for where it got them once, and its run
+// fraction halves in the same step. Where the excess shrinks, the feedback
+// alone moves it, at most maxRunStep a window. A hog with a limit, and
+// one that was not paused beside a loop at its target, are not cut.
+func TestPauseCarriedAcrossTheFloor(t *testing.T) {
+	for _, limited := range []bool{false, true} {
+		a := New(Params{})
+		loop := schedHog("loop", 100, 0.2, 1)
+		loop.BurstNS = float64(50 * time.Microsecond)
+		hog := schedHog("hog", 100, 0.8, 1)
+		if limited {
+			hog.Rules.Limit = 0.9
+		}
+		in := []Input{loop, hog}
+		var paused float64
+		for i := 0; i < 3; i++ {
+			paused = decisionOf(t, a.Step(in, steered), "hog").Duty
+		}
+		if paused >= 1 {
+			t.Fatalf("hog (limited %v) at the floor above target beside a deprived loop: run fraction %.3f, want paused", limited, paused)
+		}
+		in[0].BurstNS = float64(25 * time.Microsecond) // the hog's weight now calls for a 25 µs slice: 4× under the floor
+		toward := math.Pow(0.5/0.8, 1/3.0)
+		dh := decisionOf(t, a.Step(in, steered), "hog")
+		want := paused * toward
+		if !limited {
+			want /= 2
+		}
+		if math.Abs(dh.Duty-want) > 1e-4 {
+			t.Errorf("limited %v, floor excess 2 → 4: run fraction %.4f after %.4f, want %.4f (one period's feedback, halved unless limited)",
+				limited, dh.Duty, paused, want)
+		}
+		if limited {
+			continue
+		}
+		before := dh.Duty
+		in[0].BurstNS = float64(5 * time.Millisecond)
+		setShare(&in[0], 0.3)
+		setShare(&in[1], 0.7)
+		dh = decisionOf(t, a.Step(in, steered), "hog")
+		if dh.Timeslice <= MinSlice || dh.Duty > before*maxRunStep+1e-9 {
+			t.Errorf("off the floor: timeslice %v, run fraction %.4f after %.4f, want at most %.1f× (the feedback's step)",
+				dh.Timeslice, dh.Duty, before, maxRunStep)
+		}
+	}
+
+	b := New(Params{})
+	atTarget := schedHog("loop", 100, 0.5, 1)
+	atTarget.BurstNS, atTarget.Waited = float64(50*time.Microsecond), 0
+	in := []Input{atTarget, schedHog("hog", 100, 0.5, 1)}
+	b.Step(in, steered)
+	in[0].BurstNS = float64(25 * time.Microsecond)
+	if dh := decisionOf(t, b.Step(in, steered), "hog"); dh.Duty != 1 {
+		t.Errorf("nobody deprived: hog's run fraction %.3f (%s) when its floor excess grew, want 1", dh.Duty, dh.Reason)
+	}
+}
