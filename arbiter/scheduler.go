@@ -97,10 +97,6 @@ type schedState struct {
 	// set by its burst (or MaxSlice) and every other busy group's was at
 	// the floor. A feedback that cannot move a slice stays (see correct).
 	sliceAtFloor, raiseMovesNothing bool
-	// floorExcess is how many times the slice its weight called for its
-	// groups' timeslice was in its last step with work beside no latency
-	// tenant (0: none yet; see floorExcess).
-	floorExcess float64
 }
 
 func (a *Arbiter) sched(k key) *schedState {
@@ -197,15 +193,8 @@ func (a *Arbiter) schedule(ts []Input) []Decision {
 		}
 	}
 	sl := a.SlicesOf(ts[0].GPU)
-	excess := timeslices(ts, out, turnBound, maxWait, lightDemand, sl)
+	timeslices(ts, out, turnBound, maxWait, lightDemand, sl)
 	recordSlices(ts, out, states, turnBound, lightDemand, sl.Min)
-	if !latencyBusy {
-		for i, t := range ts {
-			if t.Busy && !t.Unsteered && t.Rules.Limit == 0 {
-				carryPause(states[i], excess[i], deprived)
-			}
-		}
-	}
 	wasted := used < 1-idleSlack && allBelow
 	for i, t := range ts {
 		var why string
@@ -245,15 +234,7 @@ func (a *Arbiter) schedule(ts []Input) []Decision {
 // number, which changes every step; its own slice holds its burst
 // (burstSlice). So does a closed loop's whose slice nearly fits its burst
 // (within burstCover). No slice falls below sl.Min or exceeds MaxSlice.
-// It returns every tenant's floor excess: how many times the slice its
-// weight called for its groups get where that was below sl.Min, 1 where
-// not, and 1 for a closed loop or light tenant (their turns last their
-// bursts).
-func timeslices(ts []Input, out []Decision, turnBound []bool, maxWait, lightDemand []float64, sl Slices) []float64 {
-	excess := make([]float64, len(ts))
-	for i := range excess {
-		excess[i] = 1
-	}
+func timeslices(ts []Input, out []Decision, turnBound []bool, maxWait, lightDemand []float64, sl Slices) {
 	groups := func(t Input) float64 { return float64(max(t.Groups, 1)) }
 	perGroup := func(i int) float64 { return math.Max(out[i].Weight, 1e-9) / groups(ts[i]) }
 	var n, total, lightest float64
@@ -266,7 +247,7 @@ func timeslices(ts []Input, out []Decision, turnBound []bool, maxWait, lightDema
 		}
 	}
 	if n == 0 {
-		return excess
+		return
 	}
 	scale := float64(sl.Base) * n / total // ns of slice per unit of weight
 	scale = max(scale, float64(sl.Min)/lightest)
@@ -310,35 +291,8 @@ func timeslices(ts []Input, out []Decision, turnBound []bool, maxWait, lightDema
 				d = max(d, time.Duration(burstCover*t.BurstNS))
 			}
 			out[i].Timeslice = min(max(d, sl.Min), MaxSlice)
-			if lightDemand[i] == 0 && !turnBound[i] && d > 0 {
-				excess[i] = max(1, float64(sl.Min)/float64(d))
-			}
 		}
 	}
-	return excess
-}
-
-// carryPause carries a tenant's pause across a growth of its floor
-// excess (timeslices): a backlogged tenant's share follows its slice, so
-// a slice held at the floor that now gives it k times what its weight
-// called for, where it gave it j < k times before, multiplies its share
-// by k/j, and its run fraction is divided by as much at once. The
-// feedback on its share (runFraction) found its run fraction under the
-// old slices and lags the new ones by a control window, at most
-// maxRunStep a window: a closed loop's phase of short bursts shrank the
-// others' slices to the floor, where tenants of weights 3 and 7 beside
-// ones of 48 and 49 took 8–10% each for targets of 2.8 and 6.5% until
-// their run fractions had fallen from 0.9 to 0.1 and 0.3 (fuzz seed 76).
-// A tenant that was not paused is cut only while another is deprived:
-// otherwise what it takes nobody else wants. A shrinking excess is left
-// to the feedback, and so are tenants with a limit (the caller's): a
-// resume by the same rule let a limited tenant overshoot its limit by 3
-// pp (seed 11, docs/benchmark-history.md §23).
-func carryPause(s *schedState, excess float64, deprived bool) {
-	if s.floorExcess > 0 && excess > s.floorExcess && (s.run < 1 || deprived) {
-		s.run = min(1, max(minRun, s.run*s.floorExcess/excess))
-	}
-	s.floorExcess = excess
 }
 
 // recordSlices keeps, for every busy steered tenant, whether its new
