@@ -483,3 +483,36 @@ func TestLimitedTenantDoesNotResumeAtOnce(t *testing.T) {
 			dh.Duty, paused, dh.Reason)
 	}
 }
+
+// A closed loop deprived while every other tenant holds its target (the
+// GPU idles in the loop's host time) shares its shortfall: the others,
+// their slices at the floor, pause toward their targets less the part of
+// it beyond Tolerance. Where a tenant above its target can give the
+// shortfall back, only that one pauses.
+func TestShortfallShared(t *testing.T) {
+	for _, c := range []struct {
+		b, c      float64 // the hogs' shares beside the loop's 0.23
+		bPaused   bool
+		bRunBelow float64 // b's run fraction after three windows is below this
+	}{{0.33, 0.33, true, 0.9}, {0.33, 0.43, false, 0}} {
+		a := New(Params{})
+		loop := schedHog("loop", 100, 0.23, 1)
+		loop.BurstNS = float64(50 * time.Microsecond)
+		in := []Input{loop, schedHog("b", 100, c.b, 1), schedHog("c", 100, c.c, 1)}
+		var db, dc Decision
+		for i := 0; i < 3; i++ {
+			ds := a.Step(in, steered)
+			db, dc = decisionOf(t, ds, "b"), decisionOf(t, ds, "c")
+		}
+		if db.Timeslice != MinSlice {
+			t.Fatalf("b's timeslice %v, want MinSlice", db.Timeslice)
+		}
+		if paused := db.Duty < 1; paused != c.bPaused || paused && db.Duty >= c.bRunBelow {
+			t.Errorf("loop at 23%%, b at %.0f%%, c at %.0f%% (targets 33%%): b's run fraction %.3f (%s), want paused %v (below %.2f)",
+				100*c.b, 100*c.c, db.Duty, db.Reason, c.bPaused, c.bRunBelow)
+		}
+		if dc.Duty >= 1 {
+			t.Errorf("loop at 23%%, c at %.0f%%: c's run fraction %.3f, want paused", 100*c.c, dc.Duty)
+		}
+	}
+}
