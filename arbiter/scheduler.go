@@ -127,7 +127,9 @@ func (a *Arbiter) sched(k key) *schedState {
 // largest weight and a slice that holds its burst (burstSlice): served at
 // once whenever it has work and never cut off mid-burst, it takes what it
 // needs and no more. Pauses bound what slices cannot (runFraction); a
-// tenant gives up nothing while no other is deprived.
+// tenant gives up nothing while no other is deprived, and a tenant on
+// its target gives up only the part of a deprived one's shortfall that
+// the tenants above their targets cannot cover (runTargets).
 func (a *Arbiter) schedule(ts []Input) []Decision {
 	targets := Targets(ts, func(Input) float64 { return 1 })
 	busy, missed, latencyBusy, deprived, wanting := 0, false, false, false, 0
@@ -453,7 +455,7 @@ type runContext struct {
 }
 
 // runFraction is the part of each period a tenant's groups stay on the
-// GPU, and why it pauses them. Pauses bound what slices cannot: a limit;
+// GPU, and why it pauses them; target is its run target (runTargets). Pauses bound what slices cannot: a limit;
 // while another tenant is deprived, a tenant above target whose slice is
 // at the GPU's floor (Slices.Min) or feedback at its floor (atFloor);
 // while a latency SLO is missed, batch tenants. Normal tenants keep
