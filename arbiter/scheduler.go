@@ -132,7 +132,8 @@ func (a *Arbiter) sched(k key) *schedState {
 // the tenants above their targets cannot cover (runTargets).
 func (a *Arbiter) schedule(ts []Input) []Decision {
 	targets := Targets(ts, func(Input) float64 { return 1 })
-	busy, missed, latencyBusy, deprived, wanting := 0, false, false, false, 0
+	busy, missed, latencyBusy, wanting := 0, false, false, 0
+	var short float64 // the largest deficit of a deprived tenant (0: none)
 	used, allBelow := 0.0, true
 	for i, t := range ts {
 		used += t.Share
@@ -147,8 +148,11 @@ func (a *Arbiter) schedule(ts []Input) []Decision {
 			latencyBusy = true
 			missed = missed || sloMissed(t)
 		}
-		deprived = deprived || a.deprived(t, targets[i])
+		if a.deprived(t, targets[i]) {
+			short = math.Max(short, targets[i]-t.Share)
+		}
 	}
+	deprived := short > 0
 	out := make([]Decision, len(ts))
 	states := make([]*schedState, len(ts))
 	var maxWeight float64
@@ -199,7 +203,7 @@ func (a *Arbiter) schedule(ts []Input) []Decision {
 	timeslices(ts, out, turnBound, maxWait, lightDemand, sl)
 	recordSlices(ts, out, states, turnBound, lightDemand, sl.Min)
 	wasted := used < 1-idleSlack && allBelow
-	runTargets := a.runTargets(ts, targets)
+	runTargets := a.runTargets(ts, targets, short)
 	for i, t := range ts {
 		var why string
 		// An unsteered tenant has no slice to shrink: its rate at the
@@ -365,14 +369,12 @@ const burstCover = 1.25
 // target: pausing them serves the loop sooner in some of its turns, and
 // the shortfall is shared instead of borne by one (fuzz seed 38: a loop
 // of 24 µs kernels took 48.9% for 59.0% while the three others held
-// theirs, the GPU 14% idle or switching).
-func (a *Arbiter) runTargets(ts []Input, targets []float64) []float64 {
+// theirs, the GPU 14% idle or switching). short is the largest deficit
+// of a deprived tenant.
+func (a *Arbiter) runTargets(ts []Input, targets []float64, short float64) []float64 {
 	tol := a.p.Tolerance
-	var short, excess float64
+	var excess float64
 	for i, t := range ts {
-		if a.deprived(t, targets[i]) {
-			short = math.Max(short, targets[i]-t.Share)
-		}
 		if t.Busy && t.Share > targets[i]+tol {
 			excess += t.Share - targets[i] - tol
 		}
@@ -455,9 +457,10 @@ type runContext struct {
 }
 
 // runFraction is the part of each period a tenant's groups stay on the
-// GPU, and why it pauses them; target is its run target (runTargets). Pauses bound what slices cannot: a limit;
-// while another tenant is deprived, a tenant above target whose slice is
-// at the GPU's floor (Slices.Min) or feedback at its floor (atFloor);
+// GPU, and why it pauses them; target is its run target (runTargets).
+// Pauses bound what slices cannot: a limit; while another tenant is
+// deprived, a tenant above target whose slice is at the GPU's floor
+// (Slices.Min) or feedback at its floor (atFloor);
 // while a latency SLO is missed, batch tenants. Normal tenants keep
 // running beside a latency tenant at the floor: its turn comes within
 // their slices, and pausing them leaves the GPU idle without serving it sooner.
