@@ -14,11 +14,17 @@ type Params struct {
 	// (default 0.05): a tenant is slowed, never starved, so it still
 	// drains its queue, answers health checks and shows demand.
 	MinDuty float64
-	// Increase is the additive step per period when a tenant with work is
-	// below its target (default 0.05: from MinDuty to 1 in about 2 s).
+	// Increase is the additive step of a paced tenant's duty (default
+	// 0.05): per period for one that wants no more than its target and
+	// grows back (from MinDuty to 1 in 19 periods, about 2 s at 100 ms
+	// periods); per settled window, spread over its Settle periods, for one
+	// below its target by its settled share or recovering from a missed
+	// latency SLO, since that share lags the duty by the window.
 	Increase float64
-	// Decrease is the multiplicative step when a tenant is above its
-	// target, and for others while a latency SLO is missed (default 0.8).
+	// Decrease is the multiplicative step of a paced tenant's duty
+	// (default 0.8): at most ×Decrease per settled window, spread over its
+	// Settle periods, for one above its target by its settled share; ×Decrease
+	// per period for every other tenant while a latency SLO is missed.
 	Decrease float64
 	// Tolerance is the dead band around a target in which the duty is
 	// left alone (default 0.01), so measurement noise does not make it
@@ -282,6 +288,17 @@ func demandOf(t Input, duty, headroom float64) float64 {
 	return d
 }
 
+// A latency tenant wants latencyGrowth times its share over the control
+// window plus latencyHeadroom (a share of the GPU): its load is requests,
+// which can grow within a window before the targets follow, and one that
+// used little still needs room to start. Its target only sets time aside
+// for it, since it is never throttled; the others give up what it does
+// not use while they are not held to their targets.
+const (
+	latencyGrowth   = 1.2
+	latencyHeadroom = 0.02
+)
+
 // wants is what a tenant would take without its limit.
 func wants(t Input, duty, headroom float64) float64 {
 	d := 1.0
@@ -289,7 +306,7 @@ func wants(t Input, duty, headroom float64) float64 {
 	case !t.Busy:
 		d = 0
 	case t.Rules.Priority == policy.Latency:
-		d = math.Min(1, t.Share*1.2+0.02)
+		d = math.Min(1, t.Share*latencyGrowth+latencyHeadroom)
 	case light(t, duty):
 		// What it would take alone (its waits and idle time say: slowed by
 		// the others' work it waits longer, and waiting is wanting), at
@@ -304,12 +321,18 @@ func wants(t Input, duty, headroom float64) float64 {
 	return d
 }
 
+// rateBound is the part of its rate a paced tenant must use or queue to
+// count as held back by that rate: one held by it uses all of it, and
+// half leaves a wide margin for what one window catches of its bursts;
+// one that uses less wants less than its rate.
+const rateBound = 0.5
+
 // limitedByRate tells whether a paced tenant's rate holds it back: its
 // gate held it, or it has work waiting, or it uses half its rate or more.
 // One that does not (paced once, idle since) wants what it uses: it is
 // not competing, and is let grow back to running freely.
 func limitedByRate(t Input, duty float64) bool {
-	return t.Held || t.Backlogged || t.Share >= duty/2 || t.Queued >= duty/2
+	return t.Held || t.Backlogged || t.Share >= duty*rateBound || t.Queued >= duty*rateBound
 }
 
 // light tells whether a tenant with work needs less than the GPU: it is
@@ -379,6 +402,20 @@ func fill(ts []Input, demand, target []float64) []float64 {
 	}
 	return target
 }
+
+// minDutyOfTarget is the least part of its target a paced tenant's duty
+// falls to while its settled share reads above target: a paced tenant's
+// rate is its share, so one that still reads above its target with its
+// duty at half of it is running work admitted before (its queue), not its
+// rate, and a lower duty would starve it once that work is gone.
+const minDutyOfTarget = 0.5
+
+// staggerStep is the part of a period by which each paced tenant's
+// running window starts after the one before (modulo the period): close
+// to the golden ratio's 0.382, so that the windows of any number of
+// tenants spread over the period (0, 0.37, 0.74, 0.11, 0.48, …) and do not
+// stall and resume together.
+const staggerStep = 0.37
 
 func (a *Arbiter) share(ts []Input) []Decision {
 	dutyOf := func(t Input) float64 { return a.dutyOf(key{t.Name, t.GPU}) }
@@ -459,7 +496,7 @@ func (a *Arbiter) share(ts []Input) []Decision {
 			// is spread over the Settle periods it spans, or the loop
 			// would overshoot and oscillate.
 			step := math.Pow(math.Max(a.p.Decrease, target/t.SettledShare), 1/float64(a.p.Settle))
-			d, dec.Reason = math.Max(d*step, target/2), "above target"
+			d, dec.Reason = math.Max(d*step, target*minDutyOfTarget), "above target"
 		case t.SettledShare < target-a.p.Tolerance:
 			d, dec.Reason = d+math.Min(a.p.Increase, target-t.SettledShare)/float64(a.p.Settle), "below target"
 		default:
@@ -474,7 +511,7 @@ func (a *Arbiter) share(ts []Input) []Decision {
 		if d < 1 {
 			// Stagger the running windows so throttled tenants do not
 			// stall (and resume) together.
-			dec.Offset = math.Mod(float64(stagger)*0.37, 1)
+			dec.Offset = math.Mod(float64(stagger)*staggerStep, 1)
 			stagger++
 		}
 		out[i] = dec
@@ -575,10 +612,18 @@ func (a *Arbiter) dutyOf(k key) float64 {
 	return 1
 }
 
+// fpsSLOSlack is the part of its frames/s SLO a latency tenant may read
+// before the SLO counts as missed: frames/s is counted in whole frames
+// over the meter's window (1 s by default), and a loop at its rate reads
+// one frame short now and then, which is 2% at 50 frames/s.
+const fpsSLOSlack = 0.98
+
+// sloMissed tells whether a latency tenant misses its SLO: its p99 sync
+// wait above the SLO's, or its frames/s below fpsSLOSlack of the SLO's.
 func sloMissed(t Input) bool {
 	slo := t.Rules.SLO
 	if slo.P99SyncMS > 0 && t.SyncP99MS > slo.P99SyncMS {
 		return true
 	}
-	return slo.FPS > 0 && t.FPS > 0 && t.FPS < slo.FPS*0.98
+	return slo.FPS > 0 && t.FPS > 0 && t.FPS < slo.FPS*fpsSLOSlack
 }

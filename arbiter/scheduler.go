@@ -356,6 +356,12 @@ func burstSlice(burstNS float64, base time.Duration) time.Duration {
 // timeslice is: bursts vary, and one cut short waits a whole rotation.
 const burstCover = 1.25
 
+// maxShortfallCut is the most of its target a tenant gives up to a
+// deprived one's uncovered shortfall (runTargets): the deprived loop
+// gains from the others' pauses only where they coincide and it then runs
+// alone, so the cut is bounded, and a tenant is slowed, never starved.
+const maxShortfallCut = 0.5
+
 // runTargets are the shares the tenants' run fractions steer to: their
 // targets, less a shortfall the GPU cannot cover. A deprived closed loop
 // of short bursts waits at every turn for the others' slices, at the
@@ -386,7 +392,7 @@ func (a *Arbiter) runTargets(ts []Input, targets []float64, short float64) []flo
 	}
 	for i, t := range ts {
 		if t.Busy && t.Rules.Priority != policy.Latency && targets[i]-t.Share < short-tol {
-			out[i] = targets[i] - math.Min(give, targets[i]/2)
+			out[i] = targets[i] - math.Min(give, targets[i]*maxShortfallCut)
 		}
 	}
 	return out

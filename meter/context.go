@@ -261,7 +261,7 @@ func (c *gpuContext) noteLaunch(k costKey, units float64) {
 		c.shape[k] = s
 	}
 	s.frac += w
-	s.units += max(w, 0.1) * (units - s.units)
+	s.units += w * (units - s.units)
 }
 
 // Totals are a context's cumulative counts, for counters that must not go

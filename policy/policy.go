@@ -26,7 +26,10 @@ const (
 	Latency Priority = "latency"
 	// Normal tenants share by weight.
 	Normal Priority = "normal"
-	// Batch tenants share by weight and yield first to a missed SLO.
+	// Batch tenants share by weight. While a latency SLO is missed on a GPU
+	// whose scheduler gpuarb steers, they are paused for part of each period
+	// and normal tenants keep running at the shortest timeslice; at the
+	// launch gate every other tenant's rate falls alike.
 	Batch Priority = "batch"
 )
 
