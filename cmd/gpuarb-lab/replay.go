@@ -23,7 +23,8 @@ func replayMeterCommand() *cli.Command {
 		Description: `replay-meter feeds a recording of the meter's inputs to a meter of this
 build and prints, every --every of the recording's clock, each tenant's
 estimated share of the GPU and each of its processes' launches, estimated GPU
-ms a launch and bursts. A misreading seen once in a live run replays the same
+ms a launch, bursts and how much of the last second it wanted the GPU (the
+demand evidence: waits, work queued, stops). A misreading seen once in a live run replays the same
 every time, and a change to the meter is tried against it in seconds. A
 RECORDING whose name ends in .gz is read through gzip (recordings shrink about
 17-fold). --status
@@ -111,8 +112,8 @@ func replayMeter(w io.Writer, rec io.Reader, every time.Duration, names map[uint
 			if cs.Launches > 0 {
 				launch = float64(cs.GPUNS) / float64(cs.Launches) / 1e6
 			}
-			per[cs.CgroupID] = append(per[cs.CgroupID], fmt.Sprintf("pid %d %d launches %.3f ms each, %d drains",
-				cs.PID, cs.Launches, launch, cs.Drains))
+			per[cs.CgroupID] = append(per[cs.CgroupID], fmt.Sprintf("pid %d %d launches %.3f ms each, %d drains, wanted the GPU %.1f%% of the second",
+				cs.PID, cs.Launches, launch, cs.Drains, 100*float64(cs.WantNS)/1e9))
 		}
 		ids := make([]uint64, 0, len(shares))
 		for id := range shares {
