@@ -112,10 +112,7 @@
 // wait ends when the completion woke its thread, the rest of the call is
 // host time, or where the replay ran the waited-for work dry less than
 // realWait before that, at the replay's drain: the completion's and the
-// launch's latencies are host time a loop spends alone too; where it ran
-// it dry earlier, on a GPU that preempts, no later than realWait and one
-// turn of each other context with work past the drain: the rest is a
-// thread woken late), and while
+// launch's latencies are host time a loop spends alone too), and while
 // gpuarb kept it from the GPU (held at the launch gate, paused, its
 // cgroup frozen). ContextStats.Drains counts the times its modeled work
 // ran out; its GPU time over them is the work it brings to one turn, a

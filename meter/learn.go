@@ -66,20 +66,9 @@ const maxWaits = 64
 // put the drain there are not corrected (the realWait tolerance of sync
 // and eventSync). Counted, it read such a loop as wanting 85% of the GPU
 // where it took 72% alone beside the daemon, and the arbiter paused a
-// tenant beside it for the 13 pp it could never take.
-//
-// A drain earlier than that puts the replay out of phase with the GPU,
-// which served other contexts first: on a GPU that preempts, the wait
-// counts up to one turn of each context with work then or since
-// (othersTurns) past realWait after the drain. Beyond that, or with no
-// other context to serve, nothing kept the GPU from the work and the
-// time is the host's: a thread woken late. Counted whole, such wake-ups
-// (3% of the syncs of a loop of 40 µs kernels alone on this VM, 450 µs
-// late at the median) made the loop want 80% of the GPU for an estimated
-// 74% (75% bounded), its demand beside another tenant 0.72–0.76 for a
-// share alone of 0.70; the arbiter held that tenant at 15% for a target
-// of 30% to make up the difference (fuzz seed 61).
-func (c *gpuContext) waitEnded(h *ioctlspy.Header, e *ioctlspy.Sync, r *replay) {
+// tenant beside it for the 13 pp it could never take. A drain earlier
+// than that is the replay's error, not the GPU's: the wait stays whole.
+func (c *gpuContext) waitEnded(h *ioctlspy.Header, e *ioctlspy.Sync) {
 	end := completedBy(h, e)
 	start := h.Start
 	c.waits = slices.DeleteFunc(c.waits, func(w wait) bool {
@@ -89,12 +78,8 @@ func (c *gpuContext) waitEnded(h *ioctlspy.Header, e *ioctlspy.Sync, r *replay) 
 		}
 		return false
 	})
-	if drained, ok := c.modeledEnd(e); ok && drained < end {
-		if drained+uint64(realWait) >= end {
-			end = max(drained, start)
-		} else if turns := r.othersTurns(c, drained); turns < end-drained-uint64(realWait) {
-			end = max(drained+uint64(realWait)+turns, start)
-		}
+	if drained, ok := c.modeledEnd(e); ok && drained < end && drained+uint64(realWait) >= end {
+		end = max(drained, start)
 	}
 	if end > start {
 		c.waitedFor = appendSpan(c.waitedFor, start, end)
@@ -175,7 +160,7 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 	c := m.context(h)
 	done := completedBy(h, e)
 	now := m.at(c, done)
-	c.waitEnded(h, e, m.replayOf(c.gpu))
+	c.waitEnded(h, e)
 	if c.left() > 0 {
 		defer func() {
 			if c.left() == 0 {

@@ -121,24 +121,6 @@ func (r *replay) advance(to uint64) {
 	}
 }
 
-// othersTurns bounds how long after since the GPU can have kept c's work
-// from it for the other contexts: one turn each of those with work then
-// or since (their timeslices, each with realWait for the switch and the
-// host's latency). A GPU that runs kernels to their end has no such
-// bound (math.MaxUint64).
-func (r *replay) othersTurns(c *gpuContext, since uint64) uint64 {
-	if !r.preemptive {
-		return math.MaxUint64
-	}
-	var d uint64
-	for _, o := range r.runlist {
-		if o != c && (o.runnable() || len(o.held) > 0 && o.held[len(o.held)-1].end > since) {
-			d += r.sliceOf(o) + uint64(realWait)
-		}
-	}
-	return d
-}
-
 // outOfPhase reports whether a sync that waited for proven work finds the
 // replay's rotation off the GPU's: the replay drained that work more than
 // a timeslice (early ns) before the GPU did, or had not begun it. A drain
