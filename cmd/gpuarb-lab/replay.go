@@ -24,10 +24,10 @@ func replayMeterCommand() *cli.Command {
 build and prints, every --every of the recording's clock, each tenant's
 estimated share of the GPU and each of its processes' launches, estimated GPU
 ms a launch, bursts and how much of the last second it wanted the GPU (the
-demand evidence: waits, work queued, stops). A misreading seen once in a live run replays the same
-every time, and a change to the meter is tried against it in seconds. A
-RECORDING whose name ends in .gz is read through gzip (recordings shrink about
-17-fold). --status
+demand evidence: waits, work queued, stops). A misreading seen once in a live
+run replays the same every time, and a change to the meter is tried against it
+in seconds. A RECORDING whose name ends in .gz is read through gzip
+(recordings shrink about 17-fold). --status
 names the tenants from the fuzzer's status log of the same run
 (seed-N-status.jsonl); without it they are cgroup IDs. --proofs PID also
 prints, as they come, the proofs of that process's work: how long it waited,
@@ -113,7 +113,7 @@ func replayMeter(w io.Writer, rec io.Reader, every time.Duration, names map[uint
 				launch = float64(cs.GPUNS) / float64(cs.Launches) / 1e6
 			}
 			per[cs.CgroupID] = append(per[cs.CgroupID], fmt.Sprintf("pid %d %d launches %.3f ms each, %d drains, wanted the GPU %.1f%% of the second",
-				cs.PID, cs.Launches, launch, cs.Drains, 100*float64(cs.WantNS)/1e9))
+				cs.PID, cs.Launches, launch, cs.Drains, 100*float64(cs.WantNS)/float64(time.Second)))
 		}
 		ids := make([]uint64, 0, len(shares))
 		for id := range shares {
