@@ -516,3 +516,81 @@ func TestShortfallShared(t *testing.T) {
 		}
 	}
 }
+
+// A tenant paused for a deprived loop resumes at once when a tenant that
+// is not paused takes more than overrunMargin above its target — the loop
+// itself in its phase of long bursts, or another — and its own slice is
+// above the GPU's floor again: the pause then only feeds the other's
+// excess. Within the margin it keeps converging (a loop served by the
+// pauses overshoots its target by a little and must not lose them), and so
+// does one whose slice is still at the floor: its pause is what holds it
+// to its target.
+func TestPausesReleasedWhileAnotherOverruns(t *testing.T) {
+	for _, c := range []struct {
+		loop, hog float64       // their shares after the pauses (targets 50% each)
+		burst     time.Duration // the loop's burst after the pauses
+		once      bool
+	}{
+		{0.60, 0.38, 50 * time.Millisecond, true},
+		{0.56, 0.42, 50 * time.Millisecond, true},
+		{0.52, 0.40, 50 * time.Millisecond, false},
+		{0.60, 0.38, 50 * time.Microsecond, false},
+	} {
+		a := New(Params{})
+		loop := schedHog("loop", 100, 0.2, 1)
+		loop.BurstNS = float64(50 * time.Microsecond)
+		in := []Input{loop, schedHog("hog", 100, 0.8, 1)}
+		var paused float64
+		for i := 0; i < 3; i++ {
+			paused = decisionOf(t, a.Step(in, steered), "hog").Duty
+		}
+		if paused >= 1 {
+			t.Fatalf("hog's run fraction %.2f beside a deprived loop, want paused", paused)
+		}
+		in[0].BurstNS = float64(c.burst)
+		setShare(&in[0], c.loop)
+		setShare(&in[1], c.hog)
+		dh := decisionOf(t, a.Step(in, steered), "hog")
+		if once := dh.Duty == 1; once != c.once || dh.Duty <= paused {
+			t.Errorf("loop at %.0f%% (bursts of %v), hog at %.0f%% (slice %v): hog's run fraction %.3f after %.3f (%s), want back at once %v, else growing",
+				100*c.loop, c.burst, 100*c.hog, dh.Timeslice, dh.Duty, paused, dh.Reason, c.once)
+		}
+	}
+}
+
+// A released pause is remembered: called to yield again within
+// pauseMemory windows (the loop's next phase of short bursts), the tenant
+// pauses at once as deeply as before its release; after them, it pauses
+// from its full run fraction down, at most maxRunStep per window.
+func TestReleasedPauseRemembered(t *testing.T) {
+	for _, c := range []struct {
+		between  int // periods of the long phase before the short one returns
+		remember bool
+	}{{6, true}, {pauseMemory*3 + 1, false}} {
+		a := New(Params{})
+		loop := schedHog("loop", 100, 0.2, 1)
+		short := float64(50 * time.Microsecond)
+		loop.BurstNS = short
+		in := []Input{loop, schedHog("hog", 100, 0.8, 1)}
+		var paused float64
+		for i := 0; i < 6; i++ {
+			paused = decisionOf(t, a.Step(in, steered), "hog").Duty
+		}
+		in[0].BurstNS = float64(50 * time.Millisecond)
+		setShare(&in[0], 0.6)
+		setShare(&in[1], 0.4)
+		for i := 0; i < c.between; i++ {
+			if d := decisionOf(t, a.Step(in, steered), "hog"); d.Duty != 1 {
+				t.Fatalf("period %d of the long phase: hog's run fraction %.3f (%s), want released", i, d.Duty, d.Reason)
+			}
+		}
+		in[0].BurstNS = short
+		setShare(&in[0], 0.2)
+		setShare(&in[1], 0.8)
+		d := decisionOf(t, a.Step(in, steered), "hog")
+		if got := d.Duty == paused; got != c.remember || !c.remember && d.Duty < 1/math.Pow(maxRunStep, 1/3.0)-1e-9 {
+			t.Errorf("short phase again after %d periods: hog's run fraction %.3f (%s), paused at %.3f before; want back there at once %v, else from 1 down by at most maxRunStep per window",
+				c.between, d.Duty, d.Reason, paused, c.remember)
+		}
+	}
+}
