@@ -428,6 +428,25 @@ func TestFeedbackDoesNotWindUpAcrossPhases(t *testing.T) {
 	}
 }
 
+// hogPausedForLoop steps a hog beside a deprived closed loop of 50 µs
+// bursts (targets 50% each) for periods periods, and returns the arbiter,
+// the inputs and the hog's run fraction, which must be paused by then.
+func hogPausedForLoop(t *testing.T, periods int) (*Arbiter, []Input, float64) {
+	t.Helper()
+	a := New(Params{})
+	loop := schedHog("loop", 100, 0.2, 1)
+	loop.BurstNS = float64(50 * time.Microsecond)
+	in := []Input{loop, schedHog("hog", 100, 0.8, 1)}
+	var paused float64
+	for i := 0; i < periods; i++ {
+		paused = decisionOf(t, a.Step(in, steered), "hog").Duty
+	}
+	if paused >= 1 {
+		t.Fatalf("hog's run fraction %.2f beside a deprived loop, want paused", paused)
+	}
+	return a, in, paused
+}
+
 // A paused tenant below its target resumes at once where the pauses only
 // waste the GPU: it idles more than idleSlack of the window and every busy
 // tenant is below its target (the tenant it was paused for gone). Where
@@ -438,17 +457,7 @@ func TestPausedResumesAtOnceWhereTheGPUIdles(t *testing.T) {
 		share, loop float64 // the hog's share, the loop's (0: gone)
 		once        bool
 	}{{0.5, 0, true}, {0.9, 0, false}, {0.3, 0.5, false}} {
-		a := New(Params{})
-		loop := schedHog("loop", 100, 0.2, 1)
-		loop.BurstNS = float64(50 * time.Microsecond)
-		in := []Input{loop, schedHog("hog", 100, 0.8, 1)}
-		var paused float64
-		for i := 0; i < 3; i++ {
-			paused = decisionOf(t, a.Step(in, steered), "hog").Duty
-		}
-		if paused >= 1 {
-			t.Fatalf("hog's run fraction %.2f beside a deprived loop, want paused", paused)
-		}
+		a, in, paused := hogPausedForLoop(t, 3)
 		if c.loop == 0 {
 			in[0].Busy, in[0].Backlogged = false, false
 		}
@@ -536,17 +545,7 @@ func TestPausesReleasedWhileAnotherOverruns(t *testing.T) {
 		{0.52, 0.40, 50 * time.Millisecond, false},
 		{0.60, 0.38, 50 * time.Microsecond, false},
 	} {
-		a := New(Params{})
-		loop := schedHog("loop", 100, 0.2, 1)
-		loop.BurstNS = float64(50 * time.Microsecond)
-		in := []Input{loop, schedHog("hog", 100, 0.8, 1)}
-		var paused float64
-		for i := 0; i < 3; i++ {
-			paused = decisionOf(t, a.Step(in, steered), "hog").Duty
-		}
-		if paused >= 1 {
-			t.Fatalf("hog's run fraction %.2f beside a deprived loop, want paused", paused)
-		}
+		a, in, paused := hogPausedForLoop(t, 3)
 		in[0].BurstNS = float64(c.burst)
 		setShare(&in[0], c.loop)
 		setShare(&in[1], c.hog)
@@ -567,15 +566,8 @@ func TestReleasedPauseRemembered(t *testing.T) {
 		between  int // periods of the long phase before the short one returns
 		remember bool
 	}{{6, true}, {pauseMemory*3 + 1, false}} {
-		a := New(Params{})
-		loop := schedHog("loop", 100, 0.2, 1)
-		short := float64(50 * time.Microsecond)
-		loop.BurstNS = short
-		in := []Input{loop, schedHog("hog", 100, 0.8, 1)}
-		var paused float64
-		for i := 0; i < 6; i++ {
-			paused = decisionOf(t, a.Step(in, steered), "hog").Duty
-		}
+		a, in, paused := hogPausedForLoop(t, 6)
+		short := in[0].BurstNS
 		in[0].BurstNS = float64(50 * time.Millisecond)
 		setShare(&in[0], 0.6)
 		setShare(&in[1], 0.4)
