@@ -23,8 +23,10 @@ func replayMeterCommand() *cli.Command {
 		Description: `replay-meter feeds a recording of the meter's inputs to a meter of this
 build and prints, every --every of the recording's clock, each tenant's
 estimated share of the GPU and each of its processes' launches, estimated GPU
-ms a launch, bursts and how much of the last second it wanted the GPU (the
-demand evidence: waits, work queued, stops). A misreading seen once in a live
+ms a launch, drains (the times its modeled work ran out), the mean of its last
+bursts and the turn in progress (what the control step sizes the others'
+timeslices by) and how much of the last second it wanted the GPU (the demand
+evidence: waits, work queued, stops). A misreading seen once in a live
 run replays the same every time, and a change to the meter is tried against it
 in seconds. A RECORDING whose name ends in .gz is read through gzip
 (recordings shrink about 17-fold). --status
@@ -112,8 +114,8 @@ func replayMeter(w io.Writer, rec io.Reader, every time.Duration, names map[uint
 			if cs.Launches > 0 {
 				launch = float64(cs.GPUNS) / float64(cs.Launches) / 1e6
 			}
-			per[cs.CgroupID] = append(per[cs.CgroupID], fmt.Sprintf("pid %d %d launches %.3f ms each, %d drains, wanted the GPU %.1f%% of the second",
-				cs.PID, cs.Launches, launch, cs.Drains, 100*float64(cs.WantNS)/float64(time.Second)))
+			per[cs.CgroupID] = append(per[cs.CgroupID], fmt.Sprintf("pid %d %d launches %.3f ms each, %d drains (last bursts %.2f ms, turn in progress %.2f ms), wanted the GPU %.1f%% of the second",
+				cs.PID, cs.Launches, launch, cs.Drains, float64(cs.RecentBurstNS)/1e6, float64(cs.RunNS)/1e6, 100*float64(cs.WantNS)/float64(time.Second)))
 		}
 		ids := make([]uint64, 0, len(shares))
 		for id := range shares {
