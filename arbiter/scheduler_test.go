@@ -312,6 +312,40 @@ func TestLightClosedLoopWaitsLittle(t *testing.T) {
 	}
 }
 
+// A light loop's bound on the others' rotation stretches for a closed
+// loop with host time between its bursts that falls short: not within
+// Tolerance, twice at twice Tolerance, and not for a hog that falls as
+// short. The bound sets the slices' scale, a slice per unit of weight
+// (seed 37's loop was held to 355 µs slices by it).
+func TestLightWaitStretchesForAShortLoop(t *testing.T) {
+	scale := func(demand, short float64) float64 {
+		light := schedHog("light", 358, 0.25, 1)
+		light.Backlogged, light.Demand, light.SettledShare = false, 0.25, 0.25
+		light.BurstNS = float64(12400 * time.Microsecond)
+		loop := schedHog("loop", 300, 0.3, 1)
+		loop.Backlogged, loop.Demand = false, demand
+		loop.BurstNS = float64(19600 * time.Microsecond)
+		in := []Input{light, loop, schedHog("h1", 400, 0.4, 4), schedHog("h2", 9, 0.05, 4)}
+		target := decisionOf(t, New(Params{}).Step(in, steered), "loop").Target
+		setShare(&in[1], target-short)
+		ds := New(Params{}).Step(in, steered)
+		if d := decisionOf(t, ds, "light"); d.Reason != "light: served first" {
+			t.Fatalf("light tenant: %s", d.Reason)
+		}
+		d := decisionOf(t, ds, "loop")
+		return float64(d.Timeslice) / d.Weight
+	}
+	on, within, far, hog := scale(0.62, 0), scale(0.62, 0.008), scale(0.62, 0.03), scale(1, 0.03)
+	near := func(r, want float64) bool { return math.Abs(r-want) < 0.01*want }
+	if !near(within/on, 1) || !near(hog/on, 1) {
+		t.Errorf("slice per weight %.0f ns on target, %.0f 0.8 pp short, %.0f for a hog 3 pp short; want the same", on, within, hog)
+	}
+	// The short loop's own feedback moves its weight a little too.
+	if math.Abs(far/on-maxWaitRelax) > 0.05 {
+		t.Errorf("slice per weight %.0f ns 3 pp short, %.0f on target: ratio %.2f, want %d", far, on, far/on, maxWaitRelax)
+	}
+}
+
 // A light closed loop's slice covers its burst: cut by its slice, a burst
 // would wait through the others' rotation once per slice, not once per
 // burst. The slice is rounded up to BaseSlice times a power of two, and
