@@ -439,8 +439,8 @@ func (a *Arbiter) maxWait(t Input) float64 {
 // the bound stretches with the largest shortfall of such a loop that
 // wants more (demand below 1 − 2·Tolerance; on the settled window, so
 // that the slices do not move every step): not at all within Tolerance,
-// to maxWaitRelax at twice Tolerance. A backlogged tenant's feedback
-// corrects its own shortfall.
+// to maxWaitRelax at twice Tolerance. A hog's queued work fills each of
+// its turns, and its own feedback corrects its shortfall.
 func (a *Arbiter) waitRelax(ts []Input, targets []float64, turnBound []bool) float64 {
 	tol := a.p.Tolerance
 	var short float64
