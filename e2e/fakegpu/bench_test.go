@@ -27,15 +27,19 @@ func cpuSeconds(b *testing.B, pid int) float64 {
 }
 
 // BenchmarkSimulatorCPU reports fakegpud's CPU use, in % of one core,
-// idle and under storm at 10k launches/s.
+// idle, under storm at 10k launches/s, beside two hogs, and beside two
+// hogs with 500 mostly idle contexts (inference at one request a second:
+// every doorbell must not cost every context's every channel).
 func BenchmarkSimulatorCPU(b *testing.B) {
 	for _, tc := range []struct {
 		name string
 		load []string
+		idle int // contexts of one request a second beside the load
 	}{
-		{"idle", nil},
-		{"10k-launches-per-s", []string{"storm", "--rate", "10000", "--duration", "3"}},
-		{"two-hogs", []string{"hog", "--duration", "3"}},
+		{"idle", nil, 0},
+		{"10k-launches-per-s", []string{"storm", "--rate", "10000", "--duration", "3"}, 0},
+		{"two-hogs", []string{"hog", "--duration", "3"}, 0},
+		{"two-hogs-500-idle-contexts", []string{"hog", "--duration", "30"}, 500},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			var pct float64
@@ -44,9 +48,12 @@ func BenchmarkSimulatorCPU(b *testing.B) {
 				var p *testutil.Proc
 				if tc.load != nil {
 					p = testutil.Start(b, nil, gpu.Workload(b, tc.load...))
-					if tc.name == "two-hogs" {
+					if tc.load[0] == "hog" {
 						testutil.Start(b, nil, gpu.Workload(b, tc.load...))
 					}
+				}
+				for range tc.idle {
+					testutil.Start(b, nil, gpu.Workload(b, "infer", "--rate", "1", "--kernels", "1", "--duration", "30"))
 				}
 				time.Sleep(500 * time.Millisecond)
 				pid := gpu.Proc.Cmd.Process.Pid

@@ -3,6 +3,7 @@ package fakegpu
 import (
 	"fmt"
 	"math"
+	"math/bits"
 	"math/rand/v2"
 	"os"
 	"runtime"
@@ -126,7 +127,6 @@ type chanState struct {
 	headLeft int64  // remaining ns of work of a started head entry, -1 if not started
 	wave     int64  // ns of work per wave of the started head kernel (0: preempt anywhere)
 	busy     bool   // the head is on an engine
-	needWake bool
 	handle   uint32 // the channel's RM handle, as libcuda allocated it
 	// disabled keeps the channel off the runlist (FIFO_DISABLE_CHANNELS);
 	// nextDisabled is the state the next runlist restart applies, and
@@ -148,7 +148,10 @@ type gpuContext struct {
 	chans  [MaxChannels]chanState
 	// pending has bit i set while channel i has entries the device has not run.
 	pending uint32
-	rr      int
+	// completed has bit i set where channel i completed entries since the
+	// device last woke its waiters (wake).
+	completed uint32
+	rr        int
 	// The RM handles libcuda allocated the context's objects under: its
 	// client, channel group (TSG) and subdevice.
 	client, tsg, subdevice uint32
@@ -473,7 +476,8 @@ func (g *gpu) earliestRing(to int64) (int64, bool) {
 	}
 	at, ok := to, false
 	for _, c := range g.ctxs {
-		for i := range c.shm.Ch {
+		for m := c.usedChans(); m != 0; m &= m - 1 {
+			i := bits.TrailingZeros32(m)
 			sh := &c.shm.Ch[i]
 			if atomic.LoadUint64(&sh.GPPut) <= c.chans[i].known {
 				continue
@@ -496,7 +500,8 @@ func (g *gpu) poll(now int64, rungOnly bool) {
 	}
 	all := true
 	for _, c := range g.ctxs {
-		for i := range c.shm.Ch {
+		for m := c.usedChans(); m != 0; m &= m - 1 {
+			i := bits.TrailingZeros32(m)
 			sh := &c.shm.Ch[i]
 			put := atomic.LoadUint64(&sh.GPPut)
 			st := &c.chans[i]
@@ -520,6 +525,10 @@ func (g *gpu) poll(now int64, rungOnly bool) {
 		g.lastRing = ring
 	}
 }
+
+// usedChans is the mask of the channels the client has used (ctxShm.Chans):
+// the only ones whose GPPut can move.
+func (c *gpuContext) usedChans() uint32 { return atomic.LoadUint32(&c.shm.Chans) }
 
 func (c *gpuContext) head(ch int) *entry {
 	st := &c.chans[ch]
@@ -864,7 +873,7 @@ func (g *gpu) complete(c *gpuContext, ch int, t int64) {
 	st.next++
 	st.headLeft = -1
 	st.busy = false
-	st.needWake = true
+	c.completed |= 1 << ch
 	sh := &c.shm.Ch[ch]
 	atomic.StoreUint64(&sh.GPGet, st.next)
 	atomic.AddUint32(&sh.Done, 1)
@@ -876,17 +885,13 @@ func (g *gpu) complete(c *gpuContext, ch int, t int64) {
 // wake wakes clients sleeping on channels that completed entries.
 func (g *gpu) wake() {
 	for _, c := range g.ctxs {
-		for i := range c.chans {
-			st := &c.chans[i]
-			if !st.needWake {
-				continue
-			}
-			st.needWake = false
-			sh := &c.shm.Ch[i]
+		for m := c.completed; m != 0; m &= m - 1 {
+			sh := &c.shm.Ch[bits.TrailingZeros32(m)]
 			if atomic.LoadUint32(&sh.Waiters) > 0 {
 				futexWake(&sh.Done)
 			}
 		}
+		c.completed = 0
 	}
 }
 

@@ -18,7 +18,7 @@ import (
 const (
 	magicCtx      = 0x46474358
 	magicDoorbell = 0x46474442
-	abiVersion    = 2
+	abiVersion    = 3
 
 	MaxChannels = 32   // channels (streams) per context
 	RingEntries = 1024 // entries per channel ring
@@ -69,7 +69,10 @@ type ctxShm struct {
 	Magic   uint32
 	Version uint32
 	Dead    uint32
-	_       uint32
+	// Chans has bit i set once the client used channel i (before its
+	// first entry; never cleared): the device polls only those, so that a
+	// doorbell costs a context's channels in use, not all MaxChannels.
+	Chans   uint32
 	EventTS [MaxEvents]uint64
 	_       [48]byte
 	Ch      [MaxChannels]channelShm

@@ -91,6 +91,7 @@ func TestDisableEvictsUnlessOnlyScheduling(t *testing.T) {
 		ch := &x.shm.Ch[0]
 		ch.Ring[0] = entry{Kind: entryKernel, Event: 1, CostNS: uint64(time.Second)}
 		atomic.StoreUint64(&ch.RingAt, uint64(g.vt))
+		atomic.OrUint32(&x.shm.Chans, 1) // the client marks the channel used before its first entry
 		atomic.StoreUint64(&ch.GPPut, 1)
 		atomic.AddUint32(&g.db.Ring, 1)
 		g.catchUp()

@@ -69,6 +69,8 @@ int alloc_channel(struct ctx *c)
 	for (int i = 0; i < FG_MAX_CHANNELS; i++) {
 		if (!c->chan_used[i]) {
 			c->chan_used[i] = 1;
+			/* The device polls only the channels marked here. */
+			__atomic_or_fetch(&c->shm->chans, 1u << i, __ATOMIC_RELEASE);
 			__atomic_store_n(&c->shm->ch[i].active, 1, __ATOMIC_RELEASE);
 			channel_setup_ioctls(c, i);
 			return i;
@@ -145,7 +147,8 @@ static CUcontext ctx_new(CUdevice dev, unsigned flags, CUresult *err)
 	c->db = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fds[1], 0);
 	close(fds[0]);
 	close(fds[1]);
-	if (c->shm == MAP_FAILED || c->db == MAP_FAILED || c->shm->magic != FG_MAGIC_CTX || c->db->magic != FG_MAGIC_DB) {
+	if (c->shm == MAP_FAILED || c->db == MAP_FAILED || c->shm->magic != FG_MAGIC_CTX || c->db->magic != FG_MAGIC_DB ||
+	    c->shm->version != FG_VERSION || c->db->version != FG_VERSION) { /* a fakegpud of another build */
 		*err = CUDA_ERROR_UNKNOWN;
 		goto fail;
 	}

@@ -10,7 +10,7 @@
 
 #define FG_MAGIC_CTX 0x46474358u /* "FGCX" */
 #define FG_MAGIC_DB 0x46474442u  /* "FGDB" */
-#define FG_VERSION 2u
+#define FG_VERSION 3u
 
 #define FG_MAX_CHANNELS 32
 #define FG_RING_ENTRIES 1024
@@ -60,7 +60,7 @@ struct fg_ctx_shm {
 	uint32_t magic;
 	uint32_t version;
 	uint32_t dead; /* the device went away */
-	uint32_t pad;
+	uint32_t chans; /* bit i: the client has used channel i (set before its first entry, never cleared) */
 	uint64_t event_ts[FG_MAX_EVENTS]; /* CLOCK_MONOTONIC ns of completion, 0 = pending */
 	uint8_t pad2[48];
 	struct fg_channel ch[FG_MAX_CHANNELS];
