@@ -91,7 +91,7 @@ func fuzzReport(b *bench, results []lab.ScenarioResult, source string) (string, 
 			pct(sum.Within3Unprobed), pct(sum.Beyond10Unprobed), 100*sum.MedianMaxUnprobed)
 		s.WriteString("\nThese runs set the targets from a fourth run of every tenant alone beside the daemon observing " +
 			"(`--probed-demand`): what it takes alone under gpuarb's probes, whose cost — a uprobe hit per launch and sync, " +
-			"on this VM about 19 µs (section 1) — is a closed loop of short kernels' own. The last row scores the same runs " +
+			"section 1 measures it — is a closed loop of short kernels' own. The last row scores the same runs " +
 			"against the targets from the demands without the probes, as the runs without `--probed-demand` do.\n")
 	}
 	if len(sum.Failed) > 0 {
