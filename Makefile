@@ -17,7 +17,7 @@ GO_SRC      := $(shell find . -name '*.go' -not -path './bin/*') go.mod go.sum
 
 all: build
 
-build: $(BIN)/gpuarb $(BIN)/fakegpud $(BIN)/libcuda.so.1 $(BIN)/gpuwork $(BIN)/gpuwork-static $(BIN)/gpuarb-lab
+build: $(BIN)/gpuarb $(BIN)/fakegpud $(BIN)/libcuda.so.1 $(BIN)/gpuwork $(BIN)/gpuwork-static $(BIN)/gpuarb-lab $(BIN)/forkstorm
 
 $(BIN)/gpuarb: $(GO_SRC)
 	$(GO) build $(GOFLAGS_B) -o $@ ./cmd/gpuarb
@@ -45,6 +45,11 @@ $(BIN)/gpuwork: $(GPUWORK_SRC)
 $(BIN)/gpuwork-static: $(GPUWORK_SRC) $(LIBCUDA_SRC)
 	@mkdir -p $(BIN)
 	$(CC) $(CFLAGS) -DGPUWORK_STATIC -s -o $@ $(filter %.c,$(GPUWORK_SRC) $(LIBCUDA_SRC)) -lpthread -lm
+
+# A hostile tenant's fork storm (lab.ForkStorm): the e2e test and bench §8.
+$(BIN)/forkstorm: lab/forkstorm/forkstorm.c
+	@mkdir -p $(BIN)
+	$(CC) $(CFLAGS) -o $@ $<
 
 # Regenerates the BPF objects (needs clang, llvm-strip, libbpf headers).
 generate:

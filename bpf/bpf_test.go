@@ -463,10 +463,11 @@ func TestFollowedTreeKeepsDoubleForks(t *testing.T) {
 	if ppid := parentOf(t, grandchild); ppid == rootPID {
 		t.Fatalf("the grandchild's parent is the root: no double fork")
 	}
-	followed, err := p.Followed(rootPID)
+	trees, err := p.Trees()
 	if err != nil {
 		t.Fatal(err)
 	}
+	followed := trees[rootPID]
 	slices.Sort(followed)
 	if !slices.Contains(followed, rootPID) || !slices.Contains(followed, grandchild) || len(followed) != 2 {
 		t.Errorf("followed for %d: %v, want the root and the reparented grandchild %d (the exited subshell gone)", rootPID, followed, grandchild)
@@ -475,19 +476,19 @@ func TestFollowedTreeKeepsDoubleForks(t *testing.T) {
 		t.Fatal(err)
 	}
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if followed, _ = p.Followed(rootPID); !slices.Contains(followed, grandchild) {
+		if trees, _ = p.Trees(); !slices.Contains(trees[rootPID], grandchild) {
 			exited = true
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("grandchild %d still followed after its exit: %v", grandchild, followed)
+			t.Fatalf("grandchild %d still followed after its exit: %v", grandchild, trees[rootPID])
 		}
 	}
 	if err := p.Unfollow(rootPID); err != nil {
 		t.Fatal(err)
 	}
-	if followed, err = p.Followed(rootPID); err != nil || len(followed) != 0 {
-		t.Errorf("followed after Unfollow: %v (%v)", followed, err)
+	if trees, err = p.Trees(); err != nil || len(trees[rootPID]) != 0 {
+		t.Errorf("followed after Unfollow: %v (%v)", trees[rootPID], err)
 	}
 	if n, err := p.UnfollowedForks(); err != nil || n != 0 {
 		t.Errorf("unfollowed forks %d (%v), want 0", n, err)

@@ -98,7 +98,7 @@ type classifier struct {
 // newClassifier classifies by cfg; pidStarts pins its pid tenants to their
 // processes (Daemon.pidStarts): a pid tenant whose process is gone, its
 // pid perhaps another's by now, holds no process. tree lists a pid
-// tenant's processes (Daemon.pidTree).
+// tenant's processes (Daemon.pidTrees).
 func newClassifier(cfg *policy.Config, mount string, r *cgroup.Resolver, pidStarts map[int]uint64, tree func(root int) []int) *classifier {
 	c := &classifier{cfg: cfg, mount: mount, resolver: r, trees: map[int]map[int]bool{}}
 	for _, t := range cfg.Tenants {
@@ -151,43 +151,72 @@ func under(path, dir string) bool {
 	return path == dir || strings.HasPrefix(path, strings.TrimSuffix(dir, "/")+"/")
 }
 
-// pidTree returns a pid tenant's processes: its root, what /proc shows
-// below it, and what was forked below it and reparented since (a double
-// fork: the probes follow every fork below a followed process). It has
-// the probes follow the ones /proc shows that they do not follow yet (at
-// the tenant's first step, all of them; then only what a fork the probes
-// missed left). Without probes, /proc's tree.
-func (d *Daemon) pidTree(root int) []int {
-	pids := cgroup.Descendants(root)
+// pidTrees returns the processes of the pid tenants rooted at roots: what
+// the probes follow for each, which is every process forked below a
+// followed one, followed at its fork however a double fork reparents it,
+// until its exit. /proc's tree below a root is read only while it can add
+// something the probes do not follow: from a tenant's first step until a
+// read finds nothing new (what was forked before its root was followed),
+// and again once the probes have missed forks (their table was full).
+// Otherwise a step costs one read of the probes' table, however fast the
+// tenant forks. Without probes, /proc's tree. Called by the control loop
+// (under stepMu), which owns treesWalked.
+func (d *Daemon) pidTrees(roots []int) map[int][]int {
+	out := make(map[int][]int, len(roots))
 	if d.probes == nil {
-		return pids
+		for _, root := range roots {
+			out[root] = cgroup.Descendants(root)
+		}
+		return out
 	}
-	followed, err := d.probes.Followed(root)
+	unfollowed, err := d.probes.UnfollowedForks()
 	if err != nil {
-		d.log.Warn("follow pid tenant", "pid", root, "err", err)
+		d.log.Warn("follow pid tenants", "err", err)
 	}
-	isFollowed := make(map[int]bool, len(followed))
-	for _, p := range followed {
-		isFollowed[p] = true
+	trees, err := d.probes.Trees()
+	if err != nil {
+		d.log.Warn("follow pid tenants", "err", err)
 	}
-	in := make(map[int]bool, len(pids))
-	var missing []int
-	for _, p := range pids {
-		in[p] = true
-		if !isFollowed[p] {
-			missing = append(missing, p)
+	followed := map[int]bool{} // followed for any root: a process stays with the first
+	for _, pids := range trees {
+		for _, p := range pids {
+			followed[p] = true
 		}
 	}
-	if err := d.probes.Follow(root, missing); err != nil {
-		d.log.Warn("follow pid tenant", "pid", root, "err", err)
-	}
-	for _, p := range followed {
-		if !in[p] && !cgroup.Gone(p) {
-			in[p] = true
-			pids = append(pids, p)
+	for _, root := range roots {
+		out[root] = trees[root]
+		if at, walked := d.treesWalked[root]; walked && unfollowed <= at {
+			continue
+		}
+		var missing []int
+		for _, p := range cgroup.Descendants(root) {
+			if !followed[p] {
+				missing = append(missing, p)
+			}
+		}
+		if len(missing) == 0 {
+			d.treesWalked[root] = unfollowed
+			continue
+		}
+		if err := d.probes.Follow(root, missing); err != nil {
+			d.log.Warn("follow pid tenant", "pid", root, "err", err)
+		}
+		// One that ended before it was followed left its entry behind
+		// (the probes drop a process at its exit): its pid may name
+		// another process next.
+		var gone []int
+		for _, p := range missing {
+			if cgroup.Gone(p) {
+				gone = append(gone, p)
+			} else {
+				out[root] = append(out[root], p)
+			}
+		}
+		if err := d.probes.Drop(gone); err != nil {
+			d.log.Warn("follow pid tenant", "pid", root, "err", err)
 		}
 	}
-	return pids
+	return out
 }
 
 // meterUnprobed hands the meter the live processes that have GPU channel
@@ -256,7 +285,14 @@ func (d *Daemon) control(ctx context.Context) {
 		heldBack[name] = t.heldSince(now.Add(-window))
 	}
 	d.mu.Unlock()
-	cl := newClassifier(cfg, d.mount, d.resolver, pidStarts, d.pidTree)
+	var roots []int
+	for _, t := range cfg.Tenants {
+		if t.PID != 0 {
+			roots = append(roots, t.PID)
+		}
+	}
+	trees := d.pidTrees(roots)
+	cl := newClassifier(cfg, d.mount, d.resolver, pidStarts, func(root int) []int { return trees[root] })
 	unprobed := d.meterUnprobed()
 	_, short := d.meter.Contexts(window)
 	_, long := d.meter.Contexts(d.cfg.Window)
@@ -827,7 +863,7 @@ func (d *Daemon) newLaunchGate(t *tenant) (*bpf.LaunchGate, error) {
 	var cgroups []uint64
 	var pids []int
 	if t.pid != 0 {
-		pids = d.pidTree(t.pid)
+		pids = d.pidTrees([]int{t.pid})[t.pid]
 	} else {
 		id, err := cgroup.ID(filepath.Join(d.mount, t.cgroup))
 		if err != nil {

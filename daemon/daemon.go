@@ -128,15 +128,19 @@ type Daemon struct {
 	// the process its pid named when it was attached or first appeared
 	// in the policy. A pid reused by another process is not the tenant's.
 	pidStarts map[int]uint64
-	enforcing bool
-	arb       *arbiter.Arbiter
-	tenants   map[string]*tenant
-	counted   contextCounts
-	ledger    *cgroup.Ledger
-	mode      cgroup.Mode
-	mount     string
-	epoch     time.Time
-	guardian  *guardian // nil without Config.Guardian
+	// treesWalked is, per pid tenant root whose tree /proc has nothing
+	// more to add to, the probes' count of unfollowed forks then
+	// (Daemon.pidTrees).
+	treesWalked map[int]uint64
+	enforcing   bool
+	arb         *arbiter.Arbiter
+	tenants     map[string]*tenant
+	counted     contextCounts
+	ledger      *cgroup.Ledger
+	mode        cgroup.Mode
+	mount       string
+	epoch       time.Time
+	guardian    *guardian // nil without Config.Guardian
 
 	// exact figures, under mu
 	exactPrev   exact.Sample
@@ -227,7 +231,7 @@ func Start(cfg Config) (_ *Daemon, err error) {
 		mcfg.Record = recording
 	}
 	d := &Daemon{cfg: cfg, log: cfg.Log, ungroupedSince: map[tenantGPU]time.Time{}, meter: meter.New(mcfg), recording: recording,
-		arb: arbiter.New(arbiter.DefaultParams()), tenants: map[string]*tenant{}, pidStarts: map[int]uint64{}, enforcing: !cfg.ObserveOnly,
+		arb: arbiter.New(arbiter.DefaultParams()), tenants: map[string]*tenant{}, pidStarts: map[int]uint64{}, treesWalked: map[int]uint64{}, enforcing: !cfg.ObserveOnly,
 		epoch: time.Now(), mode: cgroup.DetectMode()}
 	defer func() {
 		if err != nil {

@@ -156,49 +156,86 @@ func TestLibcudaOpenFloodDoesNotDrownMetering(t *testing.T) {
 	}
 }
 
-// Issue 18's bar: a fork storm of 20000 processes, three times, by a pid
-// tenant (every fork followed by the probes, its tree read from /proc at
-// every step) leaves the daemon answering status within a second and
-// metering a hog beside it.
+// forkStormSlowdown bounds how much longer a pid tenant's fork storm takes
+// with the daemon following its every fork than without the daemon, on the
+// same host in the same run; followingCost bounds the daemon's CPU during
+// that storm against its CPU during the same storm unfollowed (the daemon
+// running, the storm no pid tenant). Following a fork costs the daemon
+// nothing per fork (the probes follow it in the kernel) and one read of
+// their table per control step: here the storm read 1.0–1.3× its time
+// alone and the daemon's CPU 1.0–1.4× that of the unfollowed storm
+// (BENCHMARKS.md §8); with each step's following done ten times, /proc's
+// tree read each time, 1.3–1.6× and 3.1–3.3×.
+const (
+	forkStormSlowdown = 1.5
+	followingCost     = 2.0
+)
+
+// Issue 18's bar as ratios (issue 61): a pid tenant forking as fast as the
+// host lets it (every fork followed by the probes) takes at most
+// forkStormSlowdown longer than the same storm without the daemon, and
+// costs the daemon at most followingCost its CPU during the storm
+// unfollowed, all measured in this run; the daemon answers status within a
+// second and meters a hog beside it throughout. The storm is sized to the
+// host's fork rate (three rounds of about 2 s each alone): hosts differ by
+// 5× in what a fork costs.
 func TestForkStormLeavesTheDaemonResponsive(t *testing.T) {
-	storm := testutil.BuildC(t, "forkstorm")
 	gpu := testutil.StartFakeGPU(t)
-	d := startDaemon(t)
-	hogCg := testutil.NewCgroup(t, "hog")
-	testutil.Start(t, hogCg, gpu.Workload(t, "hog", "--kernel-ms", "2", "--duration", "30"))
-	root := testutil.Start(t, testutil.NewCgroup(t, "storm"),
-		exec.Command("sh", "-c", `sleep 1; for i in 1 2 3; do "$0" 20000 || exit 1; done`, storm))
-	pol := "tenants:\n  - {name: storm, pid: " + strconv.Itoa(root.Cmd.Process.Pid) + ", limit: 0.5}\n"
-	if err := d.ApplyPolicy(t.Context(), []byte(pol)); err != nil {
+	hogCg, stormCg := testutil.NewCgroup(t, "hog"), testutil.NewCgroup(t, "storm")
+	testutil.Start(t, hogCg, gpu.Workload(t, "hog", "--kernel-ms", "2", "--duration", "600"))
+	bins := filepath.Dir(testutil.Bin(t, "forkstorm"))
+	forks, err := lab.ForkStormSize(bins, stormCg.Path, 2*time.Second)
+	if err != nil {
 		t.Fatal(err)
 	}
+	alone := forkStorm(t, bins, stormCg, forks, 0, nil, nil)
+	d := startDaemon(t)
+	time.Sleep(2 * time.Second) // the hog metered before the storm
 	var slowest time.Duration
 	var shares []float64
 	var last api.Probes
-	start := time.Now()
-	for !root.Done() {
-		if time.Since(start) > 60*time.Second {
-			t.Fatal("the fork storm did not end in 60 s")
-		}
-		time.Sleep(250 * time.Millisecond)
+	read := func() {
 		probes, share, took := probesAndShare(t, d, hogCg)
 		slowest, last = max(slowest, took), probes
-		if time.Since(start) > 1500*time.Millisecond {
-			shares = append(shares, share)
-		}
+		shares = append(shares, share)
 	}
-	if err := root.Wait(t, time.Second); err != nil {
-		_, stderr := root.Output()
-		t.Fatalf("fork storm: %v: %s", err, stderr)
+	daemonPID := d.Proc.Cmd.Process.Pid
+	beside := forkStorm(t, bins, stormCg, forks, daemonPID, nil, read)
+	attach := func(pid int) error {
+		return d.ApplyPolicy(t.Context(), []byte("tenants:\n  - {name: storm, pid: "+strconv.Itoa(pid)+", limit: 0.5}\n"))
 	}
-	t.Logf("60000 forks in %v: slowest status %v, hog's metered share median %.1f%% (lowest %.1f%%) over %d reads; %d forks unfollowed, %d events lost",
-		time.Since(start), slowest, 100*median(shares), 100*slices.Min(append(shares, 1)), len(shares), last.UnfollowedForks, last.LostEvents)
+	followed := forkStorm(t, bins, stormCg, forks, daemonPID, attach, read)
+	slowdown, cost := float64(followed.Took)/float64(alone.Took), followed.CPU/beside.CPU
+	t.Logf("%d forks × 3: %v alone, %v beside the daemon, %v with the daemon following them (%.2f× alone); the daemon's CPU %.1f%% of a core unfollowed, %.1f%% following (%.2f×); slowest status %v, hog's metered share median %.1f%% (lowest %.1f%%) over %d reads; %d forks unfollowed, %d events lost",
+		forks, alone.Took, beside.Took, followed.Took, slowdown, 100*beside.CPU, 100*followed.CPU, cost, slowest, 100*median(shares),
+		100*slices.Min(append(shares, 1)), len(shares), last.UnfollowedForks, last.LostEvents)
+	if slowdown > forkStormSlowdown {
+		t.Errorf("the fork storm took %.2f× as long with the daemon following it as without the daemon (%v against %v): want at most %.1f×",
+			slowdown, followed.Took, alone.Took, forkStormSlowdown)
+	}
+	if cost > followingCost {
+		t.Errorf("following the fork storm cost the daemon %.2f× its CPU during the storm unfollowed (%.1f%% against %.1f%% of a core): want at most %.1f×",
+			cost, 100*followed.CPU, 100*beside.CPU, followingCost)
+	}
 	if slowest > time.Second {
 		t.Errorf("status took %v during the fork storm", slowest)
 	}
 	if m := median(shares); m < 0.9 {
 		t.Errorf("the hog's metered share %.1f%% while alone on the GPU: metering stalled", 100*m)
 	}
+	if last.UnfollowedForks != 0 {
+		t.Errorf("%d forks of the storm went unfollowed", last.UnfollowedForks)
+	}
+}
+
+// forkStorm runs three rounds of forks forks in cg (lab.RunForkStorm).
+func forkStorm(t *testing.T, bins string, cg *testutil.Cgroup, forks, watch int, attach func(pid int) error, every func()) lab.StormRun {
+	t.Helper()
+	run, err := lab.RunForkStorm(bins, cg.Path, forks, 3, watch, attach, every)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return run
 }
 
 // Issue 18, item 12: events lost for real (a ring buffer of one page

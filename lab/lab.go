@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -270,4 +271,23 @@ func (c *Cgroup) RemoveBelow(dir string) error {
 		errs = append(errs, RemoveCgroup(d))
 	}
 	return errors.Join(errs...)
+}
+
+// CPUTime returns the user and system CPU time process pid has used, all
+// its threads together.
+func CPUTime(pid int) (time.Duration, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, fmt.Errorf("cpu time of %d: %w", pid, err)
+	}
+	f := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+1:]))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("cpu time of %d: short stat %q", pid, data)
+	}
+	u, err1 := strconv.ParseUint(f[11], 10, 64)
+	st, err2 := strconv.ParseUint(f[12], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, fmt.Errorf("cpu time of %d: %w", pid, err)
+	}
+	return time.Duration((u + st) * uint64(time.Second) / 100), nil // USER_HZ ticks
 }

@@ -116,6 +116,12 @@ func benchScale(ctx context.Context, b *bench) (string, error) {
 		}
 		fmt.Fprintf(&s, "| %d | %s |\n", n, row)
 	}
+	b.logf("fork storm")
+	storm, err := b.forkStorm(ctx)
+	if err != nil {
+		return "", err
+	}
+	s.WriteString("\n" + storm)
 	b.logf("freeze and signal latency")
 	gates, err := gateLatency(ctx, b.quick)
 	if err != nil {
@@ -184,7 +190,7 @@ func (b *bench) scaleRun(ctx context.Context, n int) (string, error) {
 		return "", err
 	}
 	pid := sc.daemon.Proc.Cmd.Process.Pid
-	cpu0, err := cpuTime(pid)
+	cpu0, err := lab.CPUTime(pid)
 	if err != nil {
 		return "", err
 	}
@@ -192,7 +198,7 @@ func (b *bench) scaleRun(ctx context.Context, n int) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	cpu1, err := cpuTime(pid)
+	cpu1, err := lab.CPUTime(pid)
 	if err != nil {
 		return "", err
 	}
@@ -211,18 +217,6 @@ func (b *bench) scaleRun(ctx context.Context, n int) (string, error) {
 		float64(rss)/(1<<20), len(st.Tenants), hogs), nil
 }
 
-// cpuTime returns a process's user and system CPU time in ns.
-func cpuTime(pid int) (uint64, error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, fmt.Errorf("cpu time of %d: %w", pid, err)
-	}
-	f := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+1:]))
-	u, _ := strconv.ParseUint(f[11], 10, 64)
-	st, _ := strconv.ParseUint(f[12], 10, 64)
-	return (u + st) * 1e9 / 100, nil // USER_HZ
-}
-
 // rssBytes returns a process's resident memory.
 func rssBytes(pid int) (uint64, error) {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
@@ -236,6 +230,66 @@ func rssBytes(pid int) (uint64, error) {
 		}
 	}
 	return 0, fmt.Errorf("rss of %d: no VmRSS", pid)
+}
+
+// forkStorm measures what following a pid tenant's every fork costs: a
+// storm of forks that exit at once (lab/forkstorm), sized to about 2 s a
+// round on this host, three rounds, beside a hog on the GPU: without the
+// daemon, beside it (not a tenant of its), and attached as a pid tenant
+// (every fork followed by the probes). The e2e test
+// TestForkStormLeavesTheDaemonResponsive holds the ratios.
+func (b *bench) forkStorm(ctx context.Context) (string, error) {
+	sc, err := b.scene("forkstorm", noDaemon)
+	if err != nil {
+		return "", err
+	}
+	defer sc.close()
+	if _, err := sc.tenant("hog", 1, "hog", "--kernel-ms", "2", "--duration", "600"); err != nil {
+		return "", err
+	}
+	cg, err := sc.cgroup.Sub("storm")
+	if err != nil {
+		return "", err
+	}
+	sc.Add(func() { _ = lab.RemoveCgroup(cg.Path) })
+	forks, err := lab.ForkStormSize(b.bins, cg.Path, 2*time.Second)
+	if err != nil {
+		return "", err
+	}
+	alone, err := lab.RunForkStorm(b.bins, cg.Path, forks, 3, 0, nil, nil)
+	if err != nil {
+		return "", err
+	}
+	if sc.daemon, err = lab.StartDaemon(b.bins, sc.dir); err != nil {
+		return "", err
+	}
+	sc.Add(sc.daemon.Stop)
+	if err := sleep(ctx, 2*time.Second); err != nil {
+		return "", err
+	}
+	pid := sc.daemon.Proc.Cmd.Process.Pid
+	beside, err := lab.RunForkStorm(b.bins, cg.Path, forks, 3, pid, nil, nil)
+	if err != nil {
+		return "", err
+	}
+	attach := func(storm int) error {
+		return sc.policy(ctx, fmt.Sprintf("tenants:\n  - {name: storm, pid: %d, limit: 0.5}\n", storm))
+	}
+	followed, err := lab.RunForkStorm(b.bins, cg.Path, forks, 3, pid, attach, nil)
+	if err != nil {
+		return "", err
+	}
+	var s strings.Builder
+	fmt.Fprintf(&s, "A fork storm (a tenant forking processes that exit at once, as fast as the host lets it: %d forks, three times, sized to about 2 s a round here) beside a hog on the GPU; the daemon's CPU in cores over the storm:\n\n", forks)
+	s.WriteString("| storm | time | × alone | daemon CPU |\n|---|---|---|---|\n")
+	fmt.Fprintf(&s, "| without the daemon | %.2f s | 1.00 | — |\n", alone.Took.Seconds())
+	for _, r := range []struct {
+		name string
+		run  lab.StormRun
+	}{{"beside the daemon, not a tenant of it", beside}, {"a pid tenant, every fork followed", followed}} {
+		fmt.Fprintf(&s, "| %s | %.2f s | %.2f | %.1f%% |\n", r.name, r.run.Took.Seconds(), float64(r.run.Took)/float64(alone.Took), 100*r.run.CPU)
+	}
+	return s.String(), nil
 }
 
 // gateLatency measures stopping and resuming a busy process: a cgroup v2
