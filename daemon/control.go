@@ -156,13 +156,16 @@ func under(path, dir string) bool {
 // followed one, followed at its fork however a double fork reparents it,
 // until its exit. /proc's tree below a root is read only while it can add
 // something the probes do not follow: from a tenant's first step until a
-// read finds nothing new (what was forked before its root was followed),
-// and again once the probes have missed forks (their table was full).
-// Otherwise a step costs one read of the probes' table, however fast the
-// tenant forks. Without probes, /proc's tree. Called by the control loop
-// (under stepMu), which owns treesWalked.
+// read finds no live process they do not follow (what was forked before
+// its root was followed), and again once the probes have missed forks
+// (their table was full). Otherwise a step costs one read of the probes'
+// table, however fast the tenant forks. Without probes, /proc's tree.
+// Called by the control loop (under stepMu), which owns treesWalked.
 func (d *Daemon) pidTrees(roots []int) map[int][]int {
 	out := make(map[int][]int, len(roots))
+	if len(roots) == 0 {
+		return out
+	}
 	if d.probes == nil {
 		for _, root := range roots {
 			out[root] = cgroup.Descendants(root)
@@ -173,11 +176,19 @@ func (d *Daemon) pidTrees(roots []int) map[int][]int {
 	if err != nil {
 		d.log.Warn("follow pid tenants", "err", err)
 	}
+	walks := map[int][]int{}
+	for _, root := range roots {
+		if at, walked := d.treesWalked[root]; !walked || unfollowed > at {
+			walks[root] = cgroup.Descendants(root)
+		}
+	}
+	// Read after the walks: a process a followed one forked before a walk
+	// read it is in the table by now.
 	trees, err := d.probes.Trees()
 	if err != nil {
 		d.log.Warn("follow pid tenants", "err", err)
 	}
-	followed := map[int]bool{} // followed for any root: a process stays with the first
+	followed := map[int]bool{} // for any root: a process stays with the first
 	for _, pids := range trees {
 		for _, p := range pids {
 			followed[p] = true
@@ -185,12 +196,13 @@ func (d *Daemon) pidTrees(roots []int) map[int][]int {
 	}
 	for _, root := range roots {
 		out[root] = trees[root]
-		if at, walked := d.treesWalked[root]; walked && unfollowed <= at {
+		walk, ok := walks[root]
+		if !ok {
 			continue
 		}
 		var missing []int
-		for _, p := range cgroup.Descendants(root) {
-			if !followed[p] {
+		for _, p := range walk {
+			if !followed[p] && !cgroup.Gone(p) { // one that ended since the walk left the table
 				missing = append(missing, p)
 			}
 		}

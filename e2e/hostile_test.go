@@ -162,10 +162,10 @@ func TestLibcudaOpenFloodDoesNotDrownMetering(t *testing.T) {
 // that storm against its CPU during the same storm unfollowed (the daemon
 // running, the storm no pid tenant). Following a fork costs the daemon
 // nothing per fork (the probes follow it in the kernel) and one read of
-// their table per control step: here the storm read 1.0–1.3× its time
-// alone and the daemon's CPU 1.0–1.4× that of the unfollowed storm
+// their table per control step: here the storm read 1.1–1.3× its time
+// alone and the daemon's CPU 1.0–1.1× that of the unfollowed storm
 // (BENCHMARKS.md §8); with each step's following done ten times, /proc's
-// tree read each time, 1.3–1.6× and 3.1–3.3×.
+// tree read each time, 1.5–1.7× and 3.2–3.4×.
 const (
 	forkStormSlowdown = 1.5
 	followingCost     = 2.0

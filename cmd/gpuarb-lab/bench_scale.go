@@ -180,6 +180,9 @@ func (b *bench) scaleRun(ctx context.Context, n int) (string, error) {
 			break
 		}
 		if time.Now().After(deadline) {
+			if err != nil {
+				return "", fmt.Errorf("%d tenants started, the daemon's status after 60 s: %w", n, err)
+			}
 			return "", fmt.Errorf("%d tenants started, the daemon shows %d after 60 s", n, len(st.Tenants))
 		}
 		if err := sleep(ctx, 500*time.Millisecond); err != nil {
