@@ -38,7 +38,7 @@ GPUWORK_SRC := $(wildcard e2e/fakegpu/workloads/*.c e2e/fakegpu/workloads/*.h)
 
 $(BIN)/gpuwork: $(GPUWORK_SRC)
 	@mkdir -p $(BIN)
-	$(CC) $(CFLAGS) -Wl,-rpath,'$$ORIGIN' -o $@ $(filter %.c,$(GPUWORK_SRC)) -ldl -lm
+	$(CC) $(CFLAGS) -Wl,-rpath,'$$ORIGIN' -o $@ $(filter %.c,$(GPUWORK_SRC)) -ldl -lm -lpthread
 
 # gpuwork with the simulated driver linked in and stripped: a tenant that
 # maps no libcuda and whose launches no uprobe sees (issue 18, item 7).

@@ -84,6 +84,9 @@ type LaunchGate interface {
 type Held struct {
 	PID   int
 	Since time.Time
+	// Launches is how many launches wait in the hold (its threads'): each
+	// is charged at the release.
+	Launches int
 	// Token is the gate's own record of the hold, handed back to Release.
 	Token any
 }
@@ -310,7 +313,7 @@ func (g *Gater) runAdmission(ctx context.Context) {
 			released, err := g.Launches.Release(held[0])
 			g.report(err)
 			if released {
-				acct.charge(cost, rate)
+				acct.charge(cost*float64(max(held[0].Launches, 1)), rate)
 			}
 			held = held[1:]
 		}

@@ -323,6 +323,7 @@ func TestEveryMeteredEntryPointIsProbed(t *testing.T) {
 func TestLaunchGateNeverStopsUnrecorded(t *testing.T) {
 	gpu := testutil.StartFakeGPU(t)
 	p := loadForTest(t, Options{})
+	leased(t, p)
 	if _, err := p.AttachLibcuda(testutil.Bin(t, "libcuda.so.1")); err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,9 @@
 package bpf
 
 import (
+	"bytes"
 	"cmp"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -9,8 +11,10 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 )
 
 // Launch gates are the arbiter's admission control inside the launch path.
@@ -35,10 +39,13 @@ const GateSlots = 4096
 // ErrNoGateSlot is returned when every gate slot is in use.
 var ErrNoGateSlot = errors.New("no free launch gate slot")
 
-// Pinned names of the held-process table and the gate member table.
+// Pinned names of the held-process table, the table of holds being
+// released, the gate member table and the gates' lease.
 const (
-	heldMap     = "gpuarb_held"
-	gateKeysMap = "gpuarb_gate_keys"
+	heldMap      = "gpuarb_held"
+	releasingMap = "gpuarb_releasing"
+	gateKeysMap  = "gpuarb_gate_keys"
+	leaseMap     = "gpuarb_gate_lease"
 )
 
 // HeldProcess is a process a launch gate stopped.
@@ -49,14 +56,45 @@ type HeldProcess struct {
 	// as /proc/PID/stat field 22 shows it, against pid reuse.
 	StartTicks uint64
 	Gate       uint32 // the slot of the gate that holds it
+	// Waiting counts the launches of its other threads that wait with the
+	// held one (all run at its release).
+	Waiting uint32
+	// Stopping is set from the hold's record until its SIGSTOP is queued:
+	// a release now would come before the stop, which would then stand.
+	Stopping bool
 }
 
 // clockTicksPerSecond is USER_HZ, the unit of /proc/PID/stat start times
 // (100 on every Linux architecture gpuarb builds for).
 const clockTicksPerSecond = 100
 
-func heldOf(pid uint32, h gpuarbHeldProc) HeldProcess {
-	return HeldProcess{PID: int(pid), Since: h.SinceNs, StartTicks: h.StartNs / (1e9 / clockTicksPerSecond), Gate: h.Gate}
+// heldPrefix is the part of a held_proc record every version of gpuarb
+// has written the same way (since, start, gate, flags): what an older
+// daemon held can be released whatever its record's size.
+const heldPrefix = 24
+
+// decodeHeld reads a held_proc record of any version: its first
+// heldPrefix bytes, and the fields of this version where it has them.
+func decodeHeld(pid uint32, v []byte) (HeldProcess, error) {
+	if len(v) < heldPrefix {
+		return HeldProcess{}, fmt.Errorf("held pid %d: a record of %d bytes, want at least %d", pid, len(v), heldPrefix)
+	}
+	h := HeldProcess{PID: int(pid), Since: binary.NativeEndian.Uint64(v[0:]),
+		StartTicks: binary.NativeEndian.Uint64(v[8:]) / (1e9 / clockTicksPerSecond), Gate: binary.NativeEndian.Uint32(v[16:])}
+	if len(v) >= 32 {
+		h.Waiting = binary.NativeEndian.Uint32(v[24:])
+		h.Stopping = binary.NativeEndian.Uint32(v[28:]) != 0
+	}
+	return h, nil
+}
+
+// continuedAt reads a release note's continued_ns (0: the release was cut
+// short before its SIGCONT, or a note of a version without the field).
+func continuedAt(v []byte) uint64 {
+	if len(v) < 32 {
+		return 0
+	}
+	return binary.NativeEndian.Uint64(v[24:])
 }
 
 // gateTable allocates slots and counts members across gates.
@@ -205,6 +243,70 @@ func (g *LaunchGate) Held() ([]HeldProcess, error) {
 	return slices.DeleteFunc(all, func(h HeldProcess) bool { return h.Gate != g.slot }), nil
 }
 
+// stuckStopping is how long a hold may read Stopping before a release goes
+// ahead anyway: the probe clears it microseconds after the record, unless
+// it was preempted in between.
+const stuckStopping = 50 * time.Millisecond
+
+// Releasable tells whether h's stop is out, so that continuing the process
+// now ends the hold (now: CLOCK_MONOTONIC ns).
+func (h HeldProcess) Releasable(now uint64) bool {
+	return !h.Stopping || now > h.Since+uint64(stuckStopping)
+}
+
+// Release ends the hold h and has cont continue the process: it notes the
+// release in the pinned table of releases, forgets the hold (a hold that
+// is gone or replaced is not this one to end: it reports false and
+// continues nothing), calls cont and marks the note continued. A daemon
+// killed anywhere in between leaves the process held or noted and not
+// marked, and whoever releases what it left (ReleasePinnedHeld) continues
+// it. The marked note tells the probes that a hold a sibling thread made
+// just before the continue was ended by it, not by someone else.
+func (g *LaunchGate) Release(h HeldProcess, cont func(HeldProcess) error) (bool, error) {
+	rel := g.p.objs.GpuarbReleasing
+	note := gpuarbReleaseNote{SinceNs: h.Since, StartNs: h.StartTicks * (1e9 / clockTicksPerSecond), Gate: h.Gate}
+	if err := rel.Put(uint32(h.PID), note); err != nil {
+		return false, fmt.Errorf("release pid %d: note: %w", h.PID, err)
+	}
+	forgot, err := forgetHeld(g.p.objs.GpuarbHeld, h)
+	if !forgot {
+		if derr := rel.Delete(uint32(h.PID)); derr != nil && !errors.Is(derr, ebpf.ErrKeyNotExist) {
+			err = errors.Join(err, fmt.Errorf("release pid %d: drop the note: %w", h.PID, derr))
+		}
+		return false, err
+	}
+	err = cont(h)
+	note.ContinuedNs = monotonicNow()
+	if perr := rel.Put(uint32(h.PID), note); perr != nil {
+		err = errors.Join(err, fmt.Errorf("release pid %d: mark the note: %w", h.PID, perr))
+	}
+	return true, err
+}
+
+// RenewLease lets the launch gates stop processes for term from now: the
+// daemon renews it while it runs, so that once it is gone no gate stops
+// anyone (gpuarb_gate_lease).
+func (p *Probes) RenewLease(term time.Duration) error {
+	return setLease(p.objs.GpuarbGateLease, monotonicNow()+uint64(term))
+}
+
+// EndLease ends the gates' lease: no gate stops a process from now on.
+func (p *Probes) EndLease() error { return setLease(p.objs.GpuarbGateLease, 0) }
+
+func setLease(m *ebpf.Map, until uint64) error {
+	if err := m.Put(uint32(0), gpuarbGateLease{UntilNs: until}); err != nil {
+		return fmt.Errorf("launch gates' lease: %w", err)
+	}
+	return nil
+}
+
+// monotonicNow is CLOCK_MONOTONIC in ns, the probes' clock.
+func monotonicNow() uint64 {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return uint64(ts.Nano())
+}
+
 // Forget removes a hold from the held table, before the caller continues
 // the process: once continued, the process may be held again under the
 // same pid, and that hold must stay. It reports whether the hold was
@@ -234,18 +336,24 @@ func (g *LaunchGate) Close() error {
 	return errors.Join(errs...)
 }
 
+// readHeld lists a table of held_proc records of any version, oldest
+// first.
 func readHeld(m *ebpf.Map) ([]HeldProcess, error) {
 	var (
 		pid uint32
-		h   gpuarbHeldProc
 		out []HeldProcess
 	)
+	v := make([]byte, m.ValueSize())
 	it := m.Iterate()
-	for it.Next(&pid, &h) {
-		out = append(out, heldOf(pid, h))
+	for it.Next(&pid, &v) {
+		h, err := decodeHeld(pid, v)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, h)
 	}
 	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("read held processes: %w", err)
+		return out, fmt.Errorf("read held processes: %w", err)
 	}
 	slices.SortFunc(out, func(a, b HeldProcess) int {
 		return cmp.Or(cmp.Compare(a.Since, b.Since), cmp.Compare(a.PID, b.PID))
@@ -259,14 +367,18 @@ func readHeld(m *ebpf.Map) ([]HeldProcess, error) {
 // and the delete, unless someone else continues it meanwhile: then the
 // delete may race the gate's own, which charges the escape.
 func forgetHeld(m *ebpf.Map, h HeldProcess) (bool, error) {
-	var cur gpuarbHeldProc
-	err := m.Lookup(uint32(h.PID), &cur)
-	if errors.Is(err, ebpf.ErrKeyNotExist) || (err == nil && cur.SinceNs != h.Since) {
+	v := make([]byte, m.ValueSize())
+	err := m.Lookup(uint32(h.PID), &v)
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
 		return false, nil
 	}
-	if err == nil {
-		err = m.Delete(uint32(h.PID))
+	if err != nil {
+		return false, fmt.Errorf("forget held pid %d: %w", h.PID, err)
 	}
+	if cur, err := decodeHeld(uint32(h.PID), v); err != nil || cur.Since != h.Since {
+		return false, err
+	}
+	err = m.Delete(uint32(h.PID))
 	switch {
 	case errors.Is(err, ebpf.ErrKeyNotExist):
 		return false, nil
@@ -276,45 +388,134 @@ func forgetHeld(m *ebpf.Map, h HeldProcess) (bool, error) {
 	return true, nil
 }
 
-// ReleasePinnedHeld opens every launch gate pinned under pinPath (so that
-// probes still attached hold nobody again), hands every process held in
-// the pinned table to release (which continues it) and forgets it: the
-// cleanup after a daemon that is gone. Without pins nothing is held.
+// settlePasses are the moments, from its start, at which ReleasePinnedHeld
+// reads the tables again: a probe that passed the lease's check before it
+// was ended may record its hold after the first read and queue its stop
+// after the first continue; such a probe runs for microseconds, unless
+// preempted, and these passes catch it.
+var settlePasses = []time.Duration{0, 10 * time.Millisecond, 30 * time.Millisecond, 60 * time.Millisecond,
+	100 * time.Millisecond}
+
+// ReleasePinnedHeld ends the cleanup after a daemon that is gone: it ends
+// the gates' lease and removes every member of the pinned launch gates
+// (probes still attached stop nobody from then on), then hands release
+// (which continues a process) every process held or being released in the
+// pinned tables under pinPath, forgetting each, and does so again at each
+// of settlePasses, also continuing again a process it released that is
+// stopped once more (a stop that was on its way). Without pins nothing is
+// held.
 func ReleasePinnedHeld(pinPath string, release func(HeldProcess) error) ([]HeldProcess, error) {
-	errOpen := openPinnedGates(pinPath)
-	m, err := ebpf.LoadPinnedMap(filepath.Join(pinPath, heldMap), nil)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, errOpen
+	var errs []error
+	if m, err := loadPinned(pinPath, leaseMap); err != nil {
+		errs = append(errs, err)
+	} else if m != nil {
+		errs = append(errs, setLease(m, 0))
+		m.Close()
 	}
-	if err != nil {
-		return nil, errors.Join(errOpen, fmt.Errorf("open held processes: %w", err))
-	}
-	defer m.Close()
-	held, err := readHeld(m)
-	if err != nil {
-		return nil, errors.Join(errOpen, err)
-	}
-	errs := []error{errOpen}
-	for _, h := range held {
-		// Continued whether or not the hold was still there: nothing may
-		// stay stopped after the daemon.
-		if _, err := forgetHeld(m, h); err != nil {
+	errs = append(errs, openPinnedGates(pinPath))
+	var tables []*ebpf.Map
+	for _, name := range []string{heldMap, releasingMap} {
+		m, err := loadPinned(pinPath, name)
+		if err != nil {
 			errs = append(errs, err)
-			continue
 		}
-		errs = append(errs, release(h))
+		if m != nil {
+			defer m.Close()
+			tables = append(tables, m)
+		}
 	}
-	return held, errors.Join(errs...)
+	if len(tables) == 0 {
+		return nil, errors.Join(errs...)
+	}
+	notes := tables[len(tables)-1]
+	if notes.ValueSize() < 32 || len(tables) == 1 {
+		notes = nil // an older daemon's: every note is a release cut short
+	}
+	type hold struct {
+		pid   int
+		since uint64
+	}
+	done := map[hold]bool{}
+	var released []HeldProcess
+	start := time.Now()
+	for _, at := range settlePasses {
+		time.Sleep(time.Until(start.Add(at)))
+		for _, h := range released {
+			// Continued again only if stopped again: release checks it is
+			// still the process that was held.
+			if stoppedAgain(h.PID) {
+				errs = append(errs, release(h))
+			}
+		}
+		for _, m := range tables {
+			held, err := readHeld(m)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			for _, h := range held {
+				if m == notes && noteContinued(m, h.PID) {
+					errs = append(errs, deleteNote(m, h.PID)) // a release that ended
+					continue
+				}
+				if _, err := forgetHeld(m, h); err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				// Continued whether or not the hold was still there: nothing
+				// may stay stopped after the daemon.
+				errs = append(errs, release(h))
+				if k := (hold{h.PID, h.Since}); !done[k] {
+					done[k] = true
+					released = append(released, h)
+				}
+			}
+		}
+	}
+	return released, errors.Join(errs...)
+}
+
+// noteContinued tells whether pid's release note says its SIGCONT went
+// out.
+func noteContinued(m *ebpf.Map, pid int) bool {
+	v := make([]byte, m.ValueSize())
+	return m.Lookup(uint32(pid), &v) == nil && continuedAt(v) != 0
+}
+
+func deleteNote(m *ebpf.Map, pid int) error {
+	if err := m.Delete(uint32(pid)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("drop the release note of pid %d: %w", pid, err)
+	}
+	return nil
+}
+
+// stoppedAgain tells whether process pid is in the stopped state.
+func stoppedAgain(pid int) bool {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(data, ')')
+	return i >= 0 && i+2 < len(data) && (data[i+2] == 'T' || data[i+2] == 't')
+}
+
+// loadPinned opens a pinned map; nil, nil when there is none.
+func loadPinned(pinPath, name string) (*ebpf.Map, error) {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(pinPath, name), nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", name, err)
+	}
+	return m, nil
 }
 
 // openPinnedGates removes every member of the pinned launch gates.
 func openPinnedGates(pinPath string) error {
-	m, err := ebpf.LoadPinnedMap(filepath.Join(pinPath, gateKeysMap), nil)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("open launch gate members: %w", err)
+	m, err := loadPinned(pinPath, gateKeysMap)
+	if m == nil {
+		return err
 	}
 	defer m.Close()
 	return clearMembers(m)

@@ -291,6 +291,26 @@ struct {
 	__type(value, struct held_proc);
 } gpuarb_held SEC(".maps");
 
+/* The holds the daemon ended last, by tgid: noted before it forgets a hold
+ * and marked once it has continued the process, so that a daemon killed in
+ * between leaves the process to whoever releases what it left, and a hold a
+ * sibling thread made just before that continue (which ended it too) is
+ * not taken for an escape. Written by the daemon only; cleared at the
+ * process's exit. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, struct release_note);
+} gpuarb_releasing SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct gate_lease);
+} gpuarb_gate_lease SEC(".maps");
+
 /* Number of gate members; 0 skips the lookups on every launch. Set by the
  * daemon. */
 volatile __u32 gate_members;
@@ -365,6 +385,8 @@ const enum dev_kind *unused_dev_kind __attribute__((unused));
 const enum event_type *unused_event_type __attribute__((unused));
 const enum event_flags *unused_event_flags __attribute__((unused));
 const enum gate_kind *unused_gate_kind __attribute__((unused));
+const struct gate_lease *unused_gate_lease __attribute__((unused));
+const struct release_note *unused_release_note __attribute__((unused));
 
 static __always_inline void count_lost(void)
 {
@@ -480,32 +502,37 @@ static __always_inline int stop_pending(struct task_struct *task)
 	       (task->jobctl & (1UL << 17));
 }
 
-/* Charges the hold of a process that passes its gate again although the
- * table still holds it: gpuarb forgets a hold before it continues the
- * process, so someone else did (a sibling's SIGCONT) and the held launch
- * ran. A thread of a process held a moment ago that has not stopped yet
- * (the stop still on its way) is not such a case. */
-static __always_inline void charge_escape(__u32 tgid, __u32 slot, struct gate *g, struct task_struct *task)
+/* Reports whether the gates' lease is live: a live daemon renews it, and
+ * nothing that stops a process may happen once it has lapsed. The read is an
+ * atomic one, a full barrier: after the hold's record is written, either the
+ * lease is still live and whoever ends it reads the record after, or the
+ * hold sees it ended. */
+static __always_inline int lease_live(__u64 now)
 {
-	struct held_proc *prev = bpf_map_lookup_elem(&gpuarb_held, &tgid);
+	__u32 zero = 0;
+	struct gate_lease *l = bpf_map_lookup_elem(&gpuarb_gate_lease, &zero);
 
-	if (!prev || prev->gate != slot || stop_pending(task))
-		return;
-	if (prev->flags & HELD_UNCOUNTED)
-		__sync_fetch_and_add(&g->admitted, 1);
-	__sync_fetch_and_add(&g->escapes, 1);
-	bpf_map_delete_elem(&gpuarb_held, &tgid);
+	return l && now < __sync_fetch_and_add(&l->until_ns, 0);
 }
 
 /* Passes one launch (or submission) through the process's gate. Beyond the
  * allowance the process is recorded as held and stopped: the signal lands
  * on the way back to user space, before a probed function's body runs (a
  * launch waits; submitted says the work already went through, as with an
- * ioctl, and is then counted). Returns 1 when it held the process. */
+ * ioctl, and is then counted). Returns 1 when the process is held.
+ *
+ * A process already in the held table when one of its threads passes is
+ * either being stopped (a sibling thread's hold, its stop not out or not
+ * taken yet: this launch waits with it, counted in the record) or was
+ * continued: by gpuarb's release of an earlier hold, or by someone else (a
+ * sibling process's SIGCONT), an escape. No process is stopped without a
+ * record the daemon or the guardian will find, nor while the lease has
+ * lapsed. */
 static __always_inline int gate_pass(__u64 pid_tgid, __u64 now, int submitted)
 {
 	__u32 tgid = pid_tgid >> 32;
-	struct held_proc h;
+	struct held_proc h, *prev;
+	struct release_note *note;
 	struct task_struct *task;
 	struct gate *g;
 	__u64 *allowed;
@@ -521,14 +548,31 @@ static __always_inline int gate_pass(__u64 pid_tgid, __u64 now, int submitted)
 	if (!g || !allowed)
 		return 0;
 	task = bpf_get_current_task_btf();
-	charge_escape(tgid, *slot, g, task);
-	if (__sync_fetch_and_add(&g->admitted, 1) < *allowed)
+	prev = bpf_map_lookup_elem(&gpuarb_held, &tgid);
+	if (prev && prev->gate == *slot) {
+		if (prev->stopping || stop_pending(task)) {
+			__sync_fetch_and_add(&prev->waiting, 1);
+			return 1;
+		}
+		/* It runs: its held launch ran, and is counted now. The daemon's
+		 * own continue ended it if it came after the hold was made (a
+		 * sibling thread's hold just before the release of the last one);
+		 * otherwise someone else's did: an escape. */
+		note = bpf_map_lookup_elem(&gpuarb_releasing, &tgid);
+		if (prev->flags & HELD_UNCOUNTED)
+			__sync_fetch_and_add(&g->admitted, 1);
+		if (!note || note->continued_ns < prev->since_ns)
+			__sync_fetch_and_add(&g->escapes, 1);
+		bpf_map_delete_elem(&gpuarb_held, &tgid);
+	}
+	if (__sync_fetch_and_add(&g->admitted, 1) < *allowed || !lease_live(now))
 		return 0;
 	__builtin_memset(&h, 0, sizeof(h));
 	h.since_ns = now;
 	h.start_ns = task->group_leader->start_boottime;
 	h.gate = *slot;
 	h.flags = submitted ? 0 : HELD_UNCOUNTED;
+	h.stopping = 1;
 	if (bpf_map_update_elem(&gpuarb_held, &tgid, &h, BPF_ANY)) {
 		/* gpuarb_held is full: a process not recorded there would never
 		 * be continued (neither by the daemon nor by the guardian), so
@@ -536,10 +580,19 @@ static __always_inline int gate_pass(__u64 pid_tgid, __u64 now, int submitted)
 		__sync_fetch_and_add(&g->unrecorded, 1);
 		return 0;
 	}
+	if (!lease_live(now)) {
+		/* Ended since the check above: whoever ended it may have read the
+		 * table already. */
+		bpf_map_delete_elem(&gpuarb_held, &tgid);
+		return 0;
+	}
 	if (!submitted)
 		__sync_fetch_and_add(&g->admitted, -1); /* it runs, and is counted, at release */
 	__sync_fetch_and_add(&g->holds, 1);
 	bpf_send_signal(SIGSTOP);
+	prev = bpf_map_lookup_elem(&gpuarb_held, &tgid);
+	if (prev && prev->since_ns == now)
+		prev->stopping = 0;
 	return 1;
 }
 
@@ -1232,6 +1285,7 @@ int gpuarb_process_exit(void *ctx)
 	if (tgid != (__u32)id)
 		return 0;
 	bpf_map_delete_elem(&gpuarb_held, &tgid); /* a held process that dies is released */
+	bpf_map_delete_elem(&gpuarb_releasing, &tgid);
 	bpf_map_delete_elem(&gpuarb_trees, &tgid); /* its pid may name another process next */
 	p = bpf_map_lookup_elem(&gpuarb_procs, &tgid);
 	if (!p)

@@ -197,12 +197,37 @@ struct gate {
 /* held_proc.flags */
 #define HELD_UNCOUNTED 1 /* the held launch is not in gate.admitted yet */
 
-/* A process the gate stopped, pinned as gpuarb_held (key: tgid). */
+/* A process the gate stopped, pinned as gpuarb_held (key: tgid). The first
+ * 24 bytes keep their layout across versions: whoever releases what an
+ * older daemon held reads them whatever the value's size. */
 struct held_proc {
 	__u64 since_ns; /* CLOCK_MONOTONIC when it was stopped */
 	__u64 start_ns; /* its start time (boot-based), against pid reuse */
 	__u32 gate;     /* the gate slot that holds it */
 	__u32 flags;    /* HELD_* */
+	__u32 waiting;  /* launches of its other threads that wait with it */
+	__u32 stopping; /* 1 from the record until its SIGSTOP is queued:
+			 * not to be released yet, nor taken for an escape */
+};
+
+/* A hold the daemon is ending, pinned as gpuarb_releasing (key: tgid): noted
+ * before it forgets the hold, and marked once its SIGCONT has gone out. The
+ * first 24 bytes are the hold's, as in held_proc. */
+struct release_note {
+	__u64 since_ns;
+	__u64 start_ns;
+	__u32 gate;
+	__u32 flags;
+	__u64 continued_ns; /* CLOCK_MONOTONIC after gpuarb's SIGCONT; 0: not sent yet */
+};
+
+/* The launch gates' lease, pinned as gpuarb_gate_lease (one entry): a gate
+ * stops a process only while it is live, and the daemon renews it while it
+ * runs. Once the daemon is gone nothing renews it: no gate can stop anyone
+ * after it ends, whoever is left to release what it held. The guardian
+ * ends it at once. */
+struct gate_lease {
+	__u64 until_ns; /* CLOCK_MONOTONIC; 0: no lease */
 };
 
 /* One record on the ring buffer. bpf2go generates its Go layout (bpf.Record),

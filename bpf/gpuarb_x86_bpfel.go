@@ -231,12 +231,19 @@ const (
 	gpuarbGateKindGATE_PROCESS gpuarbGateKind = 2
 )
 
-type gpuarbHeldProc struct {
+type gpuarbGateLease struct {
 	_       structs.HostLayout
-	SinceNs uint64
-	StartNs uint64
-	Gate    uint32
-	Flags   uint32
+	UntilNs uint64
+}
+
+type gpuarbHeldProc struct {
+	_        structs.HostLayout
+	SinceNs  uint64
+	StartNs  uint64
+	Gate     uint32
+	Flags    uint32
+	Waiting  uint32
+	Stopping uint32
 }
 
 type gpuarbIoctlStash struct {
@@ -288,6 +295,15 @@ type gpuarbProcInfo struct {
 	FirstSeenNs uint64
 }
 
+type gpuarbReleaseNote struct {
+	_           structs.HostLayout
+	SinceNs     uint64
+	StartNs     uint64
+	Gate        uint32
+	Flags       uint32
+	ContinuedNs uint64
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -299,6 +315,7 @@ const (
 	gpuarbMapGpuarbEvents          = "gpuarb_events"
 	gpuarbMapGpuarbGateAllow       = "gpuarb_gate_allow"
 	gpuarbMapGpuarbGateKeys        = "gpuarb_gate_keys"
+	gpuarbMapGpuarbGateLease       = "gpuarb_gate_lease"
 	gpuarbMapGpuarbGates           = "gpuarb_gates"
 	gpuarbMapGpuarbHeld            = "gpuarb_held"
 	gpuarbMapGpuarbLost            = "gpuarb_lost"
@@ -308,6 +325,7 @@ const (
 	gpuarbMapGpuarbPendIo          = "gpuarb_pend_io"
 	gpuarbMapGpuarbPolls           = "gpuarb_polls"
 	gpuarbMapGpuarbProcs           = "gpuarb_procs"
+	gpuarbMapGpuarbReleasing       = "gpuarb_releasing"
 	gpuarbMapGpuarbScratch         = "gpuarb_scratch"
 	gpuarbMapGpuarbSyncWakes       = "gpuarb_sync_wakes"
 	gpuarbMapGpuarbTrees           = "gpuarb_trees"
@@ -341,6 +359,8 @@ const (
 	gpuarbVarUnusedEventFlags      = "unused_event_flags"
 	gpuarbVarUnusedEventType       = "unused_event_type"
 	gpuarbVarUnusedGateKind        = "unused_gate_kind"
+	gpuarbVarUnusedGateLease       = "unused_gate_lease"
+	gpuarbVarUnusedReleaseNote     = "unused_release_note"
 	gpuarbVarUrgentCgroupMembers   = "urgent_cgroup_members"
 	gpuarbVarUrgentMembers         = "urgent_members"
 	gpuarbVarWakeupBytes           = "wakeup_bytes"
@@ -421,6 +441,7 @@ type gpuarbMapSpecs struct {
 	GpuarbEvents        *ebpf.MapSpec `ebpf:"gpuarb_events"`
 	GpuarbGateAllow     *ebpf.MapSpec `ebpf:"gpuarb_gate_allow"`
 	GpuarbGateKeys      *ebpf.MapSpec `ebpf:"gpuarb_gate_keys"`
+	GpuarbGateLease     *ebpf.MapSpec `ebpf:"gpuarb_gate_lease"`
 	GpuarbGates         *ebpf.MapSpec `ebpf:"gpuarb_gates"`
 	GpuarbHeld          *ebpf.MapSpec `ebpf:"gpuarb_held"`
 	GpuarbLost          *ebpf.MapSpec `ebpf:"gpuarb_lost"`
@@ -430,6 +451,7 @@ type gpuarbMapSpecs struct {
 	GpuarbPendIo        *ebpf.MapSpec `ebpf:"gpuarb_pend_io"`
 	GpuarbPolls         *ebpf.MapSpec `ebpf:"gpuarb_polls"`
 	GpuarbProcs         *ebpf.MapSpec `ebpf:"gpuarb_procs"`
+	GpuarbReleasing     *ebpf.MapSpec `ebpf:"gpuarb_releasing"`
 	GpuarbScratch       *ebpf.MapSpec `ebpf:"gpuarb_scratch"`
 	GpuarbSyncWakes     *ebpf.MapSpec `ebpf:"gpuarb_sync_wakes"`
 	GpuarbTrees         *ebpf.MapSpec `ebpf:"gpuarb_trees"`
@@ -449,6 +471,8 @@ type gpuarbVariableSpecs struct {
 	UnusedEventFlags    *ebpf.VariableSpec `ebpf:"unused_event_flags"`
 	UnusedEventType     *ebpf.VariableSpec `ebpf:"unused_event_type"`
 	UnusedGateKind      *ebpf.VariableSpec `ebpf:"unused_gate_kind"`
+	UnusedGateLease     *ebpf.VariableSpec `ebpf:"unused_gate_lease"`
+	UnusedReleaseNote   *ebpf.VariableSpec `ebpf:"unused_release_note"`
 	UrgentCgroupMembers *ebpf.VariableSpec `ebpf:"urgent_cgroup_members"`
 	UrgentMembers       *ebpf.VariableSpec `ebpf:"urgent_members"`
 	WakeupBytes         *ebpf.VariableSpec `ebpf:"wakeup_bytes"`
@@ -481,6 +505,7 @@ type gpuarbMaps struct {
 	GpuarbEvents        *ebpf.Map `ebpf:"gpuarb_events"`
 	GpuarbGateAllow     *ebpf.Map `ebpf:"gpuarb_gate_allow"`
 	GpuarbGateKeys      *ebpf.Map `ebpf:"gpuarb_gate_keys"`
+	GpuarbGateLease     *ebpf.Map `ebpf:"gpuarb_gate_lease"`
 	GpuarbGates         *ebpf.Map `ebpf:"gpuarb_gates"`
 	GpuarbHeld          *ebpf.Map `ebpf:"gpuarb_held"`
 	GpuarbLost          *ebpf.Map `ebpf:"gpuarb_lost"`
@@ -490,6 +515,7 @@ type gpuarbMaps struct {
 	GpuarbPendIo        *ebpf.Map `ebpf:"gpuarb_pend_io"`
 	GpuarbPolls         *ebpf.Map `ebpf:"gpuarb_polls"`
 	GpuarbProcs         *ebpf.Map `ebpf:"gpuarb_procs"`
+	GpuarbReleasing     *ebpf.Map `ebpf:"gpuarb_releasing"`
 	GpuarbScratch       *ebpf.Map `ebpf:"gpuarb_scratch"`
 	GpuarbSyncWakes     *ebpf.Map `ebpf:"gpuarb_sync_wakes"`
 	GpuarbTrees         *ebpf.Map `ebpf:"gpuarb_trees"`
@@ -507,6 +533,7 @@ func (m *gpuarbMaps) Close() error {
 		m.GpuarbEvents,
 		m.GpuarbGateAllow,
 		m.GpuarbGateKeys,
+		m.GpuarbGateLease,
 		m.GpuarbGates,
 		m.GpuarbHeld,
 		m.GpuarbLost,
@@ -516,6 +543,7 @@ func (m *gpuarbMaps) Close() error {
 		m.GpuarbPendIo,
 		m.GpuarbPolls,
 		m.GpuarbProcs,
+		m.GpuarbReleasing,
 		m.GpuarbScratch,
 		m.GpuarbSyncWakes,
 		m.GpuarbTrees,
@@ -536,6 +564,8 @@ type gpuarbVariables struct {
 	UnusedEventFlags    *ebpf.Variable `ebpf:"unused_event_flags"`
 	UnusedEventType     *ebpf.Variable `ebpf:"unused_event_type"`
 	UnusedGateKind      *ebpf.Variable `ebpf:"unused_gate_kind"`
+	UnusedGateLease     *ebpf.Variable `ebpf:"unused_gate_lease"`
+	UnusedReleaseNote   *ebpf.Variable `ebpf:"unused_release_note"`
 	UrgentCgroupMembers *ebpf.Variable `ebpf:"urgent_cgroup_members"`
 	UrgentMembers       *ebpf.Variable `ebpf:"urgent_members"`
 	WakeupBytes         *ebpf.Variable `ebpf:"wakeup_bytes"`

@@ -23,7 +23,7 @@ const DefaultRingSize = 4 << 20
 
 // pinnedMaps are the maps a pinned load exposes under the pin path.
 var pinnedMaps = []string{"gpuarb_devices", "gpuarb_cgroups", "gpuarb_ctxs", "gpuarb_procs", "gpuarb_events", "gpuarb_lost",
-	"gpuarb_gates", "gpuarb_gate_allow", gateKeysMap, heldMap, "gpuarb_trees"}
+	"gpuarb_gates", "gpuarb_gate_allow", gateKeysMap, heldMap, releasingMap, leaseMap, "gpuarb_trees"}
 
 // wakeupBytes is the backlog at which a submit wakes the reader: an eighth
 // of the ring, at most 64 KiB.

@@ -469,6 +469,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 		defer close(held)
 		d.hold.run(ctx)
 	}()
+	leased := make(chan struct{})
+	go func() {
+		defer close(leased)
+		d.renewLease(ctx)
+	}()
 	var runErr error
 loop:
 	for {
@@ -495,7 +500,38 @@ loop:
 	cancel()
 	<-sampled
 	<-held
+	<-leased
 	return errors.Join(runErr, d.Stop())
+}
+
+// gateLease is how long the launch gates may stop processes unless the
+// daemon renews their lease, which it does every gateLeaseRenew while it
+// runs: once it is gone, or stalled that long, no gate stops anyone, so
+// nothing is stopped that nobody is left to release. A lapse lets launches
+// through uncounted by no one: the gate still counts them, and the pacer
+// charges them when it runs again.
+const (
+	gateLease      = 250 * time.Millisecond
+	gateLeaseRenew = 50 * time.Millisecond
+)
+
+// renewLease keeps the launch gates' lease until ctx ends, then ends it.
+func (d *Daemon) renewLease(ctx context.Context) {
+	tick := time.NewTicker(gateLeaseRenew)
+	defer tick.Stop()
+	for {
+		if err := d.probes.RenewLease(gateLease); err != nil {
+			d.log.Warn("launch gates: renew their lease", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			if err := d.probes.EndLease(); err != nil {
+				d.log.Warn("launch gates: end their lease", "err", err)
+			}
+			return
+		case <-tick.C:
+		}
+	}
 }
 
 // sampleEveryWindow reads the exact source and ends the processes whose
@@ -589,6 +625,9 @@ func (d *Daemon) checkRecording() {
 // socket and the lock. It is safe to call more than once.
 func (d *Daemon) Stop() error {
 	var errs []error
+	if d.probes != nil {
+		errs = append(errs, d.probes.EndLease()) // no gate stops anyone from here on
+	}
 	d.stepMu.Lock()
 	if d.ledger != nil {
 		d.stopAllGates()

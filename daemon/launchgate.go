@@ -30,9 +30,13 @@ func (l launchGate) Held() ([]arbiter.Held, error) {
 		return nil, err
 	}
 	now, mono := time.Now(), meter.MonotonicNow()
-	out := make([]arbiter.Held, len(held))
-	for i, h := range held {
-		out[i] = arbiter.Held{PID: h.PID, Since: now.Add(-time.Duration(mono - min(h.Since, mono))), Token: h}
+	out := make([]arbiter.Held, 0, len(held))
+	for _, h := range held {
+		if !h.Releasable(mono) {
+			continue // its stop is not out yet: released at a later tick
+		}
+		out = append(out, arbiter.Held{PID: h.PID, Since: now.Add(-time.Duration(mono - min(h.Since, mono))),
+			Launches: 1 + int(h.Waiting), Token: h})
 	}
 	return out, nil
 }
@@ -42,16 +46,15 @@ func (l launchGate) Release(h arbiter.Held) (bool, error) {
 	if !ok {
 		return false, fmt.Errorf("release pid %d: not held by a launch gate", h.PID)
 	}
-	// Forget first: once continued, the process may be held again. A hold
-	// that is gone was ended by someone else (and charged by the gate) or
-	// replaced by a new one: the process is not continued for it.
-	forgot, err := l.gate.Forget(hp)
-	if err != nil || !forgot {
-		return false, err
+	// A hold that is gone was ended by someone else (and charged by the
+	// gate) or replaced by a new one: the process is not continued for it.
+	released, err := l.gate.Release(hp, func(hp bpf.HeldProcess) error {
+		return cgroup.ContinueProcess(hp.PID, hp.StartTicks)
+	})
+	if released {
+		l.meter.Released(uint32(hp.PID), hp.Since, meter.MonotonicNow())
 	}
-	err = cgroup.ContinueProcess(hp.PID, hp.StartTicks)
-	l.meter.Released(uint32(hp.PID), hp.Since, meter.MonotonicNow())
-	return true, err
+	return released, err
 }
 
 // ThawLeftovers resumes what a daemon that is gone may have left stopped:

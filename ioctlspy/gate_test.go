@@ -12,6 +12,16 @@ import (
 	"github.com/gpuarb/gpuarb/ioctlspy"
 )
 
+// leased renews the gates' lease for the test's length, as a running
+// daemon does: without it no gate stops anyone.
+func leased(t *testing.T, p *bpf.Probes) {
+	t.Helper()
+	if err := p.RenewLease(time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.EndLease() })
+}
+
 // waitHeld polls the gate until it holds n processes.
 func waitHeld(t *testing.T, g *bpf.LaunchGate, n int) []bpf.HeldProcess {
 	t.Helper()
@@ -36,6 +46,7 @@ func waitHeld(t *testing.T, g *bpf.LaunchGate, n int) []bpf.HeldProcess {
 func TestLaunchGateHoldsAtTheLaunch(t *testing.T) {
 	gpu := testutil.StartFakeGPU(t)
 	probes, c := startSpy(t, nil, 0)
+	leased(t, probes)
 	if _, err := probes.AttachLibcuda(testutil.Bin(t, "libcuda.so.1")); err != nil {
 		t.Fatal(err)
 	}
@@ -123,6 +134,7 @@ func TestLaunchGateHoldsAtTheLaunch(t *testing.T) {
 func TestLaunchGateProcessMemberAndExit(t *testing.T) {
 	gpu := testutil.StartFakeGPU(t)
 	probes, _ := startSpy(t, nil, 0)
+	leased(t, probes)
 	if _, err := probes.AttachLibcuda(testutil.Bin(t, "libcuda.so.1")); err != nil {
 		t.Fatal(err)
 	}
@@ -163,6 +175,7 @@ func TestLaunchGateProcessMemberAndExit(t *testing.T) {
 func TestLaunchGateChargesAnEscapedHold(t *testing.T) {
 	gpu := testutil.StartFakeGPU(t)
 	probes, _ := startSpy(t, nil, 0)
+	leased(t, probes)
 	if _, err := probes.AttachLibcuda(testutil.Bin(t, "libcuda.so.1")); err != nil {
 		t.Fatal(err)
 	}

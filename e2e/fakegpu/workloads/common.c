@@ -262,6 +262,20 @@ void setup(const struct opts *o)
 	reopen_control_files();
 }
 
+void thread_context(const struct opts *o)
+{
+	CUdevice dev;
+	CUcontext ctx;
+
+	CHECK(cu.DeviceGet(&dev, o->gpu));
+	if (!o->runtime) {
+		CHECK(cu.CtxCreate(&ctx, 0, dev));
+		return;
+	}
+	CHECK(cu.DevicePrimaryCtxRetain(&ctx, dev));
+	CHECK(cu.CtxSetCurrent(ctx));
+}
+
 /* ---- kernels ---- */
 
 void load_kernels(const struct opts *o, const double *ms, int n, struct kernel *out)
@@ -326,6 +340,12 @@ void add_sample(struct samples *s, double x)
 	s->v[s->n++] = x;
 }
 
+void add_samples(struct samples *s, const struct samples *from)
+{
+	for (size_t i = 0; i < from->n; i++)
+		add_sample(s, from->v[i]);
+}
+
 static int cmp_double(const void *a, const void *b)
 {
 	double x = *(const double *)a, y = *(const double *)b;
@@ -364,6 +384,7 @@ void progress_init(struct progress *p, const struct opts *o)
 {
 	memset(p, 0, sizeof(*p));
 	p->t0 = now_s();
+	p->thread = -1;
 	p->interval = o->interval;
 	p->next = p->t0 + o->interval;
 }
@@ -375,8 +396,11 @@ void progress_tick(struct progress *p, struct samples *lat, const char *lat_name
 
 	if (p->interval <= 0 || t < p->next)
 		return;
+	flockfile(stdout); /* one line at a time from the threads of loop --threads */
 	printf("{\"workload\":\"%s\",\"pid\":%d,\"t\":%.3f,\"kernels\":%llu,\"gpu_ms\":%.3f", g_name, getpid(),
 	       t - p->t0, (unsigned long long)(p->kernels - p->last_kernels), p->gpu_ms - p->last_gpu_ms);
+	if (p->thread >= 0)
+		printf(",\"thread\":%d", p->thread);
 	if (lat) {
 		printf(",\"count\":%zu,\"%s_p50_ms\":%.3f,\"%s_p99_ms\":%.3f", lat->n - p->last_samples, lat_name,
 		       pct(lat, p->last_samples, 50), lat_name, pct(lat, p->last_samples, 99));
@@ -394,6 +418,7 @@ void progress_tick(struct progress *p, struct samples *lat, const char *lat_name
 	}
 	printf("}\n");
 	fflush(stdout);
+	funlockfile(stdout);
 	p->last_kernels = p->kernels;
 	p->last_gpu_ms = p->gpu_ms;
 	while (p->next <= t)

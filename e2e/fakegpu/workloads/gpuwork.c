@@ -38,7 +38,9 @@ static void usage(void)
 		"  loop        a closed loop: kernels of --kernels-ms LIST (1) picked by --mix cycle|random|phase\n"
 		"              (--phase-s S per kernel), over --streams N, a --sync stream|ctx|event|poll every\n"
 		"              --sync-every N launches (4; 0: never), --think-ms T after each, --graph N kernels\n"
-		"              per cuGraphLaunch (captured forked across the streams), --seed S\n"
+		"              per cuGraphLaunch (captured forked across the streams), --seed S; --threads N\n"
+		"              runs the loop in N threads, each in a context of its own (a context per\n"
+		"              thread, as multi-model servers make; --api runtime: all in the primary context)\n"
 		"  train       PyTorch-like training: --kernels 8 layers of --kernel-ms 2 GEMMs, elementwise and\n"
 		"              optimizer kernels, an event-polled allocator, one sync per iteration (--api runtime)\n"
 		"  serve       LLM-like serving at --rate 10 requests/s: prefill of --kernels 8 x --kernel-ms 1.5,\n"
@@ -72,6 +74,7 @@ int main(int argc, char **argv)
 		{ "jitter", required_argument, 0, 'J' },    { "sync-every", required_argument, 0, 'E' },
 		{ "graph", required_argument, 0, 'R' },     { "seed", required_argument, 0, 'S' },
 		{ "tokens", required_argument, 0, 'K' },    { "ranks", required_argument, 0, 'N' },
+		{ "threads", required_argument, 0, 'H' },
 		{ "api", required_argument, 0, O_API },     { "kernels-ms", required_argument, 0, O_KERNELS_MS },
 		{ "mix", required_argument, 0, O_MIX },     { "sync", required_argument, 0, O_SYNC },
 		{ "persistent", no_argument, 0, O_PERSISTENT }, { "ex", no_argument, 0, O_EX },
@@ -80,7 +83,7 @@ int main(int argc, char **argv)
 	};
 	struct opts o = { .duration = 10, .depth = 8, .kernels = -1, .streams = 1, .children = 4, .fps = 60,
 			  .frame_ms = 8, .kernel_ms = -1, .rate = -1, .kernel_list = "1", .mix = "cycle",
-			  .sync_every = 4, .sync = "stream", .tokens = 16, .ranks = 2 };
+			  .sync_every = 4, .sync = "stream", .tokens = 16, .ranks = 2, .threads = 1 };
 	struct sigaction sa = { .sa_handler = on_signal };
 	const char *api = NULL;
 	int c;
@@ -131,6 +134,7 @@ int main(int argc, char **argv)
 		case 'S': o.seed = (uint64_t)v; break;
 		case 'K': o.tokens = (int)v; break;
 		case 'N': o.ranks = (int)v; break;
+		case 'H': o.threads = v < 1 ? 1 : (int)v; break;
 		case O_API: api = optarg; break;
 		case O_KERNELS_MS: o.kernel_list = optarg; break;
 		case O_MIX: o.mix = optarg; break;

@@ -86,6 +86,7 @@ struct opts {
 	const char *mix;         /* cycle | random | phase */
 	double phase_s, think_ms, jitter;
 	int sync_every, graph_nodes, persistent, launch_ex;
+	int threads; /* loop --threads: each in a context of its own */
 	int device_latency; /* infer --device-latency */
 	const char *sync; /* stream | ctx | event | poll */
 	uint64_t seed;
@@ -115,6 +116,9 @@ double rnd01(uint64_t *state);
  * with --api runtime the primary context, entry points found through
  * cuGetProcAddress_v2 with the per-thread default stream flag. */
 void setup(const struct opts *o);
+/* Makes a context current for the calling thread, after setup: one of its
+ * own (cuCtxCreate), or with --api runtime the primary context. */
+void thread_context(const struct opts *o);
 
 /* A kernel of the workload: its function and the grid it launches with. */
 struct kernel {
@@ -137,6 +141,8 @@ struct samples {
 };
 
 void add_sample(struct samples *s, double x);
+/* Appends every sample of from to s. */
+void add_samples(struct samples *s, const struct samples *from);
 double pct(struct samples *s, size_t from, double p);
 double share_over(struct samples *s, double limit);
 
@@ -149,6 +155,7 @@ struct progress {
 	size_t last_sync;
 	struct samples *device; /* when set, each line adds its device latencies' percentiles */
 	size_t last_device;
+	int thread; /* when not -1, each line names the thread (loop --threads) */
 };
 
 void progress_init(struct progress *p, const struct opts *o);

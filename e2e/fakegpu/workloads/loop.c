@@ -6,8 +6,11 @@
  * --sync-every launches (0: never; the queue limit blocks the loop instead)
  * of kind --sync: stream (each stream used), ctx, event (record and
  * synchronize one per stream) or poll (record, then cuEventQuery until
- * done); --think-ms of CPU time follows each sync. */
+ * done); --think-ms of CPU time follows each sync. --threads N runs the loop
+ * in N threads, each in a context of its own (thread_context), and sums
+ * them in the summary. */
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +20,7 @@
 
 #define MAX_KERNELS 32
 #define MAX_STREAMS 31
+#define MAX_THREADS 64
 
 enum sync_kind { SYNC_STREAM, SYNC_CTX, SYNC_EVENT, SYNC_POLL };
 enum mix_kind { MIX_CYCLE, MIX_RANDOM, MIX_PHASE };
@@ -53,26 +57,49 @@ static void poll_event(CUevent e)
 		die("cuEventQuery", r);
 }
 
+/* One thread's loop: its kernels, streams and figures. */
+struct loop_thread {
+	const struct opts *o;
+	const double *ms;
+	int n, index;
+	enum sync_kind sync;
+	enum mix_kind mix;
+	pthread_t tid;
+	struct progress p;
+	struct samples waits;
+	uint64_t launches, syncs;
+};
+
+static void loop_body(struct loop_thread *t);
+
+static void *loop_thread_main(void *arg)
+{
+	struct loop_thread *t = arg;
+
+	thread_context(t->o);
+	loop_body(t);
+	return NULL;
+}
+
 int run_loop(const struct opts *o)
 {
+	static struct loop_thread threads[MAX_THREADS];
 	double ms[MAX_KERNELS];
-	struct kernel k[MAX_KERNELS];
-	CUgraphExec graphs[MAX_KERNELS];
-	CUstream st[MAX_STREAMS];
-	CUevent ev[MAX_STREAMS];
-	uint8_t used[MAX_STREAMS] = { 0 };
-	struct progress p;
-	struct samples waits = { 0 };
 	int n = parse_list(o->kernel_list, ms, MAX_KERNELS);
-	int nst = o->streams < 1 ? 1 : (o->streams > MAX_STREAMS ? MAX_STREAMS : o->streams);
-	int graph = o->graph_nodes > 0 ? o->graph_nodes : 0;
+	int nthreads = o->threads < 1 ? 1 : o->threads;
 	enum sync_kind sync = SYNC_STREAM;
 	enum mix_kind mix = MIX_CYCLE;
-	uint64_t seed = o->seed ? o->seed : (uint64_t)getpid() * 2654435761u + 1, launches = 0, syncs = 0;
+	struct progress sum;
+	struct samples waits = { 0 };
+	uint64_t launches = 0, syncs = 0;
 
 	if (n <= 0) {
 		fprintf(stderr, "gpuwork loop: --kernels-ms %s: want a list of kernel durations in ms, such as 0.5,10\n",
 			o->kernel_list);
+		return 2;
+	}
+	if (nthreads > MAX_THREADS) {
+		fprintf(stderr, "gpuwork loop: --threads %d: want at most %d\n", nthreads, MAX_THREADS);
 		return 2;
 	}
 	if (!strcmp(o->sync, "ctx"))
@@ -94,7 +121,53 @@ int run_loop(const struct opts *o)
 		return 2;
 	}
 
-	setup(o);
+	setup(o); /* the first thread's context */
+	for (int i = 0; i < nthreads; i++) {
+		threads[i] = (struct loop_thread){ .o = o, .ms = ms, .n = n, .index = i, .sync = sync, .mix = mix };
+		if (i > 0 && pthread_create(&threads[i].tid, NULL, loop_thread_main, &threads[i])) {
+			fprintf(stderr, "gpuwork loop: cannot start thread %d\n", i);
+			exit(2);
+		}
+	}
+	loop_body(&threads[0]);
+	sum = threads[0].p;
+	for (int i = 0; i < nthreads; i++) {
+		if (i > 0) {
+			pthread_join(threads[i].tid, NULL);
+			sum.kernels += threads[i].p.kernels;
+			sum.gpu_ms += threads[i].p.gpu_ms;
+		}
+		add_samples(&waits, &threads[i].waits);
+		launches += threads[i].launches;
+		syncs += threads[i].syncs;
+	}
+	summary_head(&sum);
+	printf(",\"launches\":%llu,\"syncs\":%llu,\"sync_p50_ms\":%.3f,\"sync_p99_ms\":%.3f", (unsigned long long)launches,
+	       (unsigned long long)syncs, pct(&waits, 0, 50), pct(&waits, 0, 99));
+	if (nthreads > 1)
+		printf(",\"threads\":%d", nthreads);
+	printf("}\n");
+	return 0;
+}
+
+static void loop_body(struct loop_thread *t)
+{
+	const struct opts *o = t->o;
+	const double *ms = t->ms;
+	int n = t->n;
+	struct kernel k[MAX_KERNELS];
+	CUgraphExec graphs[MAX_KERNELS];
+	CUstream st[MAX_STREAMS];
+	CUevent ev[MAX_STREAMS];
+	uint8_t used[MAX_STREAMS] = { 0 };
+	struct progress *pp = &t->p;
+	int nst = o->streams < 1 ? 1 : (o->streams > MAX_STREAMS ? MAX_STREAMS : o->streams);
+	int graph = o->graph_nodes > 0 ? o->graph_nodes : 0;
+	enum sync_kind sync = t->sync;
+	enum mix_kind mix = t->mix;
+	uint64_t seed = o->seed ? o->seed + (uint64_t)t->index : (uint64_t)getpid() * 2654435761u + 1 + (uint64_t)t->index,
+		 launches = 0;
+
 	load_kernels(o, ms, n, k);
 	for (int i = 0; i < nst; i++) {
 		if (i == 0 && o->runtime)
@@ -132,8 +205,10 @@ int run_loop(const struct opts *o)
 			CHECK(cu.GraphInstantiate(&graphs[i], g, 0));
 		}
 	}
-	progress_init(&p, o);
-	double end = p.t0 + o->duration;
+	progress_init(pp, o);
+	if (o->threads > 1)
+		pp->thread = t->index;
+	double end = pp->t0 + o->duration;
 	while (!g_stop && now_s() < end) {
 		int pick;
 
@@ -142,7 +217,7 @@ int run_loop(const struct opts *o)
 			pick = (int)(rnd(&seed) % (uint64_t)n);
 			break;
 		case MIX_PHASE:
-			pick = o->phase_s > 0 ? (int)((now_s() - p.t0) / o->phase_s) % n : 0;
+			pick = o->phase_s > 0 ? (int)((now_s() - pp->t0) / o->phase_s) % n : 0;
 			break;
 		default:
 			pick = (int)(launches % (uint64_t)n);
@@ -152,12 +227,12 @@ int run_loop(const struct opts *o)
 		if (graph) {
 			CHECK(cu.GraphLaunch(graphs[pick], st[s]));
 			for (int j = 0; j < graph; j++)
-				p.gpu_ms += k[(pick + j) % n].ms;
-			p.kernels += graph;
+				pp->gpu_ms += k[(pick + j) % n].ms;
+			pp->kernels += graph;
 		} else {
 			launch_kernel(o, &k[pick], st[s]);
-			p.gpu_ms += k[pick].ms;
-			p.kernels++;
+			pp->gpu_ms += k[pick].ms;
+			pp->kernels++;
 		}
 		used[s] = 1;
 		launches++;
@@ -189,17 +264,14 @@ int run_loop(const struct opts *o)
 				break;
 			}
 			memset(used, 0, sizeof(used));
-			add_sample(&waits, (now_s() - t0) * 1e3);
-			syncs++;
+			add_sample(&t->waits, (now_s() - t0) * 1e3);
+			t->syncs++;
 			if (o->think_ms > 0)
 				usleep((useconds_t)(o->think_ms * 1000));
 		}
-		progress_tick(&p, &waits, "sync");
+		progress_tick(pp, &t->waits, "sync");
 	}
 	if (o->sync_every > 0)
 		CHECK(cu.CtxSynchronize());
-	summary_head(&p);
-	printf(",\"launches\":%llu,\"syncs\":%llu,\"sync_p50_ms\":%.3f,\"sync_p99_ms\":%.3f}\n", (unsigned long long)launches,
-	       (unsigned long long)syncs, pct(&waits, 0, 50), pct(&waits, 0, 99));
-	return 0;
+	t->launches = launches;
 }
