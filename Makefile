@@ -77,7 +77,7 @@ test-unit:
 # their seed corpora and the failures found so far, in testdata/fuzz).
 FUZZTIME ?= 30s
 FUZZ_TARGETS := ./policy:FuzzParse ./oci-hook:FuzzRulesFromAnnotations ./oci-hook:FuzzReadState \
-	./libvirt-hook:FuzzReadDomain ./ioctlspy:FuzzDecode ./bpf:FuzzParseDevice ./bpf:FuzzExportedFunctions \
+	./libvirt-hook:FuzzReadDomain ./ioctlspy:FuzzDecode ./bpf:FuzzParseDevice ./bpf:FuzzReadExports ./bpf:FuzzOpenRegular \
 	./meter:FuzzEventStream
 fuzz: build
 	@for t in $(FUZZ_TARGETS); do \

@@ -160,18 +160,15 @@ type Probes struct {
 	// such a process out of its tenant.
 	UnfollowedForks uint64 `json:"unfollowed_forks"`
 	// Bounds on what tenants can make the daemon keep or do. Each count is
-	// since the daemon started. LibcudaOpensDropped are opens of files
-	// named libcuda.so* not reported because their cgroup had spent its
-	// budget (64 at once, then 64 a second); LibcudasRefused copies not
-	// probed because 256 were already (a process mapping only those is
-	// held as unprobed); FoldedLaunches launches a process's bounds (1024
-	// streams, 4096 kernels and graphs) sent to one overflow stream and
-	// cost, still charged; UntrackedAllocs allocations beyond 65536 per
-	// process, not counted in its memory.
-	LibcudaOpensDropped uint64 `json:"libcuda_opens_dropped"`
-	LibcudasRefused     uint64 `json:"libcudas_refused"`
-	FoldedLaunches      uint64 `json:"folded_launches"`
-	UntrackedAllocs     uint64 `json:"untracked_allocs"`
+	// since the daemon started. LibcudasRefused are copies not probed
+	// because 256 were already, or 16 found mapped in one cgroup (a
+	// process mapping only those is held as unprobed); FoldedLaunches
+	// launches a process's bounds (1024 streams, 4096 kernels and graphs)
+	// sent to one overflow stream and cost, still charged; UntrackedAllocs
+	// allocations beyond 65536 per process, not counted in its memory.
+	LibcudasRefused uint64 `json:"libcudas_refused"`
+	FoldedLaunches  uint64 `json:"folded_launches"`
+	UntrackedAllocs uint64 `json:"untracked_allocs"`
 }
 
 // Status is the daemon's status document.

@@ -1,10 +1,7 @@
 package bpf
 
 import (
-	"debug/elf"
 	"fmt"
-	"os"
-	"sort"
 	"strings"
 )
 
@@ -210,42 +207,23 @@ func LibcudaExports(path string) ([]LibcudaExport, error) {
 	return out, nil
 }
 
-// maxELFSize bounds the files read as ELF. libcuda is some 100 MB; a
-// tenant's file claiming more is not one.
-const maxELFSize = 1 << 30
-
-// exportedFunctions lists the defined function symbols of an ELF shared
-// object's dynamic symbol table, sorted. The file may be a tenant's, and
-// debug/elf is not hardened against adversarial input (its doc says a
-// malformed file may panic it): a panic is an error here, never the
-// daemon's end.
-func exportedFunctions(path string) (out []string, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			out, err = nil, fmt.Errorf("read %s: malformed ELF: %v", path, r)
-		}
-	}()
-	file, err := os.Open(path)
+// exportedFunctions lists the functions whose names start with "cu" that
+// the shared object at path (the operator's, or the host's linker
+// cache's) exports, sorted: read as openRegular opens and readExports
+// reads a tenant's file.
+func exportedFunctions(path string) ([]string, error) {
+	f, st, err := openLibcuda(path)
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", path, err)
 	}
-	defer file.Close()
-	if st, err := file.Stat(); err != nil || !st.Mode().IsRegular() || st.Size() > maxELFSize {
-		return nil, fmt.Errorf("read %s: not a regular file of at most %d bytes", path, maxELFSize)
-	}
-	f, err := elf.NewFile(file)
+	defer f.Close()
+	exports, err := readExports(f, st.Size)
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", path, err)
 	}
-	syms, err := f.DynamicSymbols()
-	if err != nil {
-		return nil, fmt.Errorf("read %s: dynamic symbols: %w", path, err)
+	out := make([]string, len(exports))
+	for i, e := range exports {
+		out[i] = e.name
 	}
-	for _, s := range syms {
-		if elf.ST_TYPE(s.Info) == elf.STT_FUNC && s.Section != elf.SHN_UNDEF && s.Value != 0 {
-			out = append(out, s.Name)
-		}
-	}
-	sort.Strings(out)
 	return out, nil
 }

@@ -1,8 +1,8 @@
 //go:build ignore
 
 // gpuarb probes: GPU ioctls (syscall tracepoints, fd -> inode -> rdev matched
-// against the device table), libcuda entry points (uprobes/uretprobes), openat
-// of libcuda copies and process exit. Counters go to pinned per-cgroup maps,
+// against the device table), libcuda entry points (uprobes/uretprobes), forks
+// below pid tenants and process exit. Counters go to pinned per-cgroup maps,
 // records to the ring buffer; a failed reserve bumps the lost counter.
 
 #include <linux/types.h>
@@ -136,10 +136,6 @@ struct alloc_info {
 	__u64 bytes;
 };
 
-struct path_buf {
-	char path[GPUARB_PATH];
-};
-
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 256);
@@ -200,37 +196,9 @@ struct {
 	__type(value, __u64);
 } gpuarb_unfollowed SEC(".maps");
 
-/* Opens of files named libcuda.so* each cgroup may report: OPEN_BURST at
- * once, then OPEN_RATE a second. Any process can open such a name (a
- * missing file costs it nothing) as fast as it likes; beyond its budget the
- * opens are counted in gpuarb_open_drops and not reported, so they cannot
- * flood the ring buffer the meter reads. A real process opens libcuda a
- * few times; the mapping scan finds any copy an unreported open loaded. */
-#define OPEN_BURST 64
-#define OPEN_RATE 64 /* per second */
-#define NSEC 1000000000ULL
-
-struct open_budget {
-	__u64 at;     /* the refill clock, ns */
-	__u64 tokens; /* opens it may still report */
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 4096);
-	__type(key, __u64); /* cgroup id */
-	__type(value, struct open_budget);
-} gpuarb_open_budget SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u64);
-} gpuarb_open_drops SEC(".maps");
-
-/* In-flight calls: removed at syscall exit or uretprobe, so a plain
- * preallocated hash (no LRU list lock on every update). */
+/* In-flight ioctls: removed at syscall exit, which every syscall reaches
+ * (a thread killed in one too), so a plain preallocated hash (no LRU list
+ * lock on every update). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 8192);
@@ -238,8 +206,12 @@ struct {
 	__type(value, struct ioctl_stash);
 } gpuarb_pend_io SEC(".maps");
 
+/* In-flight libcuda calls measured to their return: removed by the
+ * uretprobe, which a thread killed inside the call never reaches, so an
+ * LRU: what such threads leave is evicted, never fills the table (once
+ * full, no sync, context or allocation would be metered host-wide). */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 8192);
 	__type(key, struct cuda_key);
 	__type(value, struct cuda_stash);
@@ -251,13 +223,6 @@ struct {
 	__type(key, struct alloc_key);
 	__type(value, struct alloc_info);
 } gpuarb_allocs SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct path_buf);
-} gpuarb_scratch SEC(".maps");
 
 #define GATE_SLOTS 4096
 #define GATE_CGROUP_LEVELS 16
@@ -1318,87 +1283,5 @@ int BPF_PROG(gpuarb_process_fork, struct task_struct *parent, struct task_struct
 		if (full)
 			__sync_fetch_and_add(full, 1);
 	}
-	return 0;
-}
-
-#define LIBCUDA_LEN 10 /* "libcuda.so" */
-
-/* Reports whether "libcuda.so" starts a path component at offset i. */
-static __always_inline int libcuda_at(const char *p, __u32 i)
-{
-	if (i > 0 && p[(i - 1) & (GPUARB_PATH - 1)] != '/')
-		return 0;
-	return p[i & (GPUARB_PATH - 1)] == 'l' && p[(i + 1) & (GPUARB_PATH - 1)] == 'i' &&
-	       p[(i + 2) & (GPUARB_PATH - 1)] == 'b' && p[(i + 3) & (GPUARB_PATH - 1)] == 'c' &&
-	       p[(i + 4) & (GPUARB_PATH - 1)] == 'u' && p[(i + 5) & (GPUARB_PATH - 1)] == 'd' &&
-	       p[(i + 6) & (GPUARB_PATH - 1)] == 'a' && p[(i + 7) & (GPUARB_PATH - 1)] == '.' &&
-	       p[(i + 8) & (GPUARB_PATH - 1)] == 's' && p[(i + 9) & (GPUARB_PATH - 1)] == 'o';
-}
-
-/* Takes one open from a cgroup's budget; counts the drop when it is spent.
- * Updates from several CPUs at once may race: the budget is approximate. */
-static __always_inline int open_allowed(__u64 cgid)
-{
-	struct open_budget fresh = { .tokens = OPEN_BURST - 1 }, *b;
-	__u64 now = bpf_ktime_get_ns(), refill, *drops;
-	__u32 zero = 0;
-
-	b = bpf_map_lookup_elem(&gpuarb_open_budget, &cgid);
-	if (!b) {
-		fresh.at = now;
-		bpf_map_update_elem(&gpuarb_open_budget, &cgid, &fresh, BPF_ANY);
-		return 1;
-	}
-	refill = now > b->at ? (now - b->at) * OPEN_RATE / NSEC : 0;
-	if (refill > 0) {
-		b->at += refill * NSEC / OPEN_RATE;
-		b->tokens += refill;
-		if (b->tokens >= OPEN_BURST) {
-			b->tokens = OPEN_BURST;
-			b->at = now;
-		}
-	}
-	if (b->tokens > 0) {
-		b->tokens--;
-		return 1;
-	}
-	drops = bpf_map_lookup_elem(&gpuarb_open_drops, &zero);
-	if (drops)
-		__sync_fetch_and_add(drops, 1);
-	return 0;
-}
-
-SEC("tracepoint/syscalls/sys_enter_openat")
-int gpuarb_openat(struct sys_enter_ctx *ctx)
-{
-	__u32 zero = 0;
-	struct path_buf *buf = bpf_map_lookup_elem(&gpuarb_scratch, &zero);
-	struct event *e;
-	long n;
-	int found = 0;
-
-	if (!buf)
-		return 0;
-	n = bpf_probe_read_user_str(buf->path, sizeof(buf->path), (const void *)ctx->args[1]);
-	if (n <= LIBCUDA_LEN)
-		return 0;
-	/* The index is the loop's only state, so the verifier prunes well. */
-	for (__u32 i = 0; i + LIBCUDA_LEN < GPUARB_PATH; i++) {
-		if (i + LIBCUDA_LEN >= n)
-			break;
-		if (libcuda_at(buf->path, i)) {
-			found = 1;
-			break;
-		}
-	}
-	if (!found || !open_allowed(bpf_get_current_cgroup_id()))
-		return 0;
-	e = event_reserve(EV_LIBCUDA_OPEN, bpf_get_current_pid_tgid(), bpf_get_current_cgroup_id());
-	if (!e)
-		return 0;
-	e->ts_enter = e->ts_exit = bpf_ktime_get_ns();
-	e->args[0] = ctx->args[0]; /* dirfd */
-	bpf_probe_read_kernel_str(e->path, sizeof(e->path), buf->path);
-	bpf_ringbuf_submit(e, wakeup_flag(e));
 	return 0;
 }

@@ -20,7 +20,6 @@ enum event_type {
 	EV_IOCTL = 1,
 	EV_CUDA = 2,
 	EV_EXIT = 3,
-	EV_LIBCUDA_OPEN = 4,
 };
 
 /* libcuda entry points gpuarb probes, one number per exported variant. The

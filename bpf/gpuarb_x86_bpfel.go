@@ -203,10 +203,9 @@ const (
 type gpuarbEventType uint32
 
 const (
-	gpuarbEventTypeEV_IOCTL        gpuarbEventType = 1
-	gpuarbEventTypeEV_CUDA         gpuarbEventType = 2
-	gpuarbEventTypeEV_EXIT         gpuarbEventType = 3
-	gpuarbEventTypeEV_LIBCUDA_OPEN gpuarbEventType = 4
+	gpuarbEventTypeEV_IOCTL gpuarbEventType = 1
+	gpuarbEventTypeEV_CUDA  gpuarbEventType = 2
+	gpuarbEventTypeEV_EXIT  gpuarbEventType = 3
 )
 
 type gpuarbGate struct {
@@ -263,17 +262,6 @@ type gpuarbLostCounter struct {
 	Events uint64
 }
 
-type gpuarbOpenBudget struct {
-	_      structs.HostLayout
-	At     uint64
-	Tokens uint64
-}
-
-type gpuarbPathBuf struct {
-	_    structs.HostLayout
-	Path [128]int8
-}
-
 type gpuarbPollKey struct {
 	_      structs.HostLayout
 	Tgid   uint32
@@ -319,14 +307,11 @@ const (
 	gpuarbMapGpuarbGates           = "gpuarb_gates"
 	gpuarbMapGpuarbHeld            = "gpuarb_held"
 	gpuarbMapGpuarbLost            = "gpuarb_lost"
-	gpuarbMapGpuarbOpenBudget      = "gpuarb_open_budget"
-	gpuarbMapGpuarbOpenDrops       = "gpuarb_open_drops"
 	gpuarbMapGpuarbPendCu          = "gpuarb_pend_cu"
 	gpuarbMapGpuarbPendIo          = "gpuarb_pend_io"
 	gpuarbMapGpuarbPolls           = "gpuarb_polls"
 	gpuarbMapGpuarbProcs           = "gpuarb_procs"
 	gpuarbMapGpuarbReleasing       = "gpuarb_releasing"
-	gpuarbMapGpuarbScratch         = "gpuarb_scratch"
 	gpuarbMapGpuarbSyncWakes       = "gpuarb_sync_wakes"
 	gpuarbMapGpuarbTrees           = "gpuarb_trees"
 	gpuarbMapGpuarbUnfollowed      = "gpuarb_unfollowed"
@@ -348,7 +333,6 @@ const (
 	gpuarbProgGpuarbCuTwoArgs      = "gpuarb_cu_two_args"
 	gpuarbProgGpuarbIoctlEnter     = "gpuarb_ioctl_enter"
 	gpuarbProgGpuarbIoctlExit      = "gpuarb_ioctl_exit"
-	gpuarbProgGpuarbOpenat         = "gpuarb_openat"
 	gpuarbProgGpuarbProcessExit    = "gpuarb_process_exit"
 	gpuarbProgGpuarbProcessFork    = "gpuarb_process_fork"
 	gpuarbProgGpuarbSchedWaking    = "gpuarb_sched_waking"
@@ -424,7 +408,6 @@ type gpuarbProgramSpecs struct {
 	GpuarbCuTwoArgs      *ebpf.ProgramSpec `ebpf:"gpuarb_cu_two_args"`
 	GpuarbIoctlEnter     *ebpf.ProgramSpec `ebpf:"gpuarb_ioctl_enter"`
 	GpuarbIoctlExit      *ebpf.ProgramSpec `ebpf:"gpuarb_ioctl_exit"`
-	GpuarbOpenat         *ebpf.ProgramSpec `ebpf:"gpuarb_openat"`
 	GpuarbProcessExit    *ebpf.ProgramSpec `ebpf:"gpuarb_process_exit"`
 	GpuarbProcessFork    *ebpf.ProgramSpec `ebpf:"gpuarb_process_fork"`
 	GpuarbSchedWaking    *ebpf.ProgramSpec `ebpf:"gpuarb_sched_waking"`
@@ -445,14 +428,11 @@ type gpuarbMapSpecs struct {
 	GpuarbGates         *ebpf.MapSpec `ebpf:"gpuarb_gates"`
 	GpuarbHeld          *ebpf.MapSpec `ebpf:"gpuarb_held"`
 	GpuarbLost          *ebpf.MapSpec `ebpf:"gpuarb_lost"`
-	GpuarbOpenBudget    *ebpf.MapSpec `ebpf:"gpuarb_open_budget"`
-	GpuarbOpenDrops     *ebpf.MapSpec `ebpf:"gpuarb_open_drops"`
 	GpuarbPendCu        *ebpf.MapSpec `ebpf:"gpuarb_pend_cu"`
 	GpuarbPendIo        *ebpf.MapSpec `ebpf:"gpuarb_pend_io"`
 	GpuarbPolls         *ebpf.MapSpec `ebpf:"gpuarb_polls"`
 	GpuarbProcs         *ebpf.MapSpec `ebpf:"gpuarb_procs"`
 	GpuarbReleasing     *ebpf.MapSpec `ebpf:"gpuarb_releasing"`
-	GpuarbScratch       *ebpf.MapSpec `ebpf:"gpuarb_scratch"`
 	GpuarbSyncWakes     *ebpf.MapSpec `ebpf:"gpuarb_sync_wakes"`
 	GpuarbTrees         *ebpf.MapSpec `ebpf:"gpuarb_trees"`
 	GpuarbUnfollowed    *ebpf.MapSpec `ebpf:"gpuarb_unfollowed"`
@@ -509,14 +489,11 @@ type gpuarbMaps struct {
 	GpuarbGates         *ebpf.Map `ebpf:"gpuarb_gates"`
 	GpuarbHeld          *ebpf.Map `ebpf:"gpuarb_held"`
 	GpuarbLost          *ebpf.Map `ebpf:"gpuarb_lost"`
-	GpuarbOpenBudget    *ebpf.Map `ebpf:"gpuarb_open_budget"`
-	GpuarbOpenDrops     *ebpf.Map `ebpf:"gpuarb_open_drops"`
 	GpuarbPendCu        *ebpf.Map `ebpf:"gpuarb_pend_cu"`
 	GpuarbPendIo        *ebpf.Map `ebpf:"gpuarb_pend_io"`
 	GpuarbPolls         *ebpf.Map `ebpf:"gpuarb_polls"`
 	GpuarbProcs         *ebpf.Map `ebpf:"gpuarb_procs"`
 	GpuarbReleasing     *ebpf.Map `ebpf:"gpuarb_releasing"`
-	GpuarbScratch       *ebpf.Map `ebpf:"gpuarb_scratch"`
 	GpuarbSyncWakes     *ebpf.Map `ebpf:"gpuarb_sync_wakes"`
 	GpuarbTrees         *ebpf.Map `ebpf:"gpuarb_trees"`
 	GpuarbUnfollowed    *ebpf.Map `ebpf:"gpuarb_unfollowed"`
@@ -537,14 +514,11 @@ func (m *gpuarbMaps) Close() error {
 		m.GpuarbGates,
 		m.GpuarbHeld,
 		m.GpuarbLost,
-		m.GpuarbOpenBudget,
-		m.GpuarbOpenDrops,
 		m.GpuarbPendCu,
 		m.GpuarbPendIo,
 		m.GpuarbPolls,
 		m.GpuarbProcs,
 		m.GpuarbReleasing,
-		m.GpuarbScratch,
 		m.GpuarbSyncWakes,
 		m.GpuarbTrees,
 		m.GpuarbUnfollowed,
@@ -591,7 +565,6 @@ type gpuarbPrograms struct {
 	GpuarbCuTwoArgs      *ebpf.Program `ebpf:"gpuarb_cu_two_args"`
 	GpuarbIoctlEnter     *ebpf.Program `ebpf:"gpuarb_ioctl_enter"`
 	GpuarbIoctlExit      *ebpf.Program `ebpf:"gpuarb_ioctl_exit"`
-	GpuarbOpenat         *ebpf.Program `ebpf:"gpuarb_openat"`
 	GpuarbProcessExit    *ebpf.Program `ebpf:"gpuarb_process_exit"`
 	GpuarbProcessFork    *ebpf.Program `ebpf:"gpuarb_process_fork"`
 	GpuarbSchedWaking    *ebpf.Program `ebpf:"gpuarb_sched_waking"`
@@ -615,7 +588,6 @@ func (p *gpuarbPrograms) Close() error {
 		p.GpuarbCuTwoArgs,
 		p.GpuarbIoctlEnter,
 		p.GpuarbIoctlExit,
-		p.GpuarbOpenat,
 		p.GpuarbProcessExit,
 		p.GpuarbProcessFork,
 		p.GpuarbSchedWaking,

@@ -7,7 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -60,116 +60,106 @@ func parseLdconfig(out []byte, match func(string) bool) []string {
 	return paths
 }
 
-// ProcessLibcudas returns the libcuda copies mapped by running processes,
-// each as /proc/PID/root/PATH so copies inside containers resolve.
-func ProcessLibcudas() []string {
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
+// RunningLibcudas names the files named libcuda* that running processes
+// map, as "PATH (pid N)", for display: nothing is opened. The probes find
+// them by mapping (Probes.AttachHost), never by these paths.
+func RunningLibcudas() []string {
+	var out []string
 	seen := map[string]bool{}
-	var paths []string
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		for _, p := range MappedLibcudas(pid) {
-			if !seen[p] {
-				seen[p] = true
-				paths = append(paths, p)
+	for _, pid := range processes() {
+		for _, path := range mappedLibcudaNames(pid) {
+			if !seen[path] {
+				seen[path] = true
+				out = append(out, fmt.Sprintf("%s (pid %d)", path, pid))
 			}
 		}
 	}
-	return paths
+	return out
 }
 
-// MappedLibcudas returns the libcuda files one process maps, as paths
-// through its /proc/PID/root.
-func MappedLibcudas(pid int) []string {
+// processes lists the pids in /proc.
+func processes() []int {
+	entries, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range entries {
+		if pid, err := strconv.Atoi(e.Name()); err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// mappedLibcudaNames returns the paths, as its maps show them, of the
+// files named libcuda* a process maps.
+func mappedLibcudaNames(pid int) []string {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
 	if err != nil {
 		return nil
 	}
 	var out []string
-	seen := map[string]bool{}
 	for _, line := range strings.Split(string(data), "\n") {
 		fields := strings.Fields(line)
 		if len(fields) < 6 {
 			continue
 		}
 		path := strings.Join(fields[5:], " ")
-		if !strings.HasPrefix(path, "/") || !IsLibcudaName(path) || seen[path] {
-			continue
+		if strings.HasPrefix(path, "/") && IsLibcudaName(path) && !slices.Contains(out, path) {
+			out = append(out, path)
 		}
-		seen[path] = true
-		out = append(out, ProcessPath(pid, path))
 	}
 	return out
 }
 
-// ProcessPath resolves a path as process pid sees it: absolute paths
-// through /proc/PID/root, relative ones through /proc/PID/cwd.
-func ProcessPath(pid int, path string) string {
-	if filepath.IsAbs(path) {
-		return fmt.Sprintf("/proc/%d/root%s", pid, path)
-	}
-	return filepath.Join(fmt.Sprintf("/proc/%d/cwd", pid), path)
+// untrustedFS are the filesystems whose files gpuarb never reads: remote
+// and user-space ones, where a read can block as long as the server
+// wishes (a tenant's FUSE mount) or reach another machine. By statfs(2)
+// magic.
+var untrustedFS = map[int64]string{
+	0x65735546: "FUSE", 0x6969: "NFS", 0xFF534D42: "CIFS", 0xFE534D42: "SMB2", 0x517B: "SMB", 0x01021997: "9P",
+	0x00C36400: "Ceph", 0x5346414F: "AFS", 0x73757245: "Coda", 0x0BD00BD0: "Lustre", 0x19830326: "fhgfs",
+	0x47504653: "GPFS", 0x013111A8: "IBRIX", 0x6B414653: "kAFS", 0x564C: "NCP", 0x7461636F: "OCFS2",
 }
 
-var (
-	// inProcessRoot is a path through a process's root: /proc/PID/root/...
-	inProcessRoot = regexp.MustCompile(`^(/proc/[0-9]+/root)(/.*)$`)
-	// inProcessDir is a path below a process's working directory or an
-	// open directory of it.
-	inProcessDir = regexp.MustCompile(`^(/proc/[0-9]+/(?:cwd|fd/[0-9]+))/(.+)$`)
-)
-
-// maxLibcudaSize bounds the files parsed as libcuda (the driver's is tens of
-// MiB).
-const maxLibcudaSize = 1 << 30
-
-// openLibcuda opens a libcuda candidate once, without blocking and without
-// leaving the filesystem of the process that named it: a path through
-// /proc/PID/root is resolved inside that root (RESOLVE_IN_ROOT: a
-// container's absolute symlinks stay in the container), one below a
-// process's working directory or open directory follows no symlink and
-// stays beneath it. Only a regular file of sane size qualifies: a FIFO
-// named libcuda.so.1 would block whoever reads it.
-func openLibcuda(path string) (*os.File, unix.Stat_t, error) {
+// openRegular opens for reading the file a path names (resolved from
+// dirfd with the resolve flags of openat2), never acting on anything but a
+// regular file of at most maxELFSize bytes on a local filesystem: it is
+// opened as a path only (O_PATH: opening a device node, a FIFO or a
+// socket for reading can act on it or block), checked (fstat, fstatfs),
+// and only then opened for reading, through that very inode. A path whose
+// last component is a magic link (/proc/PID/map_files/ADDR) needs resolve
+// without RESOLVE_NO_MAGICLINKS.
+func openRegular(dirfd int, path string, resolve uint64) (*os.File, unix.Stat_t, error) {
 	var st unix.Stat_t
-	how := unix.OpenHow{Flags: unix.O_RDONLY | unix.O_NONBLOCK | unix.O_CLOEXEC | unix.O_NOCTTY}
-	dir, rest := "", path
-	if m := inProcessRoot.FindStringSubmatch(path); m != nil {
-		dir, rest = m[1], m[2]
-		how.Resolve = unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS
-	} else if m := inProcessDir.FindStringSubmatch(path); m != nil {
-		dir, rest = m[1], m[2]
-		how.Resolve = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS
-	}
-	dirfd := unix.AT_FDCWD
-	if dir != "" {
-		fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return nil, st, &os.PathError{Op: "open", Path: dir, Err: err}
-		}
-		defer unix.Close(fd)
-		dirfd = fd
-	}
-	fd, err := unix.Openat2(dirfd, rest, &how)
+	pfd, err := unix.Openat2(dirfd, path, &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: resolve})
 	if err != nil {
 		return nil, st, &os.PathError{Op: "open", Path: path, Err: err}
 	}
-	f := os.NewFile(uintptr(fd), path)
-	if err := unix.Fstat(fd, &st); err != nil {
-		f.Close()
+	defer unix.Close(pfd)
+	if err := unix.Fstat(pfd, &st); err != nil {
 		return nil, st, &os.PathError{Op: "fstat", Path: path, Err: err}
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size > maxLibcudaSize {
-		f.Close()
-		return nil, st, fmt.Errorf("not a regular file of at most 1 GiB: %w", ErrNotLibcuda)
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size > maxELFSize {
+		return nil, st, fmt.Errorf("%s: not a regular file of at most %d bytes: %w", path, maxELFSize, ErrNotLibcuda)
 	}
-	return f, st, nil
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(pfd, &fs); err != nil {
+		return nil, st, &os.PathError{Op: "fstatfs", Path: path, Err: err}
+	}
+	if name, bad := untrustedFS[int64(fs.Type)]; bad {
+		return nil, st, fmt.Errorf("%s: on a %s filesystem, whose reads may block: %w", path, name, ErrNotLibcuda)
+	}
+	fd, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", pfd), unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
+	if err != nil {
+		return nil, st, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	return os.NewFile(uintptr(fd), path), st, nil
+}
+
+// openLibcuda opens a libcuda the operator or the host's linker cache
+// names (never a tenant's path: those are found by mapping), as
+// openRegular does, following no magic link.
+func openLibcuda(path string) (*os.File, unix.Stat_t, error) {
+	return openRegular(unix.AT_FDCWD, path, unix.RESOLVE_NO_MAGICLINKS)
 }
 
 // mapping is one executable file mapping of a process, from its maps.
@@ -220,38 +210,7 @@ func parseMaps(data []byte) []mapping {
 }
 
 // openMapping opens the file behind one mapping of a process through
-// /proc/PID/map_files: first as a path only (opening a mapped device
-// node for reading could act on the device), then, a regular file of
-// sane size, for reading through that very inode.
+// /proc/PID/map_files, its very inode, as openRegular does.
 func openMapping(pid int, addr string) (*os.File, unix.Stat_t, error) {
-	var st unix.Stat_t
-	name := fmt.Sprintf("/proc/%d/map_files/%s", pid, addr)
-	pfd, err := unix.Open(name, unix.O_PATH|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, st, &os.PathError{Op: "open", Path: name, Err: err}
-	}
-	defer unix.Close(pfd)
-	if err := unix.Fstat(pfd, &st); err != nil {
-		return nil, st, &os.PathError{Op: "fstat", Path: name, Err: err}
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size > maxLibcudaSize {
-		return nil, st, fmt.Errorf("%s: not a regular file of at most 1 GiB: %w", name, ErrNotLibcuda)
-	}
-	fd, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", pfd), unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
-	if err != nil {
-		return nil, st, &os.PathError{Op: "open", Path: name, Err: err}
-	}
-	return os.NewFile(uintptr(fd), name), st, nil
-}
-
-// LibcudaOpensDropped counts the opens of files named libcuda.so* the
-// probes did not report since they were loaded: their cgroup had spent its
-// budget (64 at once, then 64 a second), so a flood of opens cannot fill
-// the ring buffer.
-func (p *Probes) LibcudaOpensDropped() (uint64, error) {
-	var n uint64
-	if err := p.objs.GpuarbOpenDrops.Lookup(uint32(0), &n); err != nil {
-		return 0, fmt.Errorf("read dropped libcuda opens: %w", err)
-	}
-	return n, nil
+	return openRegular(unix.AT_FDCWD, fmt.Sprintf("/proc/%d/map_files/%s", pid, addr), 0)
 }

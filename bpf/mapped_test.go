@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -29,31 +30,52 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// mapAndWait maps the file spec names readable and executable, as the
-// dynamic loader maps a library's text, says so on stdout and sleeps.
+// mapAndWait maps the files spec names (comma-separated) readable and
+// executable, as the dynamic loader maps a library's text ("memfd:PATH":
+// a copy of it in a memfd), says so on stdout and sleeps.
 func mapAndWait(spec string) error {
-	path, memfd := strings.CutPrefix(spec, "memfd:")
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return err
-	}
-	var fd int
-	if memfd {
-		if fd, err = unix.MemfdCreate("hidden", 0); err != nil {
+	for _, one := range strings.Split(spec, ",") {
+		path, memfd := strings.CutPrefix(one, "memfd:")
+		data, err := os.ReadFile(path)
+		if err != nil {
 			return err
 		}
-		if _, err := unix.Write(fd, data); err != nil {
+		var fd int
+		if memfd {
+			if fd, err = unix.MemfdCreate("hidden", 0); err != nil {
+				return err
+			}
+			if _, err := unix.Write(fd, data); err != nil {
+				return err
+			}
+		} else if fd, err = unix.Open(path, unix.O_RDONLY, 0); err != nil {
 			return err
 		}
-	} else if fd, err = unix.Open(path, unix.O_RDONLY, 0); err != nil {
-		return err
-	}
-	if _, err := unix.Mmap(fd, 0, len(data), unix.PROT_READ|unix.PROT_EXEC, unix.MAP_PRIVATE); err != nil {
-		return err
+		if _, err := unix.Mmap(fd, 0, max(len(data), 4096), unix.PROT_READ|unix.PROT_EXEC, unix.MAP_PRIVATE); err != nil {
+			return err
+		}
 	}
 	fmt.Println("mapped")
 	time.Sleep(30 * time.Second)
 	return nil
+}
+
+// startMapper starts a process, in cg when not nil, that maps the files
+// spec names (mapAndWait) and returns once they are mapped.
+func startMapper(t *testing.T, cg *testutil.Cgroup, spec string) *testutil.Proc {
+	t.Helper()
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), mapHelperEnv+"="+spec)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := testutil.Start(t, cg, cmd)
+	if _, err := out.Read(make([]byte, 6)); err != nil {
+		_, stderr := p.Output()
+		t.Fatalf("helper mapping %s: %v: %s", spec, err, stderr)
+	}
+	return p
 }
 
 func TestParseMaps(t *testing.T) {
@@ -82,21 +104,12 @@ func TestAttachMappedFindsLibcudaUnderAnyName(t *testing.T) {
 	renamed := t.TempDir() + "/libgpu-runtime.so"
 	copyFile(t, testutil.Bin(t, "libcuda.so.1"), renamed, 0o755)
 	for _, spec := range []string{renamed, "memfd:" + renamed} {
-		cmd := exec.Command(os.Args[0])
-		cmd.Env = append(os.Environ(), mapHelperEnv+"="+spec)
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		testutil.Start(t, nil, cmd)
-		if _, err := out.Read(make([]byte, 6)); err != nil {
-			t.Fatalf("helper mapping %s: %v", spec, err)
-		}
-		n, probed, err := p.AttachMapped(cmd.Process.Pid)
+		cmd := startMapper(t, nil, spec).Cmd
+		n, probed, err := p.AttachMapped(cmd.Process.Pid, 0)
 		if n != 1 || !probed || err != nil {
 			t.Errorf("%s: attached %d (maps a probed copy: %v), %v; want the one libcuda it maps", spec, n, probed, err)
 		}
-		if n, probed, err := p.AttachMapped(cmd.Process.Pid); n != 0 || !probed || err != nil {
+		if n, probed, err := p.AttachMapped(cmd.Process.Pid, 0); n != 0 || !probed || err != nil {
 			t.Errorf("%s again: attached %d (maps a probed copy: %v), %v; want nothing new, probed", spec, n, probed, err)
 		}
 	}
@@ -104,10 +117,10 @@ func TestAttachMappedFindsLibcudaUnderAnyName(t *testing.T) {
 	if len(libs) != 2 {
 		t.Errorf("probed %q, want the renamed copy and the memfd", libs)
 	}
-	if n, probed, err := p.AttachMapped(os.Getpid()); n != 0 || probed || err != nil {
+	if n, probed, err := p.AttachMapped(os.Getpid(), 0); n != 0 || probed || err != nil {
 		t.Errorf("a process mapping no libcuda: attached %d (maps a probed copy: %v), %v", n, probed, err)
 	}
-	if n, probed, err := p.AttachMapped(1 << 30); n != 0 || probed || err != nil {
+	if n, probed, err := p.AttachMapped(1<<30, 0); n != 0 || probed || err != nil {
 		t.Errorf("a process that is gone: attached %d (maps a probed copy: %v), %v; want nothing, no error", n, probed, err)
 	}
 }
@@ -125,20 +138,51 @@ func TestLibcudaCopiesAreBounded(t *testing.T) {
 	if ok, err := p.AttachLibcuda(renamed); ok || !errors.Is(err, ErrTooManyLibcudas) {
 		t.Errorf("a second copy beyond the bound: %v, %v; want ErrTooManyLibcudas", ok, err)
 	}
-	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), mapHelperEnv+"="+renamed)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	testutil.Start(t, nil, cmd)
-	if _, err := out.Read(make([]byte, 6)); err != nil {
-		t.Fatalf("helper mapping %s: %v", renamed, err)
-	}
-	if n, probed, err := p.AttachMapped(cmd.Process.Pid); n != 0 || probed || err != nil {
+	mapper := startMapper(t, nil, renamed)
+	if n, probed, err := p.AttachMapped(mapper.Cmd.Process.Pid, 0); n != 0 || probed || err != nil {
 		t.Errorf("a process mapping only the refused copy: attached %d (maps a probed copy: %v), %v; want 0, false, nil", n, probed, err)
 	}
 	if n := p.RefusedLibcudas(); n != 2 {
-		t.Errorf("%d copies refused, want 2 (the open and the mapping)", n)
+		t.Errorf("%d copies refused, want 2 (the operator's and the mapping)", n)
+	}
+}
+
+// Issue 56, item 7: a tenant that maps copy after copy of a libcuda (tiny
+// fakes would do: each exports a launch entry point) gets at most
+// maxLibcudasPerCgroup of them probed, so it cannot fill the host's bound
+// and keep another tenant's genuine copy unprobed; and once its processes
+// are gone, the copies nothing maps make way for new ones at the bound.
+func TestLibcudaCopiesAreBudgetedPerCgroup(t *testing.T) {
+	p := loadForTest(t, Options{MaxLibcudas: maxLibcudasPerCgroup + 1})
+	lib := testutil.Bin(t, "libcuda.so.1")
+	dir := t.TempDir()
+	var copies []string
+	for i := range maxLibcudasPerCgroup + 4 {
+		c := filepath.Join(dir, fmt.Sprintf("libfake%02d.so", i))
+		copyFile(t, lib, c, 0o755) // another inode each
+		copies = append(copies, c)
+	}
+	hostile := testutil.NewCgroup(t, "copies")
+	mapper := startMapper(t, hostile, strings.Join(copies, ","))
+	n, probed, err := p.AttachMapped(mapper.Cmd.Process.Pid, hostile.ID)
+	if n != maxLibcudasPerCgroup || !probed || err != nil {
+		t.Errorf("a tenant mapping %d copies: %d attached (probed %v), %v; want its budget of %d", len(copies), n, probed, err,
+			maxLibcudasPerCgroup)
+	}
+	genuine := filepath.Join(t.TempDir(), "libcuda.so.1")
+	copyFile(t, lib, genuine, 0o755)
+	other := testutil.NewCgroup(t, "genuine")
+	if n, probed, err := p.AttachMapped(startMapper(t, other, genuine).Cmd.Process.Pid, other.ID); n != 1 || !probed || err != nil {
+		t.Errorf("another tenant's copy: %d attached (probed %v), %v; want it probed", n, probed, err)
+	}
+	mapper.Stop()
+	third := testutil.NewCgroup(t, "third")
+	late := filepath.Join(t.TempDir(), "libcuda.so.1")
+	copyFile(t, lib, late, 0o755)
+	if n, _, err := p.AttachMapped(startMapper(t, third, late).Cmd.Process.Pid, third.ID); n != 1 || err != nil {
+		t.Errorf("a copy at the host's bound once the mapper is gone: %d attached, %v; want the unmapped copies pruned", n, err)
+	}
+	if got := len(p.Libcudas()); got != 2 {
+		t.Errorf("%d copies probed, want 2 (the genuine and the late one)", got)
 	}
 }

@@ -13,6 +13,8 @@ import (
 	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
+
+	"github.com/gpuarb/gpuarb/cgroup"
 )
 
 // DefaultPinPath is where the daemon pins gpuarb's maps.
@@ -60,14 +62,21 @@ type Options struct {
 const DefaultMaxLibcudas = 256
 
 // Probes owns gpuarb's BPF objects and links. Close releases them and
-// leaves pins; Unpin removes the pins.
+// leaves pins; Unpin removes them.
 type Probes struct {
 	objs    gpuarbObjects
 	pinPath string
 
+	// mu guards the libcuda bookkeeping below, never held while a file is
+	// read or a probe attached (a tenant's file can be slow to read).
 	mu       sync.Mutex
 	links    []link.Link
 	libcudas map[fileID]*libcudaProbe
+	// attaching are the copies being read or attached now, outside mu;
+	// reserved counts those of them within the bounds, about to be
+	// probed.
+	attaching map[fileID]bool
+	reserved  int
 	// notLibcuda are files named like libcuda that are not one.
 	notLibcuda map[notLibcudaMark]struct{}
 	// multi is set when the uprobe programs load for uprobe_multi links.
@@ -77,8 +86,9 @@ type Probes struct {
 	refused     uint64
 
 	gates gateTable
-	// urgent are the processes in gpuarb_urgent, urgentCgroups the
-	// cgroups in gpuarb_urgent_cgroups (SetUrgent).
+	// urgentMu guards urgent, the processes in gpuarb_urgent, and
+	// urgentCgroups, the cgroups in gpuarb_urgent_cgroups (SetUrgent).
+	urgentMu      sync.Mutex
 	urgent        map[uint32]bool
 	urgentCgroups map[uint64]bool
 }
@@ -106,10 +116,24 @@ func (p *Probes) rememberNotLibcuda(m notLibcudaMark) {
 	p.notLibcuda[m] = struct{}{}
 }
 
+// libcudaProbe is one probed libcuda copy: its links, the cgroup of the
+// process it was found mapped by (0: the operator's or the host's), and
+// the processes known to map it, by pid and start time (users beyond
+// maxUsers are not tracked: such a copy is never pruned).
 type libcudaProbe struct {
-	path  string
-	links []link.Link
+	path   string
+	links  []link.Link
+	cgroup uint64
+	users  map[int]uint64
 }
+
+// maxLibcudasPerCgroup bounds the copies found mapped by the processes of
+// one cgroup: a tenant that maps copy after copy fills its own budget,
+// not the host's (DefaultMaxLibcudas).
+const maxLibcudasPerCgroup = 16
+
+// maxUsers bounds the processes remembered per probed copy.
+const maxUsers = 64
 
 // Load loads the programs, seeds the device table and attaches the
 // tracepoints. Uprobes are attached per libcuda copy with AttachLibcuda.
@@ -141,8 +165,8 @@ func Load(opts Options) (_ *Probes, err error) {
 		collOpts.Maps.PinPath = opts.PinPath
 	}
 
-	p := &Probes{pinPath: opts.PinPath, libcudas: map[fileID]*libcudaProbe{}, notLibcuda: map[notLibcudaMark]struct{}{},
-		maxLibcudas: opts.MaxLibcudas, urgent: map[uint32]bool{}, urgentCgroups: map[uint64]bool{}}
+	p := &Probes{pinPath: opts.PinPath, libcudas: map[fileID]*libcudaProbe{}, attaching: map[fileID]bool{},
+		notLibcuda: map[notLibcudaMark]struct{}{}, maxLibcudas: opts.MaxLibcudas, urgent: map[uint32]bool{}, urgentCgroups: map[uint64]bool{}}
 	if p.maxLibcudas <= 0 {
 		p.maxLibcudas = DefaultMaxLibcudas
 	}
@@ -180,7 +204,6 @@ func Load(opts Options) (_ *Probes, err error) {
 	}{
 		{"syscalls", "sys_enter_ioctl", p.objs.GpuarbIoctlEnter},
 		{"syscalls", "sys_exit_ioctl", p.objs.GpuarbIoctlExit},
-		{"syscalls", "sys_enter_openat", p.objs.GpuarbOpenat},
 		{"sched", "sched_process_exit", p.objs.GpuarbProcessExit},
 	}
 	for _, tp := range tps {
@@ -302,38 +325,79 @@ func (p *Probes) RefusedLibcudas() uint64 {
 	return p.refused
 }
 
-// attachment is one program attached to some symbols of a libcuda.
+// attachment is one program attached to some entry points of a libcuda:
+// their names, file offsets and cookies.
 type attachment struct {
 	prog    *ebpf.Program
 	ret     bool
 	symbols []string
+	offsets []uint64
 	cookies []uint64
 }
 
-// AttachLibcuda attaches the uprobes to one libcuda copy: every probed
-// entry point it exports, each variant with its number as the cookie. A
-// copy already attached (same device and inode, under any path) is
-// skipped: attached reports whether this call attached anything.
+// AttachLibcuda attaches the uprobes to a libcuda the operator names
+// (--libcuda) or the host's linker cache lists: every probed entry point
+// it exports, each variant with its number as the cookie. A copy already
+// attached (same device and inode, under any path) is skipped: attached
+// reports whether this call attached anything. Tenants' copies are found
+// by what their processes map (AttachMapped), never by a path.
 func (p *Probes) AttachLibcuda(path string) (attached bool, err error) {
 	f, st, err := openLibcuda(path)
 	if err != nil {
 		return false, fmt.Errorf("libcuda %s: %w", path, err)
 	}
 	defer f.Close()
-	return p.attachFile(f, st, path)
+	return p.attachFile(f, st, path, 0, 0)
+}
+
+// AttachHost probes the libcuda copies the host's linker cache lists and
+// those running processes map (by mapping, as AttachMapped does, for the
+// processes that map a file named libcuda*); it returns what failed.
+func (p *Probes) AttachHost() error {
+	var errs []error
+	for _, path := range LinkerCacheLibcudas() {
+		if _, err := p.AttachLibcuda(path); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, pid := range processes() {
+		if len(mappedLibcudaNames(pid)) == 0 {
+			continue
+		}
+		if _, _, err := p.AttachMapped(pid, processCgroupID(pid)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// processCgroupID is the cgroup v2 id of a process (0 when unknown).
+func processCgroupID(pid int) uint64 {
+	mount, err := cgroup.UnifiedMount()
+	if err != nil {
+		return 0
+	}
+	rel, err := cgroup.ProcessPath(pid)
+	if err != nil {
+		return 0
+	}
+	id, _ := cgroup.ID(filepath.Join(mount, rel))
+	return id
 }
 
 // AttachMapped finds libcuda copies by what they are, not by their name:
-// every executable file mapping of process pid that exports a kernel
-// launch entry point of the driver API is probed — a renamed copy, one
-// loaded from a memfd or by a call the openat probe does not see. Each
+// every executable file mapping of process pid (of cgroup cgroupID) that
+// exports a kernel launch entry point of the driver API is probed — a
+// renamed copy, one loaded from a memfd or by a call no probe sees. Each
 // mapping is opened through /proc/PID/map_files (its very inode, deleted
-// or not, without resolving a path) and only if it is a regular file.
-// It returns how many copies it attached and whether the process maps a
-// probed copy at all (one attached now or before): a process with GPU
-// channels that maps none submits work no uprobe sees. A process that
-// exits meanwhile is not an error (and maps nothing).
-func (p *Probes) AttachMapped(pid int) (attached int, probed bool, err error) {
+// or not, without resolving a path) and only if it is a regular file on a
+// local filesystem (openRegular). It returns how many copies it attached
+// and whether the process maps a probed copy at all (one attached now or
+// before): a process with GPU channels that maps none submits work no
+// uprobe sees. A process that exits meanwhile is not an error (and maps
+// nothing). A cgroup's processes get at most maxLibcudasPerCgroup copies
+// probed.
+func (p *Probes) AttachMapped(pid int, cgroupID uint64) (attached int, probed bool, err error) {
 	maps, err := executableMappings(pid)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH) {
@@ -341,12 +405,16 @@ func (p *Probes) AttachMapped(pid int) (attached int, probed bool, err error) {
 		}
 		return 0, false, err
 	}
+	start, _ := cgroup.StartTime(pid)
 	var errs []error
 	for _, m := range maps {
 		p.mu.Lock()
-		_, known := p.libcudas[m.id]
+		known := p.libcudas[m.id]
+		if known != nil {
+			known.addUser(pid, start)
+		}
 		p.mu.Unlock()
-		if known {
+		if known != nil {
 			probed = true
 			continue
 		}
@@ -357,7 +425,7 @@ func (p *Probes) AttachMapped(pid int) (attached int, probed bool, err error) {
 			}
 			continue
 		}
-		ok, err := p.attachFile(f, st, fmt.Sprintf("%s (mapped by pid %d)", m.path, pid))
+		ok, err := p.attachFile(f, st, fmt.Sprintf("%s (mapped by pid %d)", m.path, pid), cgroupID, pid)
 		f.Close()
 		switch {
 		case ok:
@@ -370,35 +438,160 @@ func (p *Probes) AttachMapped(pid int) (attached int, probed bool, err error) {
 	return attached, probed, errors.Join(errs...)
 }
 
+// addUser remembers that process pid (started at start) maps the copy.
+// Called with p.mu held.
+func (l *libcudaProbe) addUser(pid int, start uint64) {
+	if l.users != nil && len(l.users) < maxUsers {
+		l.users[pid] = start
+	} else if l.users != nil && l.users[pid] == 0 {
+		l.users = nil // too many to track: never pruned
+	}
+}
+
+// inUse tells whether a process known to map the copy still runs. Copies
+// of the operator and the host, and those with untracked users, always
+// are.
+func (l *libcudaProbe) inUse() bool {
+	if l.cgroup == 0 || l.users == nil {
+		return true
+	}
+	for pid, start := range l.users {
+		if s, err := cgroup.StartTime(pid); err == nil && s == start {
+			return true
+		}
+	}
+	return false
+}
+
 // attachFile attaches the uprobes to an opened libcuda candidate; path
-// names it in errors and in Libcudas.
-func (p *Probes) attachFile(f *os.File, st unix.Stat_t, path string) (attached bool, err error) {
+// names it in errors and in Libcudas, cgroupID is the cgroup it was found
+// mapped in (0: the operator's or the host's) and pid the process that
+// maps it (0: none). The file is read (readExports) and the probes
+// attached without p.mu: a slow file delays no one but its own attach.
+func (p *Probes) attachFile(f *os.File, st unix.Stat_t, path string, cgroupID uint64, pid int) (attached bool, err error) {
 	id := fileID{dev: st.Dev, ino: st.Ino}
+	notMark := notLibcudaMark{id: id, size: st.Size, mtime: st.Mtim}
+	if claimed, err := p.claim(id, notMark, path); !claimed || err != nil {
+		return false, err
+	}
+	defer func() {
+		p.mu.Lock()
+		delete(p.attaching, id)
+		p.mu.Unlock()
+	}()
+	exports, err := readExports(f, st.Size)
+	if err != nil {
+		p.mu.Lock()
+		p.rememberNotLibcuda(notMark)
+		p.mu.Unlock()
+		return false, fmt.Errorf("libcuda %s: %w: %w", path, ErrNotLibcuda, err)
+	}
+	groups, launches := p.attachments(exports)
+	if launches == 0 {
+		p.mu.Lock()
+		p.rememberNotLibcuda(notMark)
+		p.mu.Unlock()
+		return false, fmt.Errorf("libcuda %s: %w", path, ErrNotLibcuda)
+	}
+	if err := p.reserve(path, cgroupID); err != nil {
+		return false, err
+	}
+	probe := &libcudaProbe{path: path, cgroup: cgroupID, users: map[int]uint64{}}
+	defer func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		p.reserved--
+		if attached {
+			p.libcudas[id] = probe
+		}
+	}()
+	if pid != 0 {
+		start, _ := cgroup.StartTime(pid)
+		probe.addUser(pid, start)
+	}
+	// The file as opened, whatever its path resolves to by now.
+	ex, err := link.OpenExecutable(fmt.Sprintf("/proc/self/fd/%d", f.Fd()))
+	if err != nil {
+		return false, fmt.Errorf("libcuda %s: %w", path, err)
+	}
+	for _, a := range groups {
+		ls, err := p.attach(ex, a)
+		probe.links = append(probe.links, ls...)
+		if err != nil {
+			return false, errors.Join(fmt.Errorf("libcuda %s: %w", path, err), closeLinks(probe.links))
+		}
+	}
+	return true, nil
+}
+
+// claim marks a copy as being attached, unless it is probed or being
+// attached already (false, nil) or known to be no libcuda.
+func (p *Probes) claim(id fileID, notMark notLibcudaMark, path string) (bool, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if _, ok := p.libcudas[id]; ok {
+	if p.libcudas[id] != nil || p.attaching[id] {
 		return false, nil
 	}
-	notMark := notLibcudaMark{id: id, size: st.Size, mtime: st.Mtim}
 	if _, ok := p.notLibcuda[notMark]; ok {
 		return false, fmt.Errorf("libcuda %s: %w", path, ErrNotLibcuda)
 	}
-	// The file as opened, whatever its path resolves to by now.
-	opened := fmt.Sprintf("/proc/self/fd/%d", f.Fd())
-	exported, err := exportedFunctions(opened)
-	if err != nil {
-		p.rememberNotLibcuda(notMark)
-		return false, fmt.Errorf("libcuda %s: %w", path, err)
+	p.attaching[id] = true
+	return true, nil
+}
+
+// reserve takes a place for a libcuda about to be probed, within the
+// bounds: the host's maxLibcudas (copies nothing maps any more are pruned
+// first) and, for a copy found mapped in a cgroup, maxLibcudasPerCgroup.
+// A copy over them is refused and counted.
+func (p *Probes) reserve(path string, cgroupID uint64) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if cgroupID != 0 {
+		n := 0
+		for _, l := range p.libcudas {
+			if l.cgroup == cgroupID {
+				n++
+			}
+		}
+		if n >= maxLibcudasPerCgroup {
+			p.refused++
+			return fmt.Errorf("libcuda %s: %w (%d for its cgroup)", path, ErrTooManyLibcudas, maxLibcudasPerCgroup)
+		}
 	}
-	has := map[string]bool{}
-	for _, n := range exported {
-		has[n] = true
+	if len(p.libcudas)+p.reserved >= p.maxLibcudas {
+		p.pruneLocked()
 	}
-	var groups []*attachment
+	if len(p.libcudas)+p.reserved >= p.maxLibcudas {
+		p.refused++
+		return fmt.Errorf("libcuda %s: %w (%d)", path, ErrTooManyLibcudas, p.maxLibcudas)
+	}
+	p.reserved++
+	return nil
+}
+
+// pruneLocked detaches the probed copies no running process is known to
+// map. Called with p.mu held.
+func (p *Probes) pruneLocked() {
+	for id, l := range p.libcudas {
+		if !l.inUse() {
+			_ = closeLinks(l.links)
+			delete(p.libcudas, id)
+		}
+	}
+}
+
+// attachments groups the probed entry points a copy exports by program:
+// what attach attaches, at the entry points' file offsets; launches counts
+// the kernel launch entry points among them.
+func (p *Probes) attachments(exports []export) (groups []*attachment, launches int) {
+	offset := make(map[string]uint64, len(exports))
+	for _, e := range exports {
+		offset[e.name] = e.offset
+	}
 	byProg := map[*ebpf.Program]*attachment{}
-	launches := 0
 	for _, e := range EntryPoints {
-		if e.Func == 0 || !has[e.Symbol] {
+		off, ok := offset[e.Symbol]
+		if e.Func == 0 || !ok {
 			continue
 		}
 		if e.Class == ClassLaunch {
@@ -416,53 +609,34 @@ func (p *Probes) attachFile(f *os.File, st unix.Stat_t, path string) (attached b
 				groups = append(groups, a)
 			}
 			a.symbols = append(a.symbols, e.Symbol)
+			a.offsets = append(a.offsets, off)
 			a.cookies = append(a.cookies, e.cookie())
 		}
 	}
-	if launches == 0 {
-		p.rememberNotLibcuda(notMark)
-		return false, fmt.Errorf("libcuda %s: %w", path, ErrNotLibcuda)
-	}
-	if len(p.libcudas) >= p.maxLibcudas {
-		p.refused++
-		return false, fmt.Errorf("libcuda %s: %w (%d)", path, ErrTooManyLibcudas, p.maxLibcudas)
-	}
-	ex, err := link.OpenExecutable(opened)
-	if err != nil {
-		return false, fmt.Errorf("libcuda %s: %w", path, err)
-	}
-	probe := &libcudaProbe{path: path}
-	for _, a := range groups {
-		ls, err := p.attach(ex, a)
-		probe.links = append(probe.links, ls...)
-		if err != nil {
-			return false, errors.Join(fmt.Errorf("libcuda %s: %w", path, err), closeLinks(probe.links))
-		}
-	}
-	p.libcudas[id] = probe
-	return true, nil
+	return groups, launches
 }
 
-// attach attaches one program to its symbols: one uprobe_multi link where
-// the kernel has them, else a uprobe per symbol.
+// attach attaches one program to its entry points, by their file offsets
+// (the uprobe library reads no symbol table): one uprobe_multi link where
+// the kernel has them, else a uprobe per entry point.
 func (p *Probes) attach(ex *link.Executable, a *attachment) ([]link.Link, error) {
 	if p.multi {
-		opts := &link.UprobeMultiOptions{Cookies: a.cookies}
+		opts := &link.UprobeMultiOptions{Addresses: a.offsets, Cookies: a.cookies}
 		var l link.Link
 		var err error
 		if a.ret {
-			l, err = ex.UretprobeMulti(a.symbols, a.prog, opts)
+			l, err = ex.UretprobeMulti(nil, a.prog, opts)
 		} else {
-			l, err = ex.UprobeMulti(a.symbols, a.prog, opts)
+			l, err = ex.UprobeMulti(nil, a.prog, opts)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("uprobe_multi on %d symbols: %w", len(a.symbols), err)
+			return nil, fmt.Errorf("uprobe_multi on %d entry points: %w", len(a.symbols), err)
 		}
 		return []link.Link{l}, nil
 	}
 	var ls []link.Link
 	for i, sym := range a.symbols {
-		opts := &link.UprobeOptions{Cookie: a.cookies[i]}
+		opts := &link.UprobeOptions{Address: a.offsets[i], Cookie: a.cookies[i]}
 		var l link.Link
 		var err error
 		if a.ret {

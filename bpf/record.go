@@ -6,10 +6,9 @@ type Record = gpuarbEvent
 
 // Record types: enum event_type in gpuarb.h.
 const (
-	RecordIoctl       = uint32(gpuarbEventTypeEV_IOCTL)
-	RecordCuda        = uint32(gpuarbEventTypeEV_CUDA)
-	RecordExit        = uint32(gpuarbEventTypeEV_EXIT)
-	RecordLibcudaOpen = uint32(gpuarbEventTypeEV_LIBCUDA_OPEN)
+	RecordIoctl = uint32(gpuarbEventTypeEV_IOCTL)
+	RecordCuda  = uint32(gpuarbEventTypeEV_CUDA)
+	RecordExit  = uint32(gpuarbEventTypeEV_EXIT)
 )
 
 // Record flags: enum event_flags in gpuarb.h. FlagHeld: the launch gate

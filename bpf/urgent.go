@@ -15,8 +15,8 @@ import (
 // tenants' own: a process of theirs the daemon has not seen yet is urgent
 // from its first launch.
 func (p *Probes) SetUrgent(pids []uint32, cgroups []uint64) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.urgentMu.Lock()
+	defer p.urgentMu.Unlock()
 	errs := []error{
 		setMembers(p.objs.GpuarbUrgent, p.urgent, pids, "urgent process"),
 		setMembers(p.objs.GpuarbUrgentCgroups, p.urgentCgroups, cgroups, "urgent cgroup"),

@@ -356,9 +356,9 @@ func (d *Daemon) takeLock() error {
 	return nil
 }
 
-// attachLibcudas probes the libcuda copies named, in the linker cache and
-// mapped by running processes, and tells the meter which processes ran
-// before the probes could see them.
+// attachLibcudas probes the libcuda copies the operator names, those in
+// the linker cache and those running processes map, and tells the meter
+// which processes ran before the probes could see them.
 func (d *Daemon) attachLibcudas() {
 	defer d.meter.SetPreexisting(runningPIDs())
 	for _, p := range d.cfg.Libcudas {
@@ -366,10 +366,8 @@ func (d *Daemon) attachLibcudas() {
 			d.log.Warn("libcuda", "path", p, "err", err)
 		}
 	}
-	for _, p := range append(bpf.LinkerCacheLibcudas(), bpf.ProcessLibcudas()...) {
-		if _, err := d.probes.AttachLibcuda(p); err != nil {
-			d.log.Warn("libcuda", "path", p, "err", err)
-		}
+	if err := d.probes.AttachHost(); err != nil {
+		d.log.Warn("libcuda", "err", err)
 	}
 }
 

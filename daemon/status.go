@@ -169,7 +169,6 @@ func (d *Daemon) Status() api.Status {
 		st.Probes.UprobeMulti = d.probes.UprobeMulti()
 		st.Probes.UnrecordedLaunches, _ = d.probes.UnrecordedLaunches()
 		st.Probes.UnfollowedForks, _ = d.probes.UnfollowedForks()
-		st.Probes.LibcudaOpensDropped, _ = d.probes.LibcudaOpensDropped()
 		st.Probes.LibcudasRefused = d.probes.RefusedLibcudas()
 	}
 	st.Probes.FoldedLaunches, st.Probes.UntrackedAllocs = d.meter.Bounded()

@@ -42,6 +42,13 @@ func TestMain(m *testing.M) {
 			}
 		}
 	}
+	if spec := os.Getenv(hostileFilesEnv); spec != "" {
+		if err := hostileFiles(spec); err != nil {
+			fmt.Fprintln(os.Stderr, "hostile files:", err)
+			os.Exit(2)
+		}
+		os.Exit(0)
+	}
 	if v := os.Getenv(sigcontEnv); v != "" {
 		pid, err := strconv.Atoi(v)
 		if err != nil {
@@ -111,11 +118,10 @@ func probesAndShare(t *testing.T, d runningDaemon, cg *testutil.Cgroup) (api.Pro
 
 // Issue 18, item 6: a tenant that opens files named libcuda.so.1 without
 // end (a missing one, one that is no libcuda) cannot flood the probes'
-// ring buffer or the daemon: beyond its cgroup's budget the opens are
-// dropped in the kernel and counted; no event is lost, the daemon answers
-// status within a second and meters a hog beside it. Unbudgeted, the
-// daemon had to decode 214522 events in the 3 s (this VM's reader kept
-// up; a host with more cores to open from overflows the ring).
+// ring buffer or the daemon: no probe reports opens (libcuda is found by
+// what GPU processes map), so no event is lost, the daemon decodes only
+// the hog's, answers status within a second and meters the hog. When opens
+// were reported, the daemon had to decode 214522 events in the 3 s.
 func TestLibcudaOpenFloodDoesNotDrownMetering(t *testing.T) {
 	gpu := testutil.StartFakeGPU(t)
 	d := startDaemon(t)
@@ -141,12 +147,11 @@ func TestLibcudaOpenFloodDoesNotDrownMetering(t *testing.T) {
 		slowest = max(slowest, took)
 		shares = append(shares, share)
 	}
-	dropped, lost := after.LibcudaOpensDropped-before.LibcudaOpensDropped, after.LostEvents-before.LostEvents
-	t.Logf("3 s of opens: %d dropped in the kernel, %d events lost, %d decoded; hog's metered share %s; slowest status %v",
-		dropped, lost, after.Events-before.Events, pcts(shares), slowest)
-	if dropped < 10000 || lost != 0 || after.Events-before.Events > 20000 {
-		t.Errorf("%d opens dropped (want the flood, ≥ 10000), %d events lost (want 0), %d decoded (want the hog's, < 20000)",
-			dropped, lost, after.Events-before.Events)
+	lost := after.LostEvents - before.LostEvents
+	t.Logf("3 s of opens: %d events lost, %d decoded; hog's metered share %s; slowest status %v",
+		lost, after.Events-before.Events, pcts(shares), slowest)
+	if lost != 0 || after.Events-before.Events > 20000 {
+		t.Errorf("%d events lost (want 0), %d decoded (want the hog's, < 20000)", lost, after.Events-before.Events)
 	}
 	if m := median(shares); m < 0.9 {
 		t.Errorf("the hog's metered share %.1f%% while alone on the GPU: metering drowned", 100*m)

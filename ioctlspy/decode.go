@@ -34,8 +34,6 @@ func DecodeRecord(r Record) (Event, error) {
 		}
 	case recExit:
 		ev = &ProcessExit{Header: h}
-	case recLibcudaOpen:
-		ev = &LibcudaOpened{Header: h, Path: r.Path, DirFD: int32(r.Args[0])}
 	default:
 		ev = &Unknown{Header: h, RecordType: r.Type}
 	}
@@ -100,8 +98,6 @@ func TypeOf(ev Event) string {
 		return "ctx_destroy"
 	case *ProcessExit:
 		return "process_exit"
-	case *LibcudaOpened:
-		return "libcuda_open"
 	}
 	return "unknown"
 }

@@ -42,6 +42,9 @@ type IoctlInfo struct {
 	Ret        int64  `json:"ret"`
 }
 
+// Info returns the ioctl's fields: every event of an ioctl has them.
+func (i *IoctlInfo) Info() *IoctlInfo { return i }
+
 // Ioctl is a GPU ioctl without a more specific decoding.
 type Ioctl struct {
 	Header
@@ -441,16 +444,6 @@ func (e *ContextDestroyed) String() string { return fmt.Sprintf("%s ctx=0x%x", e
 type ProcessExit struct{ Header }
 
 func (e *ProcessExit) String() string { return "process exit" }
-
-// LibcudaOpened is an openat of a file named libcuda.so*; Path is as the
-// process passed it.
-type LibcudaOpened struct {
-	Header
-	Path  string `json:"path"`
-	DirFD int32  `json:"dirfd"`
-}
-
-func (e *LibcudaOpened) String() string { return fmt.Sprintf("libcuda opened %s", e.Path) }
 
 // Unknown is a record of a type this version does not know.
 type Unknown struct {

@@ -636,10 +636,12 @@ func TestNouveauMode(t *testing.T) {
 	}
 }
 
-func TestLibcudaCopyFoundWhenOpened(t *testing.T) {
+// A container's own libcuda (another inode at another path) is found by
+// what the process maps at its first GPU ioctl, before its first launch:
+// its launches are seen.
+func TestLibcudaCopyFoundAtTheFirstGPUIoctl(t *testing.T) {
 	gpu := testutil.StartFakeGPU(t)
 	_, c := startSpy(t, []bpf.Device{{Major: 1, Minor: 7, Kind: bpf.KindNvidiaCtl}}, 0)
-	// A container ships its own libcuda: a different inode at another path.
 	copyDir := filepath.Join(t.TempDir(), "container", "usr", "lib")
 	if err := os.MkdirAll(copyDir, 0o755); err != nil {
 		t.Fatal(err)
@@ -660,50 +662,24 @@ func TestLibcudaCopyFoundWhenOpened(t *testing.T) {
 		t.Fatalf("hog: %v: %s", err, p.Stderr)
 	}
 	evs := c.waitExit(t, cmd.Process.Pid)
-	opened := byType[*ioctlspy.LibcudaOpened](evs)
-	if len(opened) == 0 || opened[0].Path != copyPath {
-		t.Fatalf("openat of the copy not seen: %+v", opened)
-	}
-	// Launches start a few ms after the open; the attach races the first ones.
+	// The scan starts at the first ioctl, the launches after the process's
+	// GPU setup: the attach races the first ones.
 	if n := len(byType[*ioctlspy.Launch](evs)); n < 100 {
 		t.Errorf("%d launches seen through the copy, want ≥ 100 of ~700", n)
 	}
 }
 
-// A flood of opens of files named libcuda (here missing ones) is reported
-// up to its cgroup's budget (64 at once, 64 a second) and counted beyond
-// it, so it cannot fill the ring buffer; another cgroup's open is still
-// reported.
-func TestLibcudaOpenFloodIsBudgeted(t *testing.T) {
-	probes, c := startSpy(t, nil, 0)
-	dropped0, err := probes.LibcudaOpensDropped()
-	if err != nil {
-		t.Fatal(err)
-	}
-	start := time.Now()
+// Issue 56, item 1: no probe reports opens, so a flood of opens of files
+// named libcuda (missing ones here) reaches neither the ring buffer nor
+// the daemon, which never opens a path a tenant names.
+func TestOpensOfLibcudaNamesReachNothing(t *testing.T) {
+	_, c := startSpy(t, nil, 0)
 	flood := runHelperIn(t, testutil.NewCgroup(t, "flood"), "opens")
-	took := time.Since(start)
-	other := exec.Command("cat", "/nonexistent-gpuarb/other/libcuda.so.1")
-	testutil.Start(t, testutil.NewCgroup(t, "other"), other).Wait(t, 5*time.Second)
-	count := func(pid int) int {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		return len(byType[*ioctlspy.LibcudaOpened](c.events[uint32(pid)]))
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for count(other.Process.Pid) == 0 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	dropped, err := probes.LibcudaOpensDropped()
-	if err != nil {
-		t.Fatal(err)
-	}
-	reported, allowed := count(flood), 64+int(64*took.Seconds())+2
-	t.Logf("5000 opens in %v: %d reported, %d dropped", took, reported, dropped-dropped0)
-	if reported < 64 || reported > allowed || int(dropped-dropped0) < 5000-allowed {
-		t.Errorf("5000 opens in %v: %d reported (want 64 to %d), %d dropped", took, reported, allowed, dropped-dropped0)
-	}
-	if n := count(other.Process.Pid); n != 1 {
-		t.Errorf("another cgroup's open: %d reported, want 1", n)
+	time.Sleep(100 * time.Millisecond) // a poll and more
+	c.mu.Lock()
+	n := len(c.events[uint32(flood)])
+	c.mu.Unlock()
+	if n != 0 {
+		t.Errorf("5000 opens of files named libcuda: %d records, want none", n)
 	}
 }

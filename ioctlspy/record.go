@@ -55,12 +55,11 @@ const (
 
 // Record types and flags: enum event_type and enum event_flags.
 const (
-	recIoctl       = bpf.RecordIoctl
-	recCuda        = bpf.RecordCuda
-	recExit        = bpf.RecordExit
-	recLibcudaOpen = bpf.RecordLibcudaOpen
-	flagHeld       = bpf.FlagHeld
-	flagBegin      = bpf.FlagBegin
+	recIoctl  = bpf.RecordIoctl
+	recCuda   = bpf.RecordCuda
+	recExit   = bpf.RecordExit
+	flagHeld  = bpf.FlagHeld
+	flagBegin = bpf.FlagBegin
 )
 
 // ErrShortRecord is returned for a record smaller than RecordSize.

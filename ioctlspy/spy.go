@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -16,11 +15,9 @@ import (
 	"github.com/gpuarb/gpuarb/bpf"
 )
 
-// atFDCWD is AT_FDCWD as a 32-bit dirfd.
-const atFDCWD = -100
-
 // Spy reads the probes' ring buffer, decodes records, keeps the context
-// table and attaches the uprobes to libcuda copies as processes open them.
+// table and attaches the uprobes to the libcuda copies processes map as
+// they set up their GPUs.
 type Spy struct {
 	probes *bpf.Probes
 	reader *ringbuf.Reader
@@ -33,8 +30,8 @@ type Spy struct {
 
 	decoded      atomic.Uint64
 	decodeErrors atomic.Uint64
-	// attachDrops counts libcuda opens and mapping scans not done
-	// because the attach queue was full.
+	// attachDrops counts the mapping scans not done because the attach
+	// queue was full.
 	attachDrops atomic.Uint64
 	// scans counts the processes whose mappings were searched for
 	// libcuda copies, scanAttached the copies that found.
@@ -47,26 +44,28 @@ type Spy struct {
 	unprobed map[uint32]bool
 }
 
-// attachJob is one piece of the attach worker's work: a libcuda opened
-// by name, or a process whose mappings are searched for libcuda copies
-// under any name.
-type attachJob struct {
-	opened *LibcudaOpened
-	scan   uint32
+// scanJob is a process whose executable mappings are searched for libcuda
+// copies, under any name (the attach worker's work).
+type scanJob struct {
+	pid    uint32
+	cgroup uint64
 }
 
-// Mapping scans: a process that allocates a channel group or channel is
-// searched for libcuda copies the openat probe did not see (renamed,
-// from a memfd, opened by another call) at most once per rescanAfter;
-// scanned remembers at most maxScanned processes.
+// Mapping scans: a process is searched for libcuda copies at its first GPU
+// ioctl (its libcuda, under whatever name, is mapped by then: it issues
+// the ioctl, before any launch), and again when it allocates a channel
+// group or channel, at most once per rescanAfter; scanned remembers at
+// most maxScanned processes. Only processes that use a GPU are scanned,
+// and a file is read only as one of their executable mappings
+// (/proc/PID/map_files): no path a tenant names is ever opened.
 const (
 	rescanAfter = time.Second
 	maxScanned  = 4096
 )
 
-// attachQueue bounds the libcuda opens waiting to be probed: the reader
-// never waits on an attach (ELF parsing, uprobe links), and a storm of
-// opens costs at most this many pending attaches.
+// attachQueue bounds the scans waiting: the reader never waits on an
+// attach (ELF reading, uprobe links), and a storm of GPU processes costs
+// at most this many pending scans.
 const attachQueue = 256
 
 // NewSpy opens a reader on the probes' ring buffer.
@@ -90,8 +89,8 @@ func (s *Spy) Counts() (decoded, failed uint64) {
 	return s.decoded.Load(), s.decodeErrors.Load()
 }
 
-// AttachDrops counts libcuda opens and mapping scans that were not done
-// because too many were waiting.
+// AttachDrops counts the mapping scans that were not done because too many
+// were waiting.
 func (s *Spy) AttachDrops() uint64 { return s.attachDrops.Load() }
 
 // Scans counts the processes searched for libcuda copies by mapping, and
@@ -99,26 +98,21 @@ func (s *Spy) AttachDrops() uint64 { return s.attachDrops.Load() }
 func (s *Spy) Scans() (scanned, attached uint64) { return s.scans.Load(), s.scanAttached.Load() }
 
 // Run delivers decoded events to handle until ctx ends or the reader is
-// closed. It returns nil on a clean stop. libcuda copies that processes
-// open are probed by a worker of its own, so that the stream never waits
-// on one; so are those a process that sets up GPU channels maps under
-// another name.
+// closed. It returns nil on a clean stop. The libcuda copies processes map
+// as they set up their GPUs are probed by a worker of its own, so that the
+// stream never waits on one.
 func (s *Spy) Run(ctx context.Context, handle func(Event)) error {
 	stop := context.AfterFunc(ctx, func() { s.reader.Close() })
 	defer stop()
-	attach := make(chan attachJob, attachQueue)
+	attach := make(chan scanJob, attachQueue)
 	worker := make(chan struct{})
 	go func() {
 		defer close(worker)
 		for job := range attach {
-			if job.opened != nil {
-				s.attachOpened(job.opened)
-			} else {
-				s.attachMapped(job.scan)
-			}
+			s.attachMapped(job)
 		}
 	}()
-	enqueue := func(job attachJob) {
+	enqueue := func(job scanJob) {
 		select {
 		case attach <- job:
 		default:
@@ -156,49 +150,37 @@ func (s *Spy) Run(ctx context.Context, handle func(Event)) error {
 		if ev.Hdr().PID == s.self {
 			continue // gpuarb's own opens of libcuda while attaching
 		}
+		h := ev.Hdr()
+		_, ioctl := ev.(interface{ Info() *IoctlInfo })
+		_, first := scanned[h.PID]
+		first = ioctl && !first
 		switch e := ev.(type) {
-		case *LibcudaOpened:
-			enqueue(attachJob{opened: e})
 		case *TSGAllocated, *ChannelAllocated:
-			if now := time.Now(); now.Sub(scanned[e.Hdr().PID]) >= rescanAfter {
-				if len(scanned) >= maxScanned {
-					clear(scanned)
-				}
-				scanned[e.Hdr().PID] = now
-				enqueue(attachJob{scan: e.Hdr().PID})
-			}
+			first = first || time.Since(scanned[h.PID]) >= rescanAfter
 		case *ProcessExit:
 			delete(scanned, e.PID)
 			s.mu.Lock()
 			delete(s.unprobed, e.PID)
 			s.mu.Unlock()
 		}
+		if first {
+			if len(scanned) >= maxScanned {
+				clear(scanned)
+			}
+			scanned[h.PID] = time.Now()
+			enqueue(scanJob{pid: h.PID, cgroup: h.CgroupID})
+		}
 		s.table.Apply(ev)
 		handle(ev)
 	}
 }
 
-// attachOpened probes a libcuda copy a process just opened, resolving the
-// path through that process's root or working directory.
-func (s *Spy) attachOpened(e *LibcudaOpened) {
-	path := e.Path
-	if !filepath.IsAbs(path) && e.DirFD != atFDCWD {
-		path = filepath.Join(fmt.Sprintf("/proc/%d/fd/%d", e.PID, e.DirFD), path)
-	} else {
-		path = bpf.ProcessPath(int(e.PID), path)
-	}
-	// A process that already exited leaves nothing to probe.
-	_, err := s.probes.AttachLibcuda(path)
-	if err != nil && !errors.Is(err, bpf.ErrNotLibcuda) && !errors.Is(err, bpf.ErrTooManyLibcudas) && !errors.Is(err, os.ErrNotExist) {
-		s.OnError(err)
-	}
-}
-
 // attachMapped probes the libcuda copies a process maps under any name,
 // and notes a process that maps none it could probe.
-func (s *Spy) attachMapped(pid uint32) {
+func (s *Spy) attachMapped(job scanJob) {
+	pid := job.pid
 	s.scans.Add(1)
-	n, probed, err := s.probes.AttachMapped(int(pid))
+	n, probed, err := s.probes.AttachMapped(int(pid), job.cgroup)
 	s.scanAttached.Add(uint64(n))
 	if err != nil {
 		s.OnError(fmt.Errorf("pid %d: %w", pid, err))

@@ -145,7 +145,7 @@ func (t *Table) Apply(ev Event) {
 	switch e := ev.(type) {
 	case *ProcessExit:
 		delete(t.procs, h.PID)
-	case *LibcudaOpened, *Unknown:
+	case *Unknown:
 	case *TSGAllocated:
 		if made(e.Ret, e.Status) {
 			t.proc(h).TSGs[ObjectKey{e.Client, e.Handle}] = TSG{Device: e.Parent, Engine: e.EngineType}

@@ -137,7 +137,7 @@ func runDoctor(c *cli.Context) error {
 	for _, d := range devs {
 		rep.Devices = append(rep.Devices, d.String())
 	}
-	rep.Libcudas = append(bpf.LinkerCacheLibcudas(), bpf.ProcessLibcudas()...)
+	rep.Libcudas = append(bpf.LinkerCacheLibcudas(), bpf.RunningLibcudas()...)
 
 	if c.Bool("json") {
 		enc := json.NewEncoder(c.App.Writer)

@@ -26,8 +26,9 @@ func traceCommand() *cli.Command {
 pinned) and prints one decoded event per line: nvidia, nvidia-uvm and nouveau
 ioctls, and libcuda calls (launches, graph launches, copies, syncs, contexts,
 memory). GPU devices come from /proc/devices; --device adds others, such as the
-simulated GPU's control node. libcuda copies are found in the linker cache, in
-running processes and as processes open them; --libcuda adds one.`,
+simulated GPU's control node. libcuda copies are found in the linker cache and
+by what running processes map, and as processes set up their GPUs (their
+executable mappings, by inode, whatever their names); --libcuda adds one.`,
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "json", Usage: "one JSON object per line"},
 			&cli.DurationFlag{Name: "duration", Usage: "stop after `DURATION` (30s, 5m; default: until Ctrl-C)"},
@@ -62,10 +63,8 @@ func runTrace(c *cli.Context) error {
 			return err
 		}
 	}
-	for _, p := range append(bpf.LinkerCacheLibcudas(), bpf.ProcessLibcudas()...) {
-		if _, err := probes.AttachLibcuda(p); err != nil {
-			fmt.Fprintln(c.App.ErrWriter, "gpuarb: warning:", err)
-		}
+	if err := probes.AttachHost(); err != nil {
+		fmt.Fprintln(c.App.ErrWriter, "gpuarb: warning:", err)
 	}
 
 	spy, err := ioctlspy.NewSpy(probes)

@@ -139,10 +139,8 @@ func (c *check) startProbes() error {
 	if err != nil {
 		return fmt.Errorf("load the probes: %w", err)
 	}
-	for _, path := range append(bpf.LinkerCacheLibcudas(), bpf.ProcessLibcudas()...) {
-		if _, err := p.AttachLibcuda(path); err != nil {
-			c.o.logf("realgpu: warning: %v", err)
-		}
+	if err := p.AttachHost(); err != nil {
+		c.o.logf("realgpu: warning: %v", err)
 	}
 	spy, err := ioctlspy.NewSpy(p)
 	if err != nil {
