@@ -165,8 +165,12 @@ type Probes struct {
 	// process mapping only those is held as unprobed); FoldedLaunches
 	// launches a process's bounds (1024 streams, 4096 kernels and graphs)
 	// sent to one overflow stream and cost, still charged; UntrackedAllocs
-	// allocations beyond 65536 per process, not counted in its memory.
+	// allocations beyond 65536 per process, not counted in its memory;
+	// ObjectsDropped RM objects (clients, devices, channel groups,
+	// channels) beyond 4096 a process, not kept: what a process claims to
+	// have allocated is read from its memory.
 	LibcudasRefused uint64 `json:"libcudas_refused"`
+	ObjectsDropped  uint64 `json:"objects_dropped"`
 	FoldedLaunches  uint64 `json:"folded_launches"`
 	UntrackedAllocs uint64 `json:"untracked_allocs"`
 }

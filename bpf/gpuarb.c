@@ -16,9 +16,15 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
-/* Minimal CO-RE views of the kernel structures on the fd -> rdev path. */
+/* Minimal CO-RE views of the kernel structures on the fd -> inode path. */
+struct super_block {
+	__u32 s_dev;
+} __attribute__((preserve_access_index));
+
 struct inode {
 	__u32 i_rdev;
+	unsigned long i_ino;
+	struct super_block *i_sb;
 } __attribute__((preserve_access_index));
 
 struct file {
@@ -107,12 +113,13 @@ struct lost_counter {
 struct ioctl_stash {
 	__u64 ts;
 	__u64 arg;
+	__u64 ino; /* the file's inode: who steers through it checks it is this one */
 	__u32 cmd;
 	__u32 major;
 	__u32 minor;
 	__u32 kind;
 	__u32 fd;
-	__u32 pad;
+	__u32 sdev; /* the inode's filesystem (kernel dev_t) */
 };
 
 struct cuda_key {
@@ -413,15 +420,19 @@ static __always_inline __u16 copy_user(__u8 *dst, __u64 src, __u32 size)
 		return 0;
 	if (n > GPUARB_PAYLOAD)
 		n = GPUARB_PAYLOAD;
-	/* Hide the clamp from clang so the mask below reaches the verifier. */
+	/* Hide the clamp from clang so that the mask and the check below reach
+	 * the verifier, which bounds the copy by the payload with them. */
 	asm volatile("" : "+r"(n));
 	n &= 2 * GPUARB_PAYLOAD - 1;
+	if (n > GPUARB_PAYLOAD)
+		return 0;
 	if (bpf_probe_read_user(dst, n, (const void *)src) < 0)
 		return 0;
 	return n;
 }
 
-static __always_inline __u32 fd_rdev(unsigned int fd)
+/* The open file behind the current process's descriptor fd (NULL: none). */
+static __always_inline struct file *fd_file(unsigned int fd)
 {
 	/* BTF-typed task: the walk to the fd array is plain loads, not helpers. */
 	struct task_struct *task = bpf_get_current_task_btf();
@@ -429,10 +440,10 @@ static __always_inline __u32 fd_rdev(unsigned int fd)
 	struct file *f = NULL;
 
 	if (fd >= fdt->max_fds)
-		return 0;
-	if (bpf_probe_read_kernel(&f, sizeof(f), &fdt->fd[fd]) < 0 || !f)
-		return 0;
-	return BPF_CORE_READ(f, f_inode, i_rdev);
+		return NULL;
+	if (bpf_probe_read_kernel(&f, sizeof(f), &fdt->fd[fd]) < 0)
+		return NULL;
+	return f;
 }
 
 /* ---- launch gates ---- */
@@ -564,12 +575,16 @@ static __always_inline int gate_pass(__u64 pid_tgid, __u64 now, int submitted)
 SEC("tracepoint/syscalls/sys_enter_ioctl")
 int gpuarb_ioctl_enter(struct sys_enter_ctx *ctx)
 {
-	__u32 rdev = fd_rdev((unsigned int)ctx->args[0]);
+	struct file *f = fd_file((unsigned int)ctx->args[0]);
 	struct dev_key key;
 	struct dev_entry *dev;
 	struct ioctl_stash st;
+	__u32 rdev;
 	__u64 id;
 
+	if (!f)
+		return 0;
+	rdev = BPF_CORE_READ(f, f_inode, i_rdev);
 	if (!rdev)
 		return 0;
 	key.major = rdev >> 20;
@@ -586,7 +601,8 @@ int gpuarb_ioctl_enter(struct sys_enter_ctx *ctx)
 	st.arg = ctx->args[2];
 	st.cmd = (__u32)ctx->args[1];
 	st.fd = (__u32)ctx->args[0];
-	st.pad = 0;
+	st.ino = BPF_CORE_READ(f, f_inode, i_ino);
+	st.sdev = BPF_CORE_READ(f, f_inode, i_sb, s_dev);
 	st.major = key.major;
 	st.minor = key.minor;
 	st.kind = dev->kind;
@@ -738,6 +754,8 @@ int gpuarb_ioctl_exit(struct sys_exit_ctx *ctx)
 	e->dev_kind = st.kind;
 	e->cmd = st.cmd;
 	e->args[0] = st.fd; /* the descriptor: an RM client is bound to its open file */
+	e->file_ino = st.ino;
+	e->file_dev = st.sdev;
 
 	switch (st.kind) {
 	case DEV_NVIDIA_CTL:

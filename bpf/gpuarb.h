@@ -4,7 +4,6 @@
 #define GPUARB_H
 
 #define GPUARB_PAYLOAD 64
-#define GPUARB_PATH 128
 
 /* Device kinds stored in the device table. */
 enum dev_kind {
@@ -253,7 +252,9 @@ struct event {
 	__u64 args[8];
 	__u8 arg[GPUARB_PAYLOAD];
 	__u8 params[GPUARB_PAYLOAD];
-	char path[GPUARB_PATH];
+	__u64 file_ino; /* an ioctl's file: its inode and filesystem (kernel dev_t) */
+	__u32 file_dev;
+	__u32 pad2;
 };
 
 #endif

@@ -190,7 +190,9 @@ type gpuarbEvent struct {
 	Args      [8]uint64
 	Arg       [64]uint8
 	Params    [64]uint8
-	Path      [128]int8
+	FileIno   uint64
+	FileDev   uint32
+	Pad2      uint32
 }
 
 type gpuarbEventFlags uint32
@@ -249,12 +251,13 @@ type gpuarbIoctlStash struct {
 	_     structs.HostLayout
 	Ts    uint64
 	Arg   uint64
+	Ino   uint64
 	Cmd   uint32
 	Major uint32
 	Minor uint32
 	Kind  uint32
 	Fd    uint32
-	Pad   uint32
+	Sdev  uint32
 }
 
 type gpuarbLostCounter struct {

@@ -931,7 +931,9 @@ func (t *tenant) heldSince(since time.Time) bool {
 func (d *Daemon) stopAllGates() {
 	// No hold starts after this; one under way ends within maxHold, or
 	// here, where putBackAll resumes its groups.
-	d.hold.setPlan(&holdPlan{})
+	if d.hold != nil {
+		d.hold.setPlan(&holdPlan{})
+	}
 	d.mu.Lock()
 	var finish []func()
 	for _, t := range d.tenants {

@@ -66,6 +66,10 @@ type Config struct {
 	// gpuarb changed are recorded in steered.json beside the Ledger
 	// (SteerLedgerBeside).
 	NoGPUScheduler bool
+	// FakeGPUSocket is the simulated GPU's socket (--fakegpu-socket): where
+	// the scheduling controls of a control file that is no nvidia node go.
+	// Only the operator names it; "" steers the nvidia driver alone.
+	FakeGPUSocket string
 	// LatencyHolds is how a latency tenant's launch takes the other
 	// tenants' channel groups off a GPU whose scheduler gpuarb steers.
 	LatencyHolds HoldMode
@@ -263,7 +267,7 @@ func Start(cfg Config) (_ *Daemon, err error) {
 	if d.ledger, err = cgroup.OpenLedger(cfg.Ledger); err != nil {
 		return nil, err
 	}
-	if d.steer, err = newSteering(cfg.NoGPUScheduler || cfg.ObserveOnly, SteerLedgerBeside(cfg.Ledger), d.meter, d.log); err != nil {
+	if d.steer, err = newSteering(cfg.NoGPUScheduler || cfg.ObserveOnly, cfg.FakeGPUSocket, SteerLedgerBeside(cfg.Ledger), d.meter, d.log); err != nil {
 		return nil, err
 	}
 	if d.steer.off != "" {

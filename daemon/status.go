@@ -175,6 +175,7 @@ func (d *Daemon) Status() api.Status {
 	if d.spy != nil {
 		st.Probes.Events, _ = d.spy.Counts()
 		st.Probes.AttachDrops = d.spy.AttachDrops()
+		st.Probes.ObjectsDropped = d.spy.Table().Dropped()
 		st.Probes.MappingScans, st.Probes.FoundByMapping = d.spy.Scans()
 	}
 	for _, dev := range d.cfg.Devices {

@@ -47,15 +47,16 @@ const (
 // group what gpuarb set. Its methods are safe for concurrent use; they
 // talk to the driver, so the daemon calls them without its own lock.
 type steering struct {
-	act    *gpusched.Actuator
-	ledger *gpusched.Ledger
-	meter  *meter.Meter
-	log    *slog.Logger
-	off    string // why this host cannot be steered ("": it can)
+	act        *gpusched.Actuator
+	fakeSocket string // the simulated GPU's socket, recorded with each group
+	ledger     *gpusched.Ledger
+	meter      *meter.Meter
+	log        *slog.Logger
+	off        string // why this host cannot be steered ("": it can)
 
 	pauseMu sync.Mutex // serializes pause
 	mu      sync.Mutex
-	gpus    map[int]string // per GPU probed: "" steerable, else why not
+	gpus    map[int]gpuVerdict // per GPU probed: whether it can be steered
 	slices  map[int]gpusched.Slices
 	groups  map[groupKey]*steered
 	refused refusals
@@ -70,27 +71,35 @@ type steering struct {
 // process among a thousand turned steering off for all of them before.
 const gpuRefusalQuorum = 3
 
-// refusals remembers the processes whose control the driver refused (with
-// their GPU), and per GPU whether it has accepted any: what decides
-// between one process's trouble and a GPU that cannot be steered. Not safe
-// for concurrent use.
+// refusals remembers the processes that cannot be steered (with their GPU,
+// and whether the driver itself refused them), and per GPU whether it has
+// accepted any: what decides between one process's trouble and a GPU that
+// cannot be steered. Not safe for concurrent use.
 type refusals struct {
-	pids     map[uint32]int
+	pids     map[uint32]refusedProcess
 	accepted map[int]bool
 }
 
-// note records that the driver refused pid's control on gpu and tells
-// whether that was news, and whether the GPU itself now counts as
-// refused.
-func (r *refusals) note(gpu int, pid uint32) (fresh, gpuRefused bool) {
+// refusedProcess is a process that cannot be steered: its GPU, and
+// whether the driver refused it (rather than its descriptor no longer
+// being its control file).
+type refusedProcess struct {
+	gpu    int
+	driver bool
+}
+
+// note records that pid's control on gpu failed (byDriver: the driver
+// refused it) and tells whether that was news, and whether the GPU itself
+// now counts as refused: only refusals of the driver count for that.
+func (r *refusals) note(gpu int, pid uint32, byDriver bool) (fresh, gpuRefused bool) {
 	if r.pids == nil {
-		r.pids = map[uint32]int{}
+		r.pids = map[uint32]refusedProcess{}
 	}
 	_, known := r.pids[pid]
-	r.pids[pid] = gpu
+	r.pids[pid] = refusedProcess{gpu: gpu, driver: byDriver}
 	n := 0
-	for _, g := range r.pids {
-		if g == gpu {
+	for _, p := range r.pids {
+		if p.gpu == gpu && p.driver {
 			n++
 		}
 	}
@@ -116,9 +125,9 @@ func (r *refusals) forget(live map[uint32]bool) {
 
 // newSteering prepares steering, or says why it is off: disabled by the
 // daemon's flag, or not allowed on this host (gpusched.Available).
-func newSteering(disabled bool, ledgerPath string, m *meter.Meter, log *slog.Logger) (*steering, error) {
-	s := &steering{act: gpusched.New(), meter: m, log: log, gpus: map[int]string{}, slices: map[int]gpusched.Slices{},
-		groups: map[groupKey]*steered{}}
+func newSteering(disabled bool, fakeSocket, ledgerPath string, m *meter.Meter, log *slog.Logger) (*steering, error) {
+	s := &steering{act: gpusched.New(fakeSocket), fakeSocket: fakeSocket, meter: m, log: log, gpus: map[int]gpuVerdict{},
+		slices: map[int]gpusched.Slices{}, groups: map[groupKey]*steered{}}
 	switch {
 	case disabled:
 		s.off = "disabled (--gpu-scheduler off)"
@@ -135,41 +144,55 @@ func newSteering(disabled bool, ledgerPath string, m *meter.Meter, log *slog.Log
 	return s, nil
 }
 
+// gpuVerdict is what gpuarb found of one GPU: whether it can be steered
+// ("" when it can, else why not) and when it decided.
+type gpuVerdict struct {
+	why string
+	at  time.Time
+}
+
+// reprobeAfter is how long a GPU counts as not steerable before it is
+// probed again, through the group of a process the driver has not
+// refused: a quorum of one tenant's processes must not keep every other
+// tenant off the GPU's scheduler for good.
+const reprobeAfter = 10 * time.Second
+
 // gpuState says whether a GPU can be steered, probing it through one of its
-// groups the first time: "" when it can, else why not.
+// groups the first time, and again reprobeAfter after it found it could
+// not: "" when it can, else why not. Only the driver can make a GPU
+// unsteerable (it refused a quorum of processes, accepted none); any other
+// failure of the probe (a process's descriptor no longer its control
+// file, a process gone) is that process's trouble: it is refused, and
+// its tenant paced, while the GPU is probed through the next one.
 func (s *steering) gpuState(gpu int, probe gpusched.Group) string {
 	if s.off != "" {
 		return s.off
 	}
 	s.mu.Lock()
-	why, known := s.gpus[gpu]
+	v, known := s.gpus[gpu]
+	_, refusedProbe := s.refused.pids[probe.PID]
 	s.mu.Unlock()
-	if known {
-		return why
+	if known && (v.why == "" || time.Since(v.at) < reprobeAfter || refusedProbe) {
+		return v.why
 	}
 	err := s.act.Probe(probe)
 	switch {
 	case err == nil:
 		s.mu.Lock()
-		s.gpus[gpu] = ""
+		s.gpus[gpu] = gpuVerdict{at: time.Now()}
 		s.refused.accept(gpu)
 		s.mu.Unlock()
 		return ""
 	case errors.Is(err, gpusched.ErrGone):
-		return "" // probed again through the next tenant's group
-	case refusal(err):
-		// The driver answered, and refused this process: the GPU only
-		// once it has refused a quorum of processes and accepted none.
-		s.noteRefused(probe, err)
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return s.gpus[gpu]
+		return v.why // probed again through the next tenant's group
 	}
-	why = fmt.Sprintf("the driver refused a harmless control: %v", err)
+	// Refused (the driver answered) or not that process's control file
+	// any more: the GPU only once the driver has refused a quorum of
+	// processes and accepted none.
+	s.noteRefused(probe, err)
 	s.mu.Lock()
-	s.gpus[gpu] = why
-	s.mu.Unlock()
-	return why
+	defer s.mu.Unlock()
+	return s.gpus[gpu].why
 }
 
 // slicesOf returns the timeslices GPU gpu runs its channel groups well at,
@@ -200,9 +223,9 @@ func (s *steering) slicesOf(gpu int, g gpusched.Group) (_ gpusched.Slices, ok bo
 // logging it once, and refuses g's GPU at the quorum.
 func (s *steering) noteRefused(g gpusched.Group, err error) {
 	s.mu.Lock()
-	fresh, gpuRefused := s.refused.note(int(g.GPU), g.PID)
-	if gpuRefused && s.gpus[int(g.GPU)] == "" {
-		s.gpus[int(g.GPU)] = fmt.Sprintf("the driver refused a control of pid %d: %v", g.PID, err)
+	fresh, gpuRefused := s.refused.note(int(g.GPU), g.PID, refusal(err))
+	if gpuRefused && s.gpus[int(g.GPU)].why == "" {
+		s.gpus[int(g.GPU)] = gpuVerdict{why: fmt.Sprintf("the driver refused a control of pid %d: %v", g.PID, err), at: time.Now()}
 	}
 	s.mu.Unlock()
 	if fresh {
@@ -221,7 +244,7 @@ func (s *steering) noteOutcomes(gs []gpusched.Group, failed []error) {
 			s.mu.Lock()
 			s.refused.accept(int(gs[i].GPU))
 			s.mu.Unlock()
-		case refusal(err):
+		case refusal(err) || errors.Is(err, gpusched.ErrNotItsFile):
 			s.noteRefused(gs[i], err)
 		}
 	}
@@ -233,19 +256,6 @@ func (s *steering) Refused(pid uint32) bool {
 	defer s.mu.Unlock()
 	_, ok := s.refused.pids[pid]
 	return ok
-}
-
-// Reasons are the GPUs that cannot be steered, and why.
-func (s *steering) Reasons() map[int]string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := map[int]string{}
-	for g, why := range s.gpus {
-		if why != "" {
-			out[g] = why
-		}
-	}
-	return out
 }
 
 // tenantGroups are one tenant's channel groups on one GPU, with its
@@ -409,13 +419,13 @@ func (s *steering) track(gs []gpusched.Group) ([]*steered, []error) {
 		}
 		orig, err := s.act.Timeslice(g)
 		if err != nil {
-			if refusal(err) {
+			if refusal(err) || errors.Is(err, gpusched.ErrNotItsFile) {
 				s.noteRefused(g, err)
 			}
 			errs = append(errs, err)
 			continue
 		}
-		out[i] = &steered{rec: gpusched.Steered{Group: g, Start: start, Original: orig}}
+		out[i] = &steered{rec: gpusched.Steered{Group: g, Start: start, Original: orig, FakeGPU: s.fakeSocket}}
 		fresh, freshAt = append(fresh, out[i]), append(freshAt, i)
 	}
 	if len(fresh) == 0 {

@@ -12,20 +12,27 @@ func TestRefusalsNeedAQuorumToRefuseTheGPU(t *testing.T) {
 	var r refusals
 	r.accept(0)
 	for pid := uint32(1); pid <= 10; pid++ {
-		if fresh, gpu := r.note(0, pid); !fresh || gpu {
+		if fresh, gpu := r.note(0, pid, true); !fresh || gpu {
 			t.Fatalf("pid %d refused beside accepted controls: fresh %v, GPU refused %v; want fresh, GPU still steered", pid, fresh, gpu)
 		}
 	}
-	if fresh, _ := r.note(0, 3); fresh {
+	if fresh, _ := r.note(0, 3, true); fresh {
 		t.Error("a second refusal of pid 3 reads as news (it would be logged every step)")
 	}
 	for pid := uint32(100); pid < 100+gpuRefusalQuorum-1; pid++ {
-		if _, gpu := r.note(1, pid); gpu {
+		if _, gpu := r.note(1, pid, true); gpu {
 			t.Fatalf("GPU 1 refused after %d processes, want %d", pid-99, gpuRefusalQuorum)
 		}
 	}
-	if _, gpu := r.note(1, 200); !gpu {
+	if _, gpu := r.note(1, 200, true); !gpu {
 		t.Errorf("GPU 1 still steered after %d refused processes and no accepted control", gpuRefusalQuorum)
+	}
+	// Processes whose descriptors are no longer their control files are
+	// their own trouble: however many, they never refuse the GPU.
+	for pid := uint32(300); pid < 300+2*gpuRefusalQuorum; pid++ {
+		if _, gpu := r.note(2, pid, false); gpu {
+			t.Fatalf("GPU 2 refused after %d processes that are not the driver's refusals", pid-299)
+		}
 	}
 	r.forget(map[uint32]bool{3: true})
 	if len(r.pids) != 1 {

@@ -9,7 +9,6 @@ import (
 	"math"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
@@ -31,27 +30,27 @@ type runningDaemon struct {
 
 // startDaemon starts bin/gpuarb daemon on the simulated GPU with a private
 // socket, pin path, policy file and ledger, and waits for its API.
-func startDaemon(t *testing.T, extra ...string) runningDaemon {
+func startDaemon(t *testing.T, gpu *testutil.FakeGPU, extra ...string) runningDaemon {
 	t.Helper()
-	return startDaemonIn(t, t.TempDir(), extra...)
+	return startDaemonIn(t, gpu, t.TempDir(), extra...)
 }
 
 // startDaemonIn starts the daemon with its socket, policy and state files
 // in dir (a restarted daemon finds what the earlier one left there).
-func startDaemonIn(t *testing.T, dir string, extra ...string) runningDaemon {
+func startDaemonIn(t *testing.T, gpu *testutil.FakeGPU, dir string, extra ...string) runningDaemon {
 	t.Helper()
-	return startDaemonWith(t, dir, nil, extra...)
+	return startDaemonWith(t, gpu, dir, nil, extra...)
 }
 
 // startDaemonWith starts the daemon as startDaemonIn does, in cgroup cg
 // when not nil.
-func startDaemonWith(t *testing.T, dir string, cg *testutil.Cgroup, extra ...string) runningDaemon {
+func startDaemonWith(t *testing.T, gpu *testutil.FakeGPU, dir string, cg *testutil.Cgroup, extra ...string) runningDaemon {
 	t.Helper()
 	cgDir := ""
 	if cg != nil {
 		cgDir = cg.Path
 	}
-	d, err := lab.StartDaemonInCgroup(filepath.Dir(testutil.Bin(t, "gpuarb")), dir, cgDir, extra...)
+	d, err := lab.StartDaemonInCgroup(gpu.FakeGPU, dir, cgDir, extra...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +155,7 @@ type windowResult struct {
 
 func runScenario(t *testing.T, sc scenario) []windowResult {
 	gpu := testutil.StartFakeGPU(t, sc.gpuArgs...)
-	client := startDaemon(t, "--observe-only")
+	client := startDaemon(t, gpu, "--observe-only")
 	total := warmUp + windows*time.Second + 500*time.Millisecond
 	cgs := map[string]*testutil.Cgroup{}
 	for _, ten := range sc.tenants {

@@ -80,7 +80,7 @@ func writePolicy(t *testing.T, cfg string) string {
 func TestArbiterUnequalProcesses(t *testing.T) {
 	measureTwice(t, func(t *testing.T, miss missFunc) {
 		gpu := testutil.StartFakeGPU(t)
-		d := startDaemon(t)
+		d := startDaemon(t, gpu)
 		cgs := map[string]*testutil.Cgroup{"a": testutil.NewCgroup(t, "four"), "b": testutil.NewCgroup(t, "one")}
 		for i := 0; i < 4; i++ {
 			testutil.Start(t, cgs["a"], gpu.Workload(t, "hog", "--duration", "20"))
@@ -130,7 +130,7 @@ func TestArbiterWeights(t *testing.T) {
 				gpu := testutil.StartFakeGPU(t)
 				cgs := map[string]*testutil.Cgroup{"a": testutil.NewCgroup(t, "w1"), "b": testutil.NewCgroup(t, "w"+strconv.Itoa(wb))}
 				pol := writePolicy(t, "tenants:\n  - {name: a, cgroup: "+cgs["a"].Rel+", weight: 100}\n  - {name: b, cgroup: "+cgs["b"].Rel+", weight: "+strconv.Itoa(100*wb)+"}\n")
-				d := startDaemon(t)
+				d := startDaemon(t, gpu)
 				data, _ := os.ReadFile(pol)
 				if err := d.ApplyPolicy(t.Context(), data); err != nil {
 					t.Fatal(err)
@@ -166,7 +166,7 @@ func unsteeredBesideSteered(t *testing.T, miss missFunc) {
 	cgs := map[string]*testutil.Cgroup{"a": testutil.NewCgroup(t, "early"), "b": testutil.NewCgroup(t, "late1"), "c": testutil.NewCgroup(t, "late2")}
 	testutil.Start(t, cgs["a"], gpu.Workload(t, "hog", "--duration", "25"))
 	time.Sleep(500 * time.Millisecond) // its channel groups are set up before the daemon starts
-	d := startDaemon(t)
+	d := startDaemon(t, gpu)
 	testutil.Start(t, cgs["b"], gpu.Workload(t, "hog", "--duration", "25"))
 	testutil.Start(t, cgs["c"], gpu.Workload(t, "hog", "--duration", "25"))
 	requireOnePacedBesideSteered(t, miss, gpu, d, cgs)
@@ -185,7 +185,7 @@ func refusedBesideSteered(t *testing.T, miss missFunc) {
 	gpu := testutil.StartFakeGPU(t)
 	cgs := map[string]*testutil.Cgroup{"a": testutil.NewCgroup(t, "refused"), "b": testutil.NewCgroup(t, "steered1"),
 		"c": testutil.NewCgroup(t, "steered2")}
-	d := startDaemon(t)
+	d := startDaemon(t, gpu)
 	refused := gpu.Workload(t, "hog", "--duration", "25")
 	refused.Env = append(refused.Env, "GPUWORK_REOPEN_CTL=1")
 	testutil.Start(t, cgs["a"], refused)
@@ -240,7 +240,7 @@ func requireOnePacedBesideSteered(t *testing.T, miss missFunc, gpu *testutil.Fak
 // the tenant at 0-2% while it took half the GPU).
 func TestThawResumesTheMetersPausedGroups(t *testing.T) {
 	gpu := testutil.StartFakeGPU(t)
-	d := startDaemon(t)
+	d := startDaemon(t, gpu)
 	cgs := limitedBesideFree(t, gpu, d, "0.1")
 	trueShares(t, gpu, cgs, 3*time.Second, 1) // paused most of each period by now
 	if err := d.ThawAll(t.Context()); err != nil {
@@ -292,7 +292,7 @@ func limitedBesideFree(t *testing.T, gpu *testutil.FakeGPU, d runningDaemon, lim
 // that race in three runs of the old code, it guards the thaw's outcome).
 func TestThawAllLeavesNothingSteered(t *testing.T) {
 	gpu := testutil.StartFakeGPU(t)
-	d := startDaemon(t)
+	d := startDaemon(t, gpu)
 	cgs := map[string]*testutil.Cgroup{"infer": testutil.NewCgroup(t, "thaw-infer"),
 		"a": testutil.NewCgroup(t, "thaw-a"), "b": testutil.NewCgroup(t, "thaw-b")}
 	pol := []byte("tenants:\n" +
@@ -366,7 +366,7 @@ func TestThawAllLeavesNothingSteered(t *testing.T) {
 // step held them again.)
 func TestAttachesLeaveTheOthersHeld(t *testing.T) {
 	gpu := testutil.StartFakeGPU(t)
-	d := startDaemon(t)
+	d := startDaemon(t, gpu)
 	cgs := limitedBesideFree(t, gpu, d, "0.2")
 	comer := testutil.NewCgroup(t, "comer")
 	ctx, stop := context.WithCancel(t.Context())
@@ -421,7 +421,7 @@ func TestArbiterLimitAndWorkConservation(t *testing.T) {
 func limitedLoneHog(t *testing.T) (alone, capped []float64) {
 	gpu := testutil.StartFakeGPU(t)
 	cgs := map[string]*testutil.Cgroup{"a": testutil.NewCgroup(t, "lone")}
-	d := startDaemon(t)
+	d := startDaemon(t, gpu)
 	testutil.Start(t, cgs["a"], gpu.Workload(t, "hog", "--duration", "30"))
 	ws := trueShares(t, gpu, cgs, 2*time.Second, 3)
 	alone = col(ws, func(w map[string]float64) float64 { return w["a"] })
@@ -460,7 +460,7 @@ func limitedLoneHog(t *testing.T) (alone, capped []float64) {
 // (SIGSTOP); the guardian continues them from the pinned held table.
 func TestArbiterGuardianThawsAfterSIGKILL(t *testing.T) {
 	gpu := testutil.StartFakeGPU(t)
-	d := startDaemon(t, "--gpu-scheduler", "off")
+	d := startDaemon(t, gpu, "--gpu-scheduler", "off")
 	cg, inCgroup, pid := holdTwoTenants(t, gpu, d)
 	ledger, err := cgroup.ReadLedger(daemonLedger(d.Socket))
 	if err != nil || len(ledger) != 2 {
@@ -528,7 +528,7 @@ func holdTwoTenants(t *testing.T, gpu *testutil.FakeGPU, d runningDaemon) (cg *t
 // ledger and the pinned held table, and both run within a second of it.
 func TestThawAllAfterDaemonAndGuardianKilled(t *testing.T) {
 	gpu := testutil.StartFakeGPU(t)
-	d := startDaemon(t, "--gpu-scheduler", "off")
+	d := startDaemon(t, gpu, "--gpu-scheduler", "off")
 	cg, inCgroup, pid := holdTwoTenants(t, gpu, d)
 	st, err := d.Status(t.Context())
 	if err != nil || st.Guardian == nil || st.Guardian.PID == 0 {
@@ -593,7 +593,7 @@ func TestGuardianOutlivesTheDaemonsCgroup(t *testing.T) {
 	gpu := testutil.StartFakeGPU(t)
 	guardianCg := testutil.NewCgroup(t, "guardian")
 	daemonCg := testutil.NewCgroup(t, "daemon")
-	d := startDaemonWith(t, t.TempDir(), daemonCg, "--gpu-scheduler", "off", "--guardian-cgroup", guardianCg.Rel)
+	d := startDaemonWith(t, gpu, t.TempDir(), daemonCg, "--gpu-scheduler", "off", "--guardian-cgroup", guardianCg.Rel)
 	_, inCgroup, pid := holdTwoTenants(t, gpu, d)
 	st, err := d.Status(t.Context())
 	if err != nil || st.Guardian == nil || st.Guardian.PID == 0 {
@@ -655,7 +655,7 @@ func guardianRestarted(t *testing.T, d runningDaemon) {
 func TestArbiterGuardianResumesPausedGroups(t *testing.T) {
 	gpu := testutil.StartFakeGPU(t)
 	cg := testutil.NewCgroup(t, "paused")
-	d := startDaemon(t)
+	d := startDaemon(t, gpu)
 	inCgroup := testutil.Start(t, cg, gpu.Workload(t, "hog", "--duration", "30")).Cmd.Process.Pid
 	pid := testutil.Start(t, nil, gpu.Workload(t, "hog", "--duration", "30")).Cmd.Process.Pid
 	// Targets 10% and 30%: timeslices 1:3, and both paused to their limits.
@@ -711,8 +711,8 @@ func TestArbiterGuardianResumesPausedGroups(t *testing.T) {
 // Bad input through the CLI is refused with the field and its range, and
 // gpuarb refuses to throttle itself or PID 1.
 func TestArbiterRefusals(t *testing.T) {
-	testutil.StartFakeGPU(t)
-	d := startDaemon(t)
+	gpu := testutil.StartFakeGPU(t)
+	d := startDaemon(t, gpu)
 	bin := testutil.Bin(t, "gpuarb")
 	x := testutil.NewCgroup(t, "x").Rel
 	for _, tc := range []struct {
@@ -786,7 +786,7 @@ func summary(t *testing.T, p *testutil.Proc) map[string]float64 {
 func TestArbiterNonPreemptive(t *testing.T) {
 	measureTwice(t, func(t *testing.T, miss missFunc) {
 		gpu := testutil.StartFakeGPU(t, "--no-preempt")
-		d := startDaemon(t)
+		d := startDaemon(t, gpu)
 		// The operator tells gpuarb the GPU runs kernels to completion.
 		if err := d.ApplyPolicy(t.Context(), []byte("gpus: [{index: 0, preemptive: false}]\n")); err != nil {
 			t.Fatal(err)
@@ -814,7 +814,7 @@ func TestArbiterArrival(t *testing.T) {
 func arrival(t *testing.T, miss missFunc) {
 	gpu := testutil.StartFakeGPU(t)
 	cgs := map[string]*testutil.Cgroup{"a": testutil.NewCgroup(t, "first"), "b": testutil.NewCgroup(t, "arriving")}
-	d := startDaemon(t)
+	d := startDaemon(t, gpu)
 	pol := "tenants:\n  - {name: a, cgroup: " + cgs["a"].Rel + ", weight: 100}\n  - {name: b, cgroup: " + cgs["b"].Rel + ", weight: 300}\n"
 	if err := d.ApplyPolicy(t.Context(), []byte(pol)); err != nil {
 		t.Fatal(err)
@@ -879,7 +879,7 @@ func TestArbiterFrameSLO(t *testing.T) {
 func frameSLO(t *testing.T, miss missFunc) {
 	gpu := testutil.StartFakeGPU(t)
 	cgs := map[string]*testutil.Cgroup{"f1": testutil.NewCgroup(t, "game1"), "f2": testutil.NewCgroup(t, "game2"), "hog": testutil.NewCgroup(t, "batch")}
-	d := startDaemon(t)
+	d := startDaemon(t, gpu)
 	pol := "tenants:\n" +
 		"  - {name: f1, cgroup: " + cgs["f1"].Rel + ", priority: latency, slo: {fps: 60}}\n" +
 		"  - {name: f2, cgroup: " + cgs["f2"].Rel + ", priority: latency, slo: {fps: 60}}\n"
@@ -998,7 +998,7 @@ func latencyBeside(t *testing.T, miss missFunc, others string, h200 bool, daemon
 	}
 	cgs := map[string]*testutil.Cgroup{"infer": testutil.NewCgroup(t, "infer"), "o1": testutil.NewCgroup(t, others+"1"),
 		"o2": testutil.NewCgroup(t, others+"2")}
-	d := startDaemon(t, daemonArgs...)
+	d := startDaemon(t, gpu, daemonArgs...)
 	pol := "tenants:\n  - {name: infer, cgroup: " + cgs["infer"].Rel + ", priority: latency, slo: {p99_sync_ms: 3}}\n"
 	if err := d.ApplyPolicy(t.Context(), []byte(pol)); err != nil {
 		t.Fatal(err)

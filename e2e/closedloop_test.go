@@ -27,7 +27,7 @@ import (
 // leaves the GPU idle a third of the time.
 func TestClosedLoops(t *testing.T) {
 	gpu := testutil.StartFakeGPU(t)
-	d := startDaemon(t)
+	d := startDaemon(t, gpu)
 	for _, c := range []struct{ kernel, every string }{{"1", "32"}, {"10", "1"}, {"10", "4"}, {"10", "32"}} {
 		kernel, every := c.kernel, c.every
 		t.Run(fmt.Sprintf("%s ms kernels, sync every %s", kernel, every), func(t *testing.T) {
@@ -73,7 +73,7 @@ func TestMixedKernelsFair(t *testing.T) {
 
 func mixedKernelsFair(t *testing.T, miss missFunc) {
 	gpu := testutil.StartFakeGPU(t)
-	d := startDaemon(t)
+	d := startDaemon(t, gpu)
 	cgs := map[string]*testutil.Cgroup{"a": testutil.NewCgroup(t, "phased"), "b": testutil.NewCgroup(t, "steady")}
 	testutil.Start(t, cgs["a"], gpu.Workload(t, append(mixedPhased, "--duration", "20")...))
 	testutil.Start(t, cgs["b"], gpu.Workload(t, append(mixedSteady, "--duration", "20")...))
@@ -113,7 +113,7 @@ func TestRuntimeTenantWeighted(t *testing.T) {
 
 func runtimeTenantWeighted(t *testing.T, miss missFunc) {
 	gpu := testutil.StartFakeGPU(t)
-	d := startDaemon(t)
+	d := startDaemon(t, gpu)
 	cgs := map[string]*testutil.Cgroup{"a": testutil.NewCgroup(t, "train"), "b": testutil.NewCgroup(t, "hog")}
 	testutil.Start(t, cgs["a"], gpu.Workload(t, "train", "--duration", "30"))
 	ws := trueShares(t, gpu, map[string]*testutil.Cgroup{"a": cgs["a"]}, time.Second, 2)

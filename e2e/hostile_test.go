@@ -70,7 +70,7 @@ func TestMain(m *testing.M) {
 // metering another tenant.
 func TestFIFONamedLibcudaDoesNotStallTheDaemon(t *testing.T) {
 	gpu := testutil.StartFakeGPU(t)
-	d := startDaemon(t)
+	d := startDaemon(t, gpu)
 	hogCg, hostileCg := testutil.NewCgroup(t, "hog"), testutil.NewCgroup(t, "hostile")
 	testutil.Start(t, hogCg, gpu.Workload(t, "hog", "--kernel-ms", "2", "--duration", "20"))
 	fifo := filepath.Join(t.TempDir(), "libcuda.so.1")
@@ -124,7 +124,7 @@ func probesAndShare(t *testing.T, d runningDaemon, cg *testutil.Cgroup) (api.Pro
 // were reported, the daemon had to decode 214522 events in the 3 s.
 func TestLibcudaOpenFloodDoesNotDrownMetering(t *testing.T) {
 	gpu := testutil.StartFakeGPU(t)
-	d := startDaemon(t)
+	d := startDaemon(t, gpu)
 	hogCg := testutil.NewCgroup(t, "hog")
 	testutil.Start(t, hogCg, gpu.Workload(t, "hog", "--kernel-ms", "2", "--duration", "20"))
 	dir := t.TempDir()
@@ -194,7 +194,7 @@ func TestForkStormLeavesTheDaemonResponsive(t *testing.T) {
 		t.Fatal(err)
 	}
 	alone := forkStorm(t, bins, stormCg, forks, 0, nil, nil)
-	d := startDaemon(t)
+	d := startDaemon(t, gpu)
 	time.Sleep(2 * time.Second) // the hog metered before the storm
 	var slowest time.Duration
 	var shares []float64
@@ -251,7 +251,7 @@ func forkStorm(t *testing.T, bins string, cg *testutil.Cgroup, forks, watch int,
 // ended when /proc says it is gone), and the storm is still metered.
 func TestLostEventsLeaveNoProcessBehind(t *testing.T) {
 	gpu := testutil.StartFakeGPU(t)
-	d := startDaemon(t, "--ring-size", "4096")
+	d := startDaemon(t, gpu, "--ring-size", "4096")
 	stormCg, shortCg := testutil.NewCgroup(t, "storm"), testutil.NewCgroup(t, "short")
 	testutil.Start(t, stormCg, gpu.Workload(t, "storm", "--rate", "20000", "--duration", "30"))
 	for i := 0; i < 15; i++ {
@@ -296,7 +296,7 @@ func TestLostEventsLeaveNoProcessBehind(t *testing.T) {
 // frozen, and the hog keeps running.
 func TestUnconfirmedFreezeIsUndoneAndShown(t *testing.T) {
 	gpu := testutil.StartFakeGPU(t)
-	d := startDaemon(t)
+	d := startDaemon(t, gpu)
 	cgs := map[string]*testutil.Cgroup{"a": testutil.NewCgroup(t, "unfreezable"), "b": testutil.NewCgroup(t, "plain")}
 	testutil.Start(t, cgs["a"], gpu.Workload(t, "hog", "--kernel-ms", "2", "--duration", "20"))
 	testutil.StartUnfreezable(t, cgs["a"])
@@ -350,7 +350,7 @@ func TestUnconfirmedFreezeIsUndoneAndShown(t *testing.T) {
 // gets 25% ± 3 pp (unprobed, it kept 50%).
 func TestLibcudaUnderAnotherNameIsArbitrated(t *testing.T) {
 	gpu := testutil.StartFakeGPU(t)
-	d := startDaemon(t)
+	d := startDaemon(t, gpu)
 	lib, err := os.ReadFile(testutil.Bin(t, "libcuda.so.1"))
 	if err != nil {
 		t.Fatal(err)
@@ -417,7 +417,7 @@ func TestUnprobedGPUProcessIsHeld(t *testing.T) {
 		{"frozen", "freeze (launches unseen)", []string{"--gpu-scheduler", "off"}, []string{"--kernel-ms", "1"}, 6 * time.Second, 0.15},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			d := startDaemon(t, c.args...)
+			d := startDaemon(t, gpu, c.args...)
 			measureTwice(t, func(t *testing.T, miss missFunc) {
 				cgs := map[string]*testutil.Cgroup{"a": testutil.NewCgroup(t, "unprobed"), "b": testutil.NewCgroup(t, "plain")}
 				hidden := gpu.Workload(t, append([]string{"hog", "--duration", "20"}, c.work...)...)
@@ -467,7 +467,7 @@ func TestUnprobedGPUProcessIsHeld(t *testing.T) {
 // 50%, not the limit's precision. Nothing stays stopped or frozen after.
 func TestSIGCONTSiblingDoesNotEscapeTheLaunchGate(t *testing.T) {
 	gpu := testutil.StartFakeGPU(t)
-	d := startDaemon(t, "--gpu-scheduler", "off")
+	d := startDaemon(t, gpu, "--gpu-scheduler", "off")
 	for _, c := range []struct {
 		name string
 		args []string
@@ -550,7 +550,7 @@ func annotationsBoundedByAdmission(t *testing.T, miss missFunc) {
 	if err := os.WriteFile(filepath.Join(dir, "policy.yaml"), []byte(pol), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	d := startDaemonIn(t, dir)
+	d := startDaemonIn(t, gpu, dir)
 	testutil.Start(t, ops, gpu.Workload(t, "hog", "--duration", "15"))
 	const id = "gpuarb-e2e-greedy"
 	bundle := r.Bundle(t, lab.ContainerSpec{
@@ -621,7 +621,7 @@ func annotationsBoundedByAdmission(t *testing.T, miss missFunc) {
 // GPU).
 func TestPIDTenantKeepsDoubleForkedWorker(t *testing.T) {
 	gpu := testutil.StartFakeGPU(t)
-	d := startDaemon(t)
+	d := startDaemon(t, gpu)
 	measureTwice(t, func(t *testing.T, miss missFunc) {
 		cg := testutil.NewCgroup(t, "doublefork")
 		pidFile := filepath.Join(t.TempDir(), "worker")

@@ -69,7 +69,7 @@ func killAtRandom(t *testing.T, daemonArgs ...string) {
 	heldAtKill, groupsAtKill := 0, 0
 	var shares []float64
 	for run := range killRuns {
-		d := startDaemonIn(t, dir, daemonArgs...)
+		d := startDaemonIn(t, gpu, dir, daemonArgs...)
 		// Started after the daemon, whose probes see their channel groups
 		// (steered) or their launches (the gate) from the first.
 		var procs []*testutil.Proc

@@ -37,7 +37,7 @@ func libvirtHookVM(t *testing.T, miss missFunc) {
 		t.Fatal(err)
 	}
 	gpu := testutil.StartFakeGPU(t)
-	d := startDaemon(t)
+	d := startDaemon(t, gpu)
 
 	// The hook as 'gpuarb hooks install --runtime libvirt' writes it.
 	hooksDir := filepath.Join(t.TempDir(), "qemu.d")

@@ -46,7 +46,7 @@ func TestContainerAttachedByHook(t *testing.T) {
 func containerAttachedByHook(t *testing.T, miss missFunc) {
 	r := testutil.NewRunc(t)
 	gpu := testutil.StartFakeGPU(t)
-	d := startDaemon(t)
+	d := startDaemon(t, gpu)
 	parent := testutil.NewCgroup(t, "runc")
 	work := []string{"/gpuarb-bin/gpuwork", "hog", "--duration", "12"}
 	capped := r.Bundle(t, lab.ContainerSpec{
@@ -109,8 +109,7 @@ func containerAttachedByHook(t *testing.T, miss missFunc) {
 // The systemd cgroup form: a process in the scope systemd would make for
 // "slice:prefix:name" is registered under that scope.
 func TestHookSystemdCgroupForm(t *testing.T) {
-	testutil.Privileged(t)
-	d := startDaemon(t)
+	d := startDaemon(t, testutil.StartFakeGPU(t))
 	root, err := cgroup.UnifiedMount()
 	if err != nil {
 		t.Fatal(err)

@@ -24,7 +24,7 @@ func TestMeterRecordingReplaysTheLiveFigures(t *testing.T) {
 	cgs := map[string]*testutil.Cgroup{"a": testutil.NewCgroup(t, "rec-a"), "b": testutil.NewCgroup(t, "rec-b")}
 	pol := writePolicy(t, "tenants:\n  - {name: a, cgroup: "+cgs["a"].Rel+", weight: 100}\n  - {name: b, cgroup: "+cgs["b"].Rel+", weight: 300}\n")
 	rec := filepath.Join(t.TempDir(), "meter.jsonl")
-	d := startDaemon(t, "--record-meter", rec)
+	d := startDaemon(t, gpu, "--record-meter", rec)
 	data, _ := os.ReadFile(pol)
 	if err := d.ApplyPolicy(t.Context(), data); err != nil {
 		t.Fatal(err)

@@ -22,7 +22,7 @@ import (
 func TestStatusAndTop(t *testing.T) {
 	gpu := testutil.StartFakeGPU(t)
 	metricsAddr := testutil.FreeTCPAddr(t)
-	d := startDaemon(t, "--metrics-addr", metricsAddr)
+	d := startDaemon(t, gpu, "--metrics-addr", metricsAddr)
 	sock := d.Socket
 	cg := testutil.NewCgroup(t, "status")
 	testutil.Start(t, cg, gpu.Workload(t, "hog", "--duration", "5"))
@@ -152,8 +152,9 @@ func daemonLedger(sock string) string { return filepath.Join(filepath.Dir(sock),
 // do) outlive a policy reload and a daemon restart; a restarted daemon
 // drops the ones whose cgroup is gone.
 func TestAttachedTenantsSurviveRestart(t *testing.T) {
+	gpu := testutil.StartFakeGPU(t)
 	dir := t.TempDir()
-	d := startDaemonIn(t, dir)
+	d := startDaemonIn(t, gpu, dir)
 	keep, gone := testutil.NewCgroup(t, "keep"), testutil.NewCgroup(t, "gone")
 	attach := func(args ...string) {
 		t.Helper()
@@ -193,7 +194,7 @@ func TestAttachedTenantsSurviveRestart(t *testing.T) {
 	if err := os.Remove(gone.Path); err != nil {
 		t.Fatal(err)
 	}
-	d2 := startDaemonIn(t, dir)
+	d2 := startDaemonIn(t, gpu, dir)
 	hasTenants(d2, map[string]bool{"keep": true, "gone": false}, "after restart")
 	pol, _ := d2.Policy(t.Context())
 	if !strings.Contains(string(pol), "limit: 0.3") {
@@ -211,6 +212,6 @@ func TestAttachedTenantsSurviveRestart(t *testing.T) {
 	if !strings.Contains(d2.Proc.Stderr.String(), "its cgroup is gone") {
 		t.Errorf("the dropped tenant is not logged:\n%s", d2.Proc.Stderr)
 	}
-	d3 := startDaemonIn(t, dir)
+	d3 := startDaemonIn(t, gpu, dir)
 	hasTenants(d3, map[string]bool{"keep": false, "gone": false}, "after detach and restart")
 }

@@ -3,10 +3,13 @@ package e2e
 import (
 	"encoding/binary"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -108,7 +111,7 @@ func copyTestBinary(t *testing.T, dir string) string {
 // cleaned to, as root (a watchdog armed, a tape rewound).
 func TestDaemonOpensNoFileATenantNames(t *testing.T) {
 	gpu := testutil.StartFakeGPU(t)
-	d := startDaemon(t)
+	d := startDaemon(t, gpu)
 	dir := unprivilegedDir(t)
 	dev, fifo := filepath.Join(dir, "dev"), filepath.Join(dir, "fifo")
 	if err := unix.Mknod(dev, unix.S_IFCHR|0o666, int(unix.Mkdev(1, 5))); err != nil { // as /dev/zero
@@ -172,4 +175,86 @@ func TestDaemonOpensNoFileATenantNames(t *testing.T) {
 	if share < 0.9 {
 		t.Errorf("the hog's metered share %.1f%% beside the attacker", 100*share)
 	}
+}
+
+// simulatorImpostor listens on a Unix socket as the simulated GPU would
+// and answers every scheduling control with success, doing nothing: what a
+// tenant's own server beside its own node would do. It returns how many
+// connections it took.
+func simulatorImpostor(t *testing.T, sock string) func() int {
+	t.Helper()
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	var mu sync.Mutex
+	conns := 0
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns++
+			mu.Unlock()
+			go func() {
+				defer c.Close()
+				req := make([]byte, 64)
+				for {
+					if _, err := io.ReadFull(c, req); err != nil {
+						return
+					}
+					params := make([]byte, binary.LittleEndian.Uint32(req[4:]))
+					if _, err := io.ReadFull(c, params); err != nil {
+						return
+					}
+					resp := make([]byte, 32)
+					binary.LittleEndian.PutUint64(resp[8:], uint64(len(params)))
+					if _, err := c.Write(append(resp, params...)); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return conns
+	}
+}
+
+// Issue 56, item 4: a tenant puts its own control node (with a server
+// answering every control with success beside it) under the descriptor
+// its RM client was allocated on. The daemon steers only through the very
+// file the client was allocated on and only to the simulated GPU the
+// operator named: the impostor is never dialled, the tenant is paced at
+// the launch gate instead, and the two others stay steered — 25, 25 and
+// 50% ± 3 pp at weights 100:100:200. On 3197c47 the daemon dialled the
+// tenant's server, took its "success" for steering, and the tenant kept
+// its unarbitrated third.
+func TestSteeringTrustsNoFileATenantSwaps(t *testing.T) {
+	measureTwice(t, func(t *testing.T, miss missFunc) {
+		gpu := testutil.StartFakeGPU(t)
+		cgs := map[string]*testutil.Cgroup{"a": testutil.NewCgroup(t, "impostor"), "b": testutil.NewCgroup(t, "steered1"),
+			"c": testutil.NewCgroup(t, "steered2")}
+		d := startDaemon(t, gpu)
+		dir := t.TempDir()
+		node := filepath.Join(dir, "nvidiactl")
+		if err := unix.Mknod(node, unix.S_IFCHR|0o600, int(unix.Mkdev(1, 7))); err != nil {
+			t.Fatal(err)
+		}
+		dialled := simulatorImpostor(t, filepath.Join(dir, "fakegpu.sock"))
+		swapped := gpu.Workload(t, "hog", "--duration", "25")
+		swapped.Env = append(swapped.Env, "GPUWORK_REOPEN_CTL="+node)
+		testutil.Start(t, cgs["a"], swapped)
+		testutil.Start(t, cgs["b"], gpu.Workload(t, "hog", "--duration", "25"))
+		testutil.Start(t, cgs["c"], gpu.Workload(t, "hog", "--duration", "25"))
+		requireOnePacedBesideSteered(t, miss, gpu, d, cgs)
+		if n := dialled(); n != 0 {
+			t.Errorf("the tenant's own server took %d connections from the daemon", n)
+		}
+	})
 }

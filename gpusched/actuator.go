@@ -16,7 +16,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -32,9 +31,6 @@ type Group = ioctlspy.Group
 
 // nvidiaMajor is the character major of /dev/nvidiactl and /dev/nvidiaN.
 const nvidiaMajor = 195
-
-// FakeGPUSocket is the simulated GPU's socket, beside its control node.
-const FakeGPUSocket = "fakegpu.sock"
 
 // ErrGone marks a failure because the process has ended: nothing to steer
 // any more, the GPU is not to blame.
@@ -52,10 +48,20 @@ type Change struct {
 	KeepRunning bool
 }
 
+// ErrNotItsFile marks a descriptor that is no longer the control file the
+// process's RM client was allocated on (the process closed it, or put
+// another file under its number): steering through it would act on
+// something else, or on nothing at all. It is that process's trouble, not
+// its GPU's.
+var ErrNotItsFile = errors.New("not the control file its RM client was allocated on")
+
 // Actuator steers channel groups. It is safe for concurrent use.
 type Actuator struct {
-	mu    sync.Mutex
-	procs map[uint32]*proc
+	// fakeSocket is the simulated GPU's socket, given by the operator:
+	// the transport of a control file that is no nvidia node ("": none).
+	fakeSocket string
+	mu         sync.Mutex
+	procs      map[uint32]*proc
 }
 
 // proc is a process whose groups the actuator steers: a pidfd (to tell
@@ -69,11 +75,15 @@ type proc struct {
 
 type controlFile struct {
 	file *os.File
+	id   ioctlspy.FileID
 	via  transport
 }
 
-// New returns an actuator.
-func New() *Actuator { return &Actuator{procs: map[uint32]*proc{}} }
+// New returns an actuator. fakeSocket, when set, is the simulated GPU's
+// socket (the operator's --fakegpu-socket): the controls of a control
+// file that is no nvidia node go there. Nothing a process shows (a socket
+// beside its node, a path) ever picks where a control goes.
+func New(fakeSocket string) *Actuator { return &Actuator{fakeSocket: fakeSocket, procs: map[uint32]*proc{}} }
 
 // Available tells whether this host lets a daemon steer other processes'
 // channel groups, and why not: it needs root (the driver computes
@@ -99,8 +109,11 @@ func Available() error {
 	return nil
 }
 
-// file returns the duplicate of group g's control file, made on first use.
-// Called with a.mu held.
+// file returns the duplicate of group g's control file, made on first use
+// and checked at every use: it must be the very file g's RM client was
+// allocated on (g.File, recorded by the probes at the allocation), for a
+// process may close its descriptor or put another file under its number
+// at any time. Called with a.mu held.
 func (a *Actuator) file(g Group) (*controlFile, error) {
 	p := a.procs[g.PID]
 	if p == nil {
@@ -112,47 +125,52 @@ func (a *Actuator) file(g Group) (*controlFile, error) {
 		a.procs[g.PID] = p
 	}
 	if cf := p.files[g.FD]; cf != nil {
-		return cf, nil
+		if cf.id == g.File {
+			return cf, nil
+		}
+		cf.via.close() // the client's file is another now: duplicate afresh
+		cf.file.Close()
+		delete(p.files, g.FD)
+	}
+	if g.File.Ino == 0 {
+		return nil, fmt.Errorf("pid %d: descriptor %d: %w (none recorded)", g.PID, g.FD, ErrNotItsFile)
 	}
 	fd, err := unix.PidfdGetfd(p.pidfd, int(g.FD), 0)
 	if err != nil {
 		return nil, fmt.Errorf("pid %d: pidfd_getfd of its control file %d: %w", g.PID, g.FD, err)
 	}
 	f := os.NewFile(uintptr(fd), fmt.Sprintf("pid %d fd %d", g.PID, g.FD))
-	via, err := transportOf(g, f)
+	via, err := a.transportOf(g, f)
 	if err != nil {
 		f.Close()
 		return nil, err
 	}
-	cf := &controlFile{file: f, via: via}
+	cf := &controlFile{file: f, id: g.File, via: via}
 	p.files[g.FD] = cf
 	return cf, nil
 }
 
-// transportOf picks the driver behind a control file: the nvidia driver
-// for its character major, else the simulated GPU whose socket lies beside
-// the node (as the process sees it, through /proc/PID/root).
-func transportOf(g Group, f *os.File) (transport, error) {
+// transportOf checks that a duplicate is g's control file (a character
+// device, the file recorded at the client's allocation) and picks the
+// driver behind it: the nvidia driver for its character major, else the
+// simulated GPU whose socket the operator gave.
+func (a *Actuator) transportOf(g Group, f *os.File) (transport, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
 		return nil, fmt.Errorf("pid %d: control file %d: %w", g.PID, g.FD, err)
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFCHR {
-		return nil, fmt.Errorf("pid %d: descriptor %d is not a character device", g.PID, g.FD)
+	if st.Mode&unix.S_IFMT != unix.S_IFCHR || st.Dev != g.File.Dev || st.Ino != g.File.Ino {
+		return nil, fmt.Errorf("pid %d: descriptor %d (inode %d on %d:%d): %w (inode %d on %d:%d)", g.PID, g.FD, st.Ino,
+			unix.Major(st.Dev), unix.Minor(st.Dev), ErrNotItsFile, g.File.Ino, unix.Major(g.File.Dev), unix.Minor(g.File.Dev))
 	}
 	if unix.Major(st.Rdev) == nvidiaMajor {
 		return nvidia{}, nil
 	}
-	path, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%d", g.PID, g.FD))
-	if err != nil {
-		return nil, fmt.Errorf("pid %d: control file %d: %w", g.PID, g.FD, err)
+	if a.fakeSocket != "" {
+		return &fakeGPU{socket: a.fakeSocket}, nil
 	}
-	sock := fmt.Sprintf("/proc/%d/root%s", g.PID, filepath.Join(filepath.Dir(path), FakeGPUSocket))
-	if fi, err := os.Stat(sock); err == nil && fi.Mode()&os.ModeSocket != 0 {
-		return &fakeGPU{socket: sock}, nil
-	}
-	return nil, fmt.Errorf("pid %d: control file %s (%d:%d) is neither an nvidia node nor a simulated GPU's", g.PID, path,
-		unix.Major(st.Rdev), unix.Minor(st.Rdev))
+	return nil, fmt.Errorf("pid %d: control file %d (%d:%d) is no nvidia node, and no simulated GPU was given (--fakegpu-socket)",
+		g.PID, g.FD, unix.Major(st.Rdev), unix.Minor(st.Rdev))
 }
 
 // control sends one RM control for group g; a refused one is a StatusError,

@@ -37,9 +37,14 @@ func groupOf(t *testing.T, gpu *testutil.FakeGPU, pid int) Group {
 			fmt.Sscan(e.Name(), &fd)
 		}
 	}
+	var file unix.Stat_t
+	if err := unix.Stat(fmt.Sprintf("/proc/%d/fd/%d", pid, fd), &file); err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range st.GPUs[0].Contexts {
 		if c.PID == pid && c.Alive && fd >= 0 {
-			return Group{PID: uint32(pid), FD: fd, Client: c.Client, TSG: c.TSG, Subdevice: c.Subdevice, Channels: c.Channels, Engine: 1}
+			return Group{PID: uint32(pid), FD: fd, File: ioctlspy.FileID{Dev: file.Dev, Ino: file.Ino}, Client: c.Client, TSG: c.TSG,
+				Subdevice: c.Subdevice, Channels: c.Channels, Engine: 1}
 		}
 	}
 	t.Fatalf("no channel group of pid %d (control fd %d) in %+v", pid, fd, st.GPUs[0].Contexts)
@@ -91,7 +96,7 @@ func TestAvailable(t *testing.T) {
 func TestTimeslicesSteerShares(t *testing.T) {
 	gpu := testutil.StartFakeGPU(t)
 	pa, pb := twoHogs(t, gpu)
-	a, b := New(), groupOf(t, gpu, pb)
+	a, b := New(gpu.Socket), groupOf(t, gpu, pb)
 	defer a.Close()
 	ga := groupOf(t, gpu, pa)
 	// A group whose channels are not allocated yet (the probes saw its
@@ -167,7 +172,7 @@ func TestSimulatedGPUSlices(t *testing.T) {
 	} {
 		gpu := testutil.StartFakeGPU(t, tc.args...)
 		pa, _ := twoHogs(t, gpu)
-		a := New()
+		a := New(gpu.Socket)
 		got, err := a.Slices(groupOf(t, gpu, pa))
 		a.Close()
 		if err != nil || got != tc.want {
@@ -181,7 +186,7 @@ func TestSimulatedGPUSlices(t *testing.T) {
 func TestPauseStopsQueuedWork(t *testing.T) {
 	gpu := testutil.StartFakeGPU(t)
 	pa, pb := twoHogs(t, gpu, "--depth", "64", "--interval", "0.2")
-	a := New()
+	a := New(gpu.Socket)
 	defer a.Close()
 	ga := groupOf(t, gpu, pa)
 	pause, resume := true, false
@@ -214,13 +219,13 @@ func TestPauseStopsQueuedWork(t *testing.T) {
 func TestOwnership(t *testing.T) {
 	gpu := testutil.StartFakeGPU(t)
 	pa, _ := twoHogs(t, gpu)
-	a := New()
+	a := New(gpu.Socket)
 	defer a.Close()
 	g := groupOf(t, gpu, pa)
 	if err := a.Probe(g); err != nil {
 		t.Fatalf("GET_INFO through the process's own file: %v", err)
 	}
-	o, err := CheckOwnership(g)
+	o, err := a.CheckOwnership(g)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -287,15 +292,19 @@ func TestNvidiaEncodingDecoded(t *testing.T) {
 	holder.ExtraFiles = []*os.File{f}
 	p := testutil.Start(t, nil, holder)
 	f.Close()
-	a := New()
+	var st unix.Stat_t
+	if err := unix.Stat(node, &st); err != nil {
+		t.Fatal(err)
+	}
+	a := New("")
 	defer a.Close()
-	g := Group{PID: uint32(p.Cmd.Process.Pid), FD: 3, Client: 0xc1e00042, TSG: 0x5c000010, Subdevice: 0x5c000003,
-		Channels: []uint32{0x5c000011, 0x5c000012}}
+	g := Group{PID: uint32(p.Cmd.Process.Pid), FD: 3, File: ioctlspy.FileID{Dev: st.Dev, Ino: st.Ino}, Client: 0xc1e00042,
+		TSG: 0x5c000010, Subdevice: 0x5c000003, Channels: []uint32{0x5c000011, 0x5c000012}}
 	a.mu.Lock()
 	_, err = a.file(g)
 	a.mu.Unlock()
-	if err == nil || !strings.Contains(err.Error(), "neither an nvidia node") {
-		t.Fatalf("a node of the mem driver with no simulator beside it: %v", err)
+	if err == nil || !strings.Contains(err.Error(), "no simulated GPU was given") {
+		t.Fatalf("a node of the mem driver with no simulated GPU given: %v", err)
 	}
 	helper := exec.Command(os.Args[0], "-test.run", "^$")
 	helper.Env = append(os.Environ(), fmt.Sprintf("GPUSCHED_HELPER=%d", p.Cmd.Process.Pid))

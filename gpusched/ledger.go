@@ -22,6 +22,9 @@ type Steered struct {
 	Start uint64 `json:"start"`
 	// Original is the group's timeslice before gpuarb's first change.
 	Original time.Duration `json:"original_ns"`
+	// FakeGPU is the simulated GPU's socket its controls went to (the
+	// operator's --fakegpu-socket; "" on the nvidia driver).
+	FakeGPU string `json:"fakegpu_socket,omitempty"`
 }
 
 func (s Steered) key() string {
@@ -138,14 +141,23 @@ func PutBack(path string) ([]string, error) {
 	if err != nil || len(list) == 0 {
 		return nil, err
 	}
-	a := New()
-	defer a.Close()
+	actuators := map[string]*Actuator{}
+	defer func() {
+		for _, a := range actuators {
+			a.Close()
+		}
+	}()
 	var done []string
 	var errs []error
 	resume := false
 	for _, s := range list {
 		if cgroup.Exited(int(s.Group.PID), s.Start) {
 			continue
+		}
+		a := actuators[s.FakeGPU]
+		if a == nil {
+			a = New(s.FakeGPU)
+			actuators[s.FakeGPU] = a
 		}
 		ch := Change{Group: s.Group, Pause: &resume, Timeslice: s.Original}
 		if _, err := a.Apply([]Change{ch}); err != nil {

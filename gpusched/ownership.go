@@ -30,9 +30,10 @@ type Ownership struct {
 }
 
 // CheckOwnership duplicates group g's control file with pidfd_getfd and
-// sends GET_INFO through it and through a fresh open of the same node.
-// An error means a step failed before the driver could answer.
-func CheckOwnership(g Group) (Ownership, error) {
+// sends GET_INFO through it and through a fresh open of the same node (its
+// very inode, reopened: never a path the process shows). An error means a
+// step failed before the driver could answer.
+func (a *Actuator) CheckOwnership(g Group) (Ownership, error) {
 	pidfd, err := unix.PidfdOpen(int(g.PID), 0)
 	if err != nil {
 		return Ownership{}, fmt.Errorf("pid %d: pidfd_open: %w", g.PID, err)
@@ -53,7 +54,7 @@ func CheckOwnership(g Group) (Ownership, error) {
 		return Ownership{}, fmt.Errorf("pid %d: control file %d: %w", g.PID, g.FD, err)
 	}
 	o := Ownership{Node: node, Major: unix.Major(st.Rdev), Minor: unix.Minor(st.Rdev)}
-	via, err := transportOf(g, dup)
+	via, err := a.transportOf(g, dup)
 	if err != nil {
 		return o, err
 	}
@@ -64,7 +65,7 @@ func CheckOwnership(g Group) (Ownership, error) {
 		return o, fmt.Errorf("GET_INFO through the duplicate: %w", err)
 	}
 	o.TSGID = binary.LittleEndian.Uint32(info)
-	fresh, err := os.OpenFile(fmt.Sprintf("/proc/%d/root%s", g.PID, node), os.O_RDWR, 0)
+	fresh, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", fd), os.O_RDWR, 0)
 	if err != nil {
 		return o, fmt.Errorf("open %s afresh: %w", node, err)
 	}

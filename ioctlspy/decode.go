@@ -110,6 +110,7 @@ func decodeIoctl(h Header, r Record) Event {
 		Cmd:        r.Cmd,
 		Nr:         r.Esc,
 		Ret:        r.Ret,
+		File:       r.File,
 	}
 	switch bpf.Kind(r.DevKind) {
 	case bpf.KindNvidiaCtl, bpf.KindNvidiaGPU:

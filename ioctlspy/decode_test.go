@@ -1,6 +1,8 @@
 package ioctlspy
 
 import (
+	"golang.org/x/sys/unix"
+
 	"encoding/binary"
 	"errors"
 	"reflect"
@@ -30,7 +32,8 @@ func encodeRecord(r Record) []byte {
 	le.PutUint16(b[offArgLen:], uint16(copy(b[offArg:offArg+payloadLen], r.Arg)))
 	le.PutUint16(b[offParamsLen:], uint16(copy(b[offParams:offParams+payloadLen], r.Params)))
 	copy(b[offComm:offComm+commLen-1], r.Comm)
-	copy(b[offPath:offPath+pathLen-1], r.Path)
+	le.PutUint64(b[offFileIno:], r.File.Ino)
+	le.PutUint32(b[offFileDev:], uint32(unix.Major(r.File.Dev))<<20|uint32(unix.Minor(r.File.Dev)))
 	for i, a := range r.Args {
 		le.PutUint64(b[offArgs+8*i:], a)
 	}

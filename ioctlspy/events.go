@@ -40,6 +40,8 @@ type IoctlInfo struct {
 	Cmd        uint32 `json:"cmd"`
 	Nr         uint32 `json:"nr"`
 	Ret        int64  `json:"ret"`
+	// File is the open file the ioctl came on.
+	File FileID `json:"file"`
 }
 
 // Info returns the ioctl's fields: every event of an ioctl has them.

@@ -140,6 +140,18 @@ func runHelper(kind string) error {
 		ioctl(drm, ioc(3, 'd', 0xC3, 40), a.put(le(uint64(0), uint64(0), 1, 0, 0, 0, uint64(0))))
 		ioctl(drm, ioc(1, 'd', 0x43, 4), a.put(le(6)))
 		ioctl(other, ioc(3, 'd', 0x52, 40), a.put(exec)) // not in the table: no event
+	case "objects": // OBJECTS RM_ALLOCs of channel groups, each a new handle, claimed made
+		nv, err := openNode("NV_NODE")
+		if err != nil {
+			return err
+		}
+		n, _ := strconv.Atoi(os.Getenv("OBJECTS"))
+		params := a.put(le(0, 0, 0x5c000005, 1, 0))
+		mark := a.off
+		for i := 0; i < n; i++ {
+			a.off = mark // one argument rewritten: a new handle each time
+			ioctl(nv, ioc(3, 'F', 0x2B, 32), a.put(le(0xc1d00001, 0x5c000002, 0x5d000000+i, 0xA06C, params, 0, 0)))
+		}
 	case "flood": // RM_ALLOCs at FLOOD_RATE per second for FLOOD_SECONDS
 		nv, err := openNode("NV_NODE")
 		if err != nil {
@@ -262,6 +274,33 @@ func byType[T ioctlspy.Event](evs []ioctlspy.Event) []T {
 		}
 	}
 	return out
+}
+
+// Issue 56, item 8: a process can claim RM objects without end (their
+// handles and statuses are read from its memory): the table keeps at most
+// 4096 of one process and counts the rest dropped.
+func TestFakeObjectsAreBounded(t *testing.T) {
+	_, c := startSpy(t, []bpf.Device{{Major: 1, Minor: 7, Kind: bpf.KindNvidiaCtl}}, 0)
+	const claimed = 12000
+	pid := runHelperIn(t, testutil.NewCgroup(t, "objects"), "objects", "NV_NODE="+mknod(t, t.TempDir(), "nvidiactl", 1, 7),
+		fmt.Sprintf("OBJECTS=%d", claimed))
+	evs := c.waitExit(t, pid)
+	tbl := ioctlspy.NewTable()
+	var kept int
+	for _, ev := range evs {
+		if _, exit := ev.(*ioctlspy.ProcessExit); exit {
+			break // the table drops an exited process
+		}
+		tbl.Apply(ev)
+	}
+	if p, ok := tbl.Process(uint32(pid)); ok {
+		kept = len(p.TSGs)
+	}
+	t.Logf("%d groups claimed, %d decoded, %d kept, %d dropped", claimed, len(byType[*ioctlspy.TSGAllocated](evs)), kept, tbl.Dropped())
+	if kept > 4096 || kept+int(tbl.Dropped()) != len(byType[*ioctlspy.TSGAllocated](evs)) {
+		t.Errorf("%d groups kept, %d dropped of %d decoded: want at most 4096 kept, the rest counted", kept, tbl.Dropped(),
+			len(byType[*ioctlspy.TSGAllocated](evs)))
+	}
 }
 
 func TestNvidiaIoctls(t *testing.T) {

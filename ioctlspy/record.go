@@ -13,6 +13,8 @@ import (
 	"fmt"
 	"unsafe"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/gpuarb/gpuarb/bpf"
 )
 
@@ -42,12 +44,12 @@ const (
 	offArgs      = int(unsafe.Offsetof(rec.Args))
 	offArg       = int(unsafe.Offsetof(rec.Arg))
 	offParams    = int(unsafe.Offsetof(rec.Params))
-	offPath      = int(unsafe.Offsetof(rec.Path))
+	offFileIno   = int(unsafe.Offsetof(rec.FileIno))
+	offFileDev   = int(unsafe.Offsetof(rec.FileDev))
 
 	commLen    = len(rec.Comm)
 	numArgs    = len(rec.Args)
 	payloadLen = len(rec.Arg)
-	pathLen    = len(rec.Path)
 
 	// RecordSize is the size of one raw record.
 	RecordSize = int(unsafe.Sizeof(rec))
@@ -83,7 +85,16 @@ type Record struct {
 	Args            [numArgs]uint64
 	Arg             []byte // primary ioctl struct as read at exit
 	Params          []byte // secondary buffer (RM alloc/control params)
-	Path            string
+	// File is an ioctl's open file: its inode and filesystem.
+	File FileID
+}
+
+// FileID is a file by its filesystem (the device as stat's st_dev has it)
+// and inode number: what the daemon checks a duplicate of a process's
+// control file against before it steers through it.
+type FileID struct {
+	Dev uint64 `json:"dev"`
+	Ino uint64 `json:"ino"`
 }
 
 // ParseRecord parses a raw record. Payload lengths beyond the record's
@@ -109,7 +120,7 @@ func ParseRecord(b []byte) (Record, error) {
 		Func:     le.Uint32(b[offFunc:]),
 		Flags:    le.Uint32(b[offFlags:]),
 		Comm:     cString(b[offComm : offComm+commLen]),
-		Path:     cString(b[offPath : offPath+pathLen]),
+		File:     FileID{Dev: kernelDev(le.Uint32(b[offFileDev:])), Ino: le.Uint64(b[offFileIno:])},
 	}
 	for i := range r.Args {
 		r.Args[i] = le.Uint64(b[offArgs+8*i:])
@@ -120,6 +131,10 @@ func ParseRecord(b []byte) (Record, error) {
 	r.Params = append([]byte(nil), b[offParams:offParams+paramsLen]...)
 	return r, nil
 }
+
+// kernelDev turns a kernel dev_t (major << 20 | minor) into the encoding
+// stat(2) reports.
+func kernelDev(d uint32) uint64 { return unix.Mkdev(d>>20, d&0xfffff) }
 
 func cString(b []byte) string {
 	if i := bytes.IndexByte(b, 0); i >= 0 {

@@ -34,9 +34,9 @@ type Process struct {
 	Comm     string           `json:"comm"`
 	CgroupID uint64           `json:"cgroup_id"`
 	Contexts map[uint64]int32 `json:"contexts"` // CUDA context -> device ordinal
-	// Clients are its RM clients, each with the file descriptor of the
-	// control file it was allocated on (the driver binds it to that file).
-	Clients    map[uint32]int32      `json:"-"`
+	// Clients are its RM clients, each with the control file it was
+	// allocated on (the driver binds it to that file).
+	Clients    map[uint32]ClientFile `json:"-"`
 	TSGs       map[ObjectKey]TSG     `json:"-"`
 	Channels   map[ObjectKey]Channel `json:"-"`
 	Subdevices map[ObjectKey]uint32  `json:"-"` // subdevice -> its device
@@ -46,12 +46,21 @@ type Process struct {
 	LastSeen   uint64                `json:"last_seen_ns"`
 }
 
+// ClientFile is the control file an RM client was allocated on: its
+// descriptor in the process then, and the file itself (inode and
+// filesystem), which a duplicate of that descriptor must still be.
+type ClientFile struct {
+	FD   int32
+	File FileID
+}
+
 // Group is one channel group of a process, with what steering it needs:
-// the descriptor its client's control file has in the process, the
-// subdevice of its device and its channels.
+// its client's control file (the descriptor it has in the process, the
+// file it must be), the subdevice of its device and its channels.
 type Group struct {
 	PID       uint32
 	FD        int32
+	File      FileID
 	GPU       uint32 // the device's deviceId: its GPU
 	Client    uint32
 	TSG       uint32
@@ -61,34 +70,42 @@ type Group struct {
 }
 
 // Groups returns the process's channel groups on the graphics engine that
-// have channels, ordered by handle.
+// have channels, ordered by handle; in time linear in its objects.
 func (p Process) Groups() []Group {
+	channels := map[ObjectKey][]uint32{} // by their group
+	for ck, ch := range p.Channels {
+		k := ObjectKey{ck.Client, ch.Parent}
+		channels[k] = append(channels[k], ck.Handle)
+	}
+	subdevices := map[ObjectKey]uint32{} // by their device
+	for sk, dev := range p.Subdevices {
+		subdevices[ObjectKey{sk.Client, dev}] = sk.Handle
+	}
 	var out []Group
 	for k, t := range p.TSGs {
-		fd, ok := p.Clients[k.Client]
-		if !ok || t.Engine != engineGR0 {
+		cf, ok := p.Clients[k.Client]
+		if !ok || t.Engine != engineGR0 || len(channels[k]) == 0 {
 			continue
 		}
-		g := Group{PID: p.PID, FD: fd, Client: k.Client, TSG: k.Handle, Engine: t.Engine, GPU: p.Devices[ObjectKey{k.Client, t.Device}]}
-		for sk, dev := range p.Subdevices {
-			if sk.Client == k.Client && dev == t.Device {
-				g.Subdevice = sk.Handle
-			}
-		}
-		for ck, ch := range p.Channels {
-			if ck.Client == k.Client && ch.Parent == k.Handle {
-				g.Channels = append(g.Channels, ck.Handle)
-			}
-		}
-		if len(g.Channels) == 0 {
-			continue
-		}
+		g := Group{PID: p.PID, FD: cf.FD, File: cf.File, Client: k.Client, TSG: k.Handle, Engine: t.Engine,
+			GPU: p.Devices[ObjectKey{k.Client, t.Device}], Subdevice: subdevices[ObjectKey{k.Client, t.Device}],
+			Channels: channels[k]}
 		slices.Sort(g.Channels)
 		out = append(out, g)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].TSG < out[j].TSG })
 	return out
 }
+
+// objects counts the RM objects the table keeps of a process.
+func (p *Process) objects() int {
+	return len(p.Clients) + len(p.TSGs) + len(p.Channels) + len(p.Subdevices) + len(p.Devices)
+}
+
+// maxObjects bounds the RM objects the table keeps per process: their
+// handles and statuses are read from the process's memory, so a tenant
+// can claim objects without end. A CUDA process has a few per context.
+const maxObjects = 4096
 
 // engineGR0 is NV2080_ENGINE_TYPE_GR0, the graphics/compute engine.
 const engineGR0 = 1
@@ -99,6 +116,8 @@ const engineGR0 = 1
 type Table struct {
 	mu    sync.Mutex
 	procs map[uint32]*Process
+	// dropped counts the objects not kept, a process having maxObjects.
+	dropped uint64
 }
 
 // NewTable returns an empty table.
@@ -107,7 +126,7 @@ func NewTable() *Table { return &Table{procs: map[uint32]*Process{}} }
 func (t *Table) proc(h *Header) *Process {
 	p := t.procs[h.PID]
 	if p == nil {
-		p = &Process{PID: h.PID, Contexts: map[uint64]int32{}, Clients: map[uint32]int32{}, TSGs: map[ObjectKey]TSG{},
+		p = &Process{PID: h.PID, Contexts: map[uint64]int32{}, Clients: map[uint32]ClientFile{}, TSGs: map[ObjectKey]TSG{},
 			Channels: map[ObjectKey]Channel{}, Subdevices: map[ObjectKey]uint32{}, Devices: map[ObjectKey]uint32{},
 			Nouveau: map[int32]bool{}}
 		t.procs[h.PID] = p
@@ -147,20 +166,20 @@ func (t *Table) Apply(ev Event) {
 		delete(t.procs, h.PID)
 	case *Unknown:
 	case *TSGAllocated:
-		if made(e.Ret, e.Status) {
+		if made(e.Ret, e.Status) && t.room(h) {
 			t.proc(h).TSGs[ObjectKey{e.Client, e.Handle}] = TSG{Device: e.Parent, Engine: e.EngineType}
 		}
 	case *ChannelAllocated:
-		if made(e.Ret, e.Status) {
+		if made(e.Ret, e.Status) && t.room(h) {
 			t.proc(h).Channels[ObjectKey{e.Client, e.Handle}] = Channel{Class: e.Class, Parent: e.Parent}
 		}
 	case *ObjectAllocated:
-		if !made(e.Ret, e.Status) {
+		if !made(e.Ret, e.Status) || !t.room(h) {
 			break
 		}
 		switch e.Class {
 		case classRootClient:
-			t.proc(h).Clients[e.Handle] = e.FD
+			t.proc(h).Clients[e.Handle] = ClientFile{FD: e.FD, File: e.File}
 		case classDevice:
 			t.proc(h).Devices[ObjectKey{e.Client, e.Handle}] = e.DeviceID
 		case classSubdevice:
@@ -193,6 +212,24 @@ func (t *Table) Apply(ev Event) {
 	default:
 		t.proc(h)
 	}
+}
+
+// room tells whether the process of h may have another object kept, and
+// counts the one dropped when it may not. Called with t.mu held.
+func (t *Table) room(h *Header) bool {
+	if p := t.procs[h.PID]; p != nil && p.objects() >= maxObjects {
+		t.dropped++
+		return false
+	}
+	return true
+}
+
+// Dropped counts the RM objects not kept because their process had
+// maxObjects already.
+func (t *Table) Dropped() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.dropped
 }
 
 // free drops an RM object and, for a client, everything under it (the

@@ -145,7 +145,7 @@ func (st *stage) startDaemon(bins string, sc Scenario, args []string) error {
 	if err := os.WriteFile(filepath.Join(st.dir, "policy.yaml"), []byte(sc.Policy(st.cgroup.Rel)), 0o644); err != nil {
 		return err
 	}
-	d, err := StartDaemon(bins, st.dir, args...)
+	d, err := StartDaemon(st.gpu, st.dir, args...)
 	if err != nil {
 		return err
 	}

@@ -67,24 +67,28 @@ type Daemon struct {
 	PinPath string
 }
 
-// StartDaemon starts bins/gpuarb daemon for the simulated GPU with its
-// socket, policy file and state in dir and its pins in a directory of
-// bpffs named after dir, and waits for its API. Its thaw guardian runs in
-// its cgroup (--guardian-cgroup= ; extra may name another). extra adds
-// flags.
-func StartDaemon(bins, dir string, extra ...string) (*Daemon, error) {
-	return StartDaemonInCgroup(bins, dir, "", extra...)
+// StartDaemon starts gpuarb daemon (from gpu's bins) for the simulated
+// GPU gpu — its control node as an nvidia one (--device 1:7=nvidia), its
+// socket as the transport of its scheduling controls (--fakegpu-socket) —
+// with its socket, policy file and state in dir and its pins in a
+// directory of bpffs named after dir, and waits for its API. Its thaw
+// guardian runs in its cgroup (--guardian-cgroup= ; extra may name
+// another). extra adds flags.
+func StartDaemon(gpu *FakeGPU, dir string, extra ...string) (*Daemon, error) {
+	return StartDaemonInCgroup(gpu, dir, "", extra...)
 }
 
 // StartDaemonInCgroup is StartDaemon with the daemon started in the cgroup
 // directory cg ("": the caller's).
-func StartDaemonInCgroup(bins, dir, cg string, extra ...string) (*Daemon, error) {
+func StartDaemonInCgroup(gpu *FakeGPU, dir, cg string, extra ...string) (*Daemon, error) {
+	bins := gpu.bins
 	sock := filepath.Join(dir, "gpuarb.sock")
 	// Named after the whole of dir: unique while dir is (t.TempDir's last
 	// element, 001, repeats across tests). bpffs refuses dots in names.
 	pins := "/sys/fs/bpf/gpuarb-" + strings.NewReplacer("/", "-", ".", "-").Replace(strings.Trim(dir, "/"))
 	args := append([]string{"daemon", "--socket", sock, "--pin-path", pins, "--policy", filepath.Join(dir, "policy.yaml"),
-		"--no-host-devices", "--device", "1:7=nvidia", "--libcuda", filepath.Join(bins, "libcuda.so.1"), "--guardian-cgroup="}, extra...)
+		"--no-host-devices", "--device", "1:7=nvidia", "--fakegpu-socket", gpu.Socket, "--libcuda", filepath.Join(bins, "libcuda.so.1"),
+		"--guardian-cgroup="}, extra...)
 	p, err := Start(exec.Command(filepath.Join(bins, "gpuarb"), args...), cg)
 	if err != nil {
 		return nil, err

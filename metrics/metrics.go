@@ -44,7 +44,8 @@ var (
 	probeLost   = desc("probe_lost_events_total", "Events the probes dropped because the ring buffer was full.", nil)
 	exitsRecon  = desc("meter_exits_reconciled_total", "Processes the meter ended because they were gone with no exit event seen (lost).", nil)
 	unfollowed  = desc("probe_unfollowed_forks_total", "Processes forked below a pid tenant's that the probes could not follow (table full).", nil)
-	libsRefused = desc("probe_libcudas_refused_total", "libcuda copies not probed because 256 were already (their processes are held as unprobed).", nil)
+	libsRefused = desc("probe_libcudas_refused_total", "libcuda copies not probed because 256 were already, or 16 of one cgroup's (their processes are held as unprobed).", nil)
+	objsDropped = desc("probe_objects_dropped_total", "RM objects not kept because their process had 4096 already (a process's claims of allocations are read from its memory).", nil)
 	folded      = desc("meter_folded_launches_total", "Launches a process's bounds (1024 streams, 4096 kernels) sent to one overflow stream and cost (still charged).", nil)
 	untracked   = desc("meter_untracked_allocs_total", "GPU memory allocations beyond 65536 per process, not counted in its memory.", nil)
 	enforcing   = desc("enforcing", "1 while the arbiter enforces the policy, 0 while it only observes.", nil)
@@ -68,7 +69,7 @@ func NewCollector(status func() api.Status) *Collector {
 // Describe sends every metric's description.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{gpuSeconds, share, target, duty, throttled, launches, syncs, memory,
-		syncP99, processes, gateErrors, unprobed, gpuBusy, baseSlice, minSlice, holds, holdsCut, held, probeEvents, probeLost, exitsRecon, unfollowed, libsRefused, folded, untracked, enforcing, build} {
+		syncP99, processes, gateErrors, unprobed, gpuBusy, baseSlice, minSlice, holds, holdsCut, held, probeEvents, probeLost, exitsRecon, unfollowed, libsRefused, objsDropped, folded, untracked, enforcing, build} {
 		ch <- d
 	}
 }
@@ -109,6 +110,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(exitsRecon, prometheus.CounterValue, float64(st.Probes.ExitsReconciled))
 	ch <- prometheus.MustNewConstMetric(unfollowed, prometheus.CounterValue, float64(st.Probes.UnfollowedForks))
 	ch <- prometheus.MustNewConstMetric(libsRefused, prometheus.CounterValue, float64(st.Probes.LibcudasRefused))
+	ch <- prometheus.MustNewConstMetric(objsDropped, prometheus.CounterValue, float64(st.Probes.ObjectsDropped))
 	ch <- prometheus.MustNewConstMetric(folded, prometheus.CounterValue, float64(st.Probes.FoldedLaunches))
 	ch <- prometheus.MustNewConstMetric(untracked, prometheus.CounterValue, float64(st.Probes.UntrackedAllocs))
 	on := 0.0

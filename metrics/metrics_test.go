@@ -23,7 +23,7 @@ func TestScrapeStatus(t *testing.T) {
 		GPUs: []api.GPU{{Index: 0, BusyShare: 0.95, BaseSliceUS: 2048, MinSliceUS: 1024,
 			LatencyHolds: 400, LatencyHoldsCut: 3, LatencyHeldNS: 520_000_000}, {Index: 1, BusyShare: 0.2}},
 		Probes: api.Probes{Events: 123456, LostEvents: 3, ExitsReconciled: 2, UnfollowedForks: 5,
-			LibcudasRefused: 7, FoldedLaunches: 8, UntrackedAllocs: 9},
+			LibcudasRefused: 7, ObjectsDropped: 6, FoldedLaunches: 8, UntrackedAllocs: 9},
 	}
 	srv := httptest.NewServer(Handler(func() api.Status { return st }))
 	defer srv.Close()
@@ -59,6 +59,7 @@ func TestScrapeStatus(t *testing.T) {
 		{"gpuarb_meter_exits_reconciled_total", nil, 2, dto.MetricType_COUNTER},
 		{"gpuarb_probe_unfollowed_forks_total", nil, 5, dto.MetricType_COUNTER},
 		{"gpuarb_probe_libcudas_refused_total", nil, 7, dto.MetricType_COUNTER},
+		{"gpuarb_probe_objects_dropped_total", nil, 6, dto.MetricType_COUNTER},
 		{"gpuarb_meter_folded_launches_total", nil, 8, dto.MetricType_COUNTER},
 		{"gpuarb_meter_untracked_allocs_total", nil, 9, dto.MetricType_COUNTER},
 		{"gpuarb_enforcing", nil, 1, dto.MetricType_GAUGE},

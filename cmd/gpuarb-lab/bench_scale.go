@@ -263,7 +263,7 @@ func (b *bench) forkStorm(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if sc.daemon, err = lab.StartDaemon(b.bins, sc.dir); err != nil {
+	if sc.daemon, err = lab.StartDaemon(sc.gpu, sc.dir); err != nil {
 		return "", err
 	}
 	sc.Add(sc.daemon.Stop)

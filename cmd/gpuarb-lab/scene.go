@@ -71,7 +71,7 @@ func newScene(bins, name string, mode daemonMode, gpuArgs ...string) (_ *scene, 
 	case gating:
 		extra = append(extra, "--gpu-scheduler", "off")
 	}
-	if s.daemon, err = lab.StartDaemon(bins, s.dir, extra...); err != nil {
+	if s.daemon, err = lab.StartDaemon(s.gpu, s.dir, extra...); err != nil {
 		return nil, err
 	}
 	s.Add(s.daemon.Stop)

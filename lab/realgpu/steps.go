@@ -291,12 +291,12 @@ func (c *check) ownership(ctx context.Context, s *Step) error {
 	c.mu.Lock()
 	s.Values["allocations"] = c.allocs[g.PID]
 	c.mu.Unlock()
-	o, err := gpusched.CheckOwnership(g)
+	c.act = gpusched.New("") // the nvidia driver
+	o, err := c.act.CheckOwnership(g)
 	s.Values["ownership"] = o
 	if err != nil {
 		return err
 	}
-	c.act = gpusched.New()
 	ts, tsErr := c.act.Timeslice(g)
 	s.Values["default_timeslice_us"] = ts.Microseconds()
 	s.Summary = fmt.Sprintf("pidfd_getfd of pid %d fd %d (%s, %d:%d): GET_INFO 0x%x through the duplicate, 0x%x through a fresh open; GET_TIMESLICE %v",
@@ -773,7 +773,7 @@ func (c *check) sliceShares(ctx context.Context, s *Step) error {
 		return err
 	}
 	if c.act == nil {
-		c.act = gpusched.New()
+		c.act = gpusched.New("") // the nvidia driver
 	}
 	var loops []*lab.Proc
 	var groups [][]gpusched.Group

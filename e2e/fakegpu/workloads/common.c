@@ -204,12 +204,15 @@ static CUresult runtime_ctx_sync(void)
  * the file it was created on, which the process no longer holds, so the
  * driver refuses controls made through the descriptor (a process that
  * closed and reopened the node: what gpuarb must take as that process's
- * trouble, not the GPU's). */
+ * trouble, not the GPU's). GPUWORK_REOPEN_CTL=PATH puts an open of PATH
+ * there instead (a hostile tenant's own node, with a server of its own
+ * beside it: gpuarb must steer through neither). */
 static void reopen_control_files(void)
 {
 	char link[64], path[4096];
+	const char *swap = getenv("GPUWORK_REOPEN_CTL");
 
-	if (!getenv("GPUWORK_REOPEN_CTL"))
+	if (!swap)
 		return;
 	for (int fd = 0; fd < 1024; fd++) {
 		ssize_t n;
@@ -222,7 +225,7 @@ static void reopen_control_files(void)
 		path[n] = 0;
 		if (n < 10 || strcmp(path + n - 10, "/nvidiactl"))
 			continue;
-		fresh = open(path, O_RDWR | O_CLOEXEC);
+		fresh = open(swap[0] == '/' ? swap : path, O_RDWR | O_CLOEXEC);
 		if (fresh < 0 || dup3(fresh, fd, O_CLOEXEC) < 0) {
 			fprintf(stderr, "gpuwork: GPUWORK_REOPEN_CTL: %s: %s\n", path, strerror(errno));
 			exit(2);

@@ -55,7 +55,7 @@ static void usage(void)
 		"libcuda: libcuda.so.1 from the library path, GPUWORK_LIBCUDA=PATH, or GPUWORK_LIBCUDA=memfd:PATH\n"
 		"         (a copy in an anonymous memory file, loaded under no file name);\n"
 		"         GPUWORK_REOPEN_CTL=1 puts a fresh open of nvidiactl under libcuda's descriptor after\n"
-		"         setup (its RM client then refuses controls made through it)\n");
+		"         setup (its RM client then refuses controls made through it); =PATH an open of PATH\n");
 }
 
 /* Long options; those below 256 take a number. */
