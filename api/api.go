@@ -193,6 +193,10 @@ type Status struct {
 	// Guardian is the thaw guardian, which resumes every tenant if the
 	// daemon dies (absent when the daemon runs without one).
 	Guardian *Guardian `json:"guardian,omitempty"`
+	// PolicyError says why the policy file was refused the last time it
+	// was read: the daemon runs on the last good policy meanwhile (at a
+	// start, the copy it kept of it, else the defaults).
+	PolicyError string `json:"policy_error,omitempty"`
 }
 
 // Guardian is the state of the thaw guardian.

@@ -77,10 +77,15 @@ type Ledger struct {
 	targets map[Target]bool
 }
 
-// OpenLedger returns the ledger at path, with the targets it lists.
+// OpenLedger returns the ledger at path, with the targets it lists; one
+// whose file was unreadable, and set aside, comes empty with an error
+// wrapping ErrBadLedger.
 func OpenLedger(path string) (*Ledger, error) {
 	l := &Ledger{path: path, targets: map[Target]bool{}}
 	ts, err := ReadLedger(path)
+	if errors.Is(err, ErrBadLedger) {
+		return l, err
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -90,7 +95,24 @@ func OpenLedger(path string) (*Ledger, error) {
 	return l, nil
 }
 
+// ErrBadLedger marks a ledger file that could not be read and was set
+// aside (renamed PATH.bad) so that it keeps nothing from starting.
+var ErrBadLedger = errors.New("unreadable ledger set aside")
+
+// SetAside renames a ledger file that cannot be read to PATH.bad (the last
+// one set aside is replaced) and returns an error saying so, wrapping
+// ErrBadLedger and why.
+func SetAside(path string, why error) error {
+	bad := path + ".bad"
+	if err := os.Rename(path, bad); err != nil {
+		return fmt.Errorf("%s: %w; setting it aside: %w", path, why, err)
+	}
+	return fmt.Errorf("%w: %s moved to %s: %w", ErrBadLedger, path, bad, why)
+}
+
 // ReadLedger lists the targets recorded at path (none when it is missing).
+// A file that does not parse is set aside (SetAside): what it listed may
+// stay stopped, and the error says where the file went.
 func ReadLedger(path string) ([]Target, error) {
 	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) {
@@ -104,12 +126,13 @@ func ReadLedger(path string) ([]Target, error) {
 		Targets []Target `json:"targets"`
 	}
 	if err := json.NewDecoder(f).Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("read ledger %s: %w", path, err)
+		return nil, SetAside(path, err)
 	}
 	return doc.Targets, nil
 }
 
-// Add records a target; it is on disk when Add returns.
+// Add records a target; it is on disk when Add returns nil, and not
+// recorded at all when it returns an error.
 func (l *Ledger) Add(t Target) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -117,10 +140,15 @@ func (l *Ledger) Add(t Target) error {
 		return nil
 	}
 	l.targets[t] = true
-	return l.writeLocked()
+	if err := l.writeLocked(); err != nil {
+		delete(l.targets, t)
+		return err
+	}
+	return nil
 }
 
-// Remove forgets a target (after it was thawed for good).
+// Remove forgets a target (after it was thawed for good); one whose
+// removal could not be written stays recorded.
 func (l *Ledger) Remove(t Target) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -128,7 +156,11 @@ func (l *Ledger) Remove(t Target) error {
 		return nil
 	}
 	delete(l.targets, t)
-	return l.writeLocked()
+	if err := l.writeLocked(); err != nil {
+		l.targets[t] = true
+		return err
+	}
+	return nil
 }
 
 // Targets lists the recorded targets.

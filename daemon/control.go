@@ -55,7 +55,8 @@ type tenant struct {
 	cancel     context.CancelFunc
 	done       chan struct{}
 	target     cgroup.Target
-	refused    bool // no gate could be made (logged once)
+	refused    bool // no gate may be made (logged once)
+	unrecorded bool // its ledger entry could not be written (logged once)
 	// unprobed are its processes that use the GPU through a driver no
 	// probe sees (Daemon.meterUnprobed): it is held by pausing its groups
 	// or freezing it, never paced at the launch gate, which they pass.
@@ -783,17 +784,25 @@ func (d *Daemon) gateFor(t *tenant) (cgroup.Gate, error) {
 }
 
 // startGate records the tenant in the ledger (before any freeze) and
-// starts its gater. Called with d.mu held.
+// starts its gater. A tenant gpuarb must never stop is refused for good;
+// one whose ledger entry cannot be written (a full /run) is tried again at
+// the next step, and logged once until it succeeds. Called with d.mu held.
 func (d *Daemon) startGate(ctx context.Context, t *tenant, period time.Duration) {
 	g, err := d.gateFor(t)
-	if err == nil {
-		err = d.ledger.Add(g.Target())
-	}
 	if err != nil {
 		t.refused = true
 		d.log.Warn("tenant cannot be throttled", "tenant", t.name, "err", err)
 		return
 	}
+	if err := d.ledger.Add(g.Target()); err != nil {
+		if !t.unrecorded {
+			t.unrecorded = true
+			t.gateErrors.note(err)
+			d.log.Error("tenant not throttled until its thaw ledger entry can be written", "tenant", t.name, "err", err)
+		}
+		return
+	}
+	t.unrecorded = false
 	t.target = g.Target()
 	t.gater, t.gatePeriod = arbiter.NewGater(g, period, d.epoch), period
 	ids := make([]uint64, 0, len(t.cgroupIDs))

@@ -102,7 +102,9 @@ var ErrAlreadyRunning = errors.New("another gpuarb daemon is running")
 type Daemon struct {
 	cfg    Config
 	log    *slog.Logger
-	lock   *os.File
+	lock   *os.File // beside the socket
+	// pinLock is the pin directory, locked: one daemon per pinned maps.
+	pinLock *os.File
 	probes *bpf.Probes
 	spy    *ioctlspy.Spy
 	meter  *meter.Meter
@@ -128,6 +130,12 @@ type Daemon struct {
 	policy   *policy.Config
 	base     *policy.Config
 	attached *attachments
+	// policyFile is the policy file's part as last read (or the last good
+	// copy, or the defaults, at a start on a file that could not be read);
+	// policyErr why the file was refused the last time it was read ("":
+	// it was not), under mu.
+	policyFile *policy.Config
+	policyErr  string
 	// pidStarts pins each pid tenant to its process: the start time of
 	// the process its pid named when it was attached or first appeared
 	// in the policy. A pid reused by another process is not the tenant's.
@@ -245,26 +253,32 @@ func Start(cfg Config) (_ *Daemon, err error) {
 	if err := os.MkdirAll(filepath.Dir(cfg.Socket), 0o755); err != nil {
 		return nil, fmt.Errorf("create %s: %w", filepath.Dir(cfg.Socket), err)
 	}
-	if err := d.takeLock(); err != nil {
-		return nil, err
-	}
-	pol, found, err := policy.Load(cfg.PolicyPath)
+	mounted, err := bpf.EnsureFilesystems()
 	if err != nil {
 		return nil, err
 	}
-	d.policy, d.base = pol, pol
-	d.meter.SetScheduling(pol.Scheduling)
-	d.log.Info("policy", "path", cfg.PolicyPath, "found", found, "tenants", len(pol.Tenants), "period", pol.Period)
+	for _, m := range mounted {
+		d.log.Info("mounted", "path", m)
+	}
+	if err := d.takeLocks(); err != nil {
+		return nil, err
+	}
 	// A daemon that died may have left tenants frozen, held or paused:
-	// resume them first.
-	// What could not be resumed stays in the ledger, tried again by the
-	// guardian, `thaw --all` or the next start.
+	// resume them first, before anything that could keep this one from
+	// starting. What could not be resumed stays in the ledger, tried again
+	// by the guardian, `thaw --all` or the next start; a ledger that
+	// cannot be read is set aside (PATH.bad).
 	if done, err := ThawLeftovers(cfg.Ledger, cfg.PinPath); err != nil {
-		d.log.Warn("resuming what an earlier daemon left", "err", err)
+		d.log.Error("resuming what an earlier daemon left", "err", err)
 	} else if len(done) > 0 {
 		d.log.Info("resumed what an earlier daemon left", "targets", len(done))
 	}
-	if d.ledger, err = cgroup.OpenLedger(cfg.Ledger); err != nil {
+	d.loadPolicy()
+	d.policy, d.base = d.policyFile, d.policyFile
+	d.meter.SetScheduling(d.policy.Scheduling)
+	if d.ledger, err = cgroup.OpenLedger(cfg.Ledger); errors.Is(err, cgroup.ErrBadLedger) {
+		d.log.Error("the thaw ledger", "err", err)
+	} else if err != nil {
 		return nil, err
 	}
 	if d.steer, err = newSteering(cfg.NoGPUScheduler || cfg.ObserveOnly, cfg.FakeGPUSocket, SteerLedgerBeside(cfg.Ledger), d.meter, d.log); err != nil {
@@ -285,13 +299,6 @@ func Start(cfg Config) (_ *Daemon, err error) {
 		if err := d.guardian.start(); err != nil {
 			return nil, err
 		}
-	}
-	mounted, err := bpf.EnsureFilesystems()
-	if err != nil {
-		return nil, err
-	}
-	for _, m := range mounted {
-		d.log.Info("mounted", "path", m)
 	}
 	if root, err := cgroup.UnifiedMount(); err == nil {
 		d.resolver = cgroup.NewResolver(root)
@@ -343,21 +350,93 @@ func Start(cfg Config) (_ *Daemon, err error) {
 	return d, nil
 }
 
-func (d *Daemon) takeLock() error {
+// takeLocks takes the daemon's two locks: a file beside its socket (one
+// daemon per API) and its pin directory (one daemon per set of pinned
+// maps: a second with another socket must not clear the first one's
+// gates, leases and held table).
+func (d *Daemon) takeLocks() error {
 	path := filepath.Join(filepath.Dir(d.cfg.Socket), "gpuarb.lock")
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return fmt.Errorf("open lock %s: %w", path, err)
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+	if err := lockFile(f, path); err != nil {
 		f.Close()
+		return err
+	}
+	d.lock = f
+	if err := os.MkdirAll(d.cfg.PinPath, 0o700); err != nil {
+		return fmt.Errorf("create pin path %s: %w", d.cfg.PinPath, err)
+	}
+	pins, err := os.Open(d.cfg.PinPath)
+	if err != nil {
+		return fmt.Errorf("open pin path %s: %w", d.cfg.PinPath, err)
+	}
+	if err := lockFile(pins, d.cfg.PinPath); err != nil {
+		pins.Close()
+		return err
+	}
+	d.pinLock = pins
+	return nil
+}
+
+// lockFile takes an exclusive lock on f, named path in errors.
+func lockFile(f *os.File, path string) error {
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		if errors.Is(err, unix.EWOULDBLOCK) {
 			return fmt.Errorf("%w (lock %s held)", ErrAlreadyRunning, path)
 		}
 		return fmt.Errorf("lock %s: %w", path, err)
 	}
-	d.lock = f
 	return nil
+}
+
+// LastGoodBeside is where a daemon keeps a copy of the last policy file it
+// could read, for a start on a file that cannot be.
+func LastGoodBeside(socket string) string {
+	return filepath.Join(filepath.Dir(socket), "policy.last-good.yaml")
+}
+
+// loadPolicy reads the policy file into d.policyFile; a file that cannot
+// be read leaves the daemon on the last one that could (its copy beside
+// the socket), else on the defaults, with the error in d.policyErr
+// (status shows it). Called before any other goroutine runs, or with d.mu
+// held.
+func (d *Daemon) loadPolicy() {
+	pol, found, err := policy.Load(d.cfg.PolicyPath)
+	if err == nil {
+		d.policyFile, d.policyErr = pol, ""
+		d.log.Info("policy", "path", d.cfg.PolicyPath, "found", found, "tenants", len(pol.Tenants), "period", pol.Period)
+		d.keepLastGood()
+		return
+	}
+	d.policyErr = err.Error()
+	if d.policyFile != nil {
+		d.log.Error("policy file refused: the last good policy stays", "err", err)
+		return
+	}
+	last, _, lerr := policy.Load(LastGoodBeside(d.cfg.Socket))
+	if lerr != nil || last == nil {
+		last = policy.Default()
+	}
+	d.policyFile = last
+	d.log.Error("policy file refused: running on the last good policy (the defaults where none was kept)", "err", err,
+		"tenants", len(last.Tenants))
+}
+
+// keepLastGood copies the policy file, just read, beside the socket.
+func (d *Daemon) keepLastGood() {
+	data, err := os.ReadFile(d.cfg.PolicyPath)
+	if err != nil {
+		return // missing: the defaults apply, nothing to keep
+	}
+	tmp := LastGoodBeside(d.cfg.Socket) + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err == nil {
+		err = os.Rename(tmp, LastGoodBeside(d.cfg.Socket))
+	}
+	if err != nil {
+		d.log.Warn("keeping a copy of the last good policy", "err", err)
+	}
 }
 
 // attachLibcudas probes the libcuda copies the operator names, those in
@@ -640,8 +719,9 @@ func (d *Daemon) Stop() error {
 	}
 	d.stepMu.Unlock()
 	if d.steer != nil {
+		// The ledger lets go of each group put back; one that could not
+		// be stays listed for the guardian, thaw --all or the next start.
 		errs = append(errs, d.steer.Close())
-		_ = os.Remove(SteerLedgerBeside(d.cfg.Ledger))
 		d.steer = nil
 	}
 	if d.guardian != nil {
@@ -681,6 +761,10 @@ func (d *Daemon) Stop() error {
 		_ = os.Remove(d.lock.Name())
 		errs = append(errs, d.lock.Close())
 		d.lock = nil
+	}
+	if d.pinLock != nil {
+		errs = append(errs, d.pinLock.Close())
+		d.pinLock = nil
 	}
 	return errors.Join(errs...)
 }

@@ -346,7 +346,8 @@ func pidStart(pid int) uint64 {
 	return start
 }
 
-// Reload re-reads the policy file; a bad file keeps the policy in force.
+// Reload re-reads the policy file; a bad file keeps the policy in force,
+// and status shows why until a reload succeeds.
 func (d *Daemon) Reload() error {
 	cfg, found, err := policy.Load(d.cfg.PolicyPath)
 	if err == nil {
@@ -355,10 +356,15 @@ func (d *Daemon) Reload() error {
 	if err == nil {
 		err = d.setBase(cfg, "reload "+d.cfg.PolicyPath)
 	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	if err != nil {
+		d.policyErr = err.Error()
 		d.log.Error("reload refused; keeping the last good policy", "err", err)
 		return err
 	}
+	d.policyFile, d.policyErr = cfg, ""
+	d.keepLastGood()
 	if !found {
 		d.log.Warn("policy file missing on reload; using defaults", "path", d.cfg.PolicyPath)
 	}

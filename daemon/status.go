@@ -136,6 +136,7 @@ func (d *Daemon) Status() api.Status {
 			Limit: float64(pt.Rules.Limit), Priority: string(pt.Rules.Priority), Duty: 1, State: "idle"})
 	}
 	st.Enforcing = d.enforcing
+	st.PolicyError = d.policyErr
 	var sum time.Duration
 	for _, c := range d.controlTimes {
 		sum += c

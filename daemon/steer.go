@@ -137,7 +137,9 @@ func newSteering(disabled bool, fakeSocket, ledgerPath string, m *meter.Meter, l
 		}
 	}
 	l, err := gpusched.OpenLedger(ledgerPath)
-	if err != nil {
+	if errors.Is(err, cgroup.ErrBadLedger) {
+		log.Error("the steering ledger", "err", err)
+	} else if err != nil {
 		return nil, err
 	}
 	s.ledger = l

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -16,6 +17,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gpuarb/gpuarb/cgroup"
+	"github.com/gpuarb/gpuarb/e2e/fakegpu"
 	"github.com/gpuarb/gpuarb/internal/testutil"
 )
 
@@ -257,4 +260,230 @@ func TestSteeringTrustsNoFileATenantSwaps(t *testing.T) {
 			t.Errorf("the tenant's own server took %d connections from the daemon", n)
 		}
 	})
+}
+
+// killDaemonAndGuardian SIGKILLs the daemon (started by the test) and its
+// guardian (started by that daemon), the guardian first, so that nothing
+// releases what the daemon held.
+func killDaemonAndGuardian(t *testing.T, d runningDaemon) {
+	t.Helper()
+	st, err := d.Status(t.Context())
+	if err != nil || st.Guardian == nil || st.Guardian.PID == 0 {
+		t.Fatalf("guardian: %+v, %v", st.Guardian, err)
+	}
+	for _, p := range []int{st.Guardian.PID, d.Proc.Cmd.Process.Pid} {
+		if err := syscall.Kill(p, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(5 * time.Second); !cgroup.Gone(st.Guardian.PID) || !d.Proc.Done(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("daemon or guardian not gone 5 s after SIGKILL")
+		}
+	}
+}
+
+// Issue 56, item 10: a daemon that died holding a tenant, its guardian
+// dead too, and the policy file since broken: the next daemon resumes the
+// tenant before anything else, starts on the last good policy (its copy
+// of the file as last read) and says why in status. On 3197c47 it refused
+// to start, and the tenant stayed stopped.
+func TestStartResumesLeftoversDespiteABrokenPolicy(t *testing.T) {
+	gpu := testutil.StartFakeGPU(t)
+	dir := t.TempDir()
+	cg := testutil.NewCgroup(t, "held")
+	file := filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(file, []byte("tenants:\n  - {name: held, cgroup: "+cg.Rel+", limit: 0.1}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemonIn(t, gpu, dir, "--gpu-scheduler", "off")
+	hog := testutil.Start(t, cg, gpu.Workload(t, "hog", "--duration", "30")).Cmd.Process.Pid
+	for deadline := time.Now().Add(10 * time.Second); !cgroup.Stopped(hog); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the tenant was never held")
+		}
+	}
+	killDaemonAndGuardian(t, d)
+	if !cgroup.Stopped(hog) {
+		t.Fatal("released with no daemon and no guardian: the test needs it held")
+	}
+	if err := os.WriteFile(file, []byte("tenants: [{name: held, limit: 300%}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	started := time.Now()
+	d = startDaemonIn(t, gpu, dir, "--gpu-scheduler", "off")
+	took := time.Since(started)
+	for cgroup.Stopped(hog) {
+		if time.Since(started) > 5*time.Second {
+			t.Fatal("the tenant is still stopped 5 s after the daemon's start")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Logf("the tenant running %v after the start (%v to the API)", time.Since(started), took)
+	st, err := d.Status(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol, err := d.Policy(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.PolicyError == "" || !strings.Contains(string(pol), cg.Rel) {
+		t.Errorf("status policy_error %q, policy in force:\n%s\nwant the file's error shown and the last good policy (limiting %s)",
+			st.PolicyError, pol, cg.Rel)
+	}
+}
+
+// Issue 56, item 10: ledgers that cannot be read (garbage in gated.json
+// and steered.json) are set aside, named in the log, and the daemon
+// starts. On 3197c47 they kept it from starting, for good.
+func TestUnreadableLedgersAreSetAside(t *testing.T) {
+	gpu := testutil.StartFakeGPU(t)
+	dir := t.TempDir()
+	for _, name := range []string{"gated.json", "steered.json"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte("{not json"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d := startDaemonIn(t, gpu, dir)
+	if _, err := d.Status(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"gated.json", "steered.json"} {
+		if _, err := os.Stat(filepath.Join(dir, name+".bad")); err != nil {
+			t.Errorf("%s not set aside: %v", name, err)
+		}
+	}
+}
+
+// Issue 56, item 10: a second daemon with its own socket but the same
+// pinned maps is refused (exit status 3), and the first one's launch gate
+// still holds its tenant. On 3197c47 it started, cleared the first one's
+// gates and released the tenant.
+func TestSecondDaemonOnThePinsIsRefused(t *testing.T) {
+	gpu := testutil.StartFakeGPU(t)
+	cg := testutil.NewCgroup(t, "held")
+	d := startDaemon(t, gpu, "--gpu-scheduler", "off")
+	if err := d.ApplyPolicy(t.Context(), []byte("tenants:\n  - {name: held, cgroup: "+cg.Rel+", limit: 0.1}\n")); err != nil {
+		t.Fatal(err)
+	}
+	hog := testutil.Start(t, cg, gpu.Workload(t, "hog", "--duration", "30")).Cmd.Process.Pid
+	held := 0
+	second := exec.Command(testutil.Bin(t, "gpuarb"), "daemon", "--socket", filepath.Join(t.TempDir(), "other.sock"), "--pin-path",
+		d.PinPath, "--no-host-devices", "--device", "1:7=nvidia", "--guardian-cgroup=")
+	out, err := second.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 3 || !strings.Contains(string(out), "another gpuarb daemon") {
+		t.Fatalf("a second daemon on the same pins: %v\n%s", err, out)
+	}
+	for i := 0; i < 200; i++ { // 2 s: the first one still paces the hog
+		if cgroup.Stopped(hog) {
+			held++
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if held < 100 {
+		t.Errorf("the hog held %d of 200 samples beside the refused second daemon, want most (a 10%% limit)", held)
+	}
+}
+
+// Issue 56, item 9: a daemon stopped while the simulated GPU does not
+// answer cannot put a paused channel group back (the simulator makes no
+// control its caller gave up on); its steering ledger keeps the group,
+// and `gpuarb thaw --all` resumes it once the GPU answers. On 3197c47 the
+// ledger was deleted anyway, and the group stayed paused.
+func TestStopKeepsWhatItCouldNotPutBack(t *testing.T) {
+	gpu := testutil.StartFakeGPU(t)
+	cg := testutil.NewCgroup(t, "paused")
+	dir := t.TempDir()
+	d := startDaemonIn(t, gpu, dir)
+	if err := d.ApplyPolicy(t.Context(), []byte("tenants:\n  - {name: paused, cgroup: "+cg.Rel+", limit: 0.1}\n")); err != nil {
+		t.Fatal(err)
+	}
+	hog := testutil.Start(t, cg, gpu.Workload(t, "hog", "--duration", "60")).Cmd.Process.Pid
+	paused := func() int {
+		st, err := fakegpu.ReadStats(gpu.Socket, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range st.GPUs[0].Contexts {
+			if c.PID == hog && c.Alive {
+				return c.Disabled
+			}
+		}
+		return 0
+	}
+	for deadline := time.Now().Add(10 * time.Second); paused() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the group was never paused")
+		}
+	}
+	gpuPID := gpu.Proc.Cmd.Process.Pid
+	if err := syscall.Kill(gpuPID, syscall.SIGSTOP); err != nil { // started by this test
+		t.Fatal(err)
+	}
+	d.Proc.Interrupt(30 * time.Second)
+	ledger, err := os.ReadFile(filepath.Join(dir, "steered.json"))
+	if err := syscall.Kill(gpuPID, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	if err != nil || !strings.Contains(string(ledger), fmt.Sprintf(`"PID":%d`, hog)) {
+		t.Fatalf("the steering ledger after a stop that could not put the group back: %v %s", err, ledger)
+	}
+	out, err := exec.Command(testutil.Bin(t, "gpuarb"), "thaw", "--all", "--socket", d.Socket, "--pin-path", d.PinPath).CombinedOutput()
+	if err != nil {
+		t.Fatalf("thaw --all: %v\n%s", err, out)
+	}
+	if n := paused(); n != 0 {
+		t.Errorf("%d channels still paused after thaw --all: %s", n, out)
+	}
+}
+
+// Issue 56, item 10: a tenant whose thaw ledger entry cannot be written
+// (its filesystem full, as a full /run) is not throttled meanwhile — nothing
+// may be stopped that the guardian would not know — and is throttled once
+// the entry can be written. On 3197c47 it was refused for good.
+func TestFullStateDirDelaysGatingOnly(t *testing.T) {
+	gpu := testutil.StartFakeGPU(t)
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	d := startDaemonIn(t, gpu, dir, "--gpu-scheduler", "off")
+	filler := filepath.Join(dir, "filler")
+	f, err := os.Create(filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for chunk := make([]byte, 4096); ; {
+		if _, err := f.Write(chunk); err != nil {
+			break // full
+		}
+	}
+	f.Close()
+	cg := testutil.NewCgroup(t, "limited")
+	if err := d.ApplyPolicy(t.Context(), []byte("tenants:\n  - {name: limited, cgroup: "+cg.Rel+", limit: 0.1}\n")); err != nil {
+		t.Fatal(err)
+	}
+	hog := testutil.Start(t, cg, gpu.Workload(t, "hog", "--duration", "30")).Cmd.Process.Pid
+	time.Sleep(2 * time.Second)
+	if cgroup.Stopped(hog) {
+		t.Fatal("held while its ledger entry could not be written")
+	}
+	st, err := d.Status(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tn := tenantByName(st, "limited"); tn == nil || tn.GateErrors == 0 {
+		t.Errorf("status does not show the failed ledger write: %+v", tn)
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); !cgroup.Stopped(hog); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("never held once its ledger entry could be written")
+		}
+	}
 }

@@ -43,10 +43,15 @@ type Ledger struct {
 	groups map[string]Steered
 }
 
-// OpenLedger returns the ledger at path with the groups it lists.
+// OpenLedger returns the ledger at path with the groups it lists; one
+// whose file was unreadable, and set aside, comes empty with an error
+// wrapping cgroup.ErrBadLedger.
 func OpenLedger(path string) (*Ledger, error) {
 	l := &Ledger{path: path, groups: map[string]Steered{}}
 	list, err := readLedger(path)
+	if errors.Is(err, cgroup.ErrBadLedger) {
+		return l, err
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -66,26 +71,33 @@ func readLedger(path string) ([]Steered, error) {
 	}
 	var list []Steered
 	if err := json.Unmarshal(data, &list); err != nil {
-		return nil, fmt.Errorf("steering ledger %s: %w", path, err)
+		return nil, cgroup.SetAside(path, err)
 	}
 	return list, nil
 }
 
-// Add records groups before their first change, in one rewrite.
+// Add records groups before their first change, in one rewrite; none is
+// recorded when it returns an error.
 func (l *Ledger) Add(ss ...Steered) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	added := false
+	var added []string
 	for _, s := range ss {
 		if _, ok := l.groups[s.key()]; !ok {
 			l.groups[s.key()] = s
-			added = true
+			added = append(added, s.key())
 		}
 	}
-	if !added {
+	if len(added) == 0 {
 		return nil
 	}
-	return l.write()
+	if err := l.write(); err != nil {
+		for _, k := range added {
+			delete(l.groups, k)
+		}
+		return err
+	}
+	return nil
 }
 
 // Remove forgets groups put back (or whose processes ended), in one

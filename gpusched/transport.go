@@ -113,6 +113,9 @@ type fakeGPU struct {
 	conn *net.UnixConn
 }
 
+// fakeControlWait is how long a control waits for the simulator.
+const fakeControlWait = 2 * time.Second
+
 // The simulator's setup protocol (e2e/fakegpu/libcuda/fakegpu_abi.h).
 const (
 	fakeOpRMControl = 8
@@ -170,9 +173,14 @@ func (f *fakeGPU) roundTrip(file *os.File, client, object, cmd uint32, params []
 			f.conn = nil
 		}
 	}()
-	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	_ = c.SetDeadline(time.Now().Add(fakeControlWait))
 	req := make([]byte, fakeReqSize, fakeReqSize+len(params))
 	le := binary.LittleEndian
+	// The simulator makes no control read after this (a control is made
+	// while its caller waits or not at all, as with the driver's ioctl).
+	var now unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &now)
+	le.PutUint64(req[40:], uint64(now.Nano()+int64(fakeControlWait)))
 	le.PutUint32(req[0:], fakeOpRMControl)
 	le.PutUint32(req[4:], uint32(len(params)))
 	le.PutUint64(req[8:], uint64(client))

@@ -154,6 +154,9 @@ func printTable(w io.Writer, st api.Status, key string) error {
 	if !st.Enforcing {
 		fmt.Fprintln(tw, "(observing only: nothing is throttled)")
 	}
+	if st.PolicyError != "" {
+		fmt.Fprintf(tw, "(policy file refused, the last good policy applies: %s)\n", shown(st.PolicyError))
+	}
 	// Failed freezes, thaws and pauses: the tenant may get more than its
 	// share while they go on.
 	for _, t := range st.Tenants {

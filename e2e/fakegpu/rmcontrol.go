@@ -43,6 +43,7 @@ const (
 	nvErrInvalidCommand    = 0x24
 	nvErrInvalidObject     = 0x33
 	nvErrInvalidParamSize  = 0x37
+	nvErrTimeout           = 0x65
 )
 
 // Costs and limits of the controls the device serves: a one-shot
@@ -83,7 +84,12 @@ func (s *Server) rmControl(cn *conn, req request, fds []int) error {
 		owner = true
 	}
 	status := uint32(nvErrInvalidClient)
-	if owner {
+	switch {
+	case req.deadline != 0 && monotonicNS() > req.deadline:
+		// Its sender gave up waiting: a driver's ioctl is made while its
+		// caller waits, or not at all, never later.
+		status = nvErrTimeout
+	case owner:
 		status, params = s.control(client, uint32(req.arg1), uint32(req.arg2), params, cn.uid == 0)
 	}
 	if _, err := cn.c.Write(response{status: int32(status), val0: uint64(len(params))}.bytes()); err != nil {

@@ -180,6 +180,9 @@ type request struct {
 	// tsgAt is, for opCtxCreate, when the client allocated the context's
 	// channel group (CLOCK_MONOTONIC ns; 0: unknown).
 	tsgAt int64
+	// deadline is, for opRMControl, when the sender stops waiting
+	// (CLOCK_MONOTONIC ns; 0: never): a control read later is not made.
+	deadline int64
 }
 
 type response struct {
@@ -307,7 +310,8 @@ func readRequest(c *net.UnixConn) (request, []int, error) {
 	}
 	le := binary.LittleEndian
 	return request{op: le.Uint32(buf[0:]), gpu: le.Uint32(buf[4:]),
-		arg0: le.Uint64(buf[8:]), arg1: le.Uint64(buf[16:]), arg2: le.Uint64(buf[24:]), tsgAt: int64(le.Uint64(buf[32:]))}, fds, nil
+		arg0: le.Uint64(buf[8:]), arg1: le.Uint64(buf[16:]), arg2: le.Uint64(buf[24:]), tsgAt: int64(le.Uint64(buf[32:])),
+		deadline: int64(le.Uint64(buf[40:]))}, fds, nil
 }
 
 func closeAll(fds []int) {

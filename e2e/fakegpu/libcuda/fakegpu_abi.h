@@ -94,7 +94,8 @@ enum fg_op {
 	                        * as the driver takes it, made through the file descriptor
 	                        * attached (SCM_RIGHTS), or through the sender's own
 	                        * client's file when none is -> status the NV_STATUS, val0
-	                        * the params size returned, the params follow the response */
+	                        * the params size returned, the params follow the response;
+	                        * one read after its deadline is not made (NV_ERR_TIMEOUT) */
 };
 
 struct fg_req {
@@ -108,6 +109,13 @@ struct fg_req {
 		/* FG_OP_CTX_CREATE: CLOCK_MONOTONIC ns of the channel group's
 		 * allocation, its place on the runlist (0: now) */
 		uint64_t tsg_at;
+		/* FG_OP_RM_CONTROL: CLOCK_MONOTONIC ns after which the sender no
+		 * longer waits (0: none): as a driver's ioctl, a control is made
+		 * while its caller waits or not at all */
+		struct {
+			uint64_t pad;
+			uint64_t deadline;
+		};
 	};
 };
 
