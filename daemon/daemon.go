@@ -100,15 +100,15 @@ var ErrAlreadyRunning = errors.New("another gpuarb daemon is running")
 
 // Daemon is a running gpuarb daemon.
 type Daemon struct {
-	cfg    Config
-	log    *slog.Logger
-	lock   *os.File // beside the socket
+	cfg  Config
+	log  *slog.Logger
+	lock *os.File // beside the socket
 	// pinLock is the pin directory, locked: one daemon per pinned maps.
 	pinLock *os.File
-	probes *bpf.Probes
-	spy    *ioctlspy.Spy
-	meter  *meter.Meter
-	hold   *latencyHold
+	probes  *bpf.Probes
+	spy     *ioctlspy.Spy
+	meter   *meter.Meter
+	hold    *latencyHold
 	// recording is the file the meter records to (Config.RecordMeter);
 	// recordingFailed once a write to it failed.
 	recording       *os.File

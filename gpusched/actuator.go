@@ -83,7 +83,9 @@ type controlFile struct {
 // socket (the operator's --fakegpu-socket): the controls of a control
 // file that is no nvidia node go there. Nothing a process shows (a socket
 // beside its node, a path) ever picks where a control goes.
-func New(fakeSocket string) *Actuator { return &Actuator{fakeSocket: fakeSocket, procs: map[uint32]*proc{}} }
+func New(fakeSocket string) *Actuator {
+	return &Actuator{fakeSocket: fakeSocket, procs: map[uint32]*proc{}}
+}
 
 // Available tells whether this host lets a daemon steer other processes'
 // channel groups, and why not: it needs root (the driver computes
