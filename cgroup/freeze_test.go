@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -167,7 +168,7 @@ func TestSignalGate(t *testing.T) {
 		t.Fatal("no child process")
 	}
 	t.Cleanup(func() { _ = syscall.Kill(child, syscall.SIGKILL) })
-	g, err := cgroup.NewSignalGate(pid)
+	g, err := cgroup.NewSignalGate(pid, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +211,7 @@ func TestRefusals(t *testing.T) {
 		t.Errorf("a sibling refused: %v", err)
 	}
 	for _, pid := range []int{0, 1, os.Getpid(), os.Getppid()} {
-		if _, err := cgroup.NewSignalGate(pid); err == nil {
+		if _, err := cgroup.NewSignalGate(pid, nil, nil); err == nil {
 			t.Errorf("pid %d accepted", pid)
 		}
 	}
@@ -231,7 +232,7 @@ func TestLedgerThawAll(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sig, err := cgroup.NewSignalGate(bare.Cmd.Process.Pid)
+	sig, err := cgroup.NewSignalGate(bare.Cmd.Process.Pid, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -441,7 +442,7 @@ func TestGatesLeaveSomeoneElsesFreeze(t *testing.T) {
 		for i := 0; i < 100 && !cgroup.Stopped(theirs); i++ {
 			time.Sleep(5 * time.Millisecond)
 		}
-		g, err := cgroup.NewSignalGate(pid)
+		g, err := cgroup.NewSignalGate(pid, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -468,4 +469,82 @@ func TestGatesLeaveSomeoneElsesFreeze(t *testing.T) {
 			t.Error("the gate's thaw resumed a process someone else had stopped")
 		}
 	})
+}
+
+// Issue 56, item 12: a signal gate stops the tree its members function
+// lists (the daemon's: every process forked below the root) and records
+// each process in the ledger, by pid and start time, before it stops it.
+// A process whose parent is killed while it is stopped (reparented, below
+// the root no more) is continued all the same: by the gate's thaw, and by
+// a ThawAll of the ledger (the guardian's) had the gate never thawed. A
+// walk of /proc below the root missed it, and it stayed stopped.
+func TestSignalGateContinuesReparentedProcesses(t *testing.T) {
+	for _, byGuardian := range []bool{false, true} {
+		pidFile := filepath.Join(t.TempDir(), "child")
+		root := busy(t, nil, `sh -c 'sh -c "while :; do :; done" & echo $! > `+pidFile+`; wait' & while :; do sleep 1; done`)
+		child := testutil.ReadPIDFile(t, pidFile, 5*time.Second)
+		childStart, err := cgroup.StartTime(child)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { // by pid and start time: ours, reparented away from the test
+			if !cgroup.Exited(child, childStart) {
+				_ = syscall.Kill(child, syscall.SIGKILL)
+			}
+		})
+		tree := cgroup.Descendants(root.Cmd.Process.Pid)
+		parent := 0
+		for _, p := range tree {
+			if p != child && p != root.Cmd.Process.Pid {
+				data, _ := os.ReadFile("/proc/" + strconv.Itoa(p) + "/task/" + strconv.Itoa(p) + "/children")
+				if strings.Contains(" "+string(data), " "+strconv.Itoa(child)+" ") {
+					parent = p
+				}
+			}
+		}
+		if parent == 0 {
+			t.Fatalf("no parent of %d in %v", child, tree)
+		}
+		ledgerPath := filepath.Join(t.TempDir(), "gated.json")
+		l, err := cgroup.OpenLedger(ledgerPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := cgroup.NewSignalGate(root.Cmd.Process.Pid, func() []int { return tree }, l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := g.Freeze(); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(time.Second); !cgroup.Stopped(child); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("the child was not stopped")
+			}
+		}
+		if err := syscall.Kill(parent, syscall.SIGKILL); err != nil { // ours: the test's shell started it
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(time.Second); slices.Contains(cgroup.Descendants(root.Cmd.Process.Pid), child); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("the child was not reparented")
+			}
+		}
+		if byGuardian {
+			_, err = cgroup.ThawAll(ledgerPath)
+		} else {
+			err = g.Thaw()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+		if cgroup.Stopped(child) {
+			t.Errorf("guardian %v: the reparented child is still stopped", byGuardian)
+		}
+		if left, err := cgroup.ReadLedger(ledgerPath); err != nil || len(left) != 0 {
+			t.Errorf("guardian %v: the ledger still lists %v (%v)", byGuardian, left, err)
+		}
+		_ = g.Thaw()
+	}
 }

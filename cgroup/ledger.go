@@ -16,7 +16,9 @@ import (
 const (
 	KindV2  = "cgroup2"
 	KindV1  = "freezer"
-	KindPID = "pid"
+	KindPID = "pid" // a process tree, by its root (what an earlier gpuarb recorded)
+	// KindProcess is one process a signal gate stopped.
+	KindProcess = "process"
 )
 
 // Target is one thing a gate may have stopped, as the ledger records it.
@@ -28,7 +30,10 @@ type Target struct {
 }
 
 func (t Target) String() string {
-	if t.Kind == KindPID {
+	switch t.Kind {
+	case KindPID:
+		return fmt.Sprintf("pid %d's tree", t.PID)
+	case KindProcess:
 		return fmt.Sprintf("pid %d", t.PID)
 	}
 	return t.Path
@@ -52,9 +57,21 @@ func (t Target) Gate() (Gate, error) {
 		return newV1GateUnchecked(rel)
 	case KindPID:
 		return SignalGateOf(t.PID, t.Start), nil
+	case KindProcess:
+		return processThaw{pid: t.PID, start: t.Start}, nil
 	}
 	return nil, fmt.Errorf("unknown target kind %q", t.Kind)
 }
+
+// processThaw is the thaw of one process a signal gate stopped.
+type processThaw struct {
+	pid   int
+	start uint64
+}
+
+func (p processThaw) Freeze() error  { return errors.New("a recorded process is only thawed") }
+func (p processThaw) Thaw() error    { return ContinueProcess(p.pid, p.start) }
+func (p processThaw) Target() Target { return Target{Kind: KindProcess, PID: p.pid, Start: p.start} }
 
 func splitMount(dir string) (mount, rel string, ok bool) {
 	m, err := UnifiedMount()
@@ -131,33 +148,49 @@ func ReadLedger(path string) ([]Target, error) {
 	return doc.Targets, nil
 }
 
-// Add records a target; it is on disk when Add returns nil, and not
-// recorded at all when it returns an error.
-func (l *Ledger) Add(t Target) error {
+// Add records targets, in one write; they are on disk when Add returns
+// nil, and none is recorded when it returns an error.
+func (l *Ledger) Add(ts ...Target) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.targets[t] {
+	var added []Target
+	for _, t := range ts {
+		if !l.targets[t] {
+			l.targets[t] = true
+			added = append(added, t)
+		}
+	}
+	if len(added) == 0 {
 		return nil
 	}
-	l.targets[t] = true
 	if err := l.writeLocked(); err != nil {
-		delete(l.targets, t)
+		for _, t := range added {
+			delete(l.targets, t)
+		}
 		return err
 	}
 	return nil
 }
 
-// Remove forgets a target (after it was thawed for good); one whose
-// removal could not be written stays recorded.
-func (l *Ledger) Remove(t Target) error {
+// Remove forgets targets (thawed for good), in one write; when the write
+// fails they stay recorded.
+func (l *Ledger) Remove(ts ...Target) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if !l.targets[t] {
+	var removed []Target
+	for _, t := range ts {
+		if l.targets[t] {
+			delete(l.targets, t)
+			removed = append(removed, t)
+		}
+	}
+	if len(removed) == 0 {
 		return nil
 	}
-	delete(l.targets, t)
 	if err := l.writeLocked(); err != nil {
-		l.targets[t] = true
+		for _, t := range removed {
+			l.targets[t] = true
+		}
 		return err
 	}
 	return nil

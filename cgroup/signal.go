@@ -7,31 +7,40 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 )
 
-// SignalGate stops a bare process and its descendants with SIGSTOP and
-// resumes them with SIGCONT, for tenants attached by pid. The process is
-// identified by pid and start time, so a reused pid is never signalled.
+// SignalGate stops a bare process's tree with SIGSTOP and resumes it with
+// SIGCONT, for tenants attached by pid. The tree is what members lists at
+// each freeze (the daemon's: every process forked below the root, however
+// a double fork reparented it), else /proc's tree below the root. Every
+// process it stops is recorded in the ledger, by pid and start time,
+// before the signal, and continued by pidfd after the same check: a
+// process that died meanwhile, its pid since reused, is never signalled,
+// and one reparented while stopped is still continued (by the gate, the
+// guardian or thaw --all).
 //
 // Processes already stopped when it stops the tree (a shell's Ctrl-Z, a
 // debugger) were stopped by someone else: it leaves them stopped at its
 // thaw. (One stopped while the gate holds the tree cannot be told from
 // its own stop: the thaw resumes it.)
 type SignalGate struct {
-	pid   int
-	start uint64
-	mu    sync.Mutex
-	// theirs are the processes stopped by someone else at the last
-	// Freeze, by pid and start time.
-	theirs map[int]uint64
+	pid     int
+	start   uint64
+	members func() []int
+	ledger  *Ledger
+	mu      sync.Mutex
+	// stopped are the processes it stopped at the last Freeze, by pid and
+	// start time.
+	stopped map[int]uint64
 }
 
 // NewSignalGate returns the gate of a process tree, refusing PID 1, gpuarb
-// itself and its ancestors.
-func NewSignalGate(pid int) (*SignalGate, error) {
+// itself and its ancestors. members, when not nil, lists the tree's
+// processes at each freeze; ledger, when not nil, records each process
+// before it is stopped.
+func NewSignalGate(pid int, members func() []int, ledger *Ledger) (*SignalGate, error) {
 	if pid <= 1 {
 		return nil, fmt.Errorf("refusing to stop pid %d", pid)
 	}
@@ -49,86 +58,134 @@ func NewSignalGate(pid int) (*SignalGate, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &SignalGate{pid: pid, start: st.start}, nil
+	return &SignalGate{pid: pid, start: st.start, members: members, ledger: ledger}, nil
 }
 
-// SignalGateOf rebuilds a gate from a ledger entry.
+// SignalGateOf rebuilds the gate of a ledger entry of an earlier gpuarb
+// (a whole tree, KindPID), to thaw what /proc shows below it.
 func SignalGateOf(pid int, start uint64) *SignalGate { return &SignalGate{pid: pid, start: start} }
 
-// Freeze sends SIGSTOP to the process and every descendant not already
-// stopped.
+// Freeze records, then stops with SIGSTOP, the tree's processes not
+// already stopped; none is stopped if they cannot be recorded.
 func (g *SignalGate) Freeze() error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.theirs = map[int]uint64{}
-	return g.signal(syscall.SIGSTOP, func(p int, st procStat) bool {
-		if st.state == 'T' || st.state == 't' {
-			g.theirs[p] = st.start
-			return false
+	if !g.Alive() {
+		return fmt.Errorf("pid %d: %w", g.pid, os.ErrProcessDone)
+	}
+	pids := Descendants(g.pid)
+	if g.members != nil {
+		pids = append(g.members(), g.pid)
+	}
+	self := os.Getpid()
+	stop := map[int]uint64{}
+	var targets []Target
+	for _, p := range pids {
+		st, err := readStat(p)
+		if p == self || err != nil || gone(st) || st.state == 'T' || st.state == 't' {
+			continue // stopped by someone else: left as it is
 		}
-		return true
-	})
+		if _, dup := stop[p]; !dup {
+			stop[p] = st.start
+			targets = append(targets, Target{Kind: KindProcess, PID: p, Start: st.start})
+		}
+	}
+	if g.ledger != nil {
+		if err := g.ledger.Add(targets...); err != nil {
+			return fmt.Errorf("record pid %d's tree before stopping it: %w", g.pid, err)
+		}
+	}
+	var errs []error
+	for p, start := range stop {
+		if err := signalProcess(p, start, unix.SIGSTOP); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	g.stopped = stop
+	return errors.Join(errs...)
 }
 
-// Thaw sends SIGCONT to the process and every descendant, but those
-// someone else had stopped before Freeze.
+// Thaw continues the processes the last Freeze stopped (but those that
+// ended, or whose pid is another process's now) and lets the ledger go of
+// them; one that could not be continued stays recorded.
 func (g *SignalGate) Thaw() error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	theirs := g.theirs
-	g.theirs = nil
-	return g.signal(syscall.SIGCONT, func(p int, st procStat) bool {
-		start, ok := theirs[p]
-		return !ok || start != st.start
-	})
+	var errs []error
+	var done []Target
+	for p, start := range g.stopped {
+		if err := signalProcess(p, start, unix.SIGCONT); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		done = append(done, Target{Kind: KindProcess, PID: p, Start: start})
+	}
+	g.stopped = nil
+	if g.ledger != nil {
+		errs = append(errs, g.ledger.Remove(done...))
+	}
+	if g.members == nil && g.ledger == nil {
+		// An earlier gpuarb's whole-tree entry: what /proc shows below it.
+		errs = append(errs, g.thawTree())
+	}
+	return errors.Join(errs...)
 }
 
-// ContinueProcess sends SIGCONT to one process (not its descendants) if it
-// is still the one that started at start (clock ticks since boot, as in
-// /proc/PID/stat): the release of a process gpuarb's launch gate stopped.
-// A process that is gone is not an error.
-func ContinueProcess(pid int, start uint64) error {
-	if pid <= 1 {
-		return fmt.Errorf("refusing to signal pid %d", pid)
-	}
-	if !SignalGateOf(pid, start).Alive() {
-		return nil
-	}
-	if err := unix.Kill(pid, syscall.SIGCONT); err != nil && !errors.Is(err, unix.ESRCH) {
-		return fmt.Errorf("continue pid %d: %w", pid, err)
-	}
-	return nil
-}
-
-// Target implements Gate.
-func (g *SignalGate) Target() Target { return Target{Kind: KindPID, PID: g.pid, Start: g.start} }
-
-// Alive tells whether the process still exists (same pid, same start).
-func (g *SignalGate) Alive() bool {
-	st, err := readStat(g.pid)
-	return err == nil && st.start == g.start
-}
-
-// signal sends sig to the tree's processes that pick, given each one's
-// stat, chooses.
-func (g *SignalGate) signal(sig syscall.Signal, pick func(pid int, st procStat) bool) error {
+// thawTree continues every process /proc shows below the root.
+func (g *SignalGate) thawTree() error {
 	if !g.Alive() {
 		return fmt.Errorf("pid %d: %w", g.pid, os.ErrProcessDone)
 	}
 	var errs []error
 	self := os.Getpid()
 	for _, p := range Descendants(g.pid) {
-		if p == self {
-			continue
-		}
-		if st, err := readStat(p); err != nil || !pick(p, st) {
-			continue
-		}
-		if err := unix.Kill(p, sig); err != nil && !errors.Is(err, unix.ESRCH) {
-			errs = append(errs, fmt.Errorf("%v pid %d: %w", sig, p, err))
+		if st, err := readStat(p); err == nil && p != self {
+			errs = append(errs, signalProcess(p, st.start, unix.SIGCONT))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// signalProcess sends sig to process pid if it is still the one that
+// started at start, through a pidfd: a pid reused since is never
+// signalled. A process that is gone is not an error.
+func signalProcess(pid int, start uint64, sig unix.Signal) error {
+	if pid <= 1 {
+		return fmt.Errorf("refusing to signal pid %d", pid)
+	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if errors.Is(err, unix.ESRCH) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("%v pid %d: pidfd_open: %w", sig, pid, err)
+	}
+	defer unix.Close(fd)
+	// The pidfd holds the process: the start read now is its own, unless
+	// it died and the pid was reused, and then the signal finds nobody.
+	if st, err := readStat(pid); err != nil || st.start != start {
+		return nil
+	}
+	if err := unix.PidfdSendSignal(fd, sig, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+		return fmt.Errorf("%v pid %d: %w", sig, pid, err)
+	}
+	return nil
+}
+
+// ContinueProcess sends SIGCONT to one process (not its descendants) if it
+// is still the one that started at start (clock ticks since boot, as in
+// /proc/PID/stat): the release of a process gpuarb's launch gate stopped.
+// A process that is gone is not an error.
+func ContinueProcess(pid int, start uint64) error { return signalProcess(pid, start, unix.SIGCONT) }
+
+// Target implements Gate: the root process (each process stopped is
+// recorded by Freeze as well).
+func (g *SignalGate) Target() Target { return Target{Kind: KindProcess, PID: g.pid, Start: g.start} }
+
+// Alive tells whether the process still exists (same pid, same start).
+func (g *SignalGate) Alive() bool {
+	st, err := readStat(g.pid)
+	return err == nil && st.start == g.start
 }
 
 type procStat struct {

@@ -33,6 +33,10 @@ type tenant struct {
 
 	cgroupIDs map[uint64]bool // cgroups its processes were seen in
 	anyPID    int             // one of its processes
+	// tree is a pid tenant's processes as the last step found them (every
+	// process forked below its root), read by its signal gate without the
+	// daemon's lock.
+	tree atomic.Pointer[[]int]
 	decisions map[int]arbiter.Decision
 	inputs    map[int]arbiter.Input // what the arbiter decided on, per GPU
 	totals    map[int]meter.Totals  // per GPU, cumulative: the Prometheus counters
@@ -421,10 +425,14 @@ func (d *Daemon) control(ctx context.Context) {
 			delete(d.tenants, name)
 			continue
 		}
-		if t.launches != nil && t.pid != 0 {
+		if t.pid != 0 {
 			// A pid tenant's tree changes as it forks.
-			if err := t.launches.SetMembers(nil, slices.Collect(maps.Keys(cl.trees[t.pid]))); err != nil {
-				d.log.Warn("launch gate", "tenant", name, "err", err)
+			tree := slices.Collect(maps.Keys(cl.trees[t.pid]))
+			t.tree.Store(&tree)
+			if t.launches != nil {
+				if err := t.launches.SetMembers(nil, tree); err != nil {
+					d.log.Warn("launch gate", "tenant", name, "err", err)
+				}
 			}
 		}
 		duty, offset, paced, scheduled := 1.0, 0.0, true, false
@@ -764,7 +772,12 @@ func (d *Daemon) gateFor(t *tenant) (cgroup.Gate, error) {
 		if pidStart(t.pid) != d.pidStarts[t.pid] {
 			return nil, fmt.Errorf("pid %d is no longer the process attached", t.pid)
 		}
-		return cgroup.NewSignalGate(t.pid)
+		return cgroup.NewSignalGate(t.pid, func() []int {
+			if tree := t.tree.Load(); tree != nil {
+				return *tree
+			}
+			return nil
+		}, d.ledger)
 	}
 	if strings.HasPrefix(t.cgroup, "cgroup:") {
 		return nil, errors.New("its cgroup path is unknown")

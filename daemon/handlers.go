@@ -201,7 +201,7 @@ func (d *Daemon) checkGates(ts ...policy.Tenant) error {
 	for _, t := range ts {
 		switch {
 		case t.PID != 0:
-			if _, err := cgroup.NewSignalGate(t.PID); err != nil {
+			if _, err := cgroup.NewSignalGate(t.PID, nil, nil); err != nil {
 				errs = append(errs, fmt.Errorf("tenant %s: %w", t.Name, err))
 			}
 		case t.Cgroup != "":
