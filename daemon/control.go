@@ -36,7 +36,7 @@ type tenant struct {
 	// tree is a pid tenant's processes as the last step found them (every
 	// process forked below its root), read by its signal gate without the
 	// daemon's lock.
-	tree atomic.Pointer[[]int]
+	tree      atomic.Pointer[[]int]
 	decisions map[int]arbiter.Decision
 	inputs    map[int]arbiter.Input // what the arbiter decided on, per GPU
 	totals    map[int]meter.Totals  // per GPU, cumulative: the Prometheus counters
