@@ -25,7 +25,13 @@ const StatusPath = "/v1/status"
 
 // Tenant is one tenant on one GPU as `gpuarb status --json` prints it.
 type Tenant struct {
-	Name         string  `json:"name"`
+	// Name is the tenant's key: a policy entry's or an attachment's name,
+	// else (a cgroup no entry names) its cgroup's path.
+	Name string `json:"name"`
+	// Label is a shorter name for tables of a tenant named by its cgroup
+	// (its container's short id, its systemd unit): display only, two
+	// tenants may share one.
+	Label        string  `json:"label,omitempty"`
 	Cgroup       string  `json:"cgroup"`
 	CgroupID     uint64  `json:"cgroup_id"`
 	GPU          int     `json:"gpu"`

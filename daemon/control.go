@@ -135,10 +135,11 @@ func (c *classifier) classify(pid uint32, cgroupID uint64) (name string, rules p
 			return t.Name, t.Rules, path, 0
 		}
 	}
+	name = DefaultName(path, cgroupID)
 	if path == "" {
 		path = fmt.Sprintf("cgroup:%d", cgroupID)
 	}
-	return TenantName(path), c.cfg.Defaults, path, 0
+	return name, c.cfg.Defaults, path, 0
 }
 
 // normalizeCgroup accepts a path as in /proc/PID/cgroup or a full path

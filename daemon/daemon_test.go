@@ -24,7 +24,7 @@ import (
 	"github.com/gpuarb/gpuarb/policy"
 )
 
-func TestTenantName(t *testing.T) {
+func TestLabel(t *testing.T) {
 	id := "4f3c2b1a0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a"
 	for in, want := range map[string]string{
 		"/docker/" + id:                         "4f3c2b1a0d9e",
@@ -37,8 +37,8 @@ func TestTenantName(t *testing.T) {
 		"/":              "/",
 		"":               "?",
 	} {
-		if got := TenantName(in); got != want {
-			t.Errorf("TenantName(%q) = %q, want %q", in, got, want)
+		if got := Label(in); got != want {
+			t.Errorf("Label(%q) = %q, want %q", in, got, want)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"fmt"
 	"path"
 	"regexp"
 	"strings"
@@ -11,9 +12,21 @@ import (
 // crio-<id>.scope, libpod-<id>.scope, /kubepods/.../<id>.
 var containerID = regexp.MustCompile(`(?:^|[-/])([0-9a-f]{64})(?:\.scope)?$`)
 
-// TenantName names a tenant after its container (the short id) or, for
-// other cgroups, after its path.
-func TenantName(cgroupPath string) string {
+// DefaultName names the tenant of a cgroup no policy entry names: its path,
+// or "cgroup id N" where the path is unknown. Such a name is one cgroup's
+// alone, and no other tenant's can equal it: the names of policy entries,
+// attachments and workloads have neither '/' nor spaces.
+func DefaultName(cgroupPath string, cgroupID uint64) string {
+	if cgroupPath == "" {
+		return fmt.Sprintf("cgroup id %d", cgroupID)
+	}
+	return cgroupPath
+}
+
+// Label is what the tables show of a default tenant: its container (the
+// short id) or, for other cgroups, its systemd unit or path. Two tenants
+// may share a label: it is for display only, never a key.
+func Label(cgroupPath string) string {
 	if m := containerID.FindStringSubmatch(cgroupPath); m != nil {
 		return m[1][:12]
 	}

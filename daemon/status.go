@@ -51,6 +51,9 @@ func (d *Daemon) publish(res control.Result, snap meter.Snapshot, actuation map[
 				}
 			}
 			row.BurstNS = in.BurstNS
+			if name == ct.Cgroup {
+				row.Label = Label(ct.Cgroup)
+			}
 			row.UnprobedPIDs = t.unprobed
 			row.Actuator = actuatorName(actuation[gpu], t)
 			if in.Unsteered {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -484,6 +485,50 @@ func TestFullStateDirDelaysGatingOnly(t *testing.T) {
 	for deadline := time.Now().Add(5 * time.Second); !cgroup.Stopped(hog); time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("never held once its ledger entry could be written")
+		}
+	}
+}
+
+// Issue 56, item 3: tenants are keyed by what they select, never merged by
+// name. Two cgroups no entry names whose last element is the same
+// (ollama.service under two slices) are two tenants, and a workload that
+// registers itself as "ollama.service" (as a pod's gpuarb.io/name does)
+// is a third: limited to 10%, it alone is held there, and the two others
+// share the rest. On 3197c47 all three were one tenant named
+// "ollama.service", gated by the first cgroup's freezer: a victim held for
+// the workload's usage.
+func TestTenantsAreNeverMergedByName(t *testing.T) {
+	gpu := testutil.StartFakeGPU(t)
+	d := startDaemon(t, gpu)
+	x := testutil.Sub(t, testutil.NewCgroup(t, "x"), "ollama.service")
+	y := testutil.Sub(t, testutil.NewCgroup(t, "y"), "ollama.service")
+	z := testutil.NewCgroup(t, "workload")
+	att := fmt.Sprintf(`{"name": "ollama.service", "cgroup": %q, "limit": 0.1}`, z.Rel)
+	if _, err := d.Attach(t.Context(), "container-z", []byte(att)); err != nil {
+		t.Fatal(err)
+	}
+	cgs := map[string]*testutil.Cgroup{"x": x, "y": y, "z": z}
+	for _, cg := range cgs {
+		testutil.Start(t, cg, gpu.Workload(t, "hog", "--duration", "20"))
+	}
+	ws := trueShares(t, gpu, cgs, 4*time.Second, 4)
+	st, err := d.Status(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]string{}
+	for _, tn := range st.Tenants {
+		names[tn.Cgroup] = tn.Name
+	}
+	logStatus(t, d)
+	if names[x.Rel] != x.Rel || names[y.Rel] != y.Rel || names[z.Rel] != "ollama.service" {
+		t.Errorf("tenants by cgroup %v: want %s and %s named by their paths, %s named ollama.service", names, x.Rel, y.Rel, z.Rel)
+	}
+	for name, want := range map[string]float64{"x": 0.45, "y": 0.45, "z": 0.10} {
+		got := col(ws, func(w map[string]float64) float64 { return w[name] })
+		t.Logf("%s: %s for %.0f%%", name, pcts(got), 100*want)
+		if e := math.Abs(median(got) - want); e > 0.03 {
+			t.Errorf("%s took %.1f%% of the GPU, want %.0f%% ± 3 pp", name, 100*median(got), 100*want)
 		}
 	}
 }

@@ -144,7 +144,7 @@ func printTable(w io.Writer, st api.Status, key string) error {
 	fmt.Fprintln(tw, "TENANT\tGPU\tSHARE\tTARGET\tDUTY\tPRIO\tWEIGHT\tGPU ms/s\tQUEUE ms/s\tLAUNCH/s\tSYNC/s\tMEM MiB\tPROCS\tSTATE\tCGROUP\t")
 	window := float64(st.WindowNS) / 1e9
 	for _, t := range st.Tenants {
-		fmt.Fprintf(tw, "%s\t%d\t%.1f%%\t%.1f%%\t%.2f\t%s\t%d\t%.1f\t%.1f\t%.0f\t%.0f\t%.1f\t%d\t%s\t%s\t\n", truncate(t.Name, 24), t.GPU,
+		fmt.Fprintf(tw, "%s\t%d\t%.1f%%\t%.1f%%\t%.2f\t%s\t%d\t%.1f\t%.1f\t%.0f\t%.0f\t%.1f\t%d\t%s\t%s\t\n", truncate(displayName(t), 24), t.GPU,
 			100*t.Share, 100*t.TargetShare, t.Duty, t.Priority, t.Weight, float64(t.GPUNS)/1e6/window, float64(t.QueueNS)/1e6/window,
 			t.LaunchesPerS, t.SyncsPerS, float64(t.MemBytes)/(1<<20), t.Processes, t.State, truncate(t.Cgroup, 48))
 	}
@@ -161,14 +161,14 @@ func printTable(w io.Writer, st api.Status, key string) error {
 	// share while they go on.
 	for _, t := range st.Tenants {
 		if t.GateErrors > 0 {
-			fmt.Fprintf(tw, "(%s: %d failed freeze, thaw or pause operations; last: %s)\n", shown(t.Name), t.GateErrors, shown(t.LastGateError))
+			fmt.Fprintf(tw, "(%s: %d failed freeze, thaw or pause operations; last: %s)\n", shown(displayName(t)), t.GateErrors, shown(t.LastGateError))
 		}
 	}
 	// Work nobody sees: the tenant is metered by assumption.
 	for _, t := range st.Tenants {
 		if len(t.UnprobedPIDs) > 0 {
 			fmt.Fprintf(tw, "(%s: pids %v use the GPU through a driver gpuarb does not probe: metered as busy whenever they may run, held by %s)\n",
-				shown(t.Name), t.UnprobedPIDs, shown(t.Actuator))
+				shown(displayName(t)), t.UnprobedPIDs, shown(t.Actuator))
 		}
 	}
 	// The guardian is news only when it is not running or has died.
@@ -183,6 +183,15 @@ func printTable(w io.Writer, st api.Status, key string) error {
 }
 
 // truncate shows s (shown) in at most n characters, keeping its end.
+// displayName is what a table shows of a tenant: its label where it has
+// one (a tenant named by its cgroup), else its name.
+func displayName(t api.Tenant) string {
+	if t.Label != "" {
+		return t.Label
+	}
+	return t.Name
+}
+
 func truncate(s string, n int) string {
 	r := []rune(shown(s))
 	if len(r) <= n {
