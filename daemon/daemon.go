@@ -407,6 +407,10 @@ func (d *Daemon) loadPolicy() {
 	if err == nil {
 		d.policyFile, d.policyErr = pol, ""
 		d.log.Info("policy", "path", d.cfg.PolicyPath, "found", found, "tenants", len(pol.Tenants), "period", pol.Period)
+		if len(pol.Admission) == 0 {
+			d.log.Info("admission: the policy has no rules, so the default bounds what workloads ask for themselves",
+				"max_weight", policy.DefaultAdmission[0].MaxWeight, "latency", "refused")
+		}
 		d.keepLastGood()
 		return
 	}

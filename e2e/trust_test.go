@@ -532,3 +532,31 @@ func TestTenantsAreNeverMergedByName(t *testing.T) {
 		}
 	}
 }
+
+// Issue 56, item 5: with no admission rules in the policy, a workload's own
+// request is bounded by the default: a hook-registered container asking
+// for weight 10000 and latency priority with a 1 ms SLO gets weight 1000
+// and priority normal, and the policy in force says the default applies.
+// On 3197c47 it got what it asked for.
+func TestDefaultAdmissionBoundsWorkloads(t *testing.T) {
+	gpu := testutil.StartFakeGPU(t)
+	d := startDaemon(t, gpu)
+	cg := testutil.NewCgroup(t, "asks")
+	req := fmt.Sprintf(`{"name": "asks", "cgroup": %q, "weight": 10000, "priority": "latency", "slo": {"p99_sync_ms": 1}}`, cg.Rel)
+	res, err := d.Attach(t.Context(), "container-asks", []byte(req))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol, err := d.Policy(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("admission changed %q; policy in force:\n%s", res.Adjusted, pol)
+	if !strings.Contains(string(pol), "name: asks") || !strings.Contains(string(pol), "weight: 1000\n") ||
+		strings.Contains(string(pol), "priority: latency") || !strings.Contains(string(pol), "# admission: none given, so the default") {
+		t.Errorf("want asks admitted at weight 1000 without latency, and the default admission said")
+	}
+	if len(res.Adjusted) != 2 {
+		t.Errorf("the changes said to the workload: %q, want the weight and the priority", res.Adjusted)
+	}
+}

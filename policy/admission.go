@@ -43,11 +43,28 @@ func (a *Admission) covers(cg string) bool {
 	return cg == a.CgroupPrefix || strings.HasPrefix(cg, a.CgroupPrefix+"/")
 }
 
+// DefaultAdmission bounds what workloads ask for themselves where the
+// policy has no admission rules: weights up to 1000, and neither latency
+// priority nor an SLO (a pod could otherwise take latency priority on any
+// node). An operator who trusts every pod author says so with rules of
+// their own (allow_latency, a higher max_weight).
+var DefaultAdmission = []Admission{{CgroupPrefix: "/", MaxWeight: 1000}}
+
+// AdmissionRules are the admission rules in force: the policy's, else
+// DefaultAdmission.
+func (c *Config) AdmissionRules() []Admission {
+	if len(c.Admission) == 0 {
+		return DefaultAdmission
+	}
+	return c.Admission
+}
+
 // AdmissionFor returns the rule that bounds a workload in cgroup cg (a
-// path as in /proc/PID/cgroup): the matching rule with the longest prefix;
-// ok is false when none matches and the workload's request stands as made.
+// path as in /proc/PID/cgroup): the matching rule in force with the
+// longest prefix; ok is false when none matches and the workload's
+// request stands as made.
 func (c *Config) AdmissionFor(cg string) (a Admission, ok bool) {
-	for _, r := range c.Admission {
+	for _, r := range c.AdmissionRules() {
 		if r.covers(cg) && (!ok || len(r.CgroupPrefix) > len(a.CgroupPrefix)) {
 			a, ok = r, true
 		}

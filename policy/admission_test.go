@@ -48,10 +48,23 @@ admission:
 		}
 	}
 
-	// No admission rules: a request stands as made.
+	// Issue 56, item 5: no admission rules, the default's: weight capped at
+	// 1000, latency refused. The policy's YAML says so.
 	r := latency
-	if ch := Default().Admit("/a", &r); ch != nil || r != latency {
-		t.Errorf("without admission rules %+v became %+v (%q)", latency, r, ch)
+	if ch := Default().Admit("/a", &r); len(ch) != 2 || r != (Rules{Weight: 1000}) {
+		t.Errorf("without admission rules %+v became %+v (%q), want weight 1000 and no latency", latency, r, ch)
+	}
+	if out, err := Default().YAML(); err != nil || !strings.Contains(string(out), "# admission: none given, so the default") {
+		t.Errorf("the YAML of a policy without admission rules does not say the default applies: %v\n%s", err, out)
+	}
+	// Rules of the operator's own lift it.
+	open, err := Parse([]byte("admission: [{cgroup_prefix: /, max_weight: 10000, allow_latency: true}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r = latency
+	if ch := open.Admit("/a", &r); ch != nil || r != latency {
+		t.Errorf("with admission rules that allow it %+v became %+v (%q)", latency, r, ch)
 	}
 	// Defaults of priority latency never make a refused request latency.
 	d, err := Parse([]byte("defaults: {priority: latency}\nadmission: [{cgroup_prefix: /}]\n"))

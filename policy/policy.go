@@ -174,7 +174,7 @@ type Config struct {
 	// Tenants are the named tenants.
 	Tenants []Tenant `yaml:"tenants,omitempty" json:"tenants,omitempty"`
 	// Admission bounds the rules workloads request for themselves (OCI
-	// annotations, libvirt domain metadata); none: admitted as requested.
+	// annotations, libvirt domain metadata); none: DefaultAdmission.
 	Admission []Admission `yaml:"admission,omitempty" json:"admission,omitempty"`
 }
 
@@ -491,5 +491,15 @@ func (c *Config) clone() *Config {
 
 // YAML encodes the policy.
 func (c *Config) YAML() ([]byte, error) {
-	return yaml.Marshal(c)
+	out, err := yaml.Marshal(c)
+	if err != nil || len(c.Admission) > 0 {
+		return out, err
+	}
+	return append(out, []byte(defaultAdmissionNote)...), nil
 }
+
+// defaultAdmissionNote ends the YAML of a policy without admission rules:
+// which apply instead.
+const defaultAdmissionNote = `# admission: none given, so the default bounds what workloads ask for themselves:
+#   - {cgroup_prefix: /, max_weight: 1000}   # latency priority and SLOs refused
+`

@@ -118,6 +118,13 @@ func runDemo(ctx context.Context, out io.Writer, bins, chart string, tl demoTime
 	if err != nil {
 		return err
 	}
+	// The operator's admission rule: the demo's containers may ask for
+	// latency priority themselves (by default no workload may).
+	demoPolicy := fmt.Sprintf("admission: [{cgroup_prefix: %s, max_weight: 1000, allow_latency: true}]\n", sc.cgroup.Rel)
+	if err := sc.policy(ctx, demoPolicy); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "== policy: %s", demoPolicy)
 	hook := ocihook.HookCommand{Binary: filepath.Join(bins, "gpuarb"), Socket: sc.daemon.Socket}
 	hooks := &specs.Hooks{Prestart: []specs.Hook{hook.Hook(ocihook.RegisterStage)}, Poststop: []specs.Hook{hook.Hook(ocihook.Poststop)}}
 	secs := func(d time.Duration) string { return fmt.Sprintf("%.1f", d.Seconds()) }
@@ -164,7 +171,7 @@ func runDemo(ctx context.Context, out io.Writer, bins, chart string, tl demoTime
 	enforced := false
 	for now := time.Since(start); now < tl.end; now = time.Since(start) {
 		if !enforced && now >= tl.enforce {
-			if err := sc.policy(ctx, ""); err != nil {
+			if err := sc.policy(ctx, demoPolicy); err != nil {
 				return err
 			}
 			enforced = true
