@@ -1,12 +1,18 @@
 package daemon
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"strings"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/gpuarb/gpuarb/api"
 	"github.com/gpuarb/gpuarb/policy"
 )
 
@@ -177,5 +183,78 @@ func (a *attachments) save() error {
 		_ = os.Remove(tmp)
 		return fmt.Errorf("save attached tenants: %w", err)
 	}
+	return nil
+}
+
+// replaySpool makes the registrations the hooks spooled while the daemon
+// was away or not answering (api.Spool): each as the API would have made
+// it (attach: bounded by the admission rules, never another's name), but
+// those of a cgroup that is gone (the container ended). Each file is
+// removed once handled; one that does not parse is dropped with a
+// warning. The spool must be root's and no one else's to write: otherwise
+// nothing in it is read. Run at the start and once a window.
+func (d *Daemon) replaySpool() {
+	dir := api.SpoolBeside(d.cfg.Socket)
+	var st unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil {
+		return // no spool: nothing was spooled
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR || st.Uid != 0 || st.Mode&0o022 != 0 {
+		d.log.Error("the hooks' spool is not a directory only root may write: not read", "dir", dir)
+		return
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		d.log.Warn("the hooks' spool", "err", err)
+		return
+	}
+	for i, e := range entries {
+		if i == api.MaxSpool {
+			break
+		}
+		if !strings.HasSuffix(e.Name(), ".json") || !e.Type().IsRegular() {
+			continue
+		}
+		path := filepath.Join(dir, e.Name())
+		if err := d.replaySpooled(path); err != nil {
+			d.log.Warn("a spooled registration", "file", path, "err", err)
+		}
+		_ = os.Remove(path)
+	}
+}
+
+// replaySpooled makes one spooled registration, under its fallback name
+// when its own is another's (as the hook does).
+func (d *Daemon) replaySpooled(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var s api.Spooled
+	if err := json.NewDecoder(io.LimitReader(f, api.MaxSpooled)).Decode(&s); err != nil {
+		return fmt.Errorf("unreadable: %w", err)
+	}
+	var t policy.Tenant
+	dec := json.NewDecoder(bytes.NewReader(s.Tenant))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&t); err != nil {
+		return fmt.Errorf("tenant: %w", err)
+	}
+	if t.Cgroup != "" && d.mount != "" {
+		if _, err := os.Stat(filepath.Join(d.mount, normalizeCgroup(t.Cgroup, d.mount))); err != nil {
+			return nil // the container has ended meanwhile
+		}
+	}
+	_, err = d.attach(t, s.Owner)
+	if errors.Is(err, errNameTaken) && s.Fallback != "" && s.Fallback != t.Name {
+		d.log.Warn("a spooled registration's name is another's: registered under its fallback", "tenant", t.Name, "as", s.Fallback)
+		t.Name = s.Fallback
+		_, err = d.attach(t, s.Owner)
+	}
+	if err != nil {
+		return fmt.Errorf("attach %s for %s: %w", t.Name, s.Owner, err)
+	}
+	d.log.Info("attached a registration spooled while the daemon was away", "tenant", t.Name, "owner", s.Owner)
 	return nil
 }

@@ -345,6 +345,7 @@ func Start(cfg Config) (_ *Daemon, err error) {
 	if err := d.listenMetrics(); err != nil {
 		return nil, err
 	}
+	d.replaySpool()
 	d.log.Info("gpuarb daemon started", "socket", cfg.Socket, "pins", cfg.PinPath,
 		"devices", len(cfg.Devices), "libcudas", len(d.probes.Libcudas()), "latency_holds", cfg.LatencyHolds)
 	return d, nil
@@ -634,6 +635,7 @@ func (d *Daemon) sampleEveryWindow(ctx context.Context) {
 		case <-tick.C:
 			d.sampleExact()
 			d.reconcileExits()
+			d.replaySpool()
 		}
 	}
 }

@@ -103,38 +103,7 @@ func (d *Daemon) routes(mux *http.ServeMux) {
 			return
 		}
 		owner := r.URL.Query().Get(api.OwnerParam)
-		if err := checkOwner(owner); err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		if t.Cgroup != "" {
-			t.Cgroup = normalizeCgroup(t.Cgroup, d.mount)
-		}
-		var res api.AttachResult
-		err := d.updatePolicy("attach "+t.Name, func(cur *policy.Config) (*policy.Config, error) {
-			if owner != "" {
-				if err := d.nameFree(t.Name, owner); err != nil {
-					return nil, err
-				}
-				res.Adjusted = cur.Admit(t.Cgroup, &t.Rules)
-			}
-			cfg, err := cur.With(t)
-			if err == nil {
-				err = d.checkGates(t)
-			}
-			if err != nil {
-				return nil, err
-			}
-			if t.PID != 0 {
-				// Attached now: the process its pid names now.
-				d.pidStarts[t.PID] = pidStart(t.PID)
-			}
-			d.attached.set(attachment{Tenant: t, Owner: owner})
-			if err := d.attached.save(); err != nil {
-				d.log.Warn("attached, but a restarted daemon will not know it", "tenant", t.Name, "err", err)
-			}
-			return cfg, nil
-		})
+		res, err := d.attach(t, owner)
 		switch {
 		case errors.Is(err, errNameTaken):
 			http.Error(w, err.Error(), http.StatusConflict)
@@ -142,9 +111,6 @@ func (d *Daemon) routes(mux *http.ServeMux) {
 		case err != nil:
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
-		}
-		for _, a := range res.Adjusted {
-			d.log.Warn("admission bounded a workload's request", "tenant", t.Name, "owner", owner, "change", a)
 		}
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(res)
@@ -192,6 +158,48 @@ func (d *Daemon) routes(mux *http.ServeMux) {
 		}
 		d.log.Warn("thawed everything by request; enforcement paused until a policy is applied")
 	}))
+}
+
+// attach registers tenant t for owner ("" for the operator: unbounded;
+// else a workload, whose rules the admission rules bound and which may not
+// take a name that is not its own), as the API's POST of TenantsPath and
+// the replay of the hooks' spool do.
+func (d *Daemon) attach(t policy.Tenant, owner string) (api.AttachResult, error) {
+	var res api.AttachResult
+	if err := checkOwner(owner); err != nil {
+		return res, err
+	}
+	if t.Cgroup != "" {
+		t.Cgroup = normalizeCgroup(t.Cgroup, d.mount)
+	}
+	err := d.updatePolicy("attach "+t.Name, func(cur *policy.Config) (*policy.Config, error) {
+		if owner != "" {
+			if err := d.nameFree(t.Name, owner); err != nil {
+				return nil, err
+			}
+			res.Adjusted = cur.Admit(t.Cgroup, &t.Rules)
+		}
+		cfg, err := cur.With(t)
+		if err == nil {
+			err = d.checkGates(t)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if t.PID != 0 {
+			// Attached now: the process its pid names now.
+			d.pidStarts[t.PID] = pidStart(t.PID)
+		}
+		d.attached.set(attachment{Tenant: t, Owner: owner})
+		if err := d.attached.save(); err != nil {
+			d.log.Warn("attached, but a restarted daemon will not know it", "tenant", t.Name, "err", err)
+		}
+		return cfg, nil
+	})
+	for _, a := range res.Adjusted {
+		d.log.Warn("admission bounded a workload's request", "tenant", t.Name, "owner", owner, "change", a)
+	}
+	return res, err
 }
 
 // checkGates refuses tenants gpuarb must never stop (root and system

@@ -229,3 +229,69 @@ func TestHookDaemonDown(t *testing.T) {
 		}
 	}
 }
+
+// A container started while the daemon is down is arbitrated with its
+// annotations' policy once the daemon starts: the hook spools its
+// registration and the daemon makes it at start. One that ended meanwhile
+// is not registered: its poststop took it out of the spool.
+func TestContainerStartedWhileDaemonDownIsAttachedLater(t *testing.T) {
+	measureTwice(t, containerStartedWhileDaemonDown)
+}
+
+func containerStartedWhileDaemonDown(t *testing.T, miss missFunc) {
+	r := testutil.NewRunc(t)
+	gpu := testutil.StartFakeGPU(t)
+	dir := t.TempDir()
+	socket := filepath.Join(dir, "gpuarb.sock") // where the daemon started below listens
+	parent := testutil.NewCgroup(t, "runc")
+	ended := r.Bundle(t, lab.ContainerSpec{
+		ID: "gpuarb-e2e-ended", Args: []string{"true"}, GPU: gpu.FakeGPU, CgroupsPath: parent.Rel + "/ended",
+		Annotations: map[string]string{ocihook.AnnotationName: "ended"}, Hooks: hooksFor(t, socket, false),
+	})
+	late := r.Bundle(t, lab.ContainerSpec{
+		ID: "gpuarb-e2e-late", Args: []string{"/gpuarb-bin/gpuwork", "hog", "--duration", "14"}, GPU: gpu.FakeGPU,
+		CgroupsPath: parent.Rel + "/late",
+		Annotations: map[string]string{ocihook.AnnotationLimit: "25%", ocihook.AnnotationName: "late"},
+		Hooks:       hooksFor(t, socket, false),
+	})
+	pe := r.Run(t, "gpuarb-e2e-ended", ended)
+	if err := pe.Wait(t, 20*time.Second); err != nil {
+		t.Fatalf("container with the daemon down: %v %s", err, pe.Stderr)
+	}
+	pl := r.Run(t, "gpuarb-e2e-late", late)
+	var spooled []string
+	for deadline := time.Now().Add(5 * time.Second); len(spooled) == 0 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		spooled, _ = filepath.Glob(filepath.Join(api.SpoolBeside(socket), "*.json"))
+	}
+	if len(spooled) != 1 {
+		t.Fatalf("spooled %v, want the running container's registration alone; runc stderr %s / %s", spooled, pe.Stderr, pl.Stderr)
+	}
+
+	d := startDaemonIn(t, gpu, dir)
+	st, err := d.Status(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tn := tenantByName(st, "late")
+	if tn == nil || tn.Cgroup != parent.Rel+"/late" || tn.Limit != 0.25 {
+		t.Fatalf("the container started while the daemon was down is registered as %+v, want limit 25%% on its cgroup", tn)
+	}
+	if tenantByName(st, "ended") != nil {
+		t.Error("the container that ended while the daemon was down is registered")
+	}
+	if left, _ := filepath.Glob(filepath.Join(api.SpoolBeside(socket), "*.json")); len(left) != 0 {
+		t.Errorf("the spool keeps %v after the daemon made its registrations", left)
+	}
+	ws := trueShares(t, gpu, map[string]*testutil.Cgroup{"late": {Rel: parent.Rel + "/late"}}, 3*time.Second, 4)
+	late25 := col(ws, func(w map[string]float64) float64 { return w["late"] })
+	t.Logf("true share of the container limited to 25%%: %s (alone: 100%% unarbitrated)", pcts(late25))
+	if median(late25) > 0.27 {
+		miss("the container started while the daemon was down got %.1f%%, limit 25%%", 100*median(late25))
+	}
+	if err := pl.Wait(t, 20*time.Second); err != nil {
+		t.Errorf("container: %v %s", err, pl.Stderr)
+	}
+	if pol, _ := d.Policy(t.Context()); strings.Contains(string(pol), "name: late") {
+		t.Errorf("still registered after poststop: %s", pol)
+	}
+}

@@ -13,6 +13,7 @@
 package ocihook
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -178,9 +179,15 @@ func Run(ctx context.Context, stage Stage, stdin io.Reader, o Options) (Action, 
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
 	client := api.NewClient(o.Socket)
+	spool := api.SpoolBeside(cmp.Or(o.Socket, api.DefaultSocket))
 
 	owner := Owner(st.ID)
 	if stage == Poststop {
+		// A registration spooled while the daemon was away is not to be
+		// made any more.
+		if err := api.Unspool(spool, owner); err != nil {
+			act.Warnings = append(act.Warnings, err.Error())
+		}
 		err := client.Detach(ctx, owner, name)
 		if errors.Is(err, api.ErrNotFound) && name != st.ID {
 			// Registered under its id: its name was taken at start.
@@ -224,11 +231,27 @@ func Run(ctx context.Context, stage Stage, stdin io.Reader, o Options) (Action, 
 		res, err = attach(ctx, client, owner, act.Tenant)
 	}
 	if err != nil {
+		if unreachable(err) && !o.FailClosed {
+			// The container runs: its registration is kept for the daemon
+			// to make when it is back (the spool).
+			body, merr := json.Marshal(act.Tenant)
+			if serr := errors.Join(merr, api.Spool(spool, api.Spooled{Owner: owner, Tenant: body, Fallback: st.ID})); serr != nil {
+				act.Warnings = append(act.Warnings, fmt.Sprintf("the registration could not be spooled either: %v", serr))
+			} else {
+				act.Warnings = append(act.Warnings, "registration spooled: the daemon makes it when it is back")
+			}
+		}
 		return act, daemonError(&act, o, err)
 	}
 	// How the policy's admission rules bounded what the annotations asked.
 	act.Warnings = append(act.Warnings, res.Adjusted...)
 	return act, nil
+}
+
+// unreachable tells whether an error of the daemon's API says it is down
+// or did not answer in time, rather than that it refused the request.
+func unreachable(err error) bool {
+	return errors.Is(err, api.ErrNoDaemon) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // Owner is how the hook names a container to the daemon: the owner of
