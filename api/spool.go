@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -12,9 +13,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The spool keeps the registrations a hook could not hand to the daemon
-// (it was down or did not answer): the daemon attaches them when it starts
-// and once a window after, so a container started while it was away is
+// The spool keeps the registrations a hook (OCI, libvirt) could not hand
+// to the daemon (it was down or did not answer): the daemon attaches them
+// when it starts
+// and once a window after, so a container or VM started while it was away is
 // arbitrated with its own policy once it is back. It is a directory beside
 // the socket, root's alone; each registration is a file named after its
 // owner, replaced by a later one of the same owner and removed by the
@@ -80,6 +82,13 @@ func Spool(dir string, s Spooled) error {
 		return fmt.Errorf("spool: %w", err)
 	}
 	return nil
+}
+
+// Unreachable tells whether an error of the Client says the daemon is
+// down or did not answer in time, rather than that it refused the
+// request: what a hook spools.
+func Unreachable(err error) bool {
+	return errors.Is(err, ErrNoDaemon) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // Unspool removes owner's registration from the spool at dir, if any.

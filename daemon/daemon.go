@@ -484,8 +484,27 @@ func (d *Daemon) listen() error {
 	d.listener = ln
 	mux := http.NewServeMux()
 	d.routes(mux)
-	d.server = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ConnContext: peerCred}
+	d.server = boundedServer(mux)
+	d.server.ConnContext = peerCred
 	return nil
+}
+
+// boundedServer serves h with every phase of a connection bounded: a
+// client that sends slowly, reads slowly or idles is cut off, so no one
+// who can reach the API or the metrics port holds the daemon's
+// connections, goroutines and descriptors. The bounds are far above what
+// a request takes (a status of 1000 tenants: milliseconds) and what a
+// client waits between its requests (gpuarb top: 1 s; a scrape
+// reconnects if its interval is longer).
+func boundedServer(h http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       10 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+	}
 }
 
 // listenMetrics opens the Prometheus endpoint when one is configured.
@@ -502,7 +521,7 @@ func (d *Daemon) listenMetrics() error {
 		return fmt.Errorf("metrics: listen %s: %w", addr, err)
 	}
 	d.metricsListener = ln
-	d.metricsServer = &http.Server{Handler: metrics.Handler(d.Status), ReadHeaderTimeout: 5 * time.Second}
+	d.metricsServer = boundedServer(metrics.Handler(d.Status))
 	d.log.Info("serving metrics", "url", "http://"+ln.Addr().String()+metrics.Path)
 	return nil
 }

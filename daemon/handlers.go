@@ -118,7 +118,7 @@ func (d *Daemon) routes(mux *http.ServeMux) {
 	mux.HandleFunc("DELETE "+api.TenantsPath+"/{name}", rootOnly(func(w http.ResponseWriter, r *http.Request) {
 		name := r.PathValue("name")
 		owner := r.URL.Query().Get(api.OwnerParam)
-		err := d.updatePolicy("detach "+name, func(*policy.Config) (*policy.Config, error) {
+		err := d.updatePolicy("detach "+name, owner == "", func(*policy.Config) (*policy.Config, error) {
 			at, ok := d.attached.get(name)
 			_, inFile := d.base.Tenant(name)
 			switch {
@@ -172,7 +172,7 @@ func (d *Daemon) attach(t policy.Tenant, owner string) (api.AttachResult, error)
 	if t.Cgroup != "" {
 		t.Cgroup = normalizeCgroup(t.Cgroup, d.mount)
 	}
-	err := d.updatePolicy("attach "+t.Name, func(cur *policy.Config) (*policy.Config, error) {
+	err := d.updatePolicy("attach "+t.Name, owner == "", func(cur *policy.Config) (*policy.Config, error) {
 		if owner != "" {
 			if err := d.nameFree(t.Name, owner); err != nil {
 				return nil, err
@@ -222,21 +222,51 @@ func (d *Daemon) checkGates(ts ...policy.Tenant) error {
 	return errors.Join(errs...)
 }
 
-// reshaped tells whether a policy change touches the tenant called name:
-// its entry was added, removed or changed, or what applies to every
-// tenant changed (period, defaults, GPUs). A tenant no entry names (a
-// cgroup gpuarb found by itself) is touched by any change of the entries:
-// a new one may take its processes.
-func reshaped(old, cfg *policy.Config, name string) bool {
+// reshaped tells whether a policy change touches tenant t: its entry was
+// added, removed or changed, or what applies to every tenant changed
+// (period, defaults, GPUs). A tenant no entry names (a cgroup gpuarb found
+// by itself) is touched only by an entry, added or changed, that now
+// selects its processes: others come and go (containers start and stop)
+// while it stays gated.
+func reshaped(old, cfg *policy.Config, t *tenant, mount string) bool {
 	if old.Period != cfg.Period || !reflect.DeepEqual(old.Defaults, cfg.Defaults) || !reflect.DeepEqual(old.GPUs, cfg.GPUs) {
 		return true
 	}
-	was, inOld := old.Tenant(name)
-	is, inNew := cfg.Tenant(name)
-	if !inOld && !inNew {
-		return !reflect.DeepEqual(old.Tenants, cfg.Tenants)
+	was, inOld := old.Tenant(t.name)
+	is, inNew := cfg.Tenant(t.name)
+	if inOld || inNew {
+		return inOld != inNew || !reflect.DeepEqual(was, is)
 	}
-	return inOld != inNew || !reflect.DeepEqual(was, is)
+	for _, e := range cfg.Tenants {
+		if prev, ok := old.Tenant(e.Name); ok && reflect.DeepEqual(prev, e) {
+			continue
+		}
+		if selectsDefault(e, t.cgroup, mount) {
+			return true
+		}
+	}
+	return false
+}
+
+// selectsDefault tells whether entry e may take processes of the default
+// tenant of cgroup path cg: a cgroup entry at or above it, a container
+// entry whose id it names, a pid entry whose root runs at, above or below
+// it (its tree may be anywhere under the root's cgroup). A cgroup gpuarb
+// shows by id only (no path) is taken to be selected.
+func selectsDefault(e policy.Tenant, cg, mount string) bool {
+	if !strings.HasPrefix(cg, "/") {
+		return true
+	}
+	switch {
+	case e.Cgroup != "":
+		return under(cg, normalizeCgroup(e.Cgroup, mount))
+	case e.ContainerID != "":
+		return strings.Contains(cg, e.ContainerID)
+	case e.PID != 0:
+		root, err := cgroup.ProcessPath(e.PID)
+		return err != nil || under(cg, root) || under(root, cg)
+	}
+	return true
 }
 
 // errNoTenant is a detach of a tenant that is not attached (by its owner).
@@ -274,11 +304,14 @@ func checkOwner(owner string) error {
 
 // updatePolicy installs the policy next derives from the one in force
 // (called with d.mu held; an error installs nothing): tenants whose rules
-// or selectors changed are re-gated from the next period, and enforcement
-// resumes. Updates run one at a time and between control steps, so two
+// or selectors changed are re-gated from the next period. Enforcement
+// paused by thaw --all resumes when resume is set (the operator's own
+// change: a policy applied or reloaded, an attach or detach), never at a
+// workload's attach or detach: containers starting and stopping must not
+// undo the operator's pause. Updates run one at a time and between control steps, so two
 // attaches at once both count and no step acts on a policy replaced
 // under it.
-func (d *Daemon) updatePolicy(why string, next func(cur *policy.Config) (*policy.Config, error)) error {
+func (d *Daemon) updatePolicy(why string, resume bool, next func(cur *policy.Config) (*policy.Config, error)) error {
 	d.stepMu.Lock()
 	defer d.stepMu.Unlock()
 	d.mu.Lock()
@@ -293,8 +326,8 @@ func (d *Daemon) updatePolicy(why string, next func(cur *policy.Config) (*policy
 	// container that starts or stops leaves the others as they run.
 	var finish []func()
 	var groups []gpusched.Group
-	for name, t := range d.tenants {
-		if !reshaped(old, cfg, name) {
+	for _, t := range d.tenants {
+		if !reshaped(old, cfg, t, d.mount) {
 			continue
 		}
 		finish = append(finish, d.retire(t))
@@ -305,7 +338,9 @@ func (d *Daemon) updatePolicy(why string, next func(cur *policy.Config) (*policy
 	}
 	d.policy = cfg
 	d.pinPIDs()
-	d.enforcing = !d.cfg.ObserveOnly
+	if resume {
+		d.enforcing = !d.cfg.ObserveOnly
+	}
 	d.mu.Unlock()
 	for _, f := range finish {
 		f()
@@ -382,7 +417,7 @@ func (d *Daemon) Reload() error {
 // setBase replaces the policy file's part of the policy; the attached
 // tenants stay.
 func (d *Daemon) setBase(base *policy.Config, why string) error {
-	return d.updatePolicy(why, func(*policy.Config) (*policy.Config, error) {
+	return d.updatePolicy(why, true, func(*policy.Config) (*policy.Config, error) {
 		cfg, shadowed, err := d.attached.onto(base)
 		if err != nil {
 			return nil, err

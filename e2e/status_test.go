@@ -215,3 +215,27 @@ func TestAttachedTenantsSurviveRestart(t *testing.T) {
 	d3 := startDaemonIn(t, gpu, dir)
 	hasTenants(d3, map[string]bool{"keep": false, "gone": false}, "after detach and restart")
 }
+
+// Issue 56, item 14: a tenant whose cgroup name is not UTF-8 (the kernel
+// takes any bytes) is scraped with the bytes escaped, beside every other
+// tenant. On 3197c47 the scrape held no tenant at all.
+func TestMetricsOfACgroupNamedInAnyBytes(t *testing.T) {
+	gpu := testutil.StartFakeGPU(t)
+	metricsAddr := testutil.FreeTCPAddr(t)
+	startDaemon(t, gpu, "--metrics-addr", metricsAddr)
+	parent := testutil.NewCgroup(t, "bytes")
+	bad := testutil.Sub(t, parent, "bad\xff\xfename")
+	after := testutil.Sub(t, parent, "after")
+	for _, cg := range []*testutil.Cgroup{bad, after} {
+		testutil.Start(t, cg, gpu.Workload(t, "hog", "--duration", "6"))
+	}
+	time.Sleep(2500 * time.Millisecond)
+	fams := testutil.ScrapeMetrics(t, "http://"+metricsAddr+"/metrics")
+	for _, name := range []string{parent.Rel + `/bad\xff\xfename`, after.Rel} {
+		v, ok := testutil.MetricValue(fams, "gpuarb_tenant_gpu_seconds_total", map[string]string{"tenant": name, "gpu": "0"})
+		t.Logf("%s: %.2f GPU seconds", name, v)
+		if !ok || v < 0.5 {
+			t.Errorf("tenant %q scraped: %v, %.2f GPU seconds; want about 1 s of its 2.5", name, ok, v)
+		}
+	}
+}

@@ -560,3 +560,155 @@ func TestDefaultAdmissionBoundsWorkloads(t *testing.T) {
 		t.Errorf("the changes said to the workload: %q, want the weight and the priority", res.Adjusted)
 	}
 }
+
+// Issue 56, item 14: containers that start and stop do not lift the
+// gates of the tenants gpuarb found by itself, nor the operator's pause.
+// A cgroup no entry names, held by the defaults to 25%, keeps to it while
+// a workload attaches and detaches a tenant of another cgroup as fast as
+// the API answers, in both actuator modes. After thaw --all a workload's
+// attach leaves enforcement paused; the operator's resumes it. On 3197c47
+// every attach and detach retired the default tenant (it ran ungated) and
+// ended the pause.
+func TestChurnKeepsDefaultTenantsGated(t *testing.T) {
+	for _, mode := range []struct {
+		name string
+		args []string
+	}{{"launch gate", []string{"--gpu-scheduler", "off"}}, {"steered", nil}} {
+		t.Run(mode.name, func(t *testing.T) {
+			measureTwice(t, func(t *testing.T, miss missFunc) { churnBeside(t, miss, mode.args) })
+		})
+	}
+}
+
+func churnBeside(t *testing.T, miss missFunc, daemonArgs []string) {
+	gpu := testutil.StartFakeGPU(t)
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "policy.yaml"), []byte("defaults: {weight: 100, limit: 0.25}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemonIn(t, gpu, dir, daemonArgs...)
+	found := testutil.NewCgroup(t, "found")
+	churn := testutil.NewCgroup(t, "churn")
+	testutil.Start(t, found, gpu.Workload(t, "hog", "--duration", "20"))
+
+	stop := make(chan struct{})
+	var rounds int
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		body := fmt.Sprintf(`{"name": "churn", "cgroup": %q, "weight": 200}`, churn.Rel)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := d.Attach(t.Context(), "container churn", []byte(body)); err != nil {
+				t.Error(err)
+				return
+			}
+			if err := d.Detach(t.Context(), "container churn", "churn"); err != nil {
+				t.Error(err)
+				return
+			}
+			rounds++
+		}
+	}()
+	ws := trueShares(t, gpu, map[string]*testutil.Cgroup{"found": found}, 3*time.Second, 4)
+	close(stop)
+	wg.Wait()
+	got := col(ws, func(w map[string]float64) float64 { return w["found"] })
+	t.Logf("the default tenant held to 25%%: %s while a workload attached and detached %d times (alone unarbitrated: 100%%)", pcts(got), rounds)
+	if rounds < 20 {
+		t.Errorf("only %d attach-detach rounds in 7 s", rounds)
+	}
+	if median(got) > 0.27 {
+		miss("the default tenant took %.1f%% under churn, limit 25%%", 100*median(got))
+	}
+
+	// The operator's pause outlasts workloads' attaches.
+	if err := d.ThawAll(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	body := fmt.Sprintf(`{"name": "churn", "cgroup": %q}`, churn.Rel)
+	if _, err := d.Attach(t.Context(), "container churn", []byte(body)); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Detach(t.Context(), "container churn", "churn"); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := d.Status(t.Context()); err != nil || st.Enforcing {
+		t.Errorf("a workload's attach and detach after thaw --all resumed enforcement (%v)", err)
+	}
+	if _, err := d.Attach(t.Context(), "", []byte(body)); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := d.Status(t.Context()); err != nil || !st.Enforcing {
+		t.Errorf("the operator's attach after thaw --all left enforcement paused (%v)", err)
+	}
+}
+
+// Issue 56, item 14: no client holds the daemon's API connections. One
+// that idles after a request, and one that sends a request's body a byte
+// at a time, are both cut off within the servers' bounds (10 s), and the
+// API answers meanwhile. On 3197c47 both were held as long as the client
+// wished.
+func TestSlowClientsAreCutOff(t *testing.T) {
+	d := startDaemon(t, testutil.StartFakeGPU(t))
+	dial := func() net.Conn {
+		c, err := net.Dial("unix", d.Socket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	idle := dial()
+	if _, err := io.WriteString(idle, "GET /v1/status HTTP/1.1\r\nHost: gpuarb\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	trickle := dial()
+	if _, err := io.WriteString(trickle, "PUT /v1/policy HTTP/1.1\r\nHost: gpuarb\r\nContent-Length: 4096\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	closed := map[string]time.Duration{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { // reads its answer, then waits for the server to close
+		defer wg.Done()
+		_ = idle.SetReadDeadline(time.Now().Add(20 * time.Second))
+		_, _ = io.Copy(io.Discard, idle)
+		mu.Lock()
+		closed["idle"] = time.Since(start)
+		mu.Unlock()
+	}()
+	go func() { // one byte of the body every 200 ms until the server cuts it off
+		defer wg.Done()
+		for time.Since(start) < 20*time.Second {
+			if _, err := trickle.Write([]byte("x")); err != nil {
+				break
+			}
+			_ = trickle.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+			if _, err := trickle.Read(make([]byte, 512)); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+				break
+			}
+		}
+		mu.Lock()
+		closed["trickle"] = time.Since(start)
+		mu.Unlock()
+	}()
+	time.Sleep(2 * time.Second)
+	if _, err := d.Status(t.Context()); err != nil {
+		t.Errorf("status beside the slow clients: %v", err)
+	}
+	wg.Wait()
+	t.Logf("the server cut off the idle client after %v, the trickling one after %v", closed["idle"].Round(time.Millisecond), closed["trickle"].Round(time.Millisecond))
+	for who, after := range closed {
+		if after > 12*time.Second {
+			t.Errorf("the %s client was held %v (bound 10 s)", who, after.Round(time.Millisecond))
+		}
+	}
+}

@@ -235,8 +235,14 @@ func Run(ctx context.Context, name string, op Operation, stdin io.Reader, o Opti
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
 	client := api.NewClient(o.Socket)
+	spool := api.SpoolBeside(cmp.Or(o.Socket, api.DefaultSocket))
 	owner := "vm " + cmp.Or(d.UUID, d.Name)
 	if op.unregisters() {
+		// A registration spooled while the daemon was away is not to be
+		// made any more.
+		if err := api.Unspool(spool, owner); err != nil {
+			act.Warnings = append(act.Warnings, err.Error())
+		}
 		err := client.Detach(ctx, owner, t.Name)
 		if errors.Is(err, api.ErrNotFound) && t.Name != fallback {
 			// Registered under vm-DOMAIN: its name was taken at start.
@@ -278,6 +284,16 @@ func Run(ctx context.Context, name string, op Operation, stdin io.Reader, o Opti
 	}
 	act.Tenant = t
 	if err != nil {
+		if api.Unreachable(err) {
+			// The VM runs: its registration is kept for the daemon to make
+			// when it is back (the spool).
+			body, merr := json.Marshal(t)
+			if serr := errors.Join(merr, api.Spool(spool, api.Spooled{Owner: owner, Tenant: body, Fallback: fallback})); serr != nil {
+				act.Warnings = append(act.Warnings, fmt.Sprintf("the registration could not be spooled either: %v", serr))
+			} else {
+				err = fmt.Errorf("%w; registration spooled for the daemon to make when it is back", err)
+			}
+		}
 		act.Warnings = append(act.Warnings, daemonWarning(err, o.Timeout))
 		return act, nil
 	}

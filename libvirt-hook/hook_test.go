@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpuarb/gpuarb/api"
 	"github.com/gpuarb/gpuarb/policy"
 )
 
@@ -187,8 +188,19 @@ func TestRunOperations(t *testing.T) {
 		act.Tenant.Cgroup != `/machine.slice/machine-qemu\x2d7\x2dtrain\x2dvm.scope` || act.Tenant.Weight != 300 {
 		t.Errorf("started, daemon down: %+v %v", act, err)
 	}
+	// ... its registration spooled for the daemon, until the VM stops.
+	spooled := func() []string {
+		files, _ := filepath.Glob(filepath.Join(api.SpoolBeside(o.Socket), "*.json"))
+		return files
+	}
+	if !strings.Contains(act.Warnings[0], "spooled") || len(spooled()) != 1 {
+		t.Errorf("spooled %v, warned %q: want the VM's registration", spooled(), act.Warnings)
+	}
 	if act, err := Run(ctx, "train-vm", "stopped", strings.NewReader(domainXMLWithPolicy), o); err != nil || len(act.Warnings) != 1 {
 		t.Errorf("stopped, daemon down: %+v %v", act, err)
+	}
+	if len(spooled()) != 0 {
+		t.Errorf("spooled %v after the VM stopped", spooled())
 	}
 	// XML of another domain, a bad policy: errors.
 	if _, err := Run(ctx, "other", "started", strings.NewReader(domainXMLWithPolicy), o); !errors.Is(err, ErrBadDomain) {

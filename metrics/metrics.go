@@ -5,9 +5,12 @@
 package metrics
 
 import (
+	"fmt"
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -79,8 +82,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	st := c.status()
 	for _, t := range st.Tenants {
 		gpu := strconv.Itoa(t.GPU)
+		name := labelValue(t.Name)
 		m := func(d *prometheus.Desc, kind prometheus.ValueType, v float64) {
-			ch <- prometheus.MustNewConstMetric(d, kind, v, t.Name, gpu)
+			ch <- prometheus.MustNewConstMetric(d, kind, v, name, gpu)
 		}
 		m(gpuSeconds, prometheus.CounterValue, float64(t.GPUNSTotal)/1e9)
 		m(share, prometheus.GaugeValue, t.Share)
@@ -118,7 +122,30 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		on = 1
 	}
 	ch <- prometheus.MustNewConstMetric(enforcing, prometheus.GaugeValue, on)
-	ch <- prometheus.MustNewConstMetric(build, prometheus.GaugeValue, 1, st.Version)
+	ch <- prometheus.MustNewConstMetric(build, prometheus.GaugeValue, 1, labelValue(st.Version))
+}
+
+// labelValue makes s a valid label value: a name that is not UTF-8 (a
+// cgroup's, which the kernel takes as any bytes) has each byte that is not
+// part of a UTF-8 character written as \xNN; a valid one is kept as it is
+// (systemd's own escapes included). A crafted valid name equal to another's
+// escaped form makes both series duplicates, which the scrape reports and
+// leaves out; the other tenants' series stay.
+func labelValue(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	var b strings.Builder
+	for len(s) > 0 {
+		r, n := utf8.DecodeRuneInString(s)
+		if r == utf8.RuneError && n == 1 {
+			fmt.Fprintf(&b, "\\x%02x", s[0])
+		} else {
+			b.WriteString(s[:n])
+		}
+		s = s[n:]
+	}
+	return b.String()
 }
 
 // Handler serves the gpuarb metrics and the daemon process's own (Go

@@ -108,3 +108,24 @@ func TestListenAddr(t *testing.T) {
 		}
 	}
 }
+
+// A tenant whose name is not UTF-8 (a cgroup named with any bytes) is
+// scraped with its bytes escaped, and the tenants after it still are.
+func TestNamesThatAreNotUTF8AreEscaped(t *testing.T) {
+	st := api.Status{Version: "v9", Tenants: []api.Tenant{
+		{Name: "/a/bad\xff\xfename", LaunchesTotal: 1},
+		{Name: `/system.slice/systemd\x2dx.service`, LaunchesTotal: 2},
+		{Name: "/a/after", LaunchesTotal: 3},
+	}}
+	srv := httptest.NewServer(Handler(func() api.Status { return st }))
+	defer srv.Close()
+	fams := testutil.ScrapeMetrics(t, srv.URL+Path)
+	for name, want := range map[string]float64{`/a/bad\xff\xfename`: 1, `/system.slice/systemd\x2dx.service`: 2, "/a/after": 3} {
+		if got, ok := testutil.MetricValue(fams, "gpuarb_tenant_launches_total", map[string]string{"tenant": name, "gpu": "0"}); !ok || got != want {
+			t.Errorf("launches of %q: %v %v, want %v", name, got, ok, want)
+		}
+	}
+	if got := len(fams["gpuarb_tenant_launches_total"].GetMetric()); got != 3 {
+		t.Errorf("%d tenants scraped, want 3", got)
+	}
+}

@@ -231,14 +231,14 @@ func Run(ctx context.Context, stage Stage, stdin io.Reader, o Options) (Action, 
 		res, err = attach(ctx, client, owner, act.Tenant)
 	}
 	if err != nil {
-		if unreachable(err) && !o.FailClosed {
+		if api.Unreachable(err) && !o.FailClosed {
 			// The container runs: its registration is kept for the daemon
 			// to make when it is back (the spool).
 			body, merr := json.Marshal(act.Tenant)
 			if serr := errors.Join(merr, api.Spool(spool, api.Spooled{Owner: owner, Tenant: body, Fallback: st.ID})); serr != nil {
 				act.Warnings = append(act.Warnings, fmt.Sprintf("the registration could not be spooled either: %v", serr))
 			} else {
-				act.Warnings = append(act.Warnings, "registration spooled: the daemon makes it when it is back")
+				err = fmt.Errorf("%w; registration spooled for the daemon to make when it is back", err)
 			}
 		}
 		return act, daemonError(&act, o, err)
@@ -246,12 +246,6 @@ func Run(ctx context.Context, stage Stage, stdin io.Reader, o Options) (Action, 
 	// How the policy's admission rules bounded what the annotations asked.
 	act.Warnings = append(act.Warnings, res.Adjusted...)
 	return act, nil
-}
-
-// unreachable tells whether an error of the daemon's API says it is down
-// or did not answer in time, rather than that it refused the request.
-func unreachable(err error) bool {
-	return errors.Is(err, api.ErrNoDaemon) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // Owner is how the hook names a container to the daemon: the owner of

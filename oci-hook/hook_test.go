@@ -14,6 +14,7 @@ import (
 
 	"github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/gpuarb/gpuarb/api"
 	"github.com/gpuarb/gpuarb/cgroup"
 	"github.com/gpuarb/gpuarb/policy"
 )
@@ -181,16 +182,29 @@ func TestRunDaemonDown(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "none.sock")
 	state := bundle(t, "/gpuarb-test/ctr1", map[string]string{AnnotationWeight: "300"}, 0)
 	act, err := Run(t.Context(), Prestart, strings.NewReader(state), Options{Socket: sock})
-	if err != nil || len(act.Warnings) != 1 || !strings.Contains(act.Warnings[0], "fail-open") {
+	if err != nil || len(act.Warnings) != 1 || !strings.Contains(act.Warnings[0], "fail-open") || !strings.Contains(act.Warnings[0], "spooled") {
 		t.Errorf("fail-open: %+v %v", act, err)
 	}
+	spooled := func() []string {
+		files, _ := filepath.Glob(filepath.Join(api.SpoolBeside(sock), "*.json"))
+		return files
+	}
+	if len(spooled()) != 1 {
+		t.Errorf("spooled %v, want the container's registration", spooled())
+	}
+	if _, err := Run(t.Context(), Poststop, strings.NewReader(state), Options{Socket: sock}); err != nil {
+		t.Errorf("poststop fail-open: %v", err) // a warning, never a failure when open
+	}
+	if len(spooled()) != 0 {
+		t.Errorf("spooled %v after the container's poststop", spooled())
+	}
+	// Fail-closed: the container does not run, so nothing is spooled.
 	if _, err := Run(t.Context(), Prestart, strings.NewReader(state), Options{Socket: sock, FailClosed: true}); err == nil ||
 		!strings.Contains(err.Error(), "not running") {
 		t.Errorf("fail-closed: %v", err)
 	}
-	// poststop with the daemon down: a warning, never a failure when open.
-	if _, err := Run(t.Context(), Poststop, strings.NewReader(state), Options{Socket: sock}); err != nil {
-		t.Errorf("poststop fail-open: %v", err)
+	if len(spooled()) != 0 {
+		t.Errorf("spooled %v for a container refused", spooled())
 	}
 }
 

@@ -176,7 +176,8 @@ func thawCommand() *cli.Command {
 		Name:  "thaw",
 		Usage: "resume every tenant gpuarb may have frozen or stopped",
 		Description: `With the daemon running, it thaws everything and pauses enforcement until a
-policy is applied again (gpuarb policy apply, attach, or SIGHUP). Without a
+policy is applied again (gpuarb policy apply, attach or detach, or SIGHUP; a
+container's or VM's hook does not resume it). Without a
 daemon (or one that does not answer within 5 s) it thaws what the ledger
 lists and continues the processes that the pinned held table (under
 --pin-path) says a launch gate stopped.`,
