@@ -3,6 +3,7 @@ package bpf
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -184,5 +185,77 @@ func TestLibcudaCopiesAreBudgetedPerCgroup(t *testing.T) {
 	}
 	if got := len(p.Libcudas()); got != 2 {
 		t.Errorf("%d copies probed, want 2 (the genuine and the late one)", got)
+	}
+}
+
+// Issue 56, item 6: a copy that is slow to read delays no one but its own
+// attach. While one tenant's copy is being read (held here until
+// released), the calls status, metrics and the control loop make answer
+// at once and another tenant's copy is probed.
+func TestASlowLibcudaDelaysNoOne(t *testing.T) {
+	p := loadForTest(t, Options{})
+	lib := testutil.Bin(t, "libcuda.so.1")
+	slow, other := filepath.Join(t.TempDir(), "libcuda.so.1"), filepath.Join(t.TempDir(), "libcuda.so.1")
+	copyFile(t, lib, slow, 0o755)
+	copyFile(t, lib, other, 0o755)
+	slowCg, otherCg := testutil.NewCgroup(t, "slow"), testutil.NewCgroup(t, "other")
+	slowPid, otherPid := startMapper(t, slowCg, slow).Cmd.Process.Pid, startMapper(t, otherCg, other).Cmd.Process.Pid
+
+	var slowSt unix.Stat_t
+	if err := unix.Stat(slow, &slowSt); err != nil {
+		t.Fatal(err)
+	}
+	started, release := make(chan struct{}), make(chan struct{})
+	p.readExports = func(r io.ReaderAt, size int64) ([]export, error) {
+		var st unix.Stat_t
+		if f, ok := r.(*os.File); ok && unix.Fstat(int(f.Fd()), &st) == nil && st.Ino == slowSt.Ino && st.Dev == slowSt.Dev {
+			close(started)
+			<-release
+		}
+		return readExports(r, size)
+	}
+	done := make(chan error, 1)
+	go func() {
+		n, _, err := p.AttachMapped(slowPid, slowCg.ID)
+		if err == nil && n != 1 {
+			err = fmt.Errorf("%d copies attached, want 1", n)
+		}
+		done <- err
+	}()
+	<-started
+	for _, c := range []struct {
+		what string
+		call func() error
+	}{
+		{"Libcudas", func() error { _ = p.Libcudas(); return nil }},
+		{"RefusedLibcudas", func() error { _ = p.RefusedLibcudas(); return nil }},
+		{"SetUrgent", func() error { return p.SetUrgent([]uint32{uint32(otherPid)}, []uint64{otherCg.ID}) }},
+		{"SetUrgent off", func() error { return p.SetUrgent(nil, nil) }},
+		{"another tenant's attach", func() error {
+			if n, _, err := p.AttachMapped(otherPid, otherCg.ID); n != 1 || err != nil {
+				return fmt.Errorf("%d attached: %v", n, err)
+			}
+			return nil
+		}},
+	} {
+		res := make(chan error, 1)
+		start := time.Now()
+		go func() { res <- c.call() }()
+		select {
+		case err := <-res:
+			if err != nil {
+				t.Errorf("%s while a copy is read: %v", c.what, err)
+			}
+			t.Logf("%s answered in %v while a copy is read", c.what, time.Since(start).Round(time.Microsecond))
+		case <-time.After(2 * time.Second):
+			t.Errorf("%s waited on a copy being read", c.what)
+		}
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Errorf("the slow copy: %v", err)
+	}
+	if got := len(p.Libcudas()); got != 2 {
+		t.Errorf("%d copies probed, want both", got)
 	}
 }

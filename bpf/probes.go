@@ -3,6 +3,7 @@ package bpf
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -79,6 +80,9 @@ type Probes struct {
 	reserved  int
 	// notLibcuda are files named like libcuda that are not one.
 	notLibcuda map[notLibcudaMark]struct{}
+	// readExports reads a copy's exported symbols (the package's
+	// readExports; a test makes it slow to show that no one waits on it).
+	readExports func(r io.ReaderAt, size int64) ([]export, error)
 	// multi is set when the uprobe programs load for uprobe_multi links.
 	multi bool
 	// maxLibcudas bounds libcudas; refused counts the copies refused.
@@ -166,7 +170,8 @@ func Load(opts Options) (_ *Probes, err error) {
 	}
 
 	p := &Probes{pinPath: opts.PinPath, libcudas: map[fileID]*libcudaProbe{}, attaching: map[fileID]bool{},
-		notLibcuda: map[notLibcudaMark]struct{}{}, maxLibcudas: opts.MaxLibcudas, urgent: map[uint32]bool{}, urgentCgroups: map[uint64]bool{}}
+		notLibcuda: map[notLibcudaMark]struct{}{}, maxLibcudas: opts.MaxLibcudas, urgent: map[uint32]bool{}, urgentCgroups: map[uint64]bool{},
+		readExports: readExports}
 	if p.maxLibcudas <= 0 {
 		p.maxLibcudas = DefaultMaxLibcudas
 	}
@@ -479,7 +484,7 @@ func (p *Probes) attachFile(f *os.File, st unix.Stat_t, path string, cgroupID ui
 		delete(p.attaching, id)
 		p.mu.Unlock()
 	}()
-	exports, err := readExports(f, st.Size)
+	exports, err := p.readExports(f, st.Size)
 	if err != nil {
 		p.mu.Lock()
 		p.rememberNotLibcuda(notMark)
