@@ -324,21 +324,7 @@ func TestLaunchGateNeverStopsUnrecorded(t *testing.T) {
 	gpu := testutil.StartFakeGPU(t)
 	p := loadForTest(t, Options{})
 	leased(t, p)
-	if _, err := p.AttachLibcuda(testutil.Bin(t, "libcuda.so.1")); err != nil {
-		t.Fatal(err)
-	}
-	g, err := p.NewLaunchGate()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { g.Close() })
-	cg := testutil.NewCgroup(t, "unrecorded")
-	if err := g.SetMembers([]uint64{cg.ID}, nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := g.Allow(2); err != nil {
-		t.Fatal(err)
-	}
+	g, cg := gatedCgroup(t, p, "unrecorded", 2)
 	filler := gpuarbHeldProc{Gate: g.Slot() + 1}
 	for i := uint32(0); i < p.objs.GpuarbHeld.MaxEntries(); i++ {
 		if err := p.objs.GpuarbHeld.Put(uint32(1<<30)+i, &filler); err != nil {
