@@ -40,27 +40,15 @@ struct files_struct {
 	struct fdtable *fdt;
 } __attribute__((preserve_access_index));
 
-typedef struct {
-	unsigned long sig[1];
-} sigset_t;
-
-struct sigpending {
-	sigset_t signal;
-} __attribute__((preserve_access_index));
-
-struct signal_struct {
-	struct sigpending shared_pending; /* signals queued for the process */
-} __attribute__((preserve_access_index));
-
 struct task_struct {
 	int pid;
 	int tgid;
 	struct files_struct *files;
 	struct task_struct *group_leader;
 	__u64 start_boottime;
-	struct signal_struct *signal;
-	unsigned long jobctl;
 } __attribute__((preserve_access_index));
+
+struct kernel_siginfo;
 
 /* Syscall tracepoint records (stable tracefs format). */
 struct sys_enter_ctx {
@@ -234,6 +222,7 @@ struct {
 #define GATE_SLOTS 4096
 #define GATE_CGROUP_LEVELS 16
 #define SIGSTOP 19
+#define SIGCONT 18
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -469,13 +458,33 @@ static __always_inline __u32 *gate_slot(__u32 tgid)
 	return NULL;
 }
 
-/* Reports whether a stop is on its way to the current thread: SIGSTOP
- * queued for its process, or a group stop it has yet to take part in
- * (JOBCTL_STOP_PENDING, bit 17 of task->jobctl since Linux 3.1). */
-static __always_inline int stop_pending(struct task_struct *task)
+/* Numbers the SIGSTOPs and SIGCONTs generated for held processes, in the
+ * order the kernel generates them (each under its process's signal lock):
+ * a hold's stop_seq above its cont_seq says its stop is still on its way
+ * or has taken effect, whatever stage it is at (queued, dequeued by a
+ * sibling thread, the group stop under way or done); below, the process was
+ * continued since. Read with the atomic add that sets it. */
+__u64 signal_seq;
+
+SEC("tp_btf/signal_generate")
+int BPF_PROG(gpuarb_signal_generate, int sig, struct kernel_siginfo *info, struct task_struct *task)
 {
-	return (task->signal->shared_pending.signal.sig[0] & (1UL << (SIGSTOP - 1))) ||
-	       (task->jobctl & (1UL << 17));
+	__u32 tgid;
+	struct held_proc *h;
+	__u64 seq;
+
+	if (sig != SIGSTOP && sig != SIGCONT)
+		return 0;
+	tgid = task->tgid;
+	h = bpf_map_lookup_elem(&gpuarb_held, &tgid);
+	if (!h)
+		return 0;
+	seq = __sync_fetch_and_add(&signal_seq, 1) + 1;
+	if (sig == SIGSTOP)
+		h->stop_seq = seq;
+	else
+		h->cont_seq = seq;
+	return 0;
 }
 
 /* Reports whether the gates' lease is live: a live daemon renews it, and
@@ -526,18 +535,20 @@ static __always_inline int gate_pass(__u64 pid_tgid, __u64 now, int submitted)
 	task = bpf_get_current_task_btf();
 	prev = bpf_map_lookup_elem(&gpuarb_held, &tgid);
 	if (prev && prev->gate == *slot) {
-		if (prev->stopping || stop_pending(task)) {
+		if (prev->stopping || prev->stop_seq > prev->cont_seq) {
 			__sync_fetch_and_add(&prev->waiting, 1);
 			return 1;
 		}
 		/* It runs: its held launch ran, and is counted now. The daemon's
 		 * own continue ended it if it came after the hold was made (a
-		 * sibling thread's hold just before the release of the last one);
+		 * sibling thread's hold just before the release of the last one)
+		 * or is on its way (the release noted, its continue not yet
+		 * marked: the threads it woke may launch before the mark);
 		 * otherwise someone else's did: an escape. */
 		note = bpf_map_lookup_elem(&gpuarb_releasing, &tgid);
 		if (prev->flags & HELD_UNCOUNTED)
 			__sync_fetch_and_add(&g->admitted, 1);
-		if (!note || note->continued_ns < prev->since_ns)
+		if (!note || (note->continued_ns && note->continued_ns < prev->since_ns))
 			__sync_fetch_and_add(&g->escapes, 1);
 		bpf_map_delete_elem(&gpuarb_held, &tgid);
 	}
@@ -564,8 +575,14 @@ static __always_inline int gate_pass(__u64 pid_tgid, __u64 now, int submitted)
 	}
 	if (!submitted)
 		__sync_fetch_and_add(&g->admitted, -1); /* it runs, and is counted, at release */
+	if (bpf_send_signal(SIGSTOP)) {
+		/* Not sent (the process is exiting): nothing is held. */
+		bpf_map_delete_elem(&gpuarb_held, &tgid);
+		if (!submitted)
+			__sync_fetch_and_add(&g->admitted, 1);
+		return 0;
+	}
 	__sync_fetch_and_add(&g->holds, 1);
-	bpf_send_signal(SIGSTOP);
 	prev = bpf_map_lookup_elem(&gpuarb_held, &tgid);
 	if (prev && prev->since_ns == now)
 		prev->stopping = 0;

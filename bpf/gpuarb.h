@@ -206,6 +206,9 @@ struct held_proc {
 	__u32 waiting;  /* launches of its other threads that wait with it */
 	__u32 stopping; /* 1 from the record until its SIGSTOP is queued:
 			 * not to be released yet, nor taken for an escape */
+	__u64 stop_seq; /* signal_seq of the last SIGSTOP generated for it
+			 * since the record; 0: none */
+	__u64 cont_seq; /* signal_seq of the last SIGCONT since the record */
 };
 
 /* A hold the daemon is ending, pinned as gpuarb_releasing (key: tgid): noted

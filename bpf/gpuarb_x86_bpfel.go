@@ -245,6 +245,8 @@ type gpuarbHeldProc struct {
 	Flags    uint32
 	Waiting  uint32
 	Stopping uint32
+	StopSeq  uint64
+	ContSeq  uint64
 }
 
 type gpuarbIoctlStash struct {
@@ -339,7 +341,9 @@ const (
 	gpuarbProgGpuarbProcessExit    = "gpuarb_process_exit"
 	gpuarbProgGpuarbProcessFork    = "gpuarb_process_fork"
 	gpuarbProgGpuarbSchedWaking    = "gpuarb_sched_waking"
+	gpuarbProgGpuarbSignalGenerate = "gpuarb_signal_generate"
 	gpuarbVarGateMembers           = "gate_members"
+	gpuarbVarSignalSeq             = "signal_seq"
 	gpuarbVarUnusedCudaFunc        = "unused_cuda_func"
 	gpuarbVarUnusedDevKind         = "unused_dev_kind"
 	gpuarbVarUnusedEvent           = "unused_event"
@@ -414,6 +418,7 @@ type gpuarbProgramSpecs struct {
 	GpuarbProcessExit    *ebpf.ProgramSpec `ebpf:"gpuarb_process_exit"`
 	GpuarbProcessFork    *ebpf.ProgramSpec `ebpf:"gpuarb_process_fork"`
 	GpuarbSchedWaking    *ebpf.ProgramSpec `ebpf:"gpuarb_sched_waking"`
+	GpuarbSignalGenerate *ebpf.ProgramSpec `ebpf:"gpuarb_signal_generate"`
 }
 
 // gpuarbMapSpecs contains maps before they are loaded into the kernel.
@@ -448,6 +453,7 @@ type gpuarbMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type gpuarbVariableSpecs struct {
 	GateMembers         *ebpf.VariableSpec `ebpf:"gate_members"`
+	SignalSeq           *ebpf.VariableSpec `ebpf:"signal_seq"`
 	UnusedCudaFunc      *ebpf.VariableSpec `ebpf:"unused_cuda_func"`
 	UnusedDevKind       *ebpf.VariableSpec `ebpf:"unused_dev_kind"`
 	UnusedEvent         *ebpf.VariableSpec `ebpf:"unused_event"`
@@ -535,6 +541,7 @@ func (m *gpuarbMaps) Close() error {
 // It can be passed to loadGpuarbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type gpuarbVariables struct {
 	GateMembers         *ebpf.Variable `ebpf:"gate_members"`
+	SignalSeq           *ebpf.Variable `ebpf:"signal_seq"`
 	UnusedCudaFunc      *ebpf.Variable `ebpf:"unused_cuda_func"`
 	UnusedDevKind       *ebpf.Variable `ebpf:"unused_dev_kind"`
 	UnusedEvent         *ebpf.Variable `ebpf:"unused_event"`
@@ -571,6 +578,7 @@ type gpuarbPrograms struct {
 	GpuarbProcessExit    *ebpf.Program `ebpf:"gpuarb_process_exit"`
 	GpuarbProcessFork    *ebpf.Program `ebpf:"gpuarb_process_fork"`
 	GpuarbSchedWaking    *ebpf.Program `ebpf:"gpuarb_sched_waking"`
+	GpuarbSignalGenerate *ebpf.Program `ebpf:"gpuarb_signal_generate"`
 }
 
 func (p *gpuarbPrograms) Close() error {
@@ -594,6 +602,7 @@ func (p *gpuarbPrograms) Close() error {
 		p.GpuarbProcessExit,
 		p.GpuarbProcessFork,
 		p.GpuarbSchedWaking,
+		p.GpuarbSignalGenerate,
 	)
 }
 

@@ -228,6 +228,11 @@ func Load(opts Options) (_ *Probes, err error) {
 		return nil, fmt.Errorf("attach tp_btf/sched_waking: %w", err)
 	}
 	p.links = append(p.links, waking)
+	signals, err := link.AttachTracing(link.TracingOptions{Program: p.objs.GpuarbSignalGenerate})
+	if err != nil {
+		return nil, fmt.Errorf("attach tp_btf/signal_generate: %w", err)
+	}
+	p.links = append(p.links, signals)
 	return p, nil
 }
 

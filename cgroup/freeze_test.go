@@ -439,8 +439,12 @@ func TestGatesLeaveSomeoneElsesFreeze(t *testing.T) {
 		if err := syscall.Kill(theirs, syscall.SIGSTOP); err != nil { // Ctrl-Z
 			t.Fatal(err)
 		}
-		for i := 0; i < 100 && !cgroup.Stopped(theirs); i++ {
-			time.Sleep(5 * time.Millisecond)
+		// The stop lands when the child next runs: the wait guards
+		// against a host that does not run it, and is generous for that.
+		for deadline := time.Now().Add(10 * time.Second); !cgroup.Stopped(theirs); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("pid %d not stopped 10 s after its SIGSTOP", theirs)
+			}
 		}
 		g, err := cgroup.NewSignalGate(pid, nil, nil)
 		if err != nil {

@@ -30,7 +30,10 @@ type SignalGate struct {
 	start   uint64
 	members func() []int
 	ledger  *Ledger
-	mu      sync.Mutex
+	// leftover is an earlier gpuarb's whole-tree entry (SignalGateOf):
+	// its thaw continues what /proc shows below the root.
+	leftover bool
+	mu       sync.Mutex
 	// stopped are the processes it stopped at the last Freeze, by pid and
 	// start time.
 	stopped map[int]uint64
@@ -63,7 +66,9 @@ func NewSignalGate(pid int, members func() []int, ledger *Ledger) (*SignalGate, 
 
 // SignalGateOf rebuilds the gate of a ledger entry of an earlier gpuarb
 // (a whole tree, KindPID), to thaw what /proc shows below it.
-func SignalGateOf(pid int, start uint64) *SignalGate { return &SignalGate{pid: pid, start: start} }
+func SignalGateOf(pid int, start uint64) *SignalGate {
+	return &SignalGate{pid: pid, start: start, leftover: true}
+}
 
 // Freeze records, then stops with SIGSTOP, the tree's processes not
 // already stopped; none is stopped if they cannot be recorded.
@@ -124,8 +129,7 @@ func (g *SignalGate) Thaw() error {
 	if g.ledger != nil {
 		errs = append(errs, g.ledger.Remove(done...))
 	}
-	if g.members == nil && g.ledger == nil {
-		// An earlier gpuarb's whole-tree entry: what /proc shows below it.
+	if g.leftover {
 		errs = append(errs, g.thawTree())
 	}
 	return errors.Join(errs...)
