@@ -99,12 +99,12 @@ func TestBenchQuick(t *testing.T) {
 		t.Fatal(err)
 	}
 	text := string(data)
-	for _, want := range []string{"## 4. Weighted shares", "| 1:3 | 25.0% / 75.0% |", "## 9. Work conservation", "bench-weights.png", "Machine: "} {
+	for _, want := range []string{"## 4. Weighted shares", "| 1:3 | 25.0% / 75.0% |", "## 9. Work conservation", "benchmarks/weights.png", "Machine: "} {
 		if !strings.Contains(text, want) {
 			t.Errorf("report lacks %q:\n%s", want, text)
 		}
 	}
-	if _, err := os.Stat(filepath.Join(dir, "bench-weights.png")); err != nil {
+	if _, err := os.Stat(filepath.Join(dir, "benchmarks", "weights.png")); err != nil {
 		t.Error(err)
 	}
 }

@@ -19,7 +19,7 @@ import (
 // bench is one run of the benchmarks.
 type bench struct {
 	bins, repo string
-	outDir     string // where the charts go, beside the report
+	outDir     string // the report's folder: the charts go in dataDir below it
 	quick      bool
 	log        io.Writer
 	// fuzzSeeds are the fuzzer section's seeds; fuzzResults, when set, a
@@ -138,10 +138,18 @@ func (b *bench) run(ctx context.Context, out string, only []string) error {
 	return nil
 }
 
-// chart returns the path of a chart file beside the report and the name
-// the report links it by.
+// dataDir is the folder beside the report that holds its charts and the
+// fuzzer's results, so that the report's folder (the repository's root)
+// holds only the report.
+const dataDir = "benchmarks"
+
+// chart returns the path of a chart file in the report's data folder,
+// which it makes if need be (a chart that cannot be written there says
+// so), and the name the report links it by.
 func (b *bench) chart(name string) (path, link string) {
-	return filepath.Join(b.outDir, name), name
+	dir := filepath.Join(b.outDir, dataDir)
+	_ = os.MkdirAll(dir, 0o755)
+	return filepath.Join(dir, name), dataDir + "/" + name
 }
 
 // logf reports progress on stderr.

@@ -56,7 +56,8 @@ func benchFuzz(ctx context.Context, b *bench) (string, error) {
 		}
 		source = fmt.Sprintf("run by this bench (`gpuarb-lab fuzz --seeds %s`)", b.fuzzSeeds)
 		if data, err := json.MarshalIndent(results, "", "  "); err == nil {
-			_ = os.WriteFile(filepath.Join(b.outDir, "bench-fuzz.json"), data, 0o644)
+			_ = os.MkdirAll(filepath.Join(b.outDir, dataDir), 0o755)
+			_ = os.WriteFile(filepath.Join(b.outDir, dataDir, "fuzz.json"), data, 0o644)
 		}
 	}
 	if len(results) == 0 {
@@ -116,7 +117,7 @@ func fuzzReport(b *bench, results []lab.ScenarioResult, source string) (string, 
 			}
 		}
 	}
-	path, link := b.chart("bench-fuzz.png")
+	path, link := b.chart("fuzz.png")
 	if err := lab.BarChart(path, "largest tenant error per scenario", "scenarios", 0, cats,
 		[]lab.Bars{{Name: "without gpuarb", Values: without}, {Name: "with gpuarb", Values: with}}); err != nil {
 		return "", err

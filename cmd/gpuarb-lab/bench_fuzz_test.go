@@ -62,7 +62,7 @@ func TestFuzzReportFromResults(t *testing.T) {
 			t.Errorf("probed report lacks %q:\n%s", want, text)
 		}
 	}
-	if fi, err := os.Stat(filepath.Join(dir, "bench-fuzz.png")); err != nil || fi.Size() == 0 {
+	if fi, err := os.Stat(filepath.Join(dir, "benchmarks", "fuzz.png")); err != nil || fi.Size() == 0 {
 		t.Errorf("histogram: %v", err)
 	}
 }

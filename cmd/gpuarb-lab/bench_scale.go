@@ -45,7 +45,7 @@ func benchReaction(ctx context.Context, b *bench) (string, error) {
 		a, bb = append(a, 100*smp.True["a"]), append(bb, 100*smp.True["b"])
 		duty, target = append(duty, 100*smp.Duty["a"]), append(target, 100*smp.Target["a"])
 	}
-	path, link := b.chart("bench-reaction.png")
+	path, link := b.chart("reaction.png")
 	if err := lab.LineChart(path, "A tenant of weight 300 arrives at 0 s beside a hog of weight 100 (with gpuarb)", "seconds after it arrived",
 		"%", 120, []lab.Line{{Name: "first hog (true share)", X: x, Y: a, Color: 0}, {Name: "its target", X: x, Y: target, Dashed: true, Color: 0},
 			{Name: "its duty (paced rate)", X: x, Y: duty, Dashed: true, Color: 2}, {Name: "arriving hog (true share)", X: x, Y: bb, Color: 1}}); err != nil {

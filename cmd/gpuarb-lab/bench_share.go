@@ -68,7 +68,7 @@ func benchFairness(ctx context.Context, b *bench) (string, error) {
 		}
 		b.busy = append(b.busy, busyFigure{fc.name, busy[0], busy[1]})
 	}
-	path, link := b.chart("bench-fairness.png")
+	path, link := b.chart("fairness.png")
 	if err := lab.BarChart(path, "Unfairness per 1 s window, without and with gpuarb", "unfairness (%)", 110, cats,
 		[]lab.Bars{{Name: "median", Values: med}, {Name: "p95", Values: p95}, {Name: "max", Values: mx}}); err != nil {
 		return "", err
@@ -102,7 +102,7 @@ func benchWeights(ctx context.Context, b *bench) (string, error) {
 		target, without, with = append(target, 100*ta), append(without, 100*got[0][0]), append(with, 100*got[1][0])
 		b.busy = append(b.busy, busyFigure{fmt.Sprintf("two hogs, weights 1:%d", w), busy[0], busy[1]})
 	}
-	path, link := b.chart("bench-weights.png")
+	path, link := b.chart("weights.png")
 	if err := lab.BarChart(path, "Share of the weight-1 tenant", "share of the GPU (%)", 75, cats,
 		[]lab.Bars{{Name: "target", Values: target}, {Name: "without gpuarb", Values: without}, {Name: "with gpuarb", Values: with}}); err != nil {
 		return "", err
