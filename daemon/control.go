@@ -18,6 +18,7 @@ import (
 	"github.com/gpuarb/gpuarb/bpf"
 	"github.com/gpuarb/gpuarb/cgroup"
 	"github.com/gpuarb/gpuarb/control"
+	"github.com/gpuarb/gpuarb/enforce"
 	"github.com/gpuarb/gpuarb/gpusched"
 	"github.com/gpuarb/gpuarb/meter"
 	"github.com/gpuarb/gpuarb/policy"
@@ -419,7 +420,7 @@ func (d *Daemon) control(ctx context.Context) {
 	for _, dec := range decisions {
 		d.tenants[dec.Name].decisions[dec.GPU] = dec
 	}
-	plan := map[int][]tenantGroups{}
+	plan := map[int][]enforce.TenantGroups{}
 	for name, t := range d.tenants {
 		if now.Sub(t.lastSeen) > 2*d.cfg.Window {
 			finish = append(finish, d.retire(t))
@@ -440,7 +441,7 @@ func (d *Daemon) control(ctx context.Context) {
 		for gpu, dec := range t.decisions {
 			if dec.Scheduled {
 				scheduled = true
-				plan[gpu] = append(plan[gpu], tenantGroups{dec, groups[name][gpu]})
+				plan[gpu] = append(plan[gpu], enforce.TenantGroups{Decision: dec, Groups: groups[name][gpu]})
 			}
 			if dec.Duty < duty {
 				duty, offset, paced = dec.Duty, dec.Offset, dec.Paced && !dec.Scheduled
@@ -466,14 +467,14 @@ func (d *Daemon) control(ctx context.Context) {
 	if enforcing {
 		d.steerSlices(plan, groups)
 	}
-	d.hold.setPlan(holdPlanOf(enforcing && d.cfg.LatencyHolds != HoldOff, actuation, gpuSlices, res, groups, urgentCgroups))
+	d.hold.SetPlan(enforce.PlanHolds(enforcing && d.cfg.LatencyHolds != enforce.HoldOff, actuation, gpuSlices, res, groups, urgentCgroups))
 	live := map[uint32]bool{}
 	for _, c := range long {
 		if !c.Exited {
 			live[c.PID] = true
 		}
 	}
-	d.steer.forget(live)
+	d.steer.Forget(live)
 }
 
 // groupsOf are the channel groups of every tenant's processes per GPU, as
@@ -539,8 +540,8 @@ func (d *Daemon) actuations(cfg *policy.Config, res control.Result, groups map[s
 			out[gpu] = arbiter.Windows
 		case !preemptive:
 			out[gpu], why[gpu] = arbiter.Pacing, "the policy declares the GPU non-preemptive: a running kernel outlasts any timeslice"
-		case d.steer.off != "":
-			out[gpu], why[gpu] = arbiter.Pacing, d.steer.off
+		case d.steer.Off != "":
+			out[gpu], why[gpu] = arbiter.Pacing, d.steer.Off
 		case in.Busy && in.Processes > 0 && len(groups[in.Name][gpu]) == 0:
 			// Just arrived, its groups may not be in the table yet; after
 			// the grace, paced at the launch gate.
@@ -550,7 +551,7 @@ func (d *Daemon) actuations(cfg *policy.Config, res control.Result, groups map[s
 			}
 		case len(groups[in.Name][gpu]) > 0:
 			probe := groups[in.Name][gpu][0]
-			if r := d.steer.gpuState(gpu, probe); r != "" {
+			if r := d.steer.GPUState(gpu, probe); r != "" {
 				out[gpu], why[gpu] = arbiter.Pacing, r
 				break
 			}
@@ -558,7 +559,7 @@ func (d *Daemon) actuations(cfg *policy.Config, res control.Result, groups map[s
 				out[gpu] = arbiter.Scheduler
 			}
 			if _, read := bounds[gpu]; !read {
-				if sl, ok := d.steer.slicesOf(gpu, probe); ok {
+				if sl, ok := d.steer.SlicesOf(gpu, probe); ok {
 					bounds[gpu] = sl
 				}
 			}
@@ -618,24 +619,24 @@ func (d *Daemon) ungrouped(k tenantGPU, now time.Time, seen map[tenantGPU]bool) 
 // timeslices. A process whose control the driver refuses is paced at the
 // launch gate from the next step, and a GPU where it refuses a quorum of
 // processes and accepts none is not steered at all (steering.noteRefused).
-func (d *Daemon) steerSlices(plan map[int][]tenantGroups, groups map[string]map[int][]gpusched.Group) {
+func (d *Daemon) steerSlices(plan map[int][]enforce.TenantGroups, groups map[string]map[int][]gpusched.Group) {
 	for gpu, ts := range plan {
-		byKey := map[groupKey]gpusched.Group{}
+		byKey := map[enforce.GroupKey]gpusched.Group{}
 		for _, t := range ts {
-			for _, g := range t.groups {
-				byKey[keyOf(g)] = g
+			for _, g := range t.Groups {
+				byKey[enforce.KeyOf(g)] = g
 			}
 		}
-		want := map[groupKey]sliceWant{}
+		want := map[enforce.GroupKey]enforce.SliceWant{}
 		for _, t := range ts {
-			if t.decision.Timeslice == 0 {
+			if t.Decision.Timeslice == 0 {
 				continue // idle: its groups keep theirs
 			}
-			for _, g := range t.groups {
-				want[keyOf(g)] = sliceWant{t.decision.Timeslice, t.decision.Target}
+			for _, g := range t.Groups {
+				want[enforce.KeyOf(g)] = enforce.SliceWant{Slice: t.Decision.Timeslice, Target: t.Decision.Target}
 			}
 		}
-		if err := d.steer.setSlices(want, byKey); err != nil && !refusal(err) { // refusals are logged as noted
+		if err := d.steer.SetSlices(want, byKey); err != nil && !enforce.IsRefusal(err) { // refusals are logged as noted
 			d.log.Debug("gpu scheduler: timeslices", "gpu", gpu, "err", err)
 		}
 	}
@@ -690,16 +691,16 @@ func (d *Daemon) actOn(ctx context.Context, t *tenant, scheduled bool, duty, off
 // startPauser starts a tenant's window gater over its channel groups.
 // Called with d.mu held.
 func (d *Daemon) startPauser(ctx context.Context, t *tenant, period time.Duration) {
-	gate := pauseGate{s: d.steer, name: t.name, groups: func() []gpusched.Group {
+	gate := enforce.NewPauseGate(d.steer, t.name, func() []gpusched.Group {
 		if gs := t.groups.Load(); gs != nil {
 			return *gs
 		}
 		return nil
-	}}
+	})
 	t.pauser = arbiter.NewGater(gate, period, d.epoch)
 	name := t.name
 	t.pauser.OnError = func(err error) {
-		if onlyGone(err) {
+		if enforce.OnlyGone(err) {
 			d.log.Debug("gpu scheduler: pause", "tenant", name, "err", err) // its processes ended meanwhile
 			return
 		}
@@ -828,7 +829,7 @@ func (d *Daemon) startGate(ctx context.Context, t *tenant, period time.Duration)
 		d.log.Warn("no launch gate: the tenant is paced by freezing", "tenant", t.name, "err", err)
 	} else {
 		t.launches = lg
-		t.gater.Launches = launchGate{gate: lg, meter: d.meter}
+		t.gater.Launches = enforce.NewLaunchGate(lg, d.meter)
 		t.gater.LaunchCost = func() float64 { return math.Float64frombits(t.launchCost.Load()) }
 	}
 	t.gater.OnFreeze = func(from, to time.Time) {
@@ -953,9 +954,9 @@ func (t *tenant) heldSince(since time.Time) bool {
 // are restored.
 func (d *Daemon) stopAllGates() {
 	// No hold starts after this; one under way ends within maxHold, or
-	// here, where putBackAll resumes its groups.
+	// here, where enforce.Steering.PutBackAll resumes its groups.
 	if d.hold != nil {
-		d.hold.setPlan(&holdPlan{})
+		d.hold.SetPlan(&enforce.HoldPlan{})
 	}
 	d.mu.Lock()
 	var finish []func()
@@ -967,7 +968,7 @@ func (d *Daemon) stopAllGates() {
 	for _, f := range finish {
 		f()
 	}
-	if err := d.steer.putBackAll(); err != nil {
+	if err := d.steer.PutBackAll(); err != nil {
 		d.log.Warn("gpu scheduler: putting channel groups back", "err", err)
 	}
 }

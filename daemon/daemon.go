@@ -24,6 +24,7 @@ import (
 	"github.com/gpuarb/gpuarb/arbiter"
 	"github.com/gpuarb/gpuarb/bpf"
 	"github.com/gpuarb/gpuarb/cgroup"
+	"github.com/gpuarb/gpuarb/enforce"
 	"github.com/gpuarb/gpuarb/exact"
 	"github.com/gpuarb/gpuarb/gpusched"
 	"github.com/gpuarb/gpuarb/ioctlspy"
@@ -72,7 +73,7 @@ type Config struct {
 	FakeGPUSocket string
 	// LatencyHolds is how a latency tenant's launch takes the other
 	// tenants' channel groups off a GPU whose scheduler gpuarb steers.
-	LatencyHolds HoldMode
+	LatencyHolds enforce.HoldMode
 	// MetricsAddr, when set, serves Prometheus metrics over HTTP there (a
 	// bare port listens on 127.0.0.1 only).
 	MetricsAddr string
@@ -89,12 +90,6 @@ type Config struct {
 // LedgerBeside is the thaw ledger's path for a daemon socket.
 func LedgerBeside(socket string) string { return filepath.Join(filepath.Dir(socket), "gated.json") }
 
-// SteerLedgerBeside is the steering ledger's path beside a thaw ledger:
-// whoever thaws what a daemon left finds both.
-func SteerLedgerBeside(ledger string) string {
-	return filepath.Join(filepath.Dir(ledger), "steered.json")
-}
-
 // ErrAlreadyRunning is returned when another daemon holds the lock.
 var ErrAlreadyRunning = errors.New("another gpuarb daemon is running")
 
@@ -108,7 +103,7 @@ type Daemon struct {
 	probes  *bpf.Probes
 	spy     *ioctlspy.Spy
 	meter   *meter.Meter
-	hold    *latencyHold
+	hold    *enforce.LatencyHold
 	// recording is the file the meter records to (Config.RecordMeter);
 	// recordingFailed once a write to it failed.
 	recording       *os.File
@@ -152,7 +147,7 @@ type Daemon struct {
 	mode        cgroup.Mode
 	mount       string
 	epoch       time.Time
-	guardian    *guardian // nil without Config.Guardian
+	guardian    *enforce.Guardian // nil without Config.Guardian
 
 	// exact figures, under mu
 	exactPrev   exact.Sample
@@ -164,7 +159,7 @@ type Daemon struct {
 	wakers atomic.Pointer[wakers]
 	// steer is the hold on the GPUs' own schedulers; steerWhy, under mu,
 	// says per GPU why the last step could not use it.
-	steer    *steering
+	steer    *enforce.Steering
 	steerWhy map[int]string
 	// ungroupedSince is when a busy tenant was first seen on a GPU without
 	// a channel group (used by the control loop only).
@@ -268,7 +263,7 @@ func Start(cfg Config) (_ *Daemon, err error) {
 	// starting. What could not be resumed stays in the ledger, tried again
 	// by the guardian, `thaw --all` or the next start; a ledger that
 	// cannot be read is set aside (PATH.bad).
-	if done, err := ThawLeftovers(cfg.Ledger, cfg.PinPath); err != nil {
+	if done, err := enforce.ThawLeftovers(cfg.Ledger, cfg.PinPath); err != nil {
 		d.log.Error("resuming what an earlier daemon left", "err", err)
 	} else if len(done) > 0 {
 		d.log.Info("resumed what an earlier daemon left", "targets", len(done))
@@ -281,22 +276,23 @@ func Start(cfg Config) (_ *Daemon, err error) {
 	} else if err != nil {
 		return nil, err
 	}
-	if d.steer, err = newSteering(cfg.NoGPUScheduler || cfg.ObserveOnly, cfg.FakeGPUSocket, SteerLedgerBeside(cfg.Ledger), d.meter, d.log); err != nil {
+	if d.steer, err = enforce.NewSteering(cfg.NoGPUScheduler || cfg.ObserveOnly, cfg.FakeGPUSocket, enforce.SteerLedgerBeside(cfg.Ledger), d.meter, d.log); err != nil {
 		return nil, err
 	}
-	if d.steer.off != "" {
-		d.log.Info("not steering the GPUs' own schedulers: pacing at the launch gate", "why", d.steer.off)
+	if d.steer.Off != "" {
+		d.log.Info("not steering the GPUs' own schedulers: pacing at the launch gate", "why", d.steer.Off)
 	}
 	if len(cfg.Guardian) > 0 {
-		d.guardian = &guardian{argv: cfg.Guardian, log: d.log}
+		cgroupDir := ""
 		if cfg.GuardianCgroup != "" {
 			if root, err := cgroup.UnifiedMount(); err != nil {
 				d.log.Warn("no cgroup v2 hierarchy: the thaw guardian runs in the daemon's cgroup", "err", err)
 			} else {
-				d.guardian.cgroupDir = filepath.Join(root, filepath.Clean("/"+cfg.GuardianCgroup))
+				cgroupDir = filepath.Join(root, filepath.Clean("/"+cfg.GuardianCgroup))
 			}
 		}
-		if err := d.guardian.start(); err != nil {
+		d.guardian = enforce.NewGuardian(cfg.Guardian, cgroupDir, d.log)
+		if err := d.guardian.Start(); err != nil {
 			return nil, err
 		}
 	}
@@ -336,8 +332,8 @@ func Start(cfg Config) (_ *Daemon, err error) {
 	}
 	d.spy.OnError = func(err error) { d.log.Warn("probe", "err", err) }
 	steer := d.steer // Close forgets d.steer while the hold loop may still release
-	deschedule := cfg.LatencyHolds == HoldDeschedule
-	d.hold = newLatencyHold(func(gs []gpusched.Group, off bool) error { return steer.pause(gs, byHold, off, deschedule) },
+	deschedule := cfg.LatencyHolds == enforce.HoldDeschedule
+	d.hold = enforce.NewLatencyHold(func(gs []gpusched.Group, off bool) error { return steer.Pause(gs, enforce.ByHold, off, deschedule) },
 		d.probes.SetUrgent, deschedule, d.log)
 	if err := d.listen(); err != nil {
 		return nil, err
@@ -527,11 +523,11 @@ func (d *Daemon) listenMetrics() error {
 }
 
 // observe meters an event; a latency tenant's launch takes the others off
-// the GPU, the end of its wait puts them back (latencyHold); a held launch
+// the GPU, the end of its wait puts them back (enforce.LatencyHold); a held launch
 // wakes its tenant's gater, which releases the process when the tenant's
 // credit pays for the launch.
 func (d *Daemon) observe(ev ioctlspy.Event) {
-	d.hold.observe(ev)
+	d.hold.Observe(ev)
 	d.meter.Observe(ev)
 	if h := ev.Hdr(); h.Held {
 		if w := d.wakers.Load(); w != nil {
@@ -572,7 +568,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	held := make(chan struct{})
 	go func() {
 		defer close(held)
-		d.hold.run(ctx)
+		d.hold.Run(ctx)
 	}()
 	leased := make(chan struct{})
 	go func() {
@@ -750,7 +746,7 @@ func (d *Daemon) Stop() error {
 		d.steer = nil
 	}
 	if d.guardian != nil {
-		d.guardian.stop()
+		d.guardian.Stop()
 	}
 	if d.server != nil {
 		errs = append(errs, d.shutdown("API", d.server))

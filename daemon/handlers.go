@@ -345,7 +345,7 @@ func (d *Daemon) updatePolicy(why string, resume bool, next func(cur *policy.Con
 	for _, f := range finish {
 		f()
 	}
-	if err := d.steer.putBack(groups); err != nil {
+	if err := d.steer.PutBack(groups); err != nil {
 		d.log.Warn("gpu scheduler: putting channel groups back", "err", err)
 	}
 	d.meter.SetScheduling(cfg.Scheduling)

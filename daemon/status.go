@@ -163,7 +163,7 @@ func (d *Daemon) Status() api.Status {
 		return st.Tenants[i].Name < st.Tenants[j].Name
 	})
 	if d.guardian != nil {
-		pid, restarts, cg := d.guardian.state()
+		pid, restarts, cg := d.guardian.State()
 		st.Guardian = &api.Guardian{PID: pid, Restarts: restarts, Cgroup: cg}
 	}
 	if d.probes != nil {

@@ -957,7 +957,7 @@ func TestArbiterLatencyTenant(t *testing.T) {
 	// shortest slice worth having is 1024 µs, two of them and their
 	// switches ahead of a request are 3.3× its time alone, and the
 	// latency holds take the others off the GPU at its launch instead
-	// (daemon/hold.go).
+	// (enforce/hold.go).
 	t.Run("H200 costs", func(t *testing.T) {
 		measureTwice(t, func(t *testing.T, miss missFunc) { latencyBeside(t, miss, "greedy", true) })
 	})

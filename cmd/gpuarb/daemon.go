@@ -15,6 +15,7 @@ import (
 	"github.com/gpuarb/gpuarb/bpf"
 	"github.com/gpuarb/gpuarb/cgroup"
 	"github.com/gpuarb/gpuarb/daemon"
+	"github.com/gpuarb/gpuarb/enforce"
 	"github.com/gpuarb/gpuarb/policy"
 )
 
@@ -56,7 +57,7 @@ func guardianCommandDef() *cli.Command {
 			&cli.Uint64Flag{Name: "daemon-start", Required: true},
 		},
 		Action: func(c *cli.Context) error {
-			_, err := daemon.Guard(os.NewFile(3, "daemon-pipe"), c.Int("daemon-pid"), c.Uint64("daemon-start"),
+			_, err := enforce.Guard(os.NewFile(3, "daemon-pipe"), c.Int("daemon-pid"), c.Uint64("daemon-start"),
 				c.String("ledger"), c.String("pin-path"))
 			return err
 		},
@@ -117,7 +118,7 @@ restored; pins, socket and lock removed).`,
 			if sched != "auto" && sched != "off" {
 				return fmt.Errorf("--gpu-scheduler %q: want auto or off", sched)
 			}
-			holds, err := daemon.ParseHoldMode(c.String("latency-holds"))
+			holds, err := enforce.ParseHoldMode(c.String("latency-holds"))
 			if err != nil {
 				return fmt.Errorf("--latency-holds: %w", err)
 			}

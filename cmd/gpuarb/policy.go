@@ -16,7 +16,7 @@ import (
 	"github.com/gpuarb/gpuarb/api"
 	"github.com/gpuarb/gpuarb/bpf"
 	"github.com/gpuarb/gpuarb/cgroup"
-	"github.com/gpuarb/gpuarb/daemon"
+	"github.com/gpuarb/gpuarb/enforce"
 	"github.com/gpuarb/gpuarb/policy"
 )
 
@@ -200,7 +200,7 @@ lists and continues the processes that the pinned held table (under
 			case !errors.Is(err, api.ErrNoDaemon):
 				return cli.Exit("gpuarb thaw: "+err.Error(), 1)
 			}
-			done, err := daemon.ThawLeftovers(ledgerPath(c), c.String("pin-path"))
+			done, err := enforce.ThawLeftovers(ledgerPath(c), c.String("pin-path"))
 			for _, line := range done {
 				fmt.Fprintln(c.App.Writer, line)
 			}

@@ -550,7 +550,7 @@ func (c *check) pauseResume(ctx context.Context, s *Step) error {
 
 // holdCycles and holdPeriod shape the hold-cost step: a cycle a
 // holdPeriod, each pausing two burners for holdLength, as gpuarb's latency
-// holds do around an inference request (daemon/hold.go).
+// holds do around an inference request (enforce/hold.go).
 const (
 	holdCycles = 50
 	holdPeriod = 20 * time.Millisecond

@@ -1,4 +1,4 @@
-package daemon
+package enforce
 
 import (
 	"cmp"
@@ -121,7 +121,7 @@ func ParseHoldMode(s string) (HoldMode, error) {
 	return 0, fmt.Errorf("%q: want one of %s", s, strings.Join(holdModeNames, ", "))
 }
 
-// holdPlan is who holds whom, from the last control step: per urgent
+// HoldPlan is who holds whom, from the last control step: per urgent
 // process (a latency tenant's) the GPUs it holds, and per GPU the other
 // tenants' channel groups a hold takes off it. A process with groups on
 // several GPUs holds all of them at a launch: the launch's record does not
@@ -131,7 +131,7 @@ func ParseHoldMode(s string) (HoldMode, error) {
 // processes were seen in), until the next step: a service's first
 // requests waited through the others' slices for up to a control period
 // (p50 3.5 ms in its first 100 ms, 1.7 ms after, at an H200's costs).
-type holdPlan struct {
+type HoldPlan struct {
 	gpusOf  map[uint32][]int
 	cgroups map[uint64][]int
 	others  map[int][]gpusched.Group
@@ -143,14 +143,14 @@ type holdPlan struct {
 	bound map[int]time.Duration
 }
 
-// holdPlanOf is a control step's plan: on every GPU whose scheduler
+// PlanHolds is a control step's plan: on every GPU whose scheduler
 // gpuarb steers, while it enforces, the processes of latency tenants with
 // channel groups there hold the groups of the other tenants busy there (at
 // most maxHeldGroups); so do those found by the latency tenants' cgroups
 // (urgentCgroups) on every such GPU.
-func holdPlanOf(enforcing bool, actuation map[int]arbiter.Actuation, bounds map[int]gpusched.Slices, res control.Result,
-	groups map[string]map[int][]gpusched.Group, urgentCgroups []uint64) *holdPlan {
-	p := &holdPlan{gpusOf: map[uint32][]int{}, cgroups: map[uint64][]int{}, others: map[int][]gpusched.Group{},
+func PlanHolds(enforcing bool, actuation map[int]arbiter.Actuation, bounds map[int]gpusched.Slices, res control.Result,
+	groups map[string]map[int][]gpusched.Group, urgentCgroups []uint64) *HoldPlan {
+	p := &HoldPlan{gpusOf: map[uint32][]int{}, cgroups: map[uint64][]int{}, others: map[int][]gpusched.Group{},
 		mates: map[uint32]bool{}, bound: map[int]time.Duration{}}
 	if !enforcing {
 		return p
@@ -213,7 +213,7 @@ func holdPlanOf(enforcing bool, actuation map[int]arbiter.Actuation, bounds map[
 
 // gpusOfProcess returns the GPUs a latency tenant's process holds at a launch:
 // its own, or by its cgroup every GPU the plan holds (nil: none).
-func (p *holdPlan) gpusOfProcess(pid uint32, cgroupID uint64) []int {
+func (p *HoldPlan) gpusOfProcess(pid uint32, cgroupID uint64) []int {
 	if gpus := p.gpusOf[pid]; gpus != nil || p.mates[pid] {
 		return gpus
 	}
@@ -253,9 +253,9 @@ type gpuHold struct {
 	probed    time.Time       // when the last hold began
 }
 
-// latencyHold runs the holds. Its plan and the urgent processes change
+// LatencyHold runs the holds. Its plan and the urgent processes change
 // with every control step (setPlan); the event reader feeds it (observe).
-type latencyHold struct {
+type LatencyHold struct {
 	// pause takes groups off their GPU (off) or lets them run again, as
 	// far as the holds are concerned (steering.pause byHold).
 	pause  func(groups []gpusched.Group, off bool) error
@@ -264,21 +264,21 @@ type latencyHold struct {
 	// (HoldDeschedule: such a hold never lengthens the wait).
 	everyLaunch bool
 	log         *slog.Logger
-	plan        atomic.Pointer[holdPlan]
+	plan        atomic.Pointer[HoldPlan]
 	signals     chan holdSignal
 
 	mu    sync.Mutex
 	stats map[int]HoldStats
 }
 
-func newLatencyHold(pause func([]gpusched.Group, bool) error, urgent func([]uint32, []uint64) error, everyLaunch bool, log *slog.Logger) *latencyHold {
-	return &latencyHold{pause: pause, urgent: urgent, everyLaunch: everyLaunch, log: log,
+func NewLatencyHold(pause func([]gpusched.Group, bool) error, urgent func([]uint32, []uint64) error, everyLaunch bool, log *slog.Logger) *LatencyHold {
+	return &LatencyHold{pause: pause, urgent: urgent, everyLaunch: everyLaunch, log: log,
 		signals: make(chan holdSignal, holdSignals), stats: map[int]HoldStats{}}
 }
 
-// setPlan replaces the plan and the processes whose records wake the
+// SetPlan replaces the plan and the processes whose records wake the
 // event reader at once.
-func (h *latencyHold) setPlan(p *holdPlan) {
+func (h *LatencyHold) SetPlan(p *HoldPlan) {
 	old := h.plan.Swap(p)
 	if old != nil && maps.EqualFunc(old.gpusOf, p.gpusOf, slices.Equal) && maps.EqualFunc(old.cgroups, p.cgroups, slices.Equal) {
 		return
@@ -288,10 +288,10 @@ func (h *latencyHold) setPlan(p *holdPlan) {
 	}
 }
 
-// observe passes a latency tenant's launches and the ends of its waits to
+// Observe passes a latency tenant's launches and the ends of its waits to
 // the hold loop. Called by the event reader for every event: a map lookup
 // for the others.
-func (h *latencyHold) observe(ev ioctlspy.Event) {
+func (h *LatencyHold) Observe(ev ioctlspy.Event) {
 	p := h.plan.Load()
 	if p == nil || len(p.gpusOf) == 0 && len(p.cgroups) == 0 {
 		return
@@ -318,14 +318,14 @@ func (h *latencyHold) observe(ev ioctlspy.Event) {
 }
 
 // Stats returns every GPU's hold counts.
-func (h *latencyHold) Stats() map[int]HoldStats {
+func (h *LatencyHold) Stats() map[int]HoldStats {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return maps.Clone(h.stats)
 }
 
-// run holds and releases until ctx ends, then releases every hold.
-func (h *latencyHold) run(ctx context.Context) {
+// Run holds and releases until ctx ends, then releases every hold.
+func (h *LatencyHold) Run(ctx context.Context) {
 	gpus := map[int]*gpuHold{}
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -374,7 +374,7 @@ func (h *latencyHold) run(ctx context.Context) {
 // GPU rests after a hold cut at maxHold, nor, unless everyLaunch, while
 // holds take longer to start than the slices bound the wait (but one a
 // holdProbe).
-func (h *latencyHold) signal(gpu int, g *gpuHold, s holdSignal, others []gpusched.Group, bound time.Duration) {
+func (h *LatencyHold) signal(gpu int, g *gpuHold, s holdSignal, others []gpusched.Group, bound time.Duration) {
 	now := time.Now()
 	if !s.work {
 		delete(g.pending, s.pid)
@@ -388,7 +388,7 @@ func (h *latencyHold) signal(gpu int, g *gpuHold, s holdSignal, others []gpusche
 	if g.held != nil || len(others) == 0 || now.Before(g.restUntil) || slower {
 		return
 	}
-	if err := h.pause(others, true); err != nil && !onlyGone(err) {
+	if err := h.pause(others, true); err != nil && !OnlyGone(err) {
 		h.log.Debug("latency hold", "gpu", gpu, "err", err)
 	}
 	g.held, g.since, g.probed = others, now, now
@@ -408,9 +408,9 @@ func (h *latencyHold) signal(gpu int, g *gpuHold, s holdSignal, others []gpusche
 
 // release ends GPU gpu's hold; cut says maxHold ended it, which lets the
 // others run for holdRest before the next.
-func (h *latencyHold) release(gpu int, g *gpuHold, cut bool) {
+func (h *LatencyHold) release(gpu int, g *gpuHold, cut bool) {
 	now := time.Now()
-	if err := h.pause(g.held, false); err != nil && !onlyGone(err) {
+	if err := h.pause(g.held, false); err != nil && !OnlyGone(err) {
 		// Still held: the run loop tries again in holdRetry.
 		h.log.Warn("latency hold: resume the others", "gpu", gpu, "err", err)
 		g.since = now.Add(holdRetry - maxHold)

@@ -1,4 +1,4 @@
-package daemon
+package enforce
 
 import (
 	"cmp"
@@ -17,10 +17,10 @@ import (
 	"github.com/gpuarb/gpuarb/meter"
 )
 
-// groupKey names one channel group of one process.
-type groupKey struct{ pid, client, tsg uint32 }
+// GroupKey names one channel group of one process.
+type GroupKey struct{ pid, client, tsg uint32 }
 
-func keyOf(g gpusched.Group) groupKey { return groupKey{g.PID, g.Client, g.TSG} }
+func KeyOf(g gpusched.Group) GroupKey { return GroupKey{g.PID, g.Client, g.TSG} }
 
 // steered is what gpuarb set on one channel group.
 type steered struct {
@@ -38,27 +38,27 @@ const (
 	// byDuty: its tenant's window gater, for the rest of each period its
 	// decision's run fraction leaves.
 	byDuty pauser = 1 << iota
-	// byHold: a latency tenant's hold, while its work is pending.
-	byHold
+	// ByHold: a latency tenant's hold, while its work is pending.
+	ByHold
 )
 
-// steering is the daemon's hold on the GPUs' own schedulers: whether this
+// Steering is the daemon's hold on the GPUs' own schedulers: whether this
 // host allows it, per GPU whether the driver answers, and per channel
 // group what gpuarb set. Its methods are safe for concurrent use; they
 // talk to the driver, so the daemon calls them without its own lock.
-type steering struct {
+type Steering struct {
 	act        *gpusched.Actuator
 	fakeSocket string // the simulated GPU's socket, recorded with each group
 	ledger     *gpusched.Ledger
 	meter      *meter.Meter
 	log        *slog.Logger
-	off        string // why this host cannot be steered ("": it can)
+	Off        string // why this host cannot be steered ("": it can)
 
 	pauseMu sync.Mutex // serializes pause
 	mu      sync.Mutex
 	gpus    map[int]gpuVerdict // per GPU probed: whether it can be steered
 	slices  map[int]gpusched.Slices
-	groups  map[groupKey]*steered
+	groups  map[GroupKey]*steered
 	refused refusals
 }
 
@@ -123,17 +123,17 @@ func (r *refusals) forget(live map[uint32]bool) {
 	}
 }
 
-// newSteering prepares steering, or says why it is off: disabled by the
+// NewSteering prepares steering, or says why it is off: disabled by the
 // daemon's flag, or not allowed on this host (gpusched.Available).
-func newSteering(disabled bool, fakeSocket, ledgerPath string, m *meter.Meter, log *slog.Logger) (*steering, error) {
-	s := &steering{act: gpusched.New(fakeSocket), fakeSocket: fakeSocket, meter: m, log: log, gpus: map[int]gpuVerdict{},
-		slices: map[int]gpusched.Slices{}, groups: map[groupKey]*steered{}}
+func NewSteering(disabled bool, fakeSocket, ledgerPath string, m *meter.Meter, log *slog.Logger) (*Steering, error) {
+	s := &Steering{act: gpusched.New(fakeSocket), fakeSocket: fakeSocket, meter: m, log: log, gpus: map[int]gpuVerdict{},
+		slices: map[int]gpusched.Slices{}, groups: map[GroupKey]*steered{}}
 	switch {
 	case disabled:
-		s.off = "disabled (--gpu-scheduler off)"
+		s.Off = "disabled (--gpu-scheduler off)"
 	default:
 		if err := gpusched.Available(); err != nil {
-			s.off = err.Error()
+			s.Off = err.Error()
 		}
 	}
 	l, err := gpusched.OpenLedger(ledgerPath)
@@ -159,16 +159,16 @@ type gpuVerdict struct {
 // tenant off the GPU's scheduler for good.
 const reprobeAfter = 10 * time.Second
 
-// gpuState says whether a GPU can be steered, probing it through one of its
+// GPUState says whether a GPU can be steered, probing it through one of its
 // groups the first time, and again reprobeAfter after it found it could
 // not: "" when it can, else why not. Only the driver can make a GPU
 // unsteerable (it refused a quorum of processes, accepted none); any other
 // failure of the probe (a process's descriptor no longer its control
 // file, a process gone) is that process's trouble: it is refused, and
 // its tenant paced, while the GPU is probed through the next one.
-func (s *steering) gpuState(gpu int, probe gpusched.Group) string {
-	if s.off != "" {
-		return s.off
+func (s *Steering) GPUState(gpu int, probe gpusched.Group) string {
+	if s.Off != "" {
+		return s.Off
 	}
 	s.mu.Lock()
 	v, known := s.gpus[gpu]
@@ -197,11 +197,11 @@ func (s *steering) gpuState(gpu int, probe gpusched.Group) string {
 	return s.gpus[gpu].why
 }
 
-// slicesOf returns the timeslices GPU gpu runs its channel groups well at,
+// SlicesOf returns the timeslices GPU gpu runs its channel groups well at,
 // read through group g the first time (before gpuarb changes any of the
 // GPU's groups: a steerable GPU's slices are read in the step that first
 // finds it steerable); ok is false while they could not be read.
-func (s *steering) slicesOf(gpu int, g gpusched.Group) (_ gpusched.Slices, ok bool) {
+func (s *Steering) SlicesOf(gpu int, g gpusched.Group) (_ gpusched.Slices, ok bool) {
 	s.mu.Lock()
 	sl, known := s.slices[gpu]
 	s.mu.Unlock()
@@ -223,9 +223,9 @@ func (s *steering) slicesOf(gpu int, g gpusched.Group) (_ gpusched.Slices, ok bo
 // noteRefused records that the driver refused a control of group g's
 // process (its tenant is paced at the launch gate from the next step),
 // logging it once, and refuses g's GPU at the quorum.
-func (s *steering) noteRefused(g gpusched.Group, err error) {
+func (s *Steering) noteRefused(g gpusched.Group, err error) {
 	s.mu.Lock()
-	fresh, gpuRefused := s.refused.note(int(g.GPU), g.PID, refusal(err))
+	fresh, gpuRefused := s.refused.note(int(g.GPU), g.PID, IsRefusal(err))
 	if gpuRefused && s.gpus[int(g.GPU)].why == "" {
 		s.gpus[int(g.GPU)] = gpuVerdict{why: fmt.Sprintf("the driver refused a control of pid %d: %v", g.PID, err), at: time.Now()}
 	}
@@ -239,32 +239,32 @@ func (s *steering) noteRefused(g gpusched.Group, err error) {
 // noteOutcomes records, per group of a batch of controls, whether the
 // driver accepted it (nil), refused it, or neither (a process that ended,
 // a group not ready yet).
-func (s *steering) noteOutcomes(gs []gpusched.Group, failed []error) {
+func (s *Steering) noteOutcomes(gs []gpusched.Group, failed []error) {
 	for i, err := range failed {
 		switch {
 		case err == nil:
 			s.mu.Lock()
 			s.refused.accept(int(gs[i].GPU))
 			s.mu.Unlock()
-		case refusal(err) || errors.Is(err, gpusched.ErrNotItsFile):
+		case IsRefusal(err) || errors.Is(err, gpusched.ErrNotItsFile):
 			s.noteRefused(gs[i], err)
 		}
 	}
 }
 
 // Refused tells whether the driver refused a control of pid's.
-func (s *steering) Refused(pid uint32) bool {
+func (s *Steering) Refused(pid uint32) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	_, ok := s.refused.pids[pid]
 	return ok
 }
 
-// tenantGroups are one tenant's channel groups on one GPU, with its
+// TenantGroups are one tenant's channel groups on one GPU, with its
 // decision there.
-type tenantGroups struct {
-	decision arbiter.Decision
-	groups   []gpusched.Group
+type TenantGroups struct {
+	Decision arbiter.Decision
+	Groups   []gpusched.Group
 }
 
 // sliceDeadband is the relative change of a group's timeslice below which
@@ -294,17 +294,17 @@ const (
 	sliceBudget     = 20 * time.Millisecond
 )
 
-// sliceWant is the timeslice a group should have, and the share of the
+// SliceWant is the timeslice a group should have, and the share of the
 // GPU its tenant is entitled to (which orders the changes).
-type sliceWant struct {
-	slice  time.Duration
-	target float64
+type SliceWant struct {
+	Slice  time.Duration
+	Target float64
 }
 
-// sliceChange is a change setSlices may make: the group's slice now (0:
+// sliceChange is a change SetSlices may make: the group's slice now (0:
 // not set by gpuarb yet) and the one wanted.
 type sliceChange struct {
-	key       groupKey
+	key       GroupKey
 	set, want time.Duration
 	target    float64
 }
@@ -330,12 +330,12 @@ func pickSliceChanges(cands []sliceChange, limit int) []sliceChange {
 	return out[:min(len(out), limit)]
 }
 
-// setSlices gives groups their timeslices, recording each group in the
+// SetSlices gives groups their timeslices, recording each group in the
 // ledger before its first change; groups already near theirs
 // (nearSlice) are left, and a step makes at most maxSliceChanges, in
 // batches while sliceBudget lasts (pickSliceChanges orders them).
-func (s *steering) setSlices(want map[groupKey]sliceWant, groups map[groupKey]gpusched.Group) error {
-	keys := make([]groupKey, 0, len(want))
+func (s *Steering) SetSlices(want map[GroupKey]SliceWant, groups map[GroupKey]gpusched.Group) error {
+	keys := make([]GroupKey, 0, len(want))
 	gs := make([]gpusched.Group, 0, len(want))
 	for k := range want {
 		keys = append(keys, k)
@@ -343,12 +343,12 @@ func (s *steering) setSlices(want map[groupKey]sliceWant, groups map[groupKey]gp
 	}
 	sts, errs := s.track(gs)
 	var cands []sliceChange
-	tracked := map[groupKey]*steered{}
+	tracked := map[GroupKey]*steered{}
 	s.mu.Lock()
 	for i, st := range sts {
 		if st != nil {
 			tracked[keys[i]] = st
-			cands = append(cands, sliceChange{key: keys[i], set: st.slice, want: want[keys[i]].slice, target: want[keys[i]].target})
+			cands = append(cands, sliceChange{key: keys[i], set: st.slice, want: want[keys[i]].Slice, target: want[keys[i]].Target})
 		}
 	}
 	s.mu.Unlock()
@@ -366,7 +366,7 @@ func (s *steering) setSlices(want map[groupKey]sliceWant, groups map[groupKey]gp
 // restart per GPU. Only what took effect is recorded (and told to the
 // meter): a group whose channels are not allocated yet gets its slice at
 // a later step.
-func (s *steering) applySlices(picks []sliceChange, groups map[groupKey]gpusched.Group, tracked map[groupKey]*steered) error {
+func (s *Steering) applySlices(picks []sliceChange, groups map[GroupKey]gpusched.Group, tracked map[GroupKey]*steered) error {
 	changes := make([]gpusched.Change, 0, len(picks))
 	changed := make([]*steered, 0, len(picks)) // beside changes; forget may drop them from s.groups meanwhile
 	for _, c := range picks {
@@ -392,12 +392,12 @@ func (s *steering) applySlices(picks []sliceChange, groups map[groupKey]gpusched
 
 // tracked returns what gpuarb set on each group it tracks (nil for the
 // others).
-func (s *steering) tracked(gs []gpusched.Group) []*steered {
+func (s *Steering) tracked(gs []gpusched.Group) []*steered {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]*steered, len(gs))
 	for i, g := range gs {
-		out[i] = s.groups[keyOf(g)]
+		out[i] = s.groups[KeyOf(g)]
 	}
 	return out
 }
@@ -405,7 +405,7 @@ func (s *steering) tracked(gs []gpusched.Group) []*steered {
 // track returns what gpuarb set on each group (nil where it failed),
 // recording the groups seen for the first time (with their own
 // timeslices, read first) in the ledger, in one write.
-func (s *steering) track(gs []gpusched.Group) ([]*steered, []error) {
+func (s *Steering) track(gs []gpusched.Group) ([]*steered, []error) {
 	var fresh []*steered
 	var freshAt []int // fresh[j] is out[freshAt[j]]
 	var errs []error
@@ -421,7 +421,7 @@ func (s *steering) track(gs []gpusched.Group) ([]*steered, []error) {
 		}
 		orig, err := s.act.Timeslice(g)
 		if err != nil {
-			if refusal(err) || errors.Is(err, gpusched.ErrNotItsFile) {
+			if IsRefusal(err) || errors.Is(err, gpusched.ErrNotItsFile) {
 				s.noteRefused(g, err)
 			}
 			errs = append(errs, err)
@@ -446,20 +446,20 @@ func (s *steering) track(gs []gpusched.Group) ([]*steered, []error) {
 	}
 	s.mu.Lock()
 	for _, st := range fresh {
-		s.groups[keyOf(st.rec.Group)] = st
+		s.groups[KeyOf(st.rec.Group)] = st
 	}
 	s.mu.Unlock()
 	return out, errs
 }
 
-// pause takes groups off the GPU for by (off), or lets them go for by,
+// Pause takes groups off the GPU for by (off), or lets them go for by,
 // at once. A group runs while no pauser holds it: a latency tenant's hold
 // ending does not resume a group its tenant's gater has paused, nor the
 // other way round. Calls are serialized, so that two pausers' changes to
 // one group do not cross between their decision and the driver's answer.
-// With keepRunning a pause leaves what runs of a group now to finish its
+// With keepRunning a Pause leaves what runs of a group now to finish its
 // slice (gpusched.Change.KeepRunning).
-func (s *steering) pause(groups []gpusched.Group, by pauser, off, keepRunning bool) error {
+func (s *Steering) Pause(groups []gpusched.Group, by pauser, off, keepRunning bool) error {
 	s.pauseMu.Lock()
 	defer s.pauseMu.Unlock()
 	var changes []gpusched.Change
@@ -518,9 +518,9 @@ func (s *steering) pause(groups []gpusched.Group, by pauser, off, keepRunning bo
 	return errors.Join(append(errs, err)...)
 }
 
-// forget drops the groups of processes no longer listed (they exited):
+// Forget drops the groups of processes no longer listed (they exited):
 // their duplicates close and the ledger lets them go.
-func (s *steering) forget(live map[uint32]bool) {
+func (s *Steering) Forget(live map[uint32]bool) {
 	s.mu.Lock()
 	var gone []*steered
 	for k, st := range s.groups {
@@ -540,27 +540,27 @@ func (s *steering) forget(live map[uint32]bool) {
 	s.act.Sweep()
 }
 
-// putBackAll resumes every group gpuarb paused and restores every
+// PutBackAll resumes every group gpuarb paused and restores every
 // timeslice it changed, then forgets them all.
-func (s *steering) putBackAll() error {
+func (s *Steering) PutBackAll() error {
 	s.mu.Lock()
 	all := make([]*steered, 0, len(s.groups))
 	for _, st := range s.groups {
 		all = append(all, st)
 	}
-	s.groups = map[groupKey]*steered{}
+	s.groups = map[GroupKey]*steered{}
 	s.mu.Unlock()
 	return s.restore(all)
 }
 
-// putBack does what putBackAll does for groups gs only.
-func (s *steering) putBack(gs []gpusched.Group) error {
+// PutBack does what PutBackAll does for groups gs only.
+func (s *Steering) PutBack(gs []gpusched.Group) error {
 	s.mu.Lock()
 	var some []*steered
 	for _, g := range gs {
-		if st := s.groups[keyOf(g)]; st != nil {
+		if st := s.groups[KeyOf(g)]; st != nil {
 			some = append(some, st)
-			delete(s.groups, keyOf(g))
+			delete(s.groups, KeyOf(g))
 		}
 	}
 	s.mu.Unlock()
@@ -571,7 +571,7 @@ func (s *steering) putBack(gs []gpusched.Group) error {
 // Apply (a runlist restart per GPU), and lets the ledger go of those put
 // back and those whose processes ended, in one rewrite; a group that
 // could not be put back stays in the ledger for the guardian.
-func (s *steering) restore(all []*steered) error {
+func (s *Steering) restore(all []*steered) error {
 	sort.Slice(all, func(i, j int) bool { return all[i].rec.Group.PID < all[j].rec.Group.PID })
 	resume := false
 	var changes []gpusched.Change
@@ -606,14 +606,14 @@ func (s *steering) restore(all []*steered) error {
 }
 
 // Close puts everything back and closes the duplicates.
-func (s *steering) Close() error {
-	err := s.putBackAll()
+func (s *Steering) Close() error {
+	err := s.PutBackAll()
 	return errors.Join(err, s.act.Close())
 }
 
-// onlyGone tells whether every error err joins is one of a process that
+// OnlyGone tells whether every error err joins is one of a process that
 // has ended (gpusched.ErrGone): nothing to report.
-func onlyGone(err error) bool {
+func OnlyGone(err error) bool {
 	errs := flatten(err)
 	for _, e := range errs {
 		if !errors.Is(e, gpusched.ErrGone) {
@@ -623,10 +623,10 @@ func onlyGone(err error) bool {
 	return len(errs) > 0
 }
 
-// refusal tells whether an error says the driver will not be steered (a
+// IsRefusal tells whether an error says the driver will not be steered (a
 // status it refused with), as opposed to a process that ended or another
 // passing failure.
-func refusal(err error) bool {
+func IsRefusal(err error) bool {
 	var se *gpusched.StatusError
 	for _, e := range flatten(err) {
 		if errors.As(e, &se) && !errors.Is(e, gpusched.ErrGone) {
@@ -648,22 +648,28 @@ func flatten(err error) []error {
 	return []error{err}
 }
 
-// pauseGate is a tenant's gate in scheduler mode: freezing it pauses its
+// PauseGate is a tenant's gate in scheduler mode: freezing it pauses its
 // channel groups (their queued work stays on the GPU, and runs at the
 // thaw), so a window gater holds it to the part of each period its
 // decision allows.
-type pauseGate struct {
-	s      *steering
+type PauseGate struct {
+	s      *Steering
 	name   string
 	groups func() []gpusched.Group // the tenant's groups now
 }
 
-func (p pauseGate) Freeze() error { return p.s.pause(p.groups(), byDuty, true, false) }
-func (p pauseGate) Thaw() error   { return p.s.pause(p.groups(), byDuty, false, false) }
+// NewPauseGate returns the gate that pauses the channel groups groups
+// lists, through s, for the tenant name.
+func NewPauseGate(s *Steering, name string, groups func() []gpusched.Group) PauseGate {
+	return PauseGate{s: s, name: name, groups: groups}
+}
+
+func (p PauseGate) Freeze() error { return p.s.Pause(p.groups(), byDuty, true, false) }
+func (p PauseGate) Thaw() error   { return p.s.Pause(p.groups(), byDuty, false, false) }
 
 // Target describes the gate for the freeze ledger: nothing to freeze
 // there, the steering ledger records the groups.
-func (p pauseGate) Target() cgroup.Target { return cgroup.Target{Kind: "gpusched", Path: p.name} }
+func (p PauseGate) Target() cgroup.Target { return cgroup.Target{Kind: "gpusched", Path: p.name} }
 
 // groupsIn lists the groups of changes, in order.
 func groupsIn(changes []gpusched.Change) []gpusched.Group {

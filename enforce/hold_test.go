@@ -1,4 +1,4 @@
-package daemon
+package enforce
 
 import (
 	"context"
@@ -76,7 +76,7 @@ func TestHoldPlanOf(t *testing.T) {
 	actuation := map[int]arbiter.Actuation{0: arbiter.Scheduler, 1: arbiter.Pacing, 2: arbiter.Scheduler, 3: arbiter.Scheduler}
 	bounds := map[int]gpusched.Slices{0: {Base: 2048 * time.Microsecond, Min: 1024 * time.Microsecond}}
 
-	p := holdPlanOf(true, actuation, bounds, res, groups, nil)
+	p := PlanHolds(true, actuation, bounds, res, groups, nil)
 	if got := fmt.Sprint(p.gpusOf); got != "map[10:[0] 11:[0]]" {
 		t.Errorf("urgent processes %s, want infer's and infer2's on GPU 0 alone", got)
 	}
@@ -93,11 +93,11 @@ func TestHoldPlanOf(t *testing.T) {
 	if p.bound[0] != 3*1024*time.Microsecond {
 		t.Errorf("GPU 0's bound %v, want 3 groups × 1024 µs", p.bound[0])
 	}
-	if p := holdPlanOf(false, actuation, bounds, res, groups, []uint64{500}); len(p.gpusOf) != 0 || len(p.others) != 0 || len(p.cgroups) != 0 {
+	if p := PlanHolds(false, actuation, bounds, res, groups, []uint64{500}); len(p.gpusOf) != 0 || len(p.others) != 0 || len(p.cgroups) != 0 {
 		t.Errorf("observing only, the plan holds %v", p.others)
 	}
 
-	p = holdPlanOf(true, actuation, bounds, res, groups, []uint64{500, 501})
+	p = PlanHolds(true, actuation, bounds, res, groups, []uint64{500, 501})
 	if got := fmt.Sprint(p.cgroups); got != "map[500:[0 3] 501:[0 3]]" {
 		t.Errorf("urgent cgroups %s, want 500 and 501 holding GPUs 0 and 3", got)
 	}
@@ -150,20 +150,20 @@ func (l *heldLog) String() string {
 // ends, holds are released and none starts.
 func TestLatencyHoldLifecycle(t *testing.T) {
 	var log heldLog
-	h := newLatencyHold(log.pause, func([]uint32, []uint64) error { return nil }, false, slog.New(slog.DiscardHandler))
+	h := NewLatencyHold(log.pause, func([]uint32, []uint64) error { return nil }, false, slog.New(slog.DiscardHandler))
 	others := []gpusched.Group{{PID: 20, Client: 20, TSG: 1}}
-	h.setPlan(&holdPlan{gpusOf: map[uint32][]int{10: {0}}, cgroups: map[uint64][]int{},
+	h.SetPlan(&HoldPlan{gpusOf: map[uint32][]int{10: {0}}, cgroups: map[uint64][]int{},
 		others: map[int][]gpusched.Group{0: others}, mates: map[uint32]bool{20: true},
 		bound: map[int]time.Duration{0: 2 * time.Millisecond}})
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
-	go func() { h.run(ctx); close(done) }()
+	go func() { h.Run(ctx); close(done) }()
 	defer func() { cancel(); <-done }()
 
 	launch := func(pid uint32) {
-		h.observe(&ioctlspy.Launch{Header: ioctlspy.Header{PID: pid, Start: meter.MonotonicNow()}})
+		h.Observe(&ioctlspy.Launch{Header: ioctlspy.Header{PID: pid, Start: meter.MonotonicNow()}})
 	}
-	wait := func(pid uint32) { h.observe(&ioctlspy.Sync{Header: ioctlspy.Header{PID: pid}}) }
+	wait := func(pid uint32) { h.Observe(&ioctlspy.Sync{Header: ioctlspy.Header{PID: pid}}) }
 	// want waits for the holds to have done calls, and no more a moment
 	// later.
 	want := func(what, calls string) {
@@ -226,16 +226,16 @@ func TestSlowHoldsGoOff(t *testing.T) {
 			}
 			return log.pause(gs, off)
 		}
-		h := newLatencyHold(slow, func([]uint32, []uint64) error { return nil }, everyLaunch, slog.New(slog.DiscardHandler))
-		h.setPlan(&holdPlan{gpusOf: map[uint32][]int{10: {0}}, cgroups: map[uint64][]int{},
+		h := NewLatencyHold(slow, func([]uint32, []uint64) error { return nil }, everyLaunch, slog.New(slog.DiscardHandler))
+		h.SetPlan(&HoldPlan{gpusOf: map[uint32][]int{10: {0}}, cgroups: map[uint64][]int{},
 			others: map[int][]gpusched.Group{0: {{PID: 20, Client: 20, TSG: 1}}}, mates: map[uint32]bool{20: true},
 			bound: map[int]time.Duration{0: 2 * time.Millisecond}})
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan struct{})
-		go func() { h.run(ctx); close(done) }()
+		go func() { h.Run(ctx); close(done) }()
 		for range minHoldStarts + 3 {
-			h.observe(&ioctlspy.Launch{Header: ioctlspy.Header{PID: 10, Start: meter.MonotonicNow()}})
-			h.observe(&ioctlspy.Sync{Header: ioctlspy.Header{PID: 10}})
+			h.Observe(&ioctlspy.Launch{Header: ioctlspy.Header{PID: 10, Start: meter.MonotonicNow()}})
+			h.Observe(&ioctlspy.Sync{Header: ioctlspy.Header{PID: 10}})
 			time.Sleep(10 * time.Millisecond)
 		}
 		cancel()

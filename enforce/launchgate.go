@@ -1,8 +1,9 @@
-package daemon
+package enforce
 
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 	"time"
 
 	"github.com/gpuarb/gpuarb/arbiter"
@@ -12,19 +13,26 @@ import (
 	"github.com/gpuarb/gpuarb/meter"
 )
 
-// launchGate is a probes' launch gate as the arbiter's gater uses it: held
+// LaunchGate is a probes' launch gate as the arbiter's gater uses it: held
 // processes are continued by pid and start time, and the meter learns when
 // their held launch ran.
-type launchGate struct {
+type LaunchGate struct {
 	gate  *bpf.LaunchGate
 	meter *meter.Meter
 }
 
-func (l launchGate) Counts() (admitted, holds, escapes uint64, err error) { return l.gate.Counts() }
+// NewLaunchGate wraps a probes' launch gate for a gater; m learns when
+// each held launch ran.
+func NewLaunchGate(g *bpf.LaunchGate, m *meter.Meter) LaunchGate {
+	return LaunchGate{gate: g, meter: m}
+}
 
-func (l launchGate) Allow(n uint64) error { return l.gate.Allow(n) }
+// Counts implements arbiter.Launches.
+func (l LaunchGate) Counts() (admitted, holds, escapes uint64, err error) { return l.gate.Counts() }
 
-func (l launchGate) Held() ([]arbiter.Held, error) {
+func (l LaunchGate) Allow(n uint64) error { return l.gate.Allow(n) }
+
+func (l LaunchGate) Held() ([]arbiter.Held, error) {
 	held, err := l.gate.Held()
 	if err != nil {
 		return nil, err
@@ -41,7 +49,7 @@ func (l launchGate) Held() ([]arbiter.Held, error) {
 	return out, nil
 }
 
-func (l launchGate) Release(h arbiter.Held) (bool, error) {
+func (l LaunchGate) Release(h arbiter.Held) (bool, error) {
 	hp, ok := h.Token.(bpf.HeldProcess)
 	if !ok {
 		return false, fmt.Errorf("release pid %d: not held by a launch gate", h.PID)
@@ -55,6 +63,12 @@ func (l launchGate) Release(h arbiter.Held) (bool, error) {
 		l.meter.Released(uint32(hp.PID), hp.Since, meter.MonotonicNow())
 	}
 	return released, err
+}
+
+// SteerLedgerBeside is the steering ledger's path beside a thaw ledger:
+// whoever thaws what a daemon left finds both.
+func SteerLedgerBeside(ledger string) string {
+	return filepath.Join(filepath.Dir(ledger), "steered.json")
 }
 
 // ThawLeftovers resumes what a daemon that is gone may have left stopped:

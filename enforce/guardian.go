@@ -1,4 +1,4 @@
-package daemon
+package enforce
 
 import (
 	"fmt"
@@ -14,7 +14,7 @@ import (
 	"github.com/gpuarb/gpuarb/cgroup"
 )
 
-// guardian keeps the thaw guardian running: a process outside the daemon's
+// Guardian keeps the thaw guardian running: a process outside the daemon's
 // session that holds the read end of a pipe and resumes everything the
 // daemon may have left stopped (ThawLeftovers) when the pipe closes, that
 // is when the daemon exits in any way. One that dies while the daemon runs
@@ -25,7 +25,7 @@ import (
 // what kills the daemon's whole cgroup — systemd's KillMode=control-group
 // after a stop timeout, a container's OOM kill or restart, cgroup.kill —
 // does not kill it, and it resumes the tenants then too.
-type guardian struct {
+type Guardian struct {
 	argv      []string
 	log       *slog.Logger
 	cgroupDir string // "": the daemon's cgroup
@@ -38,11 +38,17 @@ type guardian struct {
 	exited   chan struct{} // closed when supervision ends after stop
 }
 
+// NewGuardian returns the guardian that runs argv (the daemon's own
+// binary, in its guard mode) in the cgroup at cgroupDir ("": the daemon's).
+func NewGuardian(argv []string, cgroupDir string, log *slog.Logger) *Guardian {
+	return &Guardian{argv: argv, cgroupDir: cgroupDir, log: log}
+}
+
 // guardianRestartDelay spaces restarts of a guardian that keeps dying.
 const guardianRestartDelay = time.Second
 
-// start starts the guardian and its supervision.
-func (g *guardian) start() error {
+// Start starts the guardian and its supervision.
+func (g *Guardian) Start() error {
 	g.exited = make(chan struct{})
 	cmd, err := g.spawn()
 	if err != nil {
@@ -55,7 +61,7 @@ func (g *guardian) start() error {
 
 // where names the guardian's cgroup for logs and status ("" for the
 // daemon's).
-func (g *guardian) where() string {
+func (g *Guardian) where() string {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.cgroupDir
@@ -63,7 +69,7 @@ func (g *guardian) where() string {
 
 // spawn starts one guardian process, in its own cgroup where it can, and
 // records its pipe and pid.
-func (g *guardian) spawn() (*exec.Cmd, error) {
+func (g *Guardian) spawn() (*exec.Cmd, error) {
 	r, w, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("guardian pipe: %w", err)
@@ -97,7 +103,7 @@ func (g *guardian) spawn() (*exec.Cmd, error) {
 
 // command is the guardian's command line, in a session of its own, with
 // the pipe's read end r as fd 3.
-func (g *guardian) command(r *os.File) *exec.Cmd {
+func (g *Guardian) command(r *os.File) *exec.Cmd {
 	cmd := exec.Command(g.argv[0], g.argv[1:]...)
 	cmd.ExtraFiles = []*os.File{r}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -106,7 +112,7 @@ func (g *guardian) command(r *os.File) *exec.Cmd {
 
 // startIn starts cmd in the guardian's cgroup (CLONE_INTO_CGROUP), made
 // if missing; without one, where the daemon runs.
-func (g *guardian) startIn(cmd *exec.Cmd) error {
+func (g *Guardian) startIn(cmd *exec.Cmd) error {
 	dir := g.where()
 	if dir == "" {
 		return cmd.Start()
@@ -125,7 +131,7 @@ func (g *guardian) startIn(cmd *exec.Cmd) error {
 
 // supervise waits for the guardian and starts another while the daemon
 // runs.
-func (g *guardian) supervise(cmd *exec.Cmd) {
+func (g *Guardian) supervise(cmd *exec.Cmd) {
 	defer close(g.exited)
 	for {
 		err := cmd.Wait()
@@ -160,9 +166,9 @@ func (g *guardian) supervise(cmd *exec.Cmd) {
 	}
 }
 
-// stop ends the guardian: it finds nothing left to thaw and exits. Its
+// Stop ends the guardian: it finds nothing left to thaw and exits. Its
 // own cgroup is removed once it has (waiting at most a second).
-func (g *guardian) stop() {
+func (g *Guardian) Stop() {
 	g.mu.Lock()
 	g.stopped = true
 	if g.pipe != nil {
@@ -181,9 +187,9 @@ func (g *guardian) stop() {
 	}
 }
 
-// state returns the running guardian's pid (0: none), its restarts and
+// State returns the running guardian's pid (0: none), its restarts and
 // its cgroup ("" for the daemon's).
-func (g *guardian) state() (pid int, restarts uint64, cgroupDir string) {
+func (g *Guardian) State() (pid int, restarts uint64, cgroupDir string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.pid, g.restarts, g.cgroupDir
