@@ -95,7 +95,7 @@ demo: deps build
 bench: deps build
 	$(BIN)/gpuarb-lab bench --out BENCHMARKS.md
 
-# The real-GPU check (REALGPU.md section 4) on a host with an NVIDIA GPU,
+# The real-GPU check (docs/driver.md §4) on a host with an NVIDIA GPU,
 # CUDA and PyTorch; at most 10 minutes, no network: binaries already built
 # (carried to the GPU host) are used as they are. Writes e2e/realgpu/.
 realgpu:

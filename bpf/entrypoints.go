@@ -90,7 +90,7 @@ func pair(symbol string, c Class, plain, perThread CudaFunc) []EntryPoint {
 }
 
 // EntryPoints are the libcuda symbols gpuarb knows, probed or not: every
-// variant REALGPU.md section 1 lists for the CUDA runtime, PyTorch, NCCL
+// variant docs/driver.md §1 lists for the CUDA runtime, PyTorch, NCCL
 // and Triton, and the rest of the driver API the simulated GPU exports.
 var EntryPoints = func() []EntryPoint {
 	var es []EntryPoint

@@ -63,7 +63,7 @@ struct sys_exit_ctx {
 	long ret;
 };
 
-/* nvidia escapes and classes (DESIGN.md, open-gpu-kernel-modules). */
+/* nvidia escapes and classes (docs/driver.md §3, open-gpu-kernel-modules). */
 #define NV_MAGIC 'F'
 #define NV_ESC_RM_FREE 0x29
 #define NV_ESC_RM_CONTROL 0x2A

@@ -2,7 +2,7 @@
 // application, with no change to the driver or the application: per
 // channel group (TSG) the timeslice, pause and resume (work already queued
 // included) and preemption, through the driver's RM controls
-// (REALGPU.md section 3). An RM client is bound to the open file it was
+// (docs/driver.md §3). An RM client is bound to the open file it was
 // allocated on, so the controls go through that process's own control
 // file, duplicated with pidfd_getfd; privilege comes from the calling
 // task (root). The groups' handles come from the RM ioctls the probes

@@ -9,7 +9,7 @@ import (
 )
 
 // Ownership is what the driver's ownership rule answers for one channel
-// group (REALGPU.md section 3): the same harmless control (GET_INFO on
+// group (docs/driver.md §3): the same harmless control (GET_INFO on
 // the group) sent through a duplicate of the process's own control file
 // and through a file this process opened itself.
 type Ownership struct {

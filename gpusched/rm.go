@@ -7,7 +7,7 @@ import (
 )
 
 // RM controls the actuator sends (open-gpu-kernel-modules ctrl headers,
-// REALGPU.md section 3), each with the exact parameter size the driver
+// docs/driver.md §3), each with the exact parameter size the driver
 // checks.
 const (
 	ctrlTSGSetTimeslice     = 0xa06c0103 // on the TSG: {u64 timesliceUs}

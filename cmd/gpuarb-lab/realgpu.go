@@ -16,7 +16,7 @@ func realgpuCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "realgpu",
 		Usage: "the real-GPU check: what the driver lets gpuarb steer, what the probes see, the meter against NVML",
-		Description: `realgpu runs the check of REALGPU.md section 4 on a host with an NVIDIA GPU,
+		Description: `realgpu runs the check of docs/driver.md §4 on a host with an NVIDIA GPU,
 CUDA and PyTorch, in at most 10 minutes and without network: pidfd_getfd of a
 CUDA process's control file and the driver's answers through it and through a
 fresh open; the effect of per-group timeslices, channel disable and preempt on

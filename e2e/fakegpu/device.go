@@ -53,7 +53,7 @@ type Realism struct {
 // RealisticDefaults is what `fakegpud serve --realism` turns on: 10%
 // kernel jitter, 3% slowdown per co-runner, preemption at wave boundaries,
 // context switches of ±50%, and a libcuda that sets 2048µs on every other
-// context (REALGPU.md: 1024µs by default, 2048µs read back on one system).
+// context (docs/driver.md §2: 1024µs by default, 2048µs read back on one system).
 func RealisticDefaults() Realism {
 	return Realism{Jitter: 0.1, Contention: 0.03, WavePreempt: true, SwitchSpread: 0.5,
 		DriverTimeslices: []time.Duration{0, 2048 * time.Microsecond}}

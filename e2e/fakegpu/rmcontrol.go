@@ -7,7 +7,7 @@ import (
 )
 
 // RM controls the simulated driver takes (open-gpu-kernel-modules ctrl
-// headers; REALGPU.md section 3), with the parameter sizes the driver
+// headers; docs/driver.md §3), with the parameter sizes the driver
 // checks exactly.
 const (
 	CtrlTSGGPFIFOSchedule      = 0xa06c0101 // {bool bEnable, bSkipSubmit, bSkipEnable}: not a pause
@@ -48,7 +48,7 @@ const (
 
 // Costs and limits of the controls the device serves: a one-shot
 // preemption blocks its caller this long (measured by third parties,
-// REALGPU.md), and a runlist restart switches the running group out.
+// docs/driver.md §3), and a runlist restart switches the running group out.
 const (
 	preemptCost = 300 * time.Microsecond
 	// minTimeslice is the simulator's floor for SET_TIMESLICE, gpuarb's
@@ -165,7 +165,7 @@ func (s *Server) control(client, object, cmd uint32, params []byte, admin bool) 
 			g.mu.Lock()
 		}
 	case CtrlTSGGPFIFOSchedule, CtrlTSGSetInterleaveLevel:
-		// Accepted: a running saturating group keeps running (REALGPU.md).
+		// Accepted: a running saturating group keeps running (docs/driver.md §3).
 	}
 	return nvOK, params
 }

@@ -1,4 +1,4 @@
-// Package realgpu is the real-GPU check of REALGPU.md section 4: on a host
+// Package realgpu is the real-GPU check of docs/driver.md §4: on a host
 // with an NVIDIA GPU, CUDA and PyTorch it records whether a root daemon
 // may steer a CUDA process's channel groups (ownership and permission),
 // what each scheduling control does to saturating CUDA processes, which

@@ -39,7 +39,7 @@ func (r *Report) Write(dir string) error {
 func (r *Report) Markdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# gpuarb real-GPU check, %s\n\n", r.Started.Format("2006-01-02 15:04 UTC"))
-	fmt.Fprintf(&b, "Written by `gpuarb-lab realgpu` (REALGPU.md section 4). Host: kernel %s; %s; %s; PyTorch %s.\n\n",
+	fmt.Fprintf(&b, "Written by `gpuarb-lab realgpu` (docs/driver.md §4). Host: kernel %s; %s; %s; PyTorch %s.\n\n",
 		r.Host.Kernel, r.Host.Driver, strings.Join(r.Host.GPUs, ", "), r.Host.Torch)
 	fmt.Fprintf(&b, "| step | result | what it measured |\n|---|---|---|\n")
 	for _, s := range r.Steps {

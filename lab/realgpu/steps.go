@@ -22,7 +22,7 @@ import (
 	"github.com/gpuarb/gpuarb/lab"
 )
 
-// burnerMS is the length of one burner kernel: within REALGPU.md's 20-100
+// burnerMS is the length of one burner kernel: within docs/driver.md §4's 20-100
 // ms, long enough that a timeslice cuts into it.
 const burnerMS = "40"
 

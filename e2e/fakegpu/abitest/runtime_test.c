@@ -172,7 +172,7 @@ static void find(void *fn, const char *base, int version)
 	memcpy(fn, &p, sizeof(p));
 }
 
-/* The variant table of REALGPU.md section 1: base, version, flags, the
+/* The variant table of docs/driver.md §1: base, version, flags, the
  * exported symbol the query must return. */
 static const struct {
 	const char *base;

@@ -3,7 +3,7 @@
  * find every driver function but cuInit. A query names a base symbol
  * ("cuLaunchKernel"), the CUDA version the caller was built for and
  * whether it uses per-thread default streams; the answer is the address of
- * the exported variant real libcuda gives for them (REALGPU.md section 1):
+ * the exported variant real libcuda gives for them (docs/driver.md §1):
  * cuLaunchKernel or cuLaunchKernel_ptsz, cuCtxCreate_v2/_v3/_v4,
  * cuCtxSynchronize or cuCtxSynchronize_v2, ... so uprobes on the exported
  * symbols see every call. */
