@@ -347,11 +347,10 @@ func light(t Input, duty float64) bool {
 // tenant runs freely whatever its target, so headroom only sets aside
 // time the others' targets leave out: kept small, or a host of light
 // tenants would hand most of the GPU to the slack taker alone — and the
-// others, held to their targets, leave what it does not use idle. (Light
-// tenants once wanted 110% of their settled share besides: a closed loop
-// taking 57% alone got a target of 61%, read as deprived by a hair, and
-// two backlogged tenants were paused to targets 4 pp short while the GPU
-// idled 8%: fuzz seed 84.)
+// others, held to their targets, leave what it does not use idle. A light
+// tenant wants its settled share and no more: any margin above it reads
+// the tenant as deprived by that margin, and pauses the backlogged ones
+// for time the GPU then idles.
 const (
 	lightHeadroom = 0.002
 	totalHeadroom = 0.02

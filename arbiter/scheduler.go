@@ -54,12 +54,11 @@ const (
 	latencyWeight = 1000
 	// idleSlack is how much of the control window the GPU may idle while
 	// every busy tenant is below its target before the paused ones resume
-	// at once: the pauses then serve nobody and only waste the GPU (a
-	// heavy tenant gone, the others' run fractions of 0.05 growing back at
-	// maxRunStep left it 26% and 36% idle for two seconds: fuzz seed 25).
-	// Not while any tenant is at its target: a closed loop's own gaps idle
-	// the GPU that much beside others paused for it (fuzz seed 41: 13.5%),
-	// and resuming them at once took the loop's share.
+	// at once: the pauses then serve nobody and only waste the GPU (run
+	// fractions growing back from minRun at maxRunStep take seconds). Not
+	// while any tenant is at its target: a closed loop's own gaps idle the
+	// GPU up to that much beside others paused for it, and resuming them
+	// at once would take the loop's share.
 	idleSlack = 0.15
 )
 
@@ -387,10 +386,8 @@ const maxShortfallCut = 0.5
 // the uncovered part), every tenant that is better off by more than
 // Tolerance steers to its target less that part, but at most half its
 // target: pausing them serves the loop sooner in some of its turns, and
-// the shortfall is shared instead of borne by one (fuzz seed 38: a loop
-// of 24 µs kernels took 48.9% for 59.0% while the three others held
-// theirs, the GPU 14% idle or switching). short is the largest deficit
-// of a deprived tenant.
+// the shortfall is shared instead of borne by one. short is the largest
+// deficit of a deprived tenant.
 func (a *Arbiter) runTargets(ts []Input, targets []float64, short float64) []float64 {
 	tol := a.p.Tolerance
 	var excess float64
@@ -433,10 +430,7 @@ func (a *Arbiter) maxWait(t Input) float64 {
 // with the others' slices. A closed loop of long bursts with host time
 // between them, its slice so cut, waits the others' turns once per slice
 // and cannot make that up with queued work: there the margin costs it
-// more than it saves the light one (fuzz seed 37: a loop of 19.6 ms bursts
-// held to 355 µs slices beside a light loop of 12.4 ms bursts took 30.8%
-// for 35.3%; at twice the bound 32.9%, the light one 0.6 pp short). So
-// the bound stretches with the largest shortfall of such a loop that
+// more than it saves the light one. So the bound stretches with the largest shortfall of such a loop that
 // wants more (demand below 1 − 2·Tolerance; on the settled window, so
 // that the slices do not move every step): not at all within Tolerance,
 // to maxWaitRelax at twice Tolerance. A hog's queued work fills each of
@@ -481,9 +475,8 @@ func (a *Arbiter) wanting(t Input, target float64) bool {
 // (Backlogged, the short window's evidence its target rests on). A
 // phased loop in a phase of long bursts is backlogged while its settled
 // demand still averages in the idle time of its phase of short ones:
-// judged by that alone it was set a backlogged tenant's target and never
-// deprived below it, and the others took its share (fuzz seed 88: a
-// weight-1 tenant of four groups held 4.1% for a target of 0.5%).
+// judged by that alone it would be set a backlogged tenant's target and
+// never count as deprived below it, and the others would take its share.
 func (a *Arbiter) wantsMore(t Input) bool {
 	return t.Backlogged || t.Demand > t.Share+a.p.Tolerance
 }
@@ -519,8 +512,7 @@ const overrunMargin = 0.03
 // excess first, whoever else they were meant to serve: a phased loop
 // deprived in its phase of short bursts takes more than its target in
 // its phase of long ones, and the pauses set for the first, growing back
-// at maxRunStep per window, ran a phase behind (fuzz seed 47: 53–59% for
-// 46.7% in the long phase with the others' run fractions 0.5–0.9).
+// at maxRunStep per window, would run a phase behind.
 func overrun(ts []Input, targets []float64, states []*schedState) bool {
 	for i, t := range ts {
 		if t.Busy && t.Rules.Priority != policy.Latency && states[i].run >= 1 && t.Share > targets[i]+overrunMargin {
@@ -532,33 +524,37 @@ func overrun(ts []Input, targets []float64, states []*schedState) bool {
 
 // runFraction is the part of each period a tenant's groups stay on the
 // GPU, and why it pauses them; target is its run target (runTargets).
-// Pauses bound what slices cannot: a limit; while another tenant is
-// deprived, a tenant above target whose slice is at the GPU's floor
-// (Slices.Min) or feedback at its floor (atFloor);
-// while a latency SLO is missed, batch tenants. Normal tenants keep
-// running beside a latency tenant at the floor: its turn comes within
-// their slices, and pausing them leaves the GPU idle without serving it sooner.
-// Corrections by the control window's share are spread over its periods,
-// at most a factor maxRunStep per window. A paused tenant converges on
-// its target, both ways, while another still wants more (contested) —
-// growing back at full rate the moment the other comes within Tolerance
-// would hold the other below its target on average; once nothing calls
-// for a pause any more, the run fraction grows back at maxRunStep. A
-// paused tenant below its target resumes at once where the pauses only
-// waste the GPU (wasted), unless it has a limit: pausing to hold a limit
-// leaves the GPU idle by design, and one that resumed at once overshot
-// its limit for seconds (fuzz seed 35: 35.6% for a limit of 19%). So does
-// a paused tenant without a limit, whose slice is above the floor, while
-// another, not paused, overruns its target (released): its slice holds it
-// to its own target, and its pause then feeds that one's excess first.
-// One at its floor keeps converging: its pause is what holds it to its
-// target (fuzz seed 40: a batch tenant of four groups at the floor,
-// released, took 12–20% for 4.4%, and overran in turn). A released pause
-// is remembered for pauseMemory windows: the tenant called to yield again
-// within them pauses at once as deeply as it did — the pause a phased
-// loop's short phase needed, which growing back into from 1 at
-// maxRunStep per window took most of that phase (fuzz seed 47: 27–32%
-// for 46.7% in the short phase, the others' pauses deepening from 1).
+//
+// Invariant: a tenant is paused only where its slice cannot hold it — to a
+// limit; to its target while another tenant is deprived and its slice or
+// feedback is at the floor (atFloor); or, for a batch tenant, while a
+// latency SLO is missed. A pause moves by at most a factor maxRunStep per
+// control window (spread over its periods) and never below minRun. Normal
+// tenants are not paused for a latency tenant at the floor: its turn comes
+// within their slices, and a pause would idle the GPU without serving it
+// sooner.
+//
+// The rules, the first that applies wins:
+//  1. a latency tenant, or one with no work, runs (1);
+//  2. a batch tenant while an SLO is missed: its fraction falls by
+//     sloPressure a period;
+//  3. a tenant that must yield: at once as deep as its last pause if that
+//     was released within pauseMemory windows (a phased load's short phase
+//     needs its pause back at once, not grown into from 1), else toward its
+//     target;
+//  4. a paused tenant without a limit, its slice above the floor, while an
+//     unpaused one overruns its target (released): resumes at once, its
+//     slice holding it to its own target, and remembers the pause; at the
+//     floor the pause is what holds it, and it stays;
+//  5. a paused tenant below target without a limit, where pauses only idle
+//     the GPU (wasted): resumes at once — never with a limit, whose pauses
+//     idle the GPU by design;
+//  6. a paused tenant below target: grows toward it;
+//  7. a paused tenant on target while another wants more (contested):
+//     converges on it both ways (growing back at full rate would hold the
+//     other below its target on average);
+//  8. a paused tenant nothing calls to pause: grows back at maxRunStep a
+//     window.
 func (a *Arbiter) runFraction(t Input, s *schedState, target float64, c runContext) (float64, string) {
 	atFloor, missed, deprived, contested := c.atFloor, c.missed, c.deprived, c.contested
 	per := 1 / float64(a.p.React)
@@ -611,12 +607,9 @@ func (a *Arbiter) runFraction(t Input, s *schedState, target float64, c runConte
 // its own slice is at the GPU's floor (Slices.Min; a pause is the lever
 // there, see runFraction), up while a larger weight would move no slice
 // (its own holds its burst or MaxSlice, every other busy group's is at
-// the floor). Wound up in one phase of a workload, it held the next one
-// off target for seconds: a loop of 20 µs kernels beside five tenants
-// raised its weight to the bound while the others' slices were at the
-// floor already, and took 51–60% for a target of 46.7% in its phase of
-// 22 ms kernels, where the others' weights, lowered at their floor, kept
-// them below theirs (fuzz seed 47).
+// the floor): a feedback wound up where it moves nothing holds the
+// workload's next phase off target for as many windows as it takes to
+// unwind.
 func (a *Arbiter) correct(t Input, s *schedState, target float64, deprived bool) string {
 	step := math.Pow(target/math.Max(t.Share, 1e-3), feedbackGain/float64(a.p.React))
 	switch {

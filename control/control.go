@@ -78,12 +78,8 @@ const backloggedFraction = 0.9
 // and the last ones, still short, would keep the others' slices shrunk to
 // fit them while its now long turns took most of the GPU. A turn merely
 // longer than the mean is a loop's ordinary spread.
-//
-// Bursts from the window's mean (its GPU time over its drains) lagged a
-// change of phase by up to a window either way: a tenant of 28 µs and
-// 2.9 ms kernels in 2 s phases beside a hog took 41–45% for 49.5% in the
-// seconds its kernels turned short (the others kept 1 ms slices) and
-// 55–56% in those they turned long.
+// Bursts are read turn by turn, not as the window's mean (its GPU time
+// over its drains), which lags a change of phase by up to a window.
 const runsLonger = 2
 
 // minActive is the shortest active time over which a process's idle time

@@ -39,8 +39,7 @@ type tenant struct {
 	// daemon's lock.
 	tree      atomic.Pointer[[]int]
 	decisions map[int]arbiter.Decision
-	inputs    map[int]arbiter.Input // what the arbiter decided on, per GPU
-	totals    map[int]meter.Totals  // per GPU, cumulative: the Prometheus counters
+	totals    map[int]meter.Totals // per GPU, cumulative: the Prometheus counters
 	lastSeen  time.Time
 	// groups are its processes' channel groups, as the last step found
 	// them, read by its pauser without the daemon's lock.
@@ -376,7 +375,7 @@ func (d *Daemon) control(ctx context.Context) {
 			d.tenants[name] = t
 		}
 		t.rules, t.cgroup, t.pid, t.lastSeen = ct.Rules, ct.Cgroup, ct.PID, now
-		t.decisions, t.inputs = map[int]arbiter.Decision{}, map[int]arbiter.Input{}
+		t.decisions = map[int]arbiter.Decision{}
 		for _, id := range ct.CgroupIDs {
 			t.cgroupIDs[id] = true
 		}
@@ -386,9 +385,6 @@ func (d *Daemon) control(ctx context.Context) {
 			if !m.Exited {
 				t.anyPID = int(m.PID)
 			}
-		}
-		for gpu, in := range ct.GPUs {
-			t.inputs[gpu] = *in
 		}
 		if ct.LaunchNS > 0 {
 			t.launchCost.Store(math.Float64bits(ct.LaunchNS))

@@ -67,8 +67,8 @@ type Steering struct {
 // steerable (a vGPU guest, a driver that does not allow it): fewer, or
 // beside accepted ones, say something of those processes alone (a client
 // bound to a file the process has since closed, handles reused), and
-// only their tenants are paced at the launch gate instead. One odd
-// process among a thousand turned steering off for all of them before.
+// only their tenants are paced at the launch gate instead: one odd
+// process must not turn steering off for every other on its GPU.
 const gpuRefusalQuorum = 3
 
 // refusals remembers the processes that cannot be steered (with their GPU,

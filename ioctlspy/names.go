@@ -17,13 +17,12 @@ const (
 
 // nvidia object classes gpuarb recognises.
 const (
-	ClassTSG      = 0xA06C
-	ClassOSEvent  = 0x79
-	ClassRoot     = 0x41
-	ClassDevice   = 0x80
-	ClassSubdev   = 0x2080
-	ClassVASpace  = 0x90F1
-	ClassVoltaFIF = 0xC36F
+	ClassTSG     = 0xA06C
+	ClassOSEvent = 0x79
+	ClassRoot    = 0x41
+	ClassDevice  = 0x80
+	ClassSubdev  = 0x2080
+	ClassVASpace = 0x90F1
 )
 
 // RM control commands gpuarb decodes.
@@ -87,15 +86,6 @@ func ClassName(c uint32) string {
 func IsChannelClass(c uint32) bool {
 	switch c {
 	case 0xC36F, 0xC46F, 0xC56F, 0xC86F, 0xC96F, 0xCA6F:
-		return true
-	}
-	return false
-}
-
-// IsUsermodeClass reports whether c is a usermode doorbell region class.
-func IsUsermodeClass(c uint32) bool {
-	switch c {
-	case 0xC361, 0xC461, 0xC561, 0xC661, 0xC761:
 		return true
 	}
 	return false

@@ -448,12 +448,9 @@ func (m *Meter) othersIdle(c *gpuContext) bool {
 // turnPart is the part of the GPU's time c receives in round robin while
 // it has work: its timeslice over the slices of c and of the contexts the
 // replay may run (paused ones take no turn). With equal slices it is one
-// over their number; with the weighted slices gpuarb sets it is not. At
-// one over their number, a tenant of 7–10 ms slices beside two of
-// 0.1–0.3 ms (fuzz seed 19, weights 362:15:14) learned a third of each
-// early drain: its kernels of 13.2 ms on average read 7.2–11.8 ms, and
-// whenever its modeled queue ran dry the others' read it up to 68% of
-// the GPU for a true 1.5%. With its part it learned 13.2–14.7 ms.
+// over their number; with the weighted slices gpuarb sets it is not, and
+// learning an early drain at one over their number misprices a context
+// whose slice is far from the others' by the ratio of the two.
 func (m *Meter) turnPart(c *gpuContext) float64 {
 	r := m.replayOf(c.gpu)
 	own := float64(r.sliceOf(c))

@@ -252,13 +252,10 @@ func (m *Meter) context(h *ioctlspy.Header) *gpuContext {
 // placeOnRunlist puts a context where its first channel group's
 // allocation (at t) puts it on the GPU's runlist: the GPU runs its groups
 // in the order they were allocated, which need not be the order their
-// processes' first events came in. Four loops started together created
-// their contexts (cuCtxCreate's entry, the first of their events the
-// meter acts on) in one order and allocated their groups in another; the
-// replay ran one's sibling first at every turn, the one's syncs found its
-// work not begun at every other turn (its kernels learned at a tenth of
-// their cost), the sibling's drained early (30% high), and their tenant
-// read 55% for a true 62% (fuzz seed 1).
+// processes' first events came in (processes started together may enter
+// cuCtxCreate in one order and allocate their groups in another): placed
+// by their first events, a context's syncs find its work not begun at
+// every other turn and its kernels are learned far below their cost.
 func (m *Meter) placeOnRunlist(c *gpuContext, t uint64) {
 	if c.tsgAt != 0 {
 		return

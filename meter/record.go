@@ -76,8 +76,8 @@ func init() {
 
 // recorder writes a meter's inputs; the meter's lock orders its writes.
 // The first failed write ends the recording (err keeps why). It reads the
-// meter's clock itself, so that a meter that records nothing reads it no
-// more often than before.
+// meter's clock itself, so that a meter that records nothing never reads
+// it for the recording.
 type recorder struct {
 	w   *bufio.Writer
 	enc *json.Encoder

@@ -136,10 +136,10 @@ func (r *replay) outOfPhase(early float64, notBegun bool) bool {
 // that the GPU ran c's work until now (a sync that waited for it): where
 // c has no work left, the GPU has just moved on to the next context with
 // work after c, for a whole slice. The replay rotates on its own between
-// proofs and drifts from the GPU's phase: a closed loop of 61 µs kernels
-// beside three hogs waited 3.5 ms for its turn on the GPU and ran at once
-// in the replay, whose drains 3 ms early raised those kernels' costs 16-
-// to 19-fold (fuzz seed 97: the loop read 38% for 31%).
+// proofs and drifts from the GPU's phase by up to the others' turns: a
+// closed loop that waits for its turn on the GPU but runs at once in the
+// replay drains early there, by that wait, and its kernels are learned
+// at their cost plus the wait.
 func (r *replay) anchor(c *gpuContext) {
 	if c.left() > 0 {
 		return
