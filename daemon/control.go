@@ -4,14 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"maps"
 	"math"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/gpuarb/gpuarb/arbiter"
@@ -34,62 +31,15 @@ type tenant struct {
 
 	cgroupIDs map[uint64]bool // cgroups its processes were seen in
 	anyPID    int             // one of its processes
-	// tree is a pid tenant's processes as the last step found them (every
-	// process forked below its root), read by its signal gate without the
-	// daemon's lock.
-	tree      atomic.Pointer[[]int]
 	decisions map[int]arbiter.Decision
 	totals    map[int]meter.Totals // per GPU, cumulative: the Prometheus counters
 	lastSeen  time.Time
-	// groups are its processes' channel groups, as the last step found
-	// them, read by its pauser without the daemon's lock.
-	groups atomic.Pointer[[]gpusched.Group]
-	// pauser holds it to its duty in scheduler mode by pausing its groups.
-	pauser      *arbiter.Gater
-	pauseCancel context.CancelFunc
-	pauseDone   chan struct{}
-
-	// launchCost is the GPU ns of one of its launches (float64 bits) as
-	// the last control step priced it, read by its gater without the
-	// daemon's lock.
-	launchCost atomic.Uint64
-	gater      *arbiter.Gater
-	launches   *bpf.LaunchGate // nil: paced by freezing
-	gatePeriod time.Duration   // its gater's period
-	cancel     context.CancelFunc
-	done       chan struct{}
-	target     cgroup.Target
-	refused    bool // no gate may be made (logged once)
-	unrecorded bool // its ledger entry could not be written (logged once)
+	// act holds it to its decisions (pauser, launch gate, freeze).
+	act *enforce.Tenant
 	// unprobed are its processes that use the GPU through a driver no
 	// probe sees (Daemon.meterUnprobed): it is held by pausing its groups
 	// or freezing it, never paced at the launch gate, which they pass.
 	unprobed []int
-	// gateErrors are the failed freezes, thaws, pauses and gate
-	// operations of its gaters and pausers, kept across their restarts.
-	gateErrors errorCount
-}
-
-// errorCount counts failures and keeps the last one, safe for concurrent
-// use (a tenant's gater reports without the daemon's lock).
-type errorCount struct {
-	n    atomic.Uint64
-	last atomic.Pointer[string]
-}
-
-func (c *errorCount) note(err error) {
-	msg := err.Error()
-	c.last.Store(&msg)
-	c.n.Add(1)
-}
-
-// get returns the count and the last error ("" when none).
-func (c *errorCount) get() (uint64, string) {
-	n := c.n.Load()
-	if p := c.last.Load(); p != nil {
-		return n, *p
-	}
-	return n, ""
 }
 
 // classifier assigns processes to tenants for one control step.
@@ -300,7 +250,7 @@ func (d *Daemon) control(ctx context.Context) {
 	pidStarts := maps.Clone(d.pidStarts)
 	heldBack := map[string]bool{}
 	for name, t := range d.tenants {
-		heldBack[name] = t.heldSince(now.Add(-window))
+		heldBack[name] = t.act.HeldSince(now.Add(-window))
 	}
 	d.mu.Unlock()
 	var roots []int
@@ -367,11 +317,11 @@ func (d *Daemon) control(ctx context.Context) {
 			// The name now stands for another cgroup or process (a policy
 			// entry pointed elsewhere before the old tenant retired): its
 			// gates still hold the old one, so it starts afresh.
-			finish = append(finish, d.retire(t))
+			finish = append(finish, t.act.Release())
 			t = nil
 		}
 		if t == nil {
-			t = &tenant{name: name, cgroupIDs: map[uint64]bool{}, totals: map[int]meter.Totals{}}
+			t = &tenant{name: name, cgroupIDs: map[uint64]bool{}, totals: map[int]meter.Totals{}, act: enforce.NewTenant(name, d.env)}
 			d.tenants[name] = t
 		}
 		t.rules, t.cgroup, t.pid, t.lastSeen = ct.Rules, ct.Cgroup, ct.PID, now
@@ -387,13 +337,13 @@ func (d *Daemon) control(ctx context.Context) {
 			}
 		}
 		if ct.LaunchNS > 0 {
-			t.launchCost.Store(math.Float64bits(ct.LaunchNS))
+			t.act.LaunchCost.Store(math.Float64bits(ct.LaunchNS))
 		}
 		var all []gpusched.Group
 		for _, gs := range groups[name] {
 			all = append(all, gs...)
 		}
-		t.groups.Store(&all)
+		t.act.Groups.Store(&all)
 	}
 	// The step's own assignment: classifying again could name another
 	// tenant (a pid tenant's tree changes as processes exit).
@@ -419,18 +369,16 @@ func (d *Daemon) control(ctx context.Context) {
 	plan := map[int][]enforce.TenantGroups{}
 	for name, t := range d.tenants {
 		if now.Sub(t.lastSeen) > 2*d.cfg.Window {
-			finish = append(finish, d.retire(t))
+			finish = append(finish, t.act.Release())
 			delete(d.tenants, name)
 			continue
 		}
 		if t.pid != 0 {
 			// A pid tenant's tree changes as it forks.
 			tree := slices.Collect(maps.Keys(cl.trees[t.pid]))
-			t.tree.Store(&tree)
-			if t.launches != nil {
-				if err := t.launches.SetMembers(nil, tree); err != nil {
-					d.log.Warn("launch gate", "tenant", name, "err", err)
-				}
+			t.act.Tree.Store(&tree)
+			if err := t.act.SetTreeMembers(tree); err != nil {
+				d.log.Warn("launch gate", "tenant", name, "err", err)
 			}
 		}
 		duty, offset, paced, scheduled := 1.0, 0.0, true, false
@@ -638,91 +586,24 @@ func (d *Daemon) steerSlices(plan map[int][]enforce.TenantGroups, groups map[str
 	}
 }
 
-// actOn starts, steers or stops a tenant's gaters for its decision: in
-// scheduler mode a window gater over a pause gate (its groups paused for
-// the rest of each period below duty 1); otherwise, below duty 1, the
-// launch gate or freeze gater. It returns what must run once the daemon's
-// lock is released (waiting for a gater to end). Called with d.mu held.
+// actOn passes a tenant's decision to its actuators: in scheduler mode a
+// pauser over its channel groups; otherwise, below duty 1, the launch gate
+// or freeze gater (a tenant with unprobed processes at a period of at
+// least unprobedPeriod). It returns what must run once the daemon's lock
+// is released. Called with d.mu held.
 func (d *Daemon) actOn(ctx context.Context, t *tenant, scheduled bool, duty, offset float64, paced bool,
 	period time.Duration) func() {
-	var finish []func()
-	switch {
-	case scheduled:
-		finish = append(finish, d.stopGater(t))
-		if t.pauser == nil && duty < 1 {
-			d.startPauser(ctx, t, period)
-		}
-		if t.pauser != nil {
-			t.pauser.Set(duty, offset)
-		}
-	default:
-		finish = append(finish, d.stopPauser(t))
-		if len(t.unprobed) > 0 {
-			period = max(period, unprobedPeriod)
-		}
-		switch {
-		case t.gater != nil && t.gatePeriod != period:
-			// Its period changed (a process of it turned out unprobed):
-			// the gater ends now, its successor starts next step, once
-			// this one has left the ledger.
-			finish = append(finish, d.stopGater(t))
-		case duty < 1 && t.gater == nil && !t.refused:
-			d.startGate(ctx, t, period)
-		}
-		switch {
-		case t.gater == nil:
-		case paced:
-			t.gater.SetRate(duty)
-		default:
-			t.gater.Set(duty, offset)
-		}
+	if !scheduled && len(t.unprobed) > 0 {
+		period = max(period, unprobedPeriod)
 	}
-	return func() {
-		for _, f := range finish {
-			f()
-		}
-	}
-}
-
-// startPauser starts a tenant's window gater over its channel groups.
-// Called with d.mu held.
-func (d *Daemon) startPauser(ctx context.Context, t *tenant, period time.Duration) {
-	gate := enforce.NewPauseGate(d.steer, t.name, func() []gpusched.Group {
-		if gs := t.groups.Load(); gs != nil {
-			return *gs
-		}
-		return nil
-	})
-	t.pauser = arbiter.NewGater(gate, period, d.epoch)
-	name := t.name
-	t.pauser.OnError = func(err error) {
-		if enforce.OnlyGone(err) {
-			d.log.Debug("gpu scheduler: pause", "tenant", name, "err", err) // its processes ended meanwhile
-			return
-		}
-		t.gateErrors.note(err)
-		d.log.Warn("gpu scheduler: pause", "tenant", name, "err", err)
-	}
-	t.pauseCancel, t.pauseDone = runGater(ctx, t.pauser)
-}
-
-// stopPauser ends a tenant's pauser (which resumes its groups); it
-// returns the wait for it to end. Called with d.mu held.
-func (d *Daemon) stopPauser(t *tenant) func() {
-	if t.pauser == nil {
-		return func() {}
-	}
-	t.pauseCancel()
-	done := t.pauseDone
-	t.pauser, t.pauseCancel, t.pauseDone = nil, nil, nil
-	return func() { <-done }
-}
-
-// retire ends everything that holds a tenant back; it returns the wait for
-// it. Called with d.mu held.
-func (d *Daemon) retire(t *tenant) func() {
-	a, b := d.stopGater(t), d.stopPauser(t)
-	return func() { a(); b() }
+	return t.act.Apply(ctx, enforce.Decision{Scheduled: scheduled, Duty: duty, Offset: offset, Paced: paced, Period: period},
+		enforce.Gates{
+			Gate:   func() (cgroup.Gate, error) { return d.gateFor(t) },
+			Launch: func() (*bpf.LaunchGate, error) { return d.newLaunchGate(t) },
+			CgroupIDs: func() []uint64 {
+				return slices.Collect(maps.Keys(t.cgroupIDs))
+			},
+		})
 }
 
 // member is a process a control step found, with its tenant.
@@ -742,12 +623,13 @@ type wakers struct {
 func newWakers(seen []member) *wakers {
 	w := &wakers{byPID: map[uint32]*arbiter.Gater{}, byCgroup: map[uint64]*arbiter.Gater{}}
 	for _, m := range seen {
-		if m.tenant.gater == nil {
+		g := m.tenant.act.Gater()
+		if g == nil {
 			continue
 		}
-		w.byPID[m.pid] = m.tenant.gater
+		w.byPID[m.pid] = g
 		if m.tenant.cgroup != "" {
-			w.byCgroup[m.cgroup] = m.tenant.gater
+			w.byCgroup[m.cgroup] = g
 		}
 	}
 	return w
@@ -771,7 +653,7 @@ func (d *Daemon) gateFor(t *tenant) (cgroup.Gate, error) {
 			return nil, fmt.Errorf("pid %d is no longer the process attached", t.pid)
 		}
 		return cgroup.NewSignalGate(t.pid, func() []int {
-			if tree := t.tree.Load(); tree != nil {
+			if tree := t.act.Tree.Load(); tree != nil {
 				return *tree
 			}
 			return nil
@@ -792,74 +674,6 @@ func (d *Daemon) gateFor(t *tenant) (cgroup.Gate, error) {
 		return cgroup.NewV1Gate(rel)
 	}
 	return nil, errors.New("no cgroup freezer on this host")
-}
-
-// startGate records the tenant in the ledger (before any freeze) and
-// starts its gater. A tenant gpuarb must never stop is refused for good;
-// one whose ledger entry cannot be written (a full /run) is tried again at
-// the next step, and logged once until it succeeds. Called with d.mu held.
-func (d *Daemon) startGate(ctx context.Context, t *tenant, period time.Duration) {
-	g, err := d.gateFor(t)
-	if err != nil {
-		t.refused = true
-		d.log.Warn("tenant cannot be throttled", "tenant", t.name, "err", err)
-		return
-	}
-	if err := d.ledger.Add(g.Target()); err != nil {
-		if !t.unrecorded {
-			t.unrecorded = true
-			t.gateErrors.note(err)
-			d.log.Error("tenant not throttled until its thaw ledger entry can be written", "tenant", t.name, "err", err)
-		}
-		return
-	}
-	t.unrecorded = false
-	t.target = g.Target()
-	t.gater, t.gatePeriod = arbiter.NewGater(g, period, d.epoch), period
-	ids := make([]uint64, 0, len(t.cgroupIDs))
-	for id := range t.cgroupIDs {
-		ids = append(ids, id)
-	}
-	t.gater.Submitted = func() float64 { return d.meter.SubmittedNS(ids) }
-	if lg, err := d.newLaunchGate(t); err != nil {
-		d.log.Warn("no launch gate: the tenant is paced by freezing", "tenant", t.name, "err", err)
-	} else {
-		t.launches = lg
-		t.gater.Launches = enforce.NewLaunchGate(lg, d.meter)
-		t.gater.LaunchCost = func() float64 { return math.Float64frombits(t.launchCost.Load()) }
-	}
-	t.gater.OnFreeze = func(from, to time.Time) {
-		mono := meter.MonotonicNow()
-		f, e := mono-uint64(time.Since(from)), uint64(math.MaxUint64)
-		if !to.IsZero() {
-			e = mono - uint64(time.Since(to))
-		}
-		for _, id := range ids {
-			d.meter.Paused(id, f, e)
-		}
-	}
-	name := t.name
-	t.gater.OnError = func(err error) {
-		if errors.Is(err, os.ErrProcessDone) || errors.Is(err, fs.ErrNotExist) {
-			d.log.Debug("gate", "tenant", name, "err", err) // its processes or cgroup ended meanwhile
-			return
-		}
-		t.gateErrors.note(err)
-		d.log.Warn("gate", "tenant", name, "err", err)
-	}
-	t.cancel, t.done = runGater(ctx, t.gater)
-}
-
-// runGater runs g until the returned cancel is called; done closes when
-// it has returned.
-func runGater(ctx context.Context, g *arbiter.Gater) (cancel context.CancelFunc, done chan struct{}) {
-	gctx, cancel := context.WithCancel(ctx)
-	done = make(chan struct{})
-	go func() {
-		defer close(done)
-		g.Run(gctx)
-	}()
-	return cancel, done
 }
 
 // latencyCgroups are the latency tenants' cgroups, whose processes hold
@@ -913,39 +727,6 @@ func (d *Daemon) newLaunchGate(t *tenant) (*bpf.LaunchGate, error) {
 	return lg, nil
 }
 
-// stopGater ends a tenant's gater (which thaws it and releases what its
-// launch gate holds) and forgets its target; it returns the wait for the
-// gater to end and the cleanup after it. Called with d.mu held.
-func (d *Daemon) stopGater(t *tenant) func() {
-	if t.gater == nil {
-		return func() {}
-	}
-	t.cancel()
-	g, done, launches, target, name := t.gater, t.done, t.launches, t.target, t.name
-	t.gater, t.cancel, t.done, t.launches = nil, nil, nil, nil
-	return func() {
-		<-done
-		if err := launches.Close(); err != nil {
-			d.log.Warn("launch gate", "tenant", name, "err", err)
-		}
-		if g.Unthawed() {
-			// Kept for the next ThawAll: the guardian's, thaw --all's or
-			// this daemon's at its stop.
-			d.log.Error("tenant may still be frozen: its last thaw failed; it stays in the ledger", "tenant", name, "target", target)
-			return
-		}
-		if err := d.ledger.Remove(target); err != nil {
-			d.log.Warn("ledger", "err", err)
-		}
-	}
-}
-
-// heldSince tells whether gpuarb held the tenant back (launch gate, freeze
-// or pause) at any time since t. Called with d.mu held.
-func (t *tenant) heldSince(since time.Time) bool {
-	return (t.gater != nil && t.gater.HeldSince(since)) || (t.pauser != nil && t.pauser.HeldSince(since))
-}
-
 // stopAllGates resumes every tenant: gaters and pausers end, timeslices
 // are restored.
 func (d *Daemon) stopAllGates() {
@@ -957,8 +738,7 @@ func (d *Daemon) stopAllGates() {
 	d.mu.Lock()
 	var finish []func()
 	for _, t := range d.tenants {
-		finish = append(finish, d.retire(t))
-		t.refused = false
+		finish = append(finish, t.act.Release())
 	}
 	d.mu.Unlock()
 	for _, f := range finish {

@@ -147,6 +147,7 @@ type Daemon struct {
 	mode        cgroup.Mode
 	mount       string
 	epoch       time.Time
+	env         *enforce.Env      // what the tenants' actuators share
 	guardian    *enforce.Guardian // nil without Config.Guardian
 
 	// exact figures, under mu
@@ -282,6 +283,7 @@ func Start(cfg Config) (_ *Daemon, err error) {
 	if d.steer.Off != "" {
 		d.log.Info("not steering the GPUs' own schedulers: pacing at the launch gate", "why", d.steer.Off)
 	}
+	d.env = &enforce.Env{Steer: d.steer, Ledger: d.ledger, Meter: d.meter, Log: d.log, Epoch: d.epoch}
 	if len(cfg.Guardian) > 0 {
 		cgroupDir := ""
 		if cfg.GuardianCgroup != "" {

@@ -330,9 +330,8 @@ func (d *Daemon) updatePolicy(why string, resume bool, next func(cur *policy.Con
 		if !reshaped(old, cfg, t, d.mount) {
 			continue
 		}
-		finish = append(finish, d.retire(t))
-		t.refused = false
-		if gs := t.groups.Load(); gs != nil {
+		finish = append(finish, t.act.Release())
+		if gs := t.act.Groups.Load(); gs != nil {
 			groups = append(groups, *gs...)
 		}
 	}

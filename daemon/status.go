@@ -94,11 +94,11 @@ func actuatorName(a arbiter.Actuation, t *tenant) string {
 	if t != nil && len(t.unprobed) > 0 {
 		return "freeze (launches unseen)"
 	}
-	if t != nil && t.gater != nil && t.launches == nil {
+	if t != nil && t.act.Gater() != nil && !t.act.AtLaunchGate() {
 		return "freeze"
 	}
-	if t != nil && t.gater != nil {
-		if _, escalated := t.gater.Escapes(); escalated {
+	if t != nil && t.act.Gater() != nil {
+		if _, escalated := t.act.Gater().Escapes(); escalated {
 			return "freeze (launch gate escaped)"
 		}
 	}
@@ -125,10 +125,10 @@ func (d *Daemon) Status() api.Status {
 			continue
 		}
 		row.State, row.ThrottledNS = liveState(row, t, d.enforcing, d.arb.SlicesOf(row.GPU).Base)
-		if t.gater != nil {
-			row.GateEscapes, _ = t.gater.Escapes()
+		if g := t.act.Gater(); g != nil {
+			row.GateEscapes, _ = g.Escapes()
 		}
-		row.GateErrors, row.LastGateError = t.gateErrors.get()
+		row.GateErrors, row.LastGateError = t.act.Errors()
 	}
 	for _, pt := range d.policy.Tenants {
 		if listed[pt.Name] {
@@ -195,22 +195,23 @@ func (d *Daemon) Status() api.Status {
 func liveState(row *api.Tenant, t *tenant, enforcing bool, base time.Duration) (string, uint64) {
 	state := row.State
 	var throttled time.Duration
+	pauser, gater := t.act.Pauser(), t.act.Gater()
 	switch {
-	case t.pauser != nil:
+	case pauser != nil:
 		var paused bool
-		paused, throttled = t.pauser.State()
+		paused, throttled = pauser.State()
 		if row.State == "running" && steeredAway(row, base) {
 			state = "steered"
 		}
 		if paused {
 			state = "paused"
 		}
-	case t.gater != nil:
+	case gater != nil:
 		var stopped bool
-		stopped, throttled = t.gater.State()
-		_, escalated := t.gater.Escapes()
+		stopped, throttled = gater.State()
+		_, escalated := gater.Escapes()
 		// Escalated, or with unprobed processes, it is frozen in windows.
-		atGate := t.launches != nil && !escalated && len(t.unprobed) == 0
+		atGate := t.act.AtLaunchGate() && !escalated && len(t.unprobed) == 0
 		switch {
 		case stopped && atGate:
 			state = "held" // a process held at the launch gate
