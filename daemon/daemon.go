@@ -4,7 +4,6 @@
 package daemon
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -29,7 +28,6 @@ import (
 	"github.com/gpuarb/gpuarb/gpusched"
 	"github.com/gpuarb/gpuarb/ioctlspy"
 	"github.com/gpuarb/gpuarb/meter"
-	"github.com/gpuarb/gpuarb/metrics"
 	"github.com/gpuarb/gpuarb/policy"
 )
 
@@ -135,20 +133,19 @@ type Daemon struct {
 	// the process its pid named when it was attached or first appeared
 	// in the policy. A pid reused by another process is not the tenant's.
 	pidStarts map[int]uint64
-	// treesWalked is, per pid tenant root whose tree /proc has nothing
-	// more to add to, the probes' count of unfollowed forks then
-	// (Daemon.pidTrees).
-	treesWalked map[int]uint64
-	enforcing   bool
-	arb         *arbiter.Arbiter
-	tenants     map[string]*tenant
-	counted     contextCounts
-	ledger      *cgroup.Ledger
-	mode        cgroup.Mode
-	mount       string
-	epoch       time.Time
-	env         *enforce.Env      // what the tenants' actuators share
-	guardian    *enforce.Guardian // nil without Config.Guardian
+	// trees follows the pid tenants' trees (Daemon.pidTrees), made at the
+	// first step; the control loop owns it.
+	trees     *bpf.TreeFollower
+	enforcing bool
+	arb       *arbiter.Arbiter
+	tenants   map[string]*tenant
+	counted   contextCounts
+	ledger    *cgroup.Ledger
+	mode      cgroup.Mode
+	mount     string
+	epoch     time.Time
+	env       *enforce.Env      // what the tenants' actuators share
+	guardian  *enforce.Guardian // nil without Config.Guardian
 
 	// exact figures, under mu
 	exactPrev   exact.Sample
@@ -239,7 +236,7 @@ func Start(cfg Config) (_ *Daemon, err error) {
 		mcfg.Record = recording
 	}
 	d := &Daemon{cfg: cfg, log: cfg.Log, ungroupedSince: map[tenantGPU]time.Time{}, meter: meter.New(mcfg), recording: recording,
-		arb: arbiter.New(arbiter.DefaultParams()), tenants: map[string]*tenant{}, pidStarts: map[int]uint64{}, treesWalked: map[int]uint64{}, enforcing: !cfg.ObserveOnly,
+		arb: arbiter.New(arbiter.DefaultParams()), tenants: map[string]*tenant{}, pidStarts: map[int]uint64{}, enforcing: !cfg.ObserveOnly,
 		epoch: time.Now(), mode: cgroup.DetectMode()}
 	defer func() {
 		if err != nil {
@@ -390,58 +387,6 @@ func lockFile(f *os.File, path string) error {
 	return nil
 }
 
-// LastGoodBeside is where a daemon keeps a copy of the last policy file it
-// could read, for a start on a file that cannot be.
-func LastGoodBeside(socket string) string {
-	return filepath.Join(filepath.Dir(socket), "policy.last-good.yaml")
-}
-
-// loadPolicy reads the policy file into d.policyFile; a file that cannot
-// be read leaves the daemon on the last one that could (its copy beside
-// the socket), else on the defaults, with the error in d.policyErr
-// (status shows it). Called before any other goroutine runs, or with d.mu
-// held.
-func (d *Daemon) loadPolicy() {
-	pol, found, err := policy.Load(d.cfg.PolicyPath)
-	if err == nil {
-		d.policyFile, d.policyErr = pol, ""
-		d.log.Info("policy", "path", d.cfg.PolicyPath, "found", found, "tenants", len(pol.Tenants), "period", pol.Period)
-		if len(pol.Admission) == 0 {
-			d.log.Info("admission: the policy has no rules, so the default bounds what workloads ask for themselves",
-				"max_weight", policy.DefaultAdmission[0].MaxWeight, "latency", "refused")
-		}
-		d.keepLastGood()
-		return
-	}
-	d.policyErr = err.Error()
-	if d.policyFile != nil {
-		d.log.Error("policy file refused: the last good policy stays", "err", err)
-		return
-	}
-	last, _, lerr := policy.Load(LastGoodBeside(d.cfg.Socket))
-	if lerr != nil || last == nil {
-		last = policy.Default()
-	}
-	d.policyFile = last
-	d.log.Error("policy file refused: running on the last good policy (the defaults where none was kept)", "err", err,
-		"tenants", len(last.Tenants))
-}
-
-// keepLastGood copies the policy file, just read, beside the socket.
-func (d *Daemon) keepLastGood() {
-	data, err := os.ReadFile(d.cfg.PolicyPath)
-	if err != nil {
-		return // missing: the defaults apply, nothing to keep
-	}
-	tmp := LastGoodBeside(d.cfg.Socket) + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err == nil {
-		err = os.Rename(tmp, LastGoodBeside(d.cfg.Socket))
-	}
-	if err != nil {
-		d.log.Warn("keeping a copy of the last good policy", "err", err)
-	}
-}
-
 // attachLibcudas probes the libcuda copies the operator names, those in
 // the linker cache and those running processes map, and tells the meter
 // which processes ran before the probes could see them.
@@ -467,262 +412,6 @@ func runningPIDs() []uint32 {
 		}
 	}
 	return pids
-}
-
-func (d *Daemon) listen() error {
-	_ = os.Remove(d.cfg.Socket) // the lock is ours: a socket left here is stale
-	ln, err := net.Listen("unix", d.cfg.Socket)
-	if err != nil {
-		return fmt.Errorf("listen %s: %w", d.cfg.Socket, err)
-	}
-	if err := os.Chmod(d.cfg.Socket, 0o660); err != nil {
-		ln.Close()
-		return fmt.Errorf("chmod %s: %w", d.cfg.Socket, err)
-	}
-	d.listener = ln
-	mux := http.NewServeMux()
-	d.routes(mux)
-	d.server = boundedServer(mux)
-	d.server.ConnContext = peerCred
-	return nil
-}
-
-// boundedServer serves h with every phase of a connection bounded: a
-// client that sends slowly, reads slowly or idles is cut off, so no one
-// who can reach the API or the metrics port holds the daemon's
-// connections, goroutines and descriptors. The bounds are far above what
-// a request takes (a status of 1000 tenants: milliseconds) and what a
-// client waits between its requests (gpuarb top: 1 s; a scrape
-// reconnects if its interval is longer).
-func boundedServer(h http.Handler) *http.Server {
-	return &http.Server{
-		Handler:           h,
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       10 * time.Second,
-		WriteTimeout:      30 * time.Second,
-		IdleTimeout:       10 * time.Second,
-		MaxHeaderBytes:    64 << 10,
-	}
-}
-
-// listenMetrics opens the Prometheus endpoint when one is configured.
-func (d *Daemon) listenMetrics() error {
-	if d.cfg.MetricsAddr == "" {
-		return nil
-	}
-	addr, err := metrics.ListenAddr(d.cfg.MetricsAddr)
-	if err != nil {
-		return fmt.Errorf("metrics address %q: %w", d.cfg.MetricsAddr, err)
-	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("metrics: listen %s: %w", addr, err)
-	}
-	d.metricsListener = ln
-	d.metricsServer = boundedServer(metrics.Handler(d.Status))
-	d.log.Info("serving metrics", "url", "http://"+ln.Addr().String()+metrics.Path)
-	return nil
-}
-
-// observe meters an event; a latency tenant's launch takes the others off
-// the GPU, the end of its wait puts them back (enforce.LatencyHold); a held launch
-// wakes its tenant's gater, which releases the process when the tenant's
-// credit pays for the launch.
-func (d *Daemon) observe(ev ioctlspy.Event) {
-	d.hold.Observe(ev)
-	d.meter.Observe(ev)
-	if h := ev.Hdr(); h.Held {
-		if w := d.wakers.Load(); w != nil {
-			w.wake(h.PID, h.CgroupID)
-		}
-	}
-}
-
-// Run serves until ctx ends, then stops everything.
-func (d *Daemon) Run(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	errs := make(chan error, 3)
-	go func() {
-		errs <- d.spy.Run(ctx, d.observe)
-	}()
-	go func() {
-		if err := d.server.Serve(d.listener); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			errs <- fmt.Errorf("serve: %w", err)
-		}
-	}()
-	if d.metricsServer != nil {
-		go func() {
-			if err := d.metricsServer.Serve(d.metricsListener); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				errs <- fmt.Errorf("serve metrics: %w", err)
-			}
-		}()
-	}
-	tick := time.NewTicker(d.period())
-	defer tick.Stop()
-	period := d.period()
-	d.sampleExact()
-	sampled := make(chan struct{})
-	go func() {
-		defer close(sampled)
-		d.sampleEveryWindow(ctx)
-	}()
-	held := make(chan struct{})
-	go func() {
-		defer close(held)
-		d.hold.Run(ctx)
-	}()
-	leased := make(chan struct{})
-	go func() {
-		defer close(leased)
-		d.renewLease(ctx)
-	}()
-	var runErr error
-loop:
-	for {
-		select {
-		case <-ctx.Done():
-			break loop
-		case <-tick.C:
-			began := time.Now()
-			d.meter.Tick()
-			d.checkRecording()
-			d.stepMu.Lock()
-			d.control(ctx)
-			d.stepMu.Unlock()
-			d.noteControl(time.Since(began))
-			if p := d.period(); p != period {
-				period = p
-				tick.Reset(p)
-			}
-		case err := <-errs:
-			runErr = err
-			break loop
-		}
-	}
-	cancel()
-	<-sampled
-	<-held
-	<-leased
-	return errors.Join(runErr, d.Stop())
-}
-
-// gateLease is how long the launch gates may stop processes unless the
-// daemon renews their lease, which it does every gateLeaseRenew while it
-// runs: once it is gone, or stalled that long, no gate stops anyone, so
-// nothing is stopped that nobody is left to release. A lapse lets launches
-// through uncounted by no one: the gate still counts them, and the pacer
-// charges them when it runs again.
-const (
-	gateLease      = 250 * time.Millisecond
-	gateLeaseRenew = 50 * time.Millisecond
-)
-
-// renewLease keeps the launch gates' lease until ctx ends, then ends it.
-func (d *Daemon) renewLease(ctx context.Context) {
-	tick := time.NewTicker(gateLeaseRenew)
-	defer tick.Stop()
-	for {
-		if err := d.probes.RenewLease(gateLease); err != nil {
-			d.log.Warn("launch gates: renew their lease", "err", err)
-		}
-		select {
-		case <-ctx.Done():
-			if err := d.probes.EndLease(); err != nil {
-				d.log.Warn("launch gates: end their lease", "err", err)
-			}
-			return
-		case <-tick.C:
-		}
-	}
-}
-
-// sampleEveryWindow reads the exact source and ends the processes whose
-// exit was lost, once a window until ctx ends. Both scan /proc (every
-// process's fds, every process's stat), which on a host of many processes
-// can take longer than a control period: off the control loop, they never
-// delay a step.
-func (d *Daemon) sampleEveryWindow(ctx context.Context) {
-	tick := time.NewTicker(d.cfg.Window)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-			d.sampleExact()
-			d.reconcileExits()
-			d.replaySpool()
-		}
-	}
-}
-
-// noteControl keeps the durations of the control steps of the last window.
-func (d *Daemon) noteControl(took time.Duration) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.controlTimes = append(d.controlTimes, took)
-	if n := int(d.cfg.Window / d.policy.Period); len(d.controlTimes) > max(n, 1) {
-		d.controlTimes = d.controlTimes[len(d.controlTimes)-max(n, 1):]
-	}
-}
-
-// sampleExact reads the exact source and turns the interval since the last
-// sample into shares per cgroup path.
-func (d *Daemon) sampleExact() {
-	if d.cfg.Exact == nil {
-		return
-	}
-	cur, err := d.cfg.Exact.Sample()
-	if err != nil {
-		d.log.Warn("exact source", "source", d.cfg.Exact.Name(), "err", err)
-		return
-	}
-	now := time.Now()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.exactPrev != nil {
-		d.exactShares = exact.Shares(d.exactPrev, cur, uint64(now.Sub(d.exactAt)), func(pid uint32) string {
-			p, _ := cgroup.ProcessPath(int(pid))
-			return p
-		})
-	}
-	d.exactPrev, d.exactAt = cur, now
-}
-
-// shutdownGrace is how long the API and metrics servers' requests in
-// flight get to finish when the daemon stops.
-const shutdownGrace = 2 * time.Second
-
-// shutdown stops an HTTP server: requests in flight get shutdownGrace to
-// finish, then every connection is closed. net/http counts a connection
-// that has sent no request yet as busy for 5 s, so a client that dialled
-// one more connection than it used (16 attaches at once did) would
-// otherwise fail the daemon's stop.
-func (d *Daemon) shutdown(name string, s *http.Server) error {
-	ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
-	defer cancel()
-	err := s.Shutdown(ctx)
-	if err == nil {
-		return nil
-	}
-	d.log.Warn("stop: connections still open after the grace period, closed", "server", name, "err", err)
-	if err := s.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
-		return fmt.Errorf("stop the %s server: %w", name, err)
-	}
-	return nil
-}
-
-// checkRecording logs, once, that the meter's recording ended on an error
-// (a full disk): the daemon runs on without it.
-func (d *Daemon) checkRecording() {
-	if d.recording == nil || d.recordingFailed {
-		return
-	}
-	if err := d.meter.FlushRecording(); err != nil {
-		d.recordingFailed = true
-		d.log.Warn("the meter's recording stopped", "path", d.cfg.RecordMeter, "err", err)
-	}
 }
 
 // Stop shuts the API down, detaches the probes, removes the pins, the

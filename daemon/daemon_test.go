@@ -17,6 +17,7 @@ import (
 	"github.com/gpuarb/gpuarb/api"
 	"github.com/gpuarb/gpuarb/bpf"
 	"github.com/gpuarb/gpuarb/cgroup"
+	"github.com/gpuarb/gpuarb/enforce"
 	"github.com/gpuarb/gpuarb/exact"
 	"github.com/gpuarb/gpuarb/internal/testutil"
 	"github.com/gpuarb/gpuarb/ioctlspy"
@@ -377,7 +378,7 @@ func TestPIDTenantIsPinnedToItsProcess(t *testing.T) {
 			t.Errorf("%s: classified into %q", tc.why, name)
 		}
 		d := &Daemon{pidStarts: map[int]uint64{pid: tc.pinned}}
-		if _, err := d.gateFor(&tenant{name: "p", pid: pid}); (err == nil) != tc.want {
+		if _, err := d.gateFor(&tenant{name: "p", pid: pid, act: enforce.NewTenant("p", nil)}); (err == nil) != tc.want {
 			t.Errorf("%s: gate err %v", tc.why, err)
 		}
 	}

@@ -368,7 +368,9 @@ func (d *Daemon) pinPIDs() {
 	for pid := range d.pidStarts {
 		if !has[pid] {
 			delete(d.pidStarts, pid)
-			delete(d.treesWalked, pid)
+			if d.trees != nil {
+				d.trees.Forget(pid)
+			}
 			if d.probes != nil {
 				if err := d.probes.Unfollow(pid); err != nil {
 					d.log.Warn("unfollow pid tenant", "pid", pid, "err", err)

@@ -388,7 +388,7 @@ func (h *LatencyHold) signal(gpu int, g *gpuHold, s holdSignal, others []gpusche
 	if g.held != nil || len(others) == 0 || now.Before(g.restUntil) || slower {
 		return
 	}
-	if err := h.pause(others, true); err != nil && !OnlyGone(err) {
+	if err := h.pause(others, true); err != nil && !onlyGone(err) {
 		h.log.Debug("latency hold", "gpu", gpu, "err", err)
 	}
 	g.held, g.since, g.probed = others, now, now
@@ -410,7 +410,7 @@ func (h *LatencyHold) signal(gpu int, g *gpuHold, s holdSignal, others []gpusche
 // others run for holdRest before the next.
 func (h *LatencyHold) release(gpu int, g *gpuHold, cut bool) {
 	now := time.Now()
-	if err := h.pause(g.held, false); err != nil && !OnlyGone(err) {
+	if err := h.pause(g.held, false); err != nil && !onlyGone(err) {
 		// Still held: the run loop tries again in holdRetry.
 		h.log.Warn("latency hold: resume the others", "gpu", gpu, "err", err)
 		g.since = now.Add(holdRetry - maxHold)

@@ -13,26 +13,26 @@ import (
 	"github.com/gpuarb/gpuarb/meter"
 )
 
-// LaunchGate is a probes' launch gate as the arbiter's gater uses it: held
+// launchGate is a probes' launch gate as the arbiter's gater uses it: held
 // processes are continued by pid and start time, and the meter learns when
 // their held launch ran.
-type LaunchGate struct {
+type launchGate struct {
 	gate  *bpf.LaunchGate
 	meter *meter.Meter
 }
 
-// NewLaunchGate wraps a probes' launch gate for a gater; m learns when
+// newLaunchGate wraps a probes' launch gate for a gater; m learns when
 // each held launch ran.
-func NewLaunchGate(g *bpf.LaunchGate, m *meter.Meter) LaunchGate {
-	return LaunchGate{gate: g, meter: m}
+func newLaunchGate(g *bpf.LaunchGate, m *meter.Meter) launchGate {
+	return launchGate{gate: g, meter: m}
 }
 
 // Counts implements arbiter.Launches.
-func (l LaunchGate) Counts() (admitted, holds, escapes uint64, err error) { return l.gate.Counts() }
+func (l launchGate) Counts() (admitted, holds, escapes uint64, err error) { return l.gate.Counts() }
 
-func (l LaunchGate) Allow(n uint64) error { return l.gate.Allow(n) }
+func (l launchGate) Allow(n uint64) error { return l.gate.Allow(n) }
 
-func (l LaunchGate) Held() ([]arbiter.Held, error) {
+func (l launchGate) Held() ([]arbiter.Held, error) {
 	held, err := l.gate.Held()
 	if err != nil {
 		return nil, err
@@ -49,7 +49,7 @@ func (l LaunchGate) Held() ([]arbiter.Held, error) {
 	return out, nil
 }
 
-func (l LaunchGate) Release(h arbiter.Held) (bool, error) {
+func (l launchGate) Release(h arbiter.Held) (bool, error) {
 	hp, ok := h.Token.(bpf.HeldProcess)
 	if !ok {
 		return false, fmt.Errorf("release pid %d: not held by a launch gate", h.PID)

@@ -17,10 +17,10 @@ import (
 	"github.com/gpuarb/gpuarb/meter"
 )
 
-// GroupKey names one channel group of one process.
-type GroupKey struct{ pid, client, tsg uint32 }
+// groupKey names one channel group of one process.
+type groupKey struct{ pid, client, tsg uint32 }
 
-func KeyOf(g gpusched.Group) GroupKey { return GroupKey{g.PID, g.Client, g.TSG} }
+func keyOf(g gpusched.Group) groupKey { return groupKey{g.PID, g.Client, g.TSG} }
 
 // steered is what gpuarb set on one channel group.
 type steered struct {
@@ -58,7 +58,7 @@ type Steering struct {
 	mu      sync.Mutex
 	gpus    map[int]gpuVerdict // per GPU probed: whether it can be steered
 	slices  map[int]gpusched.Slices
-	groups  map[GroupKey]*steered
+	groups  map[groupKey]*steered
 	refused refusals
 }
 
@@ -127,7 +127,7 @@ func (r *refusals) forget(live map[uint32]bool) {
 // daemon's flag, or not allowed on this host (gpusched.Available).
 func NewSteering(disabled bool, fakeSocket, ledgerPath string, m *meter.Meter, log *slog.Logger) (*Steering, error) {
 	s := &Steering{act: gpusched.New(fakeSocket), fakeSocket: fakeSocket, meter: m, log: log, gpus: map[int]gpuVerdict{},
-		slices: map[int]gpusched.Slices{}, groups: map[GroupKey]*steered{}}
+		slices: map[int]gpusched.Slices{}, groups: map[groupKey]*steered{}}
 	switch {
 	case disabled:
 		s.Off = "disabled (--gpu-scheduler off)"
@@ -225,7 +225,7 @@ func (s *Steering) SlicesOf(gpu int, g gpusched.Group) (_ gpusched.Slices, ok bo
 // logging it once, and refuses g's GPU at the quorum.
 func (s *Steering) noteRefused(g gpusched.Group, err error) {
 	s.mu.Lock()
-	fresh, gpuRefused := s.refused.note(int(g.GPU), g.PID, IsRefusal(err))
+	fresh, gpuRefused := s.refused.note(int(g.GPU), g.PID, isRefusal(err))
 	if gpuRefused && s.gpus[int(g.GPU)].why == "" {
 		s.gpus[int(g.GPU)] = gpuVerdict{why: fmt.Sprintf("the driver refused a control of pid %d: %v", g.PID, err), at: time.Now()}
 	}
@@ -246,7 +246,7 @@ func (s *Steering) noteOutcomes(gs []gpusched.Group, failed []error) {
 			s.mu.Lock()
 			s.refused.accept(int(gs[i].GPU))
 			s.mu.Unlock()
-		case IsRefusal(err) || errors.Is(err, gpusched.ErrNotItsFile):
+		case isRefusal(err) || errors.Is(err, gpusched.ErrNotItsFile):
 			s.noteRefused(gs[i], err)
 		}
 	}
@@ -294,17 +294,17 @@ const (
 	sliceBudget     = 20 * time.Millisecond
 )
 
-// SliceWant is the timeslice a group should have, and the share of the
+// sliceWant is the timeslice a group should have, and the share of the
 // GPU its tenant is entitled to (which orders the changes).
-type SliceWant struct {
+type sliceWant struct {
 	Slice  time.Duration
 	Target float64
 }
 
-// sliceChange is a change SetSlices may make: the group's slice now (0:
+// sliceChange is a change setSlices may make: the group's slice now (0:
 // not set by gpuarb yet) and the one wanted.
 type sliceChange struct {
-	key       GroupKey
+	key       groupKey
 	set, want time.Duration
 	target    float64
 }
@@ -330,12 +330,41 @@ func pickSliceChanges(cands []sliceChange, limit int) []sliceChange {
 	return out[:min(len(out), limit)]
 }
 
-// SetSlices gives groups their timeslices, recording each group in the
+// Apply gives the channel groups of the GPUs in scheduler mode the
+// timeslices their tenants' decisions set (plan: per GPU, each tenant's
+// decision with its groups; an idle tenant's groups keep theirs). A
+// process whose control the driver refuses is noted, its tenant paced at
+// the launch gate from the next step, and a GPU where the driver refuses
+// a quorum of processes and accepts none is not steered at all.
+func (s *Steering) Apply(plan map[int][]TenantGroups) {
+	for gpu, ts := range plan {
+		byKey := map[groupKey]gpusched.Group{}
+		for _, t := range ts {
+			for _, g := range t.Groups {
+				byKey[keyOf(g)] = g
+			}
+		}
+		want := map[groupKey]sliceWant{}
+		for _, t := range ts {
+			if t.Decision.Timeslice == 0 {
+				continue
+			}
+			for _, g := range t.Groups {
+				want[keyOf(g)] = sliceWant{Slice: t.Decision.Timeslice, Target: t.Decision.Target}
+			}
+		}
+		if err := s.setSlices(want, byKey); err != nil && !isRefusal(err) { // refusals are logged as noted
+			s.log.Debug("gpu scheduler: timeslices", "gpu", gpu, "err", err)
+		}
+	}
+}
+
+// setSlices gives groups their timeslices, recording each group in the
 // ledger before its first change; groups already near theirs
 // (nearSlice) are left, and a step makes at most maxSliceChanges, in
 // batches while sliceBudget lasts (pickSliceChanges orders them).
-func (s *Steering) SetSlices(want map[GroupKey]SliceWant, groups map[GroupKey]gpusched.Group) error {
-	keys := make([]GroupKey, 0, len(want))
+func (s *Steering) setSlices(want map[groupKey]sliceWant, groups map[groupKey]gpusched.Group) error {
+	keys := make([]groupKey, 0, len(want))
 	gs := make([]gpusched.Group, 0, len(want))
 	for k := range want {
 		keys = append(keys, k)
@@ -343,7 +372,7 @@ func (s *Steering) SetSlices(want map[GroupKey]SliceWant, groups map[GroupKey]gp
 	}
 	sts, errs := s.track(gs)
 	var cands []sliceChange
-	tracked := map[GroupKey]*steered{}
+	tracked := map[groupKey]*steered{}
 	s.mu.Lock()
 	for i, st := range sts {
 		if st != nil {
@@ -366,7 +395,7 @@ func (s *Steering) SetSlices(want map[GroupKey]SliceWant, groups map[GroupKey]gp
 // restart per GPU. Only what took effect is recorded (and told to the
 // meter): a group whose channels are not allocated yet gets its slice at
 // a later step.
-func (s *Steering) applySlices(picks []sliceChange, groups map[GroupKey]gpusched.Group, tracked map[GroupKey]*steered) error {
+func (s *Steering) applySlices(picks []sliceChange, groups map[groupKey]gpusched.Group, tracked map[groupKey]*steered) error {
 	changes := make([]gpusched.Change, 0, len(picks))
 	changed := make([]*steered, 0, len(picks)) // beside changes; forget may drop them from s.groups meanwhile
 	for _, c := range picks {
@@ -397,7 +426,7 @@ func (s *Steering) tracked(gs []gpusched.Group) []*steered {
 	defer s.mu.Unlock()
 	out := make([]*steered, len(gs))
 	for i, g := range gs {
-		out[i] = s.groups[KeyOf(g)]
+		out[i] = s.groups[keyOf(g)]
 	}
 	return out
 }
@@ -421,7 +450,7 @@ func (s *Steering) track(gs []gpusched.Group) ([]*steered, []error) {
 		}
 		orig, err := s.act.Timeslice(g)
 		if err != nil {
-			if IsRefusal(err) || errors.Is(err, gpusched.ErrNotItsFile) {
+			if isRefusal(err) || errors.Is(err, gpusched.ErrNotItsFile) {
 				s.noteRefused(g, err)
 			}
 			errs = append(errs, err)
@@ -446,7 +475,7 @@ func (s *Steering) track(gs []gpusched.Group) ([]*steered, []error) {
 	}
 	s.mu.Lock()
 	for _, st := range fresh {
-		s.groups[KeyOf(st.rec.Group)] = st
+		s.groups[keyOf(st.rec.Group)] = st
 	}
 	s.mu.Unlock()
 	return out, errs
@@ -548,7 +577,7 @@ func (s *Steering) PutBackAll() error {
 	for _, st := range s.groups {
 		all = append(all, st)
 	}
-	s.groups = map[GroupKey]*steered{}
+	s.groups = map[groupKey]*steered{}
 	s.mu.Unlock()
 	return s.restore(all)
 }
@@ -558,9 +587,9 @@ func (s *Steering) PutBack(gs []gpusched.Group) error {
 	s.mu.Lock()
 	var some []*steered
 	for _, g := range gs {
-		if st := s.groups[KeyOf(g)]; st != nil {
+		if st := s.groups[keyOf(g)]; st != nil {
 			some = append(some, st)
-			delete(s.groups, KeyOf(g))
+			delete(s.groups, keyOf(g))
 		}
 	}
 	s.mu.Unlock()
@@ -611,9 +640,9 @@ func (s *Steering) Close() error {
 	return errors.Join(err, s.act.Close())
 }
 
-// OnlyGone tells whether every error err joins is one of a process that
+// onlyGone tells whether every error err joins is one of a process that
 // has ended (gpusched.ErrGone): nothing to report.
-func OnlyGone(err error) bool {
+func onlyGone(err error) bool {
 	errs := flatten(err)
 	for _, e := range errs {
 		if !errors.Is(e, gpusched.ErrGone) {
@@ -623,10 +652,10 @@ func OnlyGone(err error) bool {
 	return len(errs) > 0
 }
 
-// IsRefusal tells whether an error says the driver will not be steered (a
+// isRefusal tells whether an error says the driver will not be steered (a
 // status it refused with), as opposed to a process that ended or another
 // passing failure.
-func IsRefusal(err error) bool {
+func isRefusal(err error) bool {
 	var se *gpusched.StatusError
 	for _, e := range flatten(err) {
 		if errors.As(e, &se) && !errors.Is(e, gpusched.ErrGone) {
@@ -648,28 +677,28 @@ func flatten(err error) []error {
 	return []error{err}
 }
 
-// PauseGate is a tenant's gate in scheduler mode: freezing it pauses its
+// pauseGate is a tenant's gate in scheduler mode: freezing it pauses its
 // channel groups (their queued work stays on the GPU, and runs at the
 // thaw), so a window gater holds it to the part of each period its
 // decision allows.
-type PauseGate struct {
+type pauseGate struct {
 	s      *Steering
 	name   string
 	groups func() []gpusched.Group // the tenant's groups now
 }
 
-// NewPauseGate returns the gate that pauses the channel groups groups
+// newPauseGate returns the gate that pauses the channel groups groups
 // lists, through s, for the tenant name.
-func NewPauseGate(s *Steering, name string, groups func() []gpusched.Group) PauseGate {
-	return PauseGate{s: s, name: name, groups: groups}
+func newPauseGate(s *Steering, name string, groups func() []gpusched.Group) pauseGate {
+	return pauseGate{s: s, name: name, groups: groups}
 }
 
-func (p PauseGate) Freeze() error { return p.s.Pause(p.groups(), byDuty, true, false) }
-func (p PauseGate) Thaw() error   { return p.s.Pause(p.groups(), byDuty, false, false) }
+func (p pauseGate) Freeze() error { return p.s.Pause(p.groups(), byDuty, true, false) }
+func (p pauseGate) Thaw() error   { return p.s.Pause(p.groups(), byDuty, false, false) }
 
 // Target describes the gate for the freeze ledger: nothing to freeze
 // there, the steering ledger records the groups.
-func (p PauseGate) Target() cgroup.Target { return cgroup.Target{Kind: "gpusched", Path: p.name} }
+func (p pauseGate) Target() cgroup.Target { return cgroup.Target{Kind: "gpusched", Path: p.name} }
 
 // groupsIn lists the groups of changes, in order.
 func groupsIn(changes []gpusched.Change) []gpusched.Group {

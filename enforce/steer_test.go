@@ -69,17 +69,17 @@ func TestNearSlice(t *testing.T) {
 // near the one set are not changes at all.
 func TestPickSliceChangesBoundsAStep(t *testing.T) {
 	ms := time.Millisecond
-	hog1 := GroupKey{pid: 1, tsg: 1}
-	hog2 := GroupKey{pid: 2, tsg: 1}
+	hog1 := groupKey{pid: 1, tsg: 1}
+	hog2 := groupKey{pid: 2, tsg: 1}
 	cands := []sliceChange{
 		{key: hog1, set: ms, want: 1100 * time.Microsecond, target: 0.36},
 		{key: hog2, set: ms, want: 1020 * time.Microsecond, target: 0.36}, // within the deadband
 	}
 	for i := range 300 { // light tenants flipping between burst slices
-		cands = append(cands, sliceChange{key: GroupKey{pid: uint32(100 + i), tsg: 1}, set: ms, want: 2 * ms, target: 0.001})
+		cands = append(cands, sliceChange{key: groupKey{pid: uint32(100 + i), tsg: 1}, set: ms, want: 2 * ms, target: 0.001})
 	}
-	fresh := GroupKey{pid: 99, tsg: 1} // never set: its change comes before equals' changes
-	cands = append(cands, sliceChange{key: GroupKey{pid: 98, tsg: 1}, set: ms, want: 4 * ms, target: 0.001},
+	fresh := groupKey{pid: 99, tsg: 1} // never set: its change comes before equals' changes
+	cands = append(cands, sliceChange{key: groupKey{pid: 98, tsg: 1}, set: ms, want: 4 * ms, target: 0.001},
 		sliceChange{key: fresh, want: ms, target: 0.001})
 
 	got := pickSliceChanges(cands, maxSliceChanges)

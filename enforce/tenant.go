@@ -161,7 +161,7 @@ func (t *Tenant) SetTreeMembers(tree []int) error {
 
 // startPauser starts the window gater over its channel groups.
 func (t *Tenant) startPauser(ctx context.Context, period time.Duration) {
-	gate := NewPauseGate(t.env.Steer, t.name, func() []gpusched.Group {
+	gate := newPauseGate(t.env.Steer, t.name, func() []gpusched.Group {
 		if gs := t.Groups.Load(); gs != nil {
 			return *gs
 		}
@@ -169,7 +169,7 @@ func (t *Tenant) startPauser(ctx context.Context, period time.Duration) {
 	})
 	t.pauser = arbiter.NewGater(gate, period, t.env.Epoch)
 	t.pauser.OnError = func(err error) {
-		if OnlyGone(err) {
+		if onlyGone(err) {
 			t.env.Log.Debug("gpu scheduler: pause", "tenant", t.name, "err", err) // its processes ended meanwhile
 			return
 		}
@@ -220,7 +220,7 @@ func (t *Tenant) startGate(ctx context.Context, period time.Duration, gates Gate
 		env.Log.Warn("no launch gate: the tenant is paced by freezing", "tenant", t.name, "err", err)
 	} else {
 		t.launches = lg
-		t.gater.Launches = NewLaunchGate(lg, env.Meter)
+		t.gater.Launches = newLaunchGate(lg, env.Meter)
 		t.gater.LaunchCost = func() float64 { return math.Float64frombits(t.LaunchCost.Load()) }
 	}
 	t.gater.OnFreeze = func(from, to time.Time) {
