@@ -9,7 +9,7 @@
 // keeps 160–320 ms queued per process, so a gate that freezes part of
 // every period loses nothing, and one that freezes when a budget runs out
 // lands after a whole batch of launches. In share mode (the default) the
-// duty is therefore a submission rate, and the Gater paces admissions:
+// duty is therefore a submission rate, and enforce.Gater paces admissions:
 // credit accrues at the rate (GPU ns per ns, a burst of one period), each
 // launch is charged the meter's modeled cost, and with a LaunchGate (the
 // probes' launch gate) the launch that the balance cannot pay for stops

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/gpuarb/gpuarb/arbiter"
 	"github.com/gpuarb/gpuarb/bpf"
 	"github.com/gpuarb/gpuarb/cgroup"
 	"github.com/gpuarb/gpuarb/enforce"
@@ -44,12 +43,12 @@ type member struct {
 // wakers finds the gater to wake when a process is held at a launch gate:
 // by its pid, or (a process the meter has not seen yet) by its cgroup.
 type wakers struct {
-	byPID    map[uint32]*arbiter.Gater
-	byCgroup map[uint64]*arbiter.Gater
+	byPID    map[uint32]*enforce.Gater
+	byCgroup map[uint64]*enforce.Gater
 }
 
 func newWakers(seen []member) *wakers {
-	w := &wakers{byPID: map[uint32]*arbiter.Gater{}, byCgroup: map[uint64]*arbiter.Gater{}}
+	w := &wakers{byPID: map[uint32]*enforce.Gater{}, byCgroup: map[uint64]*enforce.Gater{}}
 	for _, m := range seen {
 		g := m.tenant.act.Gater()
 		if g == nil {

@@ -8,7 +8,10 @@
 //     group back;
 //   - LatencyHold: a latency tenant's holds, which take the other tenants'
 //     groups off a steered GPU while its launched work is pending;
-//   - LaunchGate: the probes' launch gate as the arbiter's gater paces it;
+//   - Gater: a tenant's duty applied over time to one gate — admissions
+//     paced at the arbiter's rate at the probes' launch gate, or freeze
+//     windows of its cgroup or process tree, or pause windows of its
+//     channel groups;
 //   - Guardian and ThawLeftovers: the process outside the daemon that
 //     resumes what the daemon held once it exits in any way, and the
 //     resumption itself (ledgers, steering ledger, pinned held table).

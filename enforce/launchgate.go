@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/gpuarb/gpuarb/arbiter"
 	"github.com/gpuarb/gpuarb/bpf"
 	"github.com/gpuarb/gpuarb/cgroup"
 	"github.com/gpuarb/gpuarb/gpusched"
@@ -27,29 +26,29 @@ func newLaunchGate(g *bpf.LaunchGate, m *meter.Meter) launchGate {
 	return launchGate{gate: g, meter: m}
 }
 
-// Counts implements arbiter.Launches.
+// Counts implements LaunchGate.
 func (l launchGate) Counts() (admitted, holds, escapes uint64, err error) { return l.gate.Counts() }
 
 func (l launchGate) Allow(n uint64) error { return l.gate.Allow(n) }
 
-func (l launchGate) Held() ([]arbiter.Held, error) {
+func (l launchGate) Held() ([]Held, error) {
 	held, err := l.gate.Held()
 	if err != nil {
 		return nil, err
 	}
 	now, mono := time.Now(), meter.MonotonicNow()
-	out := make([]arbiter.Held, 0, len(held))
+	out := make([]Held, 0, len(held))
 	for _, h := range held {
 		if !h.Releasable(mono) {
 			continue // its stop is not out yet: released at a later tick
 		}
-		out = append(out, arbiter.Held{PID: h.PID, Since: now.Add(-time.Duration(mono - min(h.Since, mono))),
+		out = append(out, Held{PID: h.PID, Since: now.Add(-time.Duration(mono - min(h.Since, mono))),
 			Launches: 1 + int(h.Waiting), Token: h})
 	}
 	return out, nil
 }
 
-func (l launchGate) Release(h arbiter.Held) (bool, error) {
+func (l launchGate) Release(h Held) (bool, error) {
 	hp, ok := h.Token.(bpf.HeldProcess)
 	if !ok {
 		return false, fmt.Errorf("release pid %d: not held by a launch gate", h.PID)

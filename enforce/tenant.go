@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/gpuarb/gpuarb/arbiter"
 	"github.com/gpuarb/gpuarb/bpf"
 	"github.com/gpuarb/gpuarb/cgroup"
 	"github.com/gpuarb/gpuarb/gpusched"
@@ -45,11 +44,11 @@ type Tenant struct {
 	Tree       atomic.Pointer[[]int]
 	LaunchCost atomic.Uint64
 
-	pauser      *arbiter.Gater
+	pauser      *Gater
 	pauseCancel context.CancelFunc
 	pauseDone   chan struct{}
 
-	gater      *arbiter.Gater
+	gater      *Gater
 	launches   *bpf.LaunchGate // nil: paced by freezing
 	gatePeriod time.Duration
 	cancel     context.CancelFunc
@@ -138,10 +137,10 @@ func (t *Tenant) HeldSince(since time.Time) bool {
 }
 
 // Gater is its launch-gate or freeze gater, nil when none runs.
-func (t *Tenant) Gater() *arbiter.Gater { return t.gater }
+func (t *Tenant) Gater() *Gater { return t.gater }
 
 // Pauser is its window gater over its channel groups, nil when none runs.
-func (t *Tenant) Pauser() *arbiter.Gater { return t.pauser }
+func (t *Tenant) Pauser() *Gater { return t.pauser }
 
 // AtLaunchGate tells whether its gater paces it at a launch gate (not by
 // freezing).
@@ -167,7 +166,7 @@ func (t *Tenant) startPauser(ctx context.Context, period time.Duration) {
 		}
 		return nil
 	})
-	t.pauser = arbiter.NewGater(gate, period, t.env.Epoch)
+	t.pauser = NewGater(gate, period, t.env.Epoch)
 	t.pauser.OnError = func(err error) {
 		if onlyGone(err) {
 			t.env.Log.Debug("gpu scheduler: pause", "tenant", t.name, "err", err) // its processes ended meanwhile
@@ -213,7 +212,7 @@ func (t *Tenant) startGate(ctx context.Context, period time.Duration, gates Gate
 	}
 	t.unrecorded = false
 	t.target = g.Target()
-	t.gater, t.gatePeriod = arbiter.NewGater(g, period, env.Epoch), period
+	t.gater, t.gatePeriod = NewGater(g, period, env.Epoch), period
 	ids := gates.CgroupIDs()
 	t.gater.Submitted = func() float64 { return env.Meter.SubmittedNS(ids) }
 	if lg, err := gates.Launch(); err != nil {
@@ -274,7 +273,7 @@ func (t *Tenant) stopGater() func() {
 
 // runGater runs g until the returned cancel is called; done closes when
 // it has returned.
-func runGater(ctx context.Context, g *arbiter.Gater) (cancel context.CancelFunc, done chan struct{}) {
+func runGater(ctx context.Context, g *Gater) (cancel context.CancelFunc, done chan struct{}) {
 	gctx, cancel := context.WithCancel(ctx)
 	done = make(chan struct{})
 	go func() {

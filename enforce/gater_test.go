@@ -1,4 +1,4 @@
-package arbiter
+package enforce
 
 import (
 	"context"
