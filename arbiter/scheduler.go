@@ -561,7 +561,12 @@ func (a *Arbiter) runFraction(t Input, s *schedState, target float64, c runConte
 	share := math.Max(t.Share, 1e-3)
 	overLimit := t.Rules.Limit > 0 && t.Share > float64(t.Rules.Limit)+a.p.Tolerance
 	yields := overLimit || deprived && atFloor && t.Share > target+a.p.Tolerance
-	toward := math.Pow(math.Min(maxRunStep, math.Max(1/maxRunStep, target/share)), per)
+	// The step is linear in the share's error, not in its log: a share
+	// measured over a window of a few periods swings widely around its
+	// mean (a launch-gated queue drains in bursts), and a step by the
+	// ratio target/share settles where the share's geometric mean meets
+	// the target, its mean above it.
+	toward := math.Min(math.Pow(maxRunStep, per), math.Max(math.Pow(maxRunStep, -per), 1+per*(target-share)/target))
 	if s.heldFor > 0 {
 		s.heldFor--
 	} else {

@@ -163,7 +163,7 @@ func TestPausedTenantConvergesWhileAnotherWants(t *testing.T) {
 	setShare(&in[0], 0.054)
 	setShare(&in[1], 0.946)
 	da := decisionOf(t, a.Step(in, steered), "a")
-	if want := run * math.Pow(0.05/0.054, 1/3.0); math.Abs(da.Duty-want) > 1e-9 {
+	if want := run * (1 + (0.05-0.054)/0.05/3); math.Abs(da.Duty-want) > 1e-9 {
 		t.Errorf("a within Tolerance above target, b wanting: run fraction %.4f after %.4f, want %.4f (toward its target)", da.Duty, run, want)
 	}
 	run = da.Duty
@@ -200,6 +200,33 @@ func TestUnsteeredTenantPacedBesideSteered(t *testing.T) {
 	}
 	if last > 0.5 {
 		t.Errorf("after 6 steps the unsteered tenant's rate is %.2f, want it below its share 0.5", last)
+	}
+}
+
+// A paced tenant whose window shares swing widely around their mean (a
+// launch-gated queue drains in bursts) settles with its mean share on
+// target, not its geometric mean: here the plant gives it twice its run
+// fraction's share, in windows of 0.3x to 1.7x that, beside a tenant
+// that wants the rest.
+func TestPacedTenantsMeanShareSettlesOnTarget(t *testing.T) {
+	a := New(Params{})
+	u := schedHog("u", 100, 0.5, 0)
+	u.Unsteered = true
+	in := []Input{u, schedHog("b", 300, 0.5, 1)}
+	swing := []float64{0.3, 1.7, 1.0, 0.6, 1.4}
+	var sum float64
+	const steps, settled = 900, 300
+	for i := 0; i < steps; i++ {
+		du := decisionOf(t, a.Step(in, steered), "u")
+		share := math.Min(0.95, 0.5*du.Duty*swing[i%len(swing)])
+		setShare(&in[0], share)
+		setShare(&in[1], 1-share)
+		if i >= settled {
+			sum += share
+		}
+	}
+	if mean := sum / (steps - settled); math.Abs(mean-0.25) > 0.005 {
+		t.Errorf("paced tenant's mean share %.2f%% with swinging windows, want 25 ± 0.5 pp", 100*mean)
 	}
 }
 

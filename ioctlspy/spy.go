@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -186,15 +187,23 @@ func (s *Spy) attachMapped(job scanJob) {
 		s.OnError(fmt.Errorf("pid %d: %w", pid, err))
 		return
 	}
-	_, live := s.table.Process(pid)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
 	case probed:
 		delete(s.unprobed, pid)
-	case live && len(s.unprobed) < maxScanned:
+	case running(pid) && len(s.unprobed) < maxScanned:
+		// A scan may end before the table holds the process (its first
+		// ioctls create no object): it is noted while it runs, and
+		// Unprobed reports it once it has channel groups.
 		s.unprobed[pid] = true
 	}
+}
+
+// running reports whether the process still exists (its /proc entry).
+func running(pid uint32) bool {
+	_, err := os.Stat("/proc/" + strconv.FormatUint(uint64(pid), 10))
+	return err == nil
 }
 
 // Unprobed returns the processes with GPU channel groups that map no
@@ -209,9 +218,9 @@ func (s *Spy) Unprobed() []Process {
 	for pid := range s.unprobed {
 		p, ok := s.table.Process(pid)
 		switch {
-		case !ok:
+		case !ok && !running(pid):
 			delete(s.unprobed, pid) // gone: its exit was applied before the scan
-		case len(p.Groups()) > 0:
+		case ok && len(p.Groups()) > 0:
 			out = append(out, p)
 		}
 	}
