@@ -69,12 +69,13 @@ type Input struct {
 	// control window: while that is more than its target, its share still
 	// shows work admitted before, not its rate.
 	Queued float64
-	// Processes is how many processes it has on the GPU, and LaunchNS
-	// the GPU time of one of its launches: the GPU time-slices per process
-	// and, if it does not preempt, runs each kernel to its end, so the
-	// unpaced tenant is best the one with the fewest and the shortest.
-	Processes int
-	LaunchNS  float64
+	// Contexts is how many CUDA contexts its processes have on the GPU,
+	// and LaunchNS the GPU time of one of its launches: the GPU
+	// time-slices per context (each its own channel group) and, if it
+	// does not preempt, runs each kernel to its end, so the unpaced tenant
+	// is best the one with the fewest and the shortest.
+	Contexts int
+	LaunchNS float64
 	// Costed tells whether the meter has learned what its launches cost.
 	// Pacing needs that: a tenant is not paced on a guess.
 	Costed bool
@@ -535,8 +536,8 @@ func (a *Arbiter) crowdedOut(ts []Input, targets []float64, free int) bool {
 // slackTaker picks, among the tenants that want more than their target,
 // the one left unpaced so that the GPU time others leave unused goes to
 // it (work conservation): one whose costs are not learned yet (it cannot
-// be paced), then the largest target, then the fewest processes and the
-// shortest launches (one with many processes, or long kernels on
+// be paced), then the largest target, then the fewest contexts and the
+// shortest launches (one with many contexts, or long kernels on
 // a GPU that does not preempt, would crowd the paced ones out), then the
 // name. The last period's taker stays while it competes and no other is
 // uncosted where it is costed or has a target larger by Tolerance: a
@@ -564,7 +565,7 @@ func (a *Arbiter) slackTaker(ts []Input, targets []float64, duty func(Input) flo
 			continue
 		}
 		if b := ts[best]; math.Abs(targets[i]-targets[best]) <= 1e-9 &&
-			(t.Processes < b.Processes || (t.Processes == b.Processes && t.LaunchNS < b.LaunchNS)) {
+			(t.Contexts < b.Contexts || (t.Contexts == b.Contexts && t.LaunchNS < b.LaunchNS)) {
 			best = i
 		}
 	}

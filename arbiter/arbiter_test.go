@@ -54,7 +54,7 @@ func TestTargets(t *testing.T) {
 // hog is a backlogged tenant with learned costs using share of the GPU.
 func hog(name string, share float64, processes int) Input {
 	return Input{Name: name, Rules: rules(100), Busy: true, Backlogged: true, Costed: true,
-		Share: share, SettledShare: share, Processes: processes}
+		Share: share, SettledShare: share, Contexts: processes}
 }
 
 // setShare sets both measured shares of a tenant.

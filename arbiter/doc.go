@@ -34,8 +34,8 @@
 //     measured on: applied whole every period, it would act on the same
 //     lagging error ten times and oscillate;
 //   - one competing tenant per GPU runs unpaced and takes the slack (the
-//     largest target, then the fewest processes, since the GPU time-slices
-//     per process): what paced tenants leave unused is not lost. It stays
+//     largest target, then the fewest contexts, since the GPU time-slices
+//     per context): what paced tenants leave unused is not lost. It stays
 //     the taker while it competes and no other is clearly better (not
 //     costed where it is, or a target larger by Tolerance): flipping
 //     between equals on noise would re-pace both every period. It is

@@ -100,7 +100,7 @@ type Assignment struct {
 type Input struct {
 	// Window is the control window, Settled the meter's longer one.
 	Window, Settled time.Duration
-	// Short and Long are the meter's per-process figures over them.
+	// Short and Long are the meter's per-context figures over them.
 	Short, Long []meter.ContextStats
 	// Assign gives a process's tenant.
 	Assign func(pid uint32, cgroupID uint64) Assignment
@@ -162,6 +162,16 @@ func Step(in Input) Result {
 	type turns struct{ gpuNS, drains, run, recent float64 }
 	bursts := map[*arbiter.Input]*turns{}
 	syncs := map[*arbiter.Input]int{}
+	type procOnGPU struct {
+		pid uint32
+		gpu int
+	}
+	counted := map[procOnGPU]bool{} // a process counts once however many contexts it has
+	type procOf struct {
+		tenant string
+		pid    uint32
+	}
+	memberAt := map[procOf]int{}
 	for _, c := range in.Long {
 		a := in.Assign(c.PID, c.CgroupID)
 		t := res.Tenants[a.Name]
@@ -170,7 +180,14 @@ func Step(in Input) Result {
 			res.Tenants[a.Name] = t
 			launch[a.Name] = &costs{}
 		}
-		t.Members = append(t.Members, Member{PID: c.PID, CgroupID: c.CgroupID, GPU: c.GPU, Exited: c.Exited})
+		// A process is one member however many contexts it has; it has
+		// exited when all have.
+		if i, ok := memberAt[procOf{a.Name, c.PID}]; ok {
+			t.Members[i].Exited = t.Members[i].Exited && c.Exited
+		} else {
+			memberAt[procOf{a.Name, c.PID}] = len(t.Members)
+			t.Members = append(t.Members, Member{PID: c.PID, CgroupID: c.CgroupID, GPU: c.GPU, Exited: c.Exited})
+		}
 		if !containsID(t.CgroupIDs, c.CgroupID) {
 			t.CgroupIDs = append(t.CgroupIDs, c.CgroupID)
 		}
@@ -190,7 +207,8 @@ func Step(in Input) Result {
 		u.Launches += c.Launches
 		u.Syncs += c.Syncs
 		u.MemBytes += c.MemBytes
-		if !c.Exited {
+		if !c.Exited && !counted[procOnGPU{c.PID, c.GPU}] {
+			counted[procOnGPU{c.PID, c.GPU}] = true
 			u.Processes++
 		}
 		g.SettledShare += c.Share
@@ -223,7 +241,7 @@ func Step(in Input) Result {
 		g.Waited += float64(c.QueueNS) / float64(in.Window)
 		g.Backlogged = g.Backlogged || backlogged(c, in.Window)
 		if !c.Exited {
-			g.Processes++
+			g.Contexts++
 			b := bursts[g]
 			if b == nil {
 				b = &turns{}
@@ -242,7 +260,7 @@ func Step(in Input) Result {
 		held := in.HeldBack != nil && in.HeldBack(name)
 		for _, g := range t.GPUs {
 			g.LaunchNS = t.LaunchNS
-			g.Groups = g.Processes
+			g.Groups = g.Contexts
 			if b := bursts[g]; b != nil && b.drains > 0 {
 				g.BurstNS = b.gpuNS / b.drains
 				if b.recent > 0 {

@@ -68,8 +68,8 @@ func TestStarvedClosedLoopIsBacklogged(t *testing.T) {
 			t.Errorf("%s: backlogged %v demand %.2f busy %v, want backlogged with demand 1", name, in.Backlogged, in.Demand, in.Busy)
 		}
 	}
-	if a := input(t, r, "a", 0); math.Abs(a.Share-0.8) > 1e-9 || a.Processes != 4 || a.Groups != 4 {
-		t.Errorf("a: share %.3f over %d processes (%d groups), want 0.8 over 4", a.Share, a.Processes, a.Groups)
+	if a := input(t, r, "a", 0); math.Abs(a.Share-0.8) > 1e-9 || a.Contexts != 4 || a.Groups != 4 {
+		t.Errorf("a: share %.3f over %d contexts (%d groups), want 0.8 over 4", a.Share, a.Contexts, a.Groups)
 	}
 	// The arbiter's targets over these inputs are the weights' split.
 	targets := arbiter.Targets(r.Inputs, func(arbiter.Input) float64 { return 1 })
@@ -149,8 +149,8 @@ func TestExitedAndPerGPU(t *testing.T) {
 		t.Fatalf("inputs %+v, want a's on GPU 0 then GPU 1", r.Inputs)
 	}
 	a0 := input(t, r, "a", 0)
-	if math.Abs(a0.Share-0.4) > 1e-9 || a0.Processes != 1 || a0.Backlogged {
-		t.Errorf("GPU 0: share %.2f processes %d backlogged %v, want 0.4, 1 live process, not backlogged", a0.Share, a0.Processes, a0.Backlogged)
+	if math.Abs(a0.Share-0.4) > 1e-9 || a0.Contexts != 1 || a0.Backlogged {
+		t.Errorf("GPU 0: share %.2f contexts %d backlogged %v, want 0.4, 1 live context, not backlogged", a0.Share, a0.Contexts, a0.Backlogged)
 	}
 	if d := a0.Demand; math.Abs(d-0.1/(0.1+0.95)) > 1e-6 {
 		t.Errorf("GPU 0 demand %.3f, want the live process's 0.1/(0.1+0.95)", d)

@@ -304,7 +304,7 @@ func (d *Daemon) actuations(cfg *policy.Config, res control.Result, groups map[s
 			out[gpu], why[gpu] = arbiter.Pacing, "the policy declares the GPU non-preemptive: a running kernel outlasts any timeslice"
 		case d.steer.Off != "":
 			out[gpu], why[gpu] = arbiter.Pacing, d.steer.Off
-		case in.Busy && in.Processes > 0 && len(groups[in.Name][gpu]) == 0:
+		case in.Busy && in.Contexts > 0 && len(groups[in.Name][gpu]) == 0:
 			// Just arrived, its groups may not be in the table yet; after
 			// the grace, paced at the launch gate.
 			unsteered[tenantGPU{in.Name, gpu}] = d.ungrouped(tenantGPU{in.Name, gpu}, now, seen)

@@ -2,9 +2,15 @@ package daemon
 
 import "github.com/gpuarb/gpuarb/meter"
 
-// contextCounts remembers the totals last read per process so that each
+// contextCounts remembers the totals last read per context so that each
 // control step adds only what is new to its tenant's counters.
-type contextCounts map[uint32]countedContext
+type contextCounts map[contextID]countedContext
+
+// contextID names one of a process's CUDA contexts as the meter lists it.
+type contextID struct {
+	pid uint32
+	ctx uint64
+}
 
 type countedContext struct {
 	cgroupID uint64
@@ -12,14 +18,15 @@ type countedContext struct {
 	total    meter.Totals
 }
 
-// delta returns what c counted since the last step. A process that moved
+// delta returns what c counted since the last step. A context that moved
 // to another cgroup or GPU, or a reused pid, starts again from its total.
 func (cc *contextCounts) delta(c meter.ContextStats) meter.Totals {
 	if *cc == nil {
 		*cc = contextCounts{}
 	}
-	prev, ok := (*cc)[c.PID]
-	(*cc)[c.PID] = countedContext{c.CgroupID, c.GPU, c.Total}
+	id := contextID{c.PID, c.Ctx}
+	prev, ok := (*cc)[id]
+	(*cc)[id] = countedContext{c.CgroupID, c.GPU, c.Total}
 	cur := c.Total
 	if !ok || prev.cgroupID != c.CgroupID || prev.gpu != c.GPU ||
 		cur.GPUNS < prev.total.GPUNS || cur.Launches < prev.total.Launches || cur.Syncs < prev.total.Syncs {
@@ -29,15 +36,15 @@ func (cc *contextCounts) delta(c meter.ContextStats) meter.Totals {
 		Syncs: cur.Syncs - prev.total.Syncs}
 }
 
-// forgetAbsent drops the processes the meter no longer lists.
+// forgetAbsent drops the contexts the meter no longer lists.
 func (cc contextCounts) forgetAbsent(listed []meter.ContextStats) {
-	seen := make(map[uint32]bool, len(listed))
+	seen := make(map[contextID]bool, len(listed))
 	for _, c := range listed {
-		seen[c.PID] = true
+		seen[contextID{c.PID, c.Ctx}] = true
 	}
-	for pid := range cc {
-		if !seen[pid] {
-			delete(cc, pid)
+	for id := range cc {
+		if !seen[id] {
+			delete(cc, id)
 		}
 	}
 }

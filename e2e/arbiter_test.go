@@ -1033,7 +1033,11 @@ func latencyBeside(t *testing.T, miss missFunc, others string, h200 bool, daemon
 		deviceBar, p50Bar, busyBar = 3.0, 2.0, 0.85
 	}
 	if slices.Contains(daemonArgs, "deschedule") {
-		deviceBar, p50Bar = 3.5, 2.5
+		// Descheduled, the others finish the slice they are in before
+		// each request and pay a 256 µs switch each way: the GPU read
+		// 83-89% busy (median of 4 windows) in the runs of this test,
+		// 83% in one of five on an idle VM.
+		deviceBar, p50Bar, busyBar = 3.5, 2.5, 0.8
 	}
 	if h200 {
 		st, err := d.Status(t.Context())

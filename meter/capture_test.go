@@ -33,7 +33,7 @@ func TestCapturedLaunchesAreNoWork(t *testing.T) {
 	m.Observe(&ioctlspy.EventRecord{Header: at(1), Event: join, Stream: side})
 	m.Observe(&ioctlspy.StreamWaitEvent{Header: at(1), Stream: capStream, Event: join})
 	m.Observe(&ioctlspy.StreamCapture{Header: at(1), Stream: capStream})
-	if c := m.ctxs[1]; c.capturing(capStream) || c.capturing(side) || len(c.capturedEvents) != 0 {
+	if c := m.ctxs[ctxKey{pid: 1}]; c.capturing(capStream) || c.capturing(side) || len(c.capturedEvents) != 0 {
 		t.Fatalf("the capture's end left streams capturing or events remembered")
 	}
 	clk.t += ms
@@ -50,18 +50,18 @@ func TestCapturedLaunchesAreNoWork(t *testing.T) {
 		clk.t += think
 	}
 	// Launched outside a capture, the same stream's work counts again.
-	if c := m.ctxs[1]; c.capturing(capStream) {
+	if c := m.ctxs[ctxKey{pid: 1}]; c.capturing(capStream) {
 		t.Fatal("the capturing stream still reads as capturing")
 	}
 	m.Tick()
 	_, cs := m.Contexts(time.Second)
 	truth := float64(6*graphCost) / float64(6*graphCost+think)
-	g := m.ctxs[1].costs[costKey{graph: true, handle: 0xe}].ns
+	g := m.ctxs[ctxKey{pid: 1}].costs[costKey{graph: true, handle: 0xe}].ns
 	t.Logf("share %.3f (true %.3f), graph %.1f ms a replay (true %d)", cs[0].Share, truth, g/1e6, graphCost/ms)
 	if math.Abs(cs[0].Share-truth) > 0.03 || math.Abs(g/float64(graphCost)-1) > 0.05 {
 		t.Errorf("share %.3f, graph %.1f ms a replay: want %.3f and %d ms", cs[0].Share, g/1e6, truth, graphCost/ms)
 	}
-	if n := m.ctxs[1].total.Launches; n != replays {
+	if n := m.ctxs[ctxKey{pid: 1}].total.Launches; n != replays {
 		t.Errorf("%d launches counted for %d graph replays: the captured ones must not count", n, replays)
 	}
 }

@@ -160,6 +160,7 @@ type wait struct {
 // gpuContext is what the meter keeps of one process using a GPU.
 type gpuContext struct {
 	pid     uint32
+	ctx     uint64 // its CUDA context's handle (0: the process's first)
 	cgroup  uint64
 	gpu     int
 	streams []*stream // in order of first use

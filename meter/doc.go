@@ -5,8 +5,11 @@
 // brings to one turn on it.
 //
 // The package is split by job: meter.go takes events and keeps contexts
-// (one process on one GPU), context.go models a context's streams and
-// costs, replay.go re-enacts the GPU's time-slicing, learn.go corrects
+// (one CUDA context of a process, on one GPU), process.go routes each
+// thread's events to the context its cuCtxCreate made current (a process
+// of four contexts takes four turns of the GPU's round robin), context.go
+// models a context's streams and costs, replay.go re-enacts the GPU's
+// time-slicing, learn.go corrects
 // costs from what syncs prove, report.go answers with figures, record.go
 // records every input (Config.Record) and plays a recording back (Play),
 // so that a misreading seen once replays the same every time.

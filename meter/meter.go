@@ -3,6 +3,7 @@ package meter
 import (
 	"io"
 	"math"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -52,7 +53,8 @@ type Meter struct {
 	rec *recorder // nil unless Config.Record is set
 
 	mu       sync.Mutex
-	ctxs     map[uint32]*gpuContext
+	ctxs     map[ctxKey]*gpuContext
+	procs    map[uint32]*process // by pid: its contexts and their threads (process.go)
 	gpus     map[int]*replay
 	longRun  map[TenantKey]float64
 	lastTick uint64
@@ -117,7 +119,7 @@ func New(cfg Config) *Meter {
 	if cfg.Now == nil {
 		cfg.Now = MonotonicNow
 	}
-	return &Meter{cfg: cfg, rec: newRecorder(cfg), ctxs: map[uint32]*gpuContext{}, gpus: map[int]*replay{},
+	return &Meter{cfg: cfg, rec: newRecorder(cfg), ctxs: map[ctxKey]*gpuContext{}, procs: map[uint32]*process{}, gpus: map[int]*replay{},
 		longRun: map[TenantKey]float64{}, frozen: map[uint64][]span{}, submitted: map[uint64]float64{}}
 }
 
@@ -161,7 +163,7 @@ func (m *Meter) SetTimeslice(pid uint32, d time.Duration) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.rec.put(recordLine{Op: opTimeslice, PID: pid, NS: int64(d)})
-	if c := m.ctxs[pid]; c != nil {
+	for _, c := range m.contextsOf(pid) {
 		c.timeslice = d
 	}
 }
@@ -173,12 +175,13 @@ func (m *Meter) SetPaused(pid uint32, paused bool, t uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.rec.put(recordLine{Op: opPaused, PID: pid, On: paused, From: t})
-	c := m.ctxs[pid]
-	if c == nil || c.paused == paused && c.pauseAt == 0 {
-		return
+	for _, c := range m.contextsOf(pid) {
+		if c.paused == paused && c.pauseAt == 0 {
+			continue
+		}
+		m.at(c, t) // may begin a pending deschedule's pause
+		c.setPaused(paused, t)
 	}
-	m.at(c, t) // may begin a pending deschedule's pause
-	c.setPaused(paused, t)
 }
 
 // SetDescheduled tells the meter that gpuarb stopped scheduling a
@@ -189,16 +192,17 @@ func (m *Meter) SetDescheduled(pid uint32, t uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.rec.put(recordLine{Op: opDescheduled, PID: pid, From: t})
-	c := m.ctxs[pid]
-	if c == nil || c.paused || c.pauseAt != 0 {
-		return
+	for _, c := range m.contextsOf(pid) {
+		if c.paused || c.pauseAt != 0 {
+			continue
+		}
+		at := m.at(c, t)
+		if r := m.replayOf(c.gpu); r.holder == c && r.sliceEnd > at && c.left() > 0 {
+			c.pauseAt = r.sliceEnd
+			continue
+		}
+		c.setPaused(true, at)
 	}
-	at := m.at(c, t)
-	if r := m.replayOf(c.gpu); r.holder == c && r.sliceEnd > at && c.left() > 0 {
-		c.pauseAt = r.sliceEnd
-		return
-	}
-	c.setPaused(true, at)
 }
 
 // SetUnprobed tells the meter, at t (CLOCK_MONOTONIC ns), that a process
@@ -214,7 +218,7 @@ func (m *Meter) SetUnprobed(pid uint32, cgroupID uint64, gpu int, t uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.rec.put(recordLine{Op: opUnprobed, PID: pid, Cgroup: cgroupID, GPU: gpu, From: t})
-	if c := m.ctxs[pid]; c != nil && (c.exited || c.unprobed && c.cgroup == cgroupID && c.gpu == gpu) {
+	if c := m.ctxs[ctxKey{pid, 0}]; c != nil && (c.exited || c.unprobed && c.cgroup == cgroupID && c.gpu == gpu) {
 		return
 	}
 	c := m.context(&ioctlspy.Header{PID: pid, CgroupID: cgroupID, Start: t})
@@ -231,16 +235,25 @@ func (m *Meter) SetUnprobed(pid uint32, cgroupID uint64, gpu int, t uint64) {
 }
 
 func (m *Meter) context(h *ioctlspy.Header) *gpuContext {
-	c := m.ctxs[h.PID]
+	p := m.processOf(h.PID)
+	k := ctxKey{h.PID, p.contextOf(h.TID)}
+	c := m.ctxs[k]
 	if c != nil && c.exited && c.unprobed {
 		m.unprobed-- // its pid is another process's now
 	}
 	if c == nil || c.exited {
-		c = &gpuContext{pid: h.PID, allocs: map[uint64]uint64{}, capturedEvents: map[uint64]uint64{}, costs: map[costKey]*cost{}, shape: map[costKey]*keyShape{},
+		c = &gpuContext{pid: h.PID, ctx: k.ctx, allocs: map[uint64]uint64{}, capturedEvents: map[uint64]uint64{}, costs: map[costKey]*cost{}, shape: map[costKey]*keyShape{},
 			since: h.Start, unseenBefore: m.preexisting[h.PID]}
-		delete(m.preexisting, h.PID)
-		m.ctxs[h.PID] = c
+		if len(p.ctxs) == 0 {
+			delete(m.preexisting, h.PID)
+		}
+		m.ctxs[k] = c
+		p.ctxs = append(p.ctxs, c)
 		m.replayOf(0).join(c)
+		if at, ok := p.groupAt[h.TID]; ok {
+			delete(p.groupAt, h.TID)
+			m.placeOnRunlist(c, at)
+		}
 	}
 	if c.cgroup != h.CgroupID { // processes move between cgroups
 		c.cgroup = h.CgroupID
@@ -365,6 +378,33 @@ func (m *Meter) launch(c *gpuContext, h *ioctlspy.Header, l heldLaunch) {
 	}
 }
 
+// resumed notes that a process the launch gate held runs again, seen by
+// an event of it that was not held: released by the arbiter, its Released
+// still to come, or by someone else (a sibling's SIGCONT) at an unknown
+// time since the hold. The held launches run from now in the replay,
+// maybe later than they did; the whole process was stopped, so syncs
+// across the span in any of its contexts, and those that wait for the
+// launches (enqueued at its end), teach nothing.
+func (m *Meter) resumed(h *ioctlspy.Header) {
+	ps := m.contextsOf(h.PID)
+	var heldAt uint64
+	held := false
+	for _, c := range ps {
+		if len(c.deferred) > 0 && (!held || c.heldAt < heldAt) {
+			heldAt, held = c.heldAt, true
+		}
+	}
+	if !held {
+		return
+	}
+	for _, c := range ps {
+		c.stopped = appendSpan(c.stopped, heldAt, h.Start+1)
+		if len(c.deferred) > 0 {
+			m.launchDeferred(c, h.Start)
+		}
+	}
+}
+
 // launchDeferred enqueues at t the launches held for the process.
 func (m *Meter) launchDeferred(c *gpuContext, t uint64) {
 	for _, l := range c.deferred {
@@ -380,14 +420,12 @@ func (m *Meter) Released(pid uint32, since, t uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.rec.put(recordLine{Op: opReleased, PID: pid, From: since, To: t})
-	c := m.ctxs[pid]
-	if c == nil {
-		return
-	}
-	c.releasedAt = t
-	c.stopped = appendSpan(c.stopped, since, t)
-	if len(c.deferred) > 0 {
-		m.launchDeferred(c, t)
+	for _, c := range m.contextsOf(pid) {
+		c.releasedAt = t
+		c.stopped = appendSpan(c.stopped, since, t)
+		if len(c.deferred) > 0 {
+			m.launchDeferred(c, t)
+		}
 	}
 }
 
@@ -460,14 +498,8 @@ func (m *Meter) Observe(ev ioctlspy.Event) {
 	defer m.mu.Unlock()
 	m.rec.observe(ev)
 	h := ev.Hdr()
-	if c := m.ctxs[h.PID]; c != nil && len(c.deferred) > 0 && !h.Held {
-		// It runs again, so it was released: by the arbiter, its Released
-		// still to come, or by someone else (a sibling's SIGCONT) at an
-		// unknown time since the hold. The launches run from now in the
-		// replay, maybe later than they did: syncs across the span, and
-		// those that wait for them (enqueued at its end), teach nothing.
-		c.stopped = appendSpan(c.stopped, c.heldAt, h.Start+1)
-		m.launchDeferred(c, h.Start)
+	if !h.Held {
+		m.resumed(h)
 	}
 	switch e := ev.(type) {
 	case *ioctlspy.Launch:
@@ -508,11 +540,11 @@ func (m *Meter) Observe(ev ioctlspy.Event) {
 		// The context takes its place on the runlist with its channel
 		// group, as on the GPU.
 		if e.Made() {
-			m.placeOnRunlist(m.context(h), h.Start)
+			m.groupAllocated(h)
 		}
 	case *ioctlspy.ContextCreated:
 		if e.Ret == 0 {
-			m.moveGPU(m.context(h), int(e.Device))
+			m.contextMade(h, e)
 		}
 	case *ioctlspy.MemAlloc:
 		if e.Ret != 0 {
@@ -531,9 +563,12 @@ func (m *Meter) Observe(ev ioctlspy.Event) {
 			delete(c.allocs, e.DPtr)
 		}
 	case *ioctlspy.ProcessExit:
-		if c := m.ctxs[h.PID]; c != nil {
-			m.exit(c, h.End)
+		for _, c := range m.contextsOf(h.PID) {
+			if !c.exited {
+				m.exit(c, h.End)
+			}
 		}
+		m.processExited(h.PID)
 	}
 }
 
@@ -559,12 +594,19 @@ func (m *Meter) Reconcile(alive func(pid uint32) bool) int {
 	clock := m.cfg.Now()
 	now := m.horizon(clock)
 	var ended []uint32
-	for pid, c := range m.ctxs {
-		if !c.exited && !alive(pid) {
-			m.exit(c, now)
-			ended = append(ended, pid)
+	for pid, p := range m.procs {
+		if p.exited || alive(pid) {
+			continue
 		}
+		for _, c := range p.ctxs {
+			if !c.exited {
+				m.exit(c, now)
+			}
+		}
+		m.processExited(pid)
+		ended = append(ended, pid)
 	}
+	slices.Sort(ended)
 	m.rec.put(recordLine{Op: opReconcile, Now: clock, PIDs: ended})
 	return len(ended)
 }
@@ -638,7 +680,7 @@ func (m *Meter) prune(now uint64) {
 			m.frozen[cg] = ps
 		}
 	}
-	for pid, c := range m.ctxs {
+	for k, c := range m.ctxs {
 		c.held = dropSpans(c.held, cut)
 		c.stopped = dropSpans(c.stopped, cut)
 		c.waited = dropSpans(c.waited, cut)
@@ -651,8 +693,9 @@ func (m *Meter) prune(now uint64) {
 			if c.unprobed {
 				m.unprobed--
 			}
-			delete(m.ctxs, pid)
+			delete(m.ctxs, k)
 			m.replayOf(c.gpu).remove(c)
+			m.forgetContext(c)
 		}
 	}
 	live := map[uint64]bool{}

@@ -287,7 +287,7 @@ func TestEventSyncTeachesCosts(t *testing.T) {
 			}
 			clk.t = end
 			m.Tick()
-			learned := m.ctxs[1].costs[costKey{}].ns
+			learned := m.ctxs[ctxKey{pid: 1}].costs[costKey{}].ns
 			perBlock := 20 * float64(ms) / float64(1<<20)
 			t.Logf("learned %.2f ns/block (true %.2f), share %.3f", learned, perBlock, byCgroup(m.Snapshot())[100].Share)
 			if math.Abs(learned/perBlock-1) > 0.05 {
@@ -708,7 +708,7 @@ func TestPhasesOfKernelsLearnApart(t *testing.T) {
 	phase(dear, 100, 80*ms, start+3000*ms) // 8 × 10 ms (100 µs a block)
 	phase(cheap, 500, 4*ms, start+3500*ms)
 	m.Tick()
-	c := m.ctxs[1]
+	c := m.ctxs[ctxKey{pid: 1}]
 	if a, b := c.costs[costKey{handle: cheap}].ns, c.costs[costKey{handle: dear}].ns; math.Abs(a/1000-1) > 0.05 ||
 		math.Abs(b/100000-1) > 0.05 {
 		t.Errorf("costs per block: cheap %.0f ns (true 1000), dear %.0f ns (true 100000)", a, b)
@@ -733,7 +733,7 @@ func TestNewKernelBesideLearnedOnesCostsNoMoreThanItsBurst(t *testing.T) {
 	for clk.t < start+1500*ms {
 		clk.t = burst(m, clk, 1, cheap, 500, 8, 4*ms, 4*ms, clk.t) // 8 × 0.5 ms
 	}
-	c := m.ctxs[1]
+	c := m.ctxs[ctxKey{pid: 1}]
 	before := c.costs[costKey{handle: cheap}].ns
 	// 8 cheap kernels and one of 10,000 blocks that takes 10 µs in all.
 	for i := 0; i < 8; i++ {
@@ -988,7 +988,7 @@ func TestGraphsLearnApartFromKernels(t *testing.T) {
 		m.Observe(syncEv(1, 100, "cuStreamSynchronize", 7, clk.t, clk.t+5*ms)) // a 5 ms graph
 		clk.t += 6 * ms
 	}
-	c := m.ctxs[1]
+	c := m.ctxs[ctxKey{pid: 1}]
 	if k, g := c.costs[costKey{handle: 0xa}].ns, c.costs[costKey{graph: true, handle: 0xe}].ns; math.Abs(k/1000-1) > 0.05 ||
 		math.Abs(g/5e6-1) > 0.05 {
 		t.Errorf("kernel %.0f ns a block (true 1000), graph %.0f ns a launch (true 5e6)", k, g)
@@ -1039,7 +1039,7 @@ func TestFarTooLowCostRecovers(t *testing.T) {
 	m := New(Config{Now: clk.now})
 	const fn = 0xc
 	clk.t = burst(m, clk, 1, fn, 100, 8, 80*ms, 4*ms, clk.t) // 8 × 10 ms: learned right
-	c := m.ctxs[1]
+	c := m.ctxs[ctxKey{pid: 1}]
 	k := costKey{handle: fn}
 	c.costs[k].ns /= 70
 	start := clk.t
@@ -1104,7 +1104,7 @@ func TestUnprobedProcessIsABusyContext(t *testing.T) {
 	}
 	clk.t += 3000 * ms
 	m.Tick()
-	if m.ctxs[2] != nil || m.unprobed != 0 {
+	if m.ctxs[ctxKey{pid: 2}] != nil || m.unprobed != 0 {
 		t.Errorf("exited unprobed context kept (%d counted)", m.unprobed)
 	}
 }
@@ -1122,7 +1122,7 @@ func TestContextStateIsBounded(t *testing.T) {
 		m.Observe(launchFn(1, 100, base+i*1000, 1000+i, 5000+i, 1))
 		m.Observe(&ioctlspy.MemAlloc{Header: hdr(1, 100, base+i*1000, base+i*1000), DPtr: 1 << 32 * (i + 1), Bytes: 1})
 	}
-	c := m.ctxs[1]
+	c := m.ctxs[ctxKey{pid: 1}]
 	if len(c.streams) > maxStreams || len(c.costs) > maxCostKeys+1 || len(c.allocs) > maxAllocs { // +1: the overflow key
 		t.Errorf("context keeps %d streams, %d costs, %d allocations; bounds %d, %d, %d",
 			len(c.streams), len(c.costs), len(c.allocs), maxStreams, maxCostKeys, maxAllocs)
@@ -1249,7 +1249,7 @@ func TestHostLatencyIsNotWanted(t *testing.T) {
 	s.Woken = woken
 	clk.t = woken + 10*us
 	m.Observe(s)
-	if w := m.ctxs[1].waitedFor; len(w) == 0 || w[len(w)-1] != (span{entered, woken}) {
+	if w := m.ctxs[ctxKey{pid: 1}].waitedFor; len(w) == 0 || w[len(w)-1] != (span{entered, woken}) {
 		t.Errorf("a wait woken 400 µs after the replay's drain recorded as %v, want it whole: [%d, %d]", w[max(len(w)-1, 0):], entered, woken)
 	}
 
@@ -1261,7 +1261,7 @@ func TestHostLatencyIsNotWanted(t *testing.T) {
 	m.Observe(waitBegin(1, 100, "stream", 7, clk.t))
 	clk.t += 2 * ms
 	m.Observe(syncEv(1, 100, "cuStreamSynchronize", 7, start, clk.t))
-	c := m.ctxs[1]
+	c := m.ctxs[ctxKey{pid: 1}]
 	if c == nil || len(c.waitedFor) != 1 || c.waitedFor[0] != (span{start, clk.t}) {
 		t.Fatalf("a 2 ms wait for a guessed kernel recorded as %v, want [%d, %d]", c.waitedFor, start, clk.t)
 	}
@@ -1300,7 +1300,7 @@ func TestStreamsTakeTurnsKernelByKernel(t *testing.T) {
 	m.Tick()
 	_, cs := m.Contexts(time.Second)
 	truth := float64(streams*kernel) / float64(streams*kernel+20*us+think)
-	t.Logf("share %.3f, true %.3f, a kernel %.0f ns a block (true 1000)", cs[0].Share, truth, m.ctxs[1].costs[costKey{handle: 0xa}].ns)
+	t.Logf("share %.3f, true %.3f, a kernel %.0f ns a block (true 1000)", cs[0].Share, truth, m.ctxs[ctxKey{pid: 1}].costs[costKey{handle: 0xa}].ns)
 	if math.Abs(cs[0].Share-truth) > 0.03 {
 		t.Errorf("share %.3f, want %.3f ± 0.03", cs[0].Share, truth)
 	}
@@ -1323,7 +1323,7 @@ func TestFirstProofFromALaterStream(t *testing.T) {
 			m.Observe(&ioctlspy.EventRecord{Header: hdr(1, 100, t0, t0), Event: 0xe, Stream: 13})
 			clk.t = t0 + 4*ms
 			m.Observe(proofOf(of, hdr(1, 100, t0, clk.t), 13, 0xe, false))
-			c := m.ctxs[1]
+			c := m.ctxs[ctxKey{pid: 1}]
 			got := c.costs[costKey{handle: 0xa}].ns
 			t.Logf("first cost %.0f ns a block (true 1000), learned %v", got, c.learned)
 			if !c.learned || got < 500 || got > 2000 {
@@ -1372,7 +1372,7 @@ func TestProofBeforeTheReplaysTurnTeachesNothing(t *testing.T) {
 			m.Observe(waitBegin(2, 200, of, 3, tiny+10*us))
 			clk.t = tiny + 400*us // before the hog's first slice ends in the replay
 			m.Observe(proofOf(of, hdr(2, 200, tiny+10*us, clk.t), 3, 0xe, true))
-			c := m.ctxs[2]
+			c := m.ctxs[ctxKey{pid: 2}]
 			k := c.costOf(costKey{handle: 0xb})
 			t.Logf("after the proof: %.3g ns a block, learned %v", k.ns, c.learned)
 			if c.learned || k.learned {
@@ -1817,5 +1817,48 @@ func TestDescheduledFinishesItsSlice(t *testing.T) {
 		if got = byCgroup(m.Snapshot()); math.Abs(got[100].Share-0.5) > 0.01 {
 			t.Errorf("%s, then resumed: %.3f, want 0.5", tc.name, got[100].Share)
 		}
+	}
+}
+
+// A process whose four threads each made a context of their own
+// (cuCtxCreate) takes four turns of the round robin to a one-context
+// process's one: backlogged beside it, 80/20 at equal slices, and 50/50
+// once gpuarb gives its groups a quarter of the other's slice. Each
+// thread's launches go to its own context; the process is listed once
+// per context.
+func TestContextPerThreadTakesATurnPerContext(t *testing.T) {
+	base := 10 * 1000 * ms
+	clk := &clock{t: base}
+	m := New(Config{Now: clk.now})
+	for tid := uint32(11); tid <= 14; tid++ {
+		h := ioctlspy.Header{PID: 1, TID: tid, CgroupID: 100, Start: clk.t, End: clk.t}
+		m.Observe(&ioctlspy.ContextCreated{Header: h, Func: "cuCtxCreate_v2", Ctx: 0xc000 + uint64(tid)})
+	}
+	m.context(&ioctlspy.Header{PID: 2, TID: 2, CgroupID: 200})
+	for _, c := range m.ctxs {
+		c.costs[costKey{}] = &cost{ns: float64(ms), learned: true}
+		c.learned = true
+	}
+	for i := 0; i < 2000; i++ {
+		for tid := uint32(11); tid <= 14; tid++ {
+			ev := launchFn(1, 100, clk.t, 7, 0, 1)
+			ev.(*ioctlspy.Launch).TID = tid
+			m.Observe(ev)
+		}
+		m.Observe(launchFn(2, 200, clk.t, 7, 0, 1))
+	}
+	clk.t = base + 1000*ms
+	got := byCgroup(m.Snapshot())
+	if math.Abs(got[100].Share-0.8) > 0.01 || got[100].Processes != 1 {
+		t.Errorf("four contexts beside one, equal slices: %.3f over %d processes, want 0.8 over 1", got[100].Share, got[100].Processes)
+	}
+	_, cs := m.Contexts(time.Second)
+	if n := len(cs); n != 5 {
+		t.Errorf("%d contexts listed, want 5 (four of pid 1, one of pid 2)", n)
+	}
+	m.SetTimeslice(1, 256*time.Microsecond)
+	clk.t += 1000 * ms
+	if got = byCgroup(m.Snapshot()); math.Abs(got[100].Share-0.5) > 0.01 {
+		t.Errorf("four contexts at a quarter of the other's slice: %.3f, want 0.5", got[100].Share)
 	}
 }

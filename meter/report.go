@@ -43,7 +43,10 @@ type Snapshot struct {
 
 // ContextStats are one process's figures on its GPU over a window.
 type ContextStats struct {
-	PID      uint32
+	PID uint32
+	// Ctx is the CUDA context's handle (0: the process's first context,
+	// the one threads that made none of their own use).
+	Ctx      uint64
 	CgroupID uint64
 	GPU      int
 	GPUNS    uint64  // estimated GPU ns in the window
@@ -101,7 +104,7 @@ type ContextStats struct {
 // 0.1 ms bursts replaces eight in under a millisecond.
 const recentBursts = 8
 
-// Contexts returns per-process figures over the window ending at the
+// Contexts returns per-context figures over the window ending at the
 // settled present.
 func (m *Meter) Contexts(window time.Duration) (at uint64, out []ContextStats) {
 	m.mu.Lock()
@@ -117,7 +120,7 @@ func (m *Meter) Contexts(window time.Duration) (at uint64, out []ContextStats) {
 	}
 	for _, c := range m.ctxs {
 		held := sumIn(c.held, from, now)
-		cs := ContextStats{PID: c.pid, CgroupID: c.cgroup, GPU: c.gpu, GPUNS: uint64(held), Share: held / float64(w),
+		cs := ContextStats{PID: c.pid, Ctx: c.ctx, CgroupID: c.cgroup, GPU: c.gpu, GPUNS: uint64(held), Share: held / float64(w),
 			Launches: len(dropBefore(c.launches, from)), Drains: len(dropBefore(c.drains, from)), MemBytes: c.mem, QueueNS: uint64(sumIn(c.waited, from, now)),
 			WantNS: uint64(c.wantedIn(from, now, m.frozen[c.cgroup])), Waiting: len(c.waits) > 0,
 			Busy: c.left() > 0, BacklogNS: c.backlog(), ActiveNS: now - max(from, min(c.since, now)), Learned: c.learned,
@@ -139,7 +142,9 @@ func (m *Meter) Contexts(window time.Duration) (at uint64, out []ContextStats) {
 		}
 		out = append(out, cs)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].PID < out[j].PID })
+	sort.Slice(out, func(i, j int) bool {
+		return out[i].PID < out[j].PID || out[i].PID == out[j].PID && out[i].Ctx < out[j].Ctx
+	})
 	return now, out
 }
 
@@ -151,6 +156,11 @@ func (m *Meter) Snapshot() Snapshot {
 	secs := float64(w) / 1e9
 	tenants := map[TenantKey]*TenantStats{}
 	busy := map[int]float64{}
+	type procIn struct {
+		TenantKey
+		pid uint32
+	}
+	live := map[procIn]bool{}
 	m.mu.Lock()
 	for _, c := range ctxs {
 		k := TenantKey{c.CgroupID, c.GPU}
@@ -165,7 +175,8 @@ func (m *Meter) Snapshot() Snapshot {
 		t.SyncsPerS += float64(c.Syncs) / secs
 		t.MemBytes += c.MemBytes
 		t.QueueNS += c.QueueNS
-		if !c.Exited {
+		if p := (procIn{k, c.PID}); !c.Exited && !live[p] { // once however many contexts it has
+			live[p] = true
 			t.Processes++
 		}
 		t.Busy = t.Busy || c.Busy
