@@ -540,9 +540,11 @@ func (a *Arbiter) crowdedOut(ts []Input, targets []float64, free int) bool {
 // shortest launches (one with many contexts, or long kernels on
 // a GPU that does not preempt, would crowd the paced ones out), then the
 // name. The last period's taker stays while it competes and no other is
-// uncosted where it is costed or has a target larger by Tolerance: a
-// choice that flips between equals on noise (launch costs) re-paces both
-// every period, and neither gets its share. -1 when none competes; a
+// uncosted where it is costed, has a target larger by Tolerance or fewer
+// contexts: a choice that flips between equals on noise (launch costs)
+// re-paces both every period, and neither gets its share; a count of
+// contexts is no noise, and a taker of more contexts than a paced tenant
+// takes that many turns of the GPU's round robin to its one. -1 when none competes; a
 // tenant with a limit is never unpaced.
 func (a *Arbiter) slackTaker(ts []Input, targets []float64, duty func(Input) float64, headroom float64) int {
 	best, last := -1, -1
@@ -571,7 +573,7 @@ func (a *Arbiter) slackTaker(ts []Input, targets []float64, duty func(Input) flo
 	}
 	if last >= 0 && best != last {
 		l, b := ts[last], ts[best]
-		if l.Costed == b.Costed && targets[best] <= targets[last]+a.p.Tolerance {
+		if l.Costed == b.Costed && targets[best] <= targets[last]+a.p.Tolerance && l.Contexts <= b.Contexts {
 			return last
 		}
 	}

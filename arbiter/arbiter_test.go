@@ -52,9 +52,9 @@ func TestTargets(t *testing.T) {
 }
 
 // hog is a backlogged tenant with learned costs using share of the GPU.
-func hog(name string, share float64, processes int) Input {
+func hog(name string, share float64, contexts int) Input {
 	return Input{Name: name, Rules: rules(100), Busy: true, Backlogged: true, Costed: true,
-		Share: share, SettledShare: share, Contexts: processes}
+		Share: share, SettledShare: share, Contexts: contexts}
 }
 
 // setShare sets both measured shares of a tenant.
@@ -257,10 +257,17 @@ func TestStickySlackTaker(t *testing.T) {
 			t.Fatalf("period %d: taker %q, want a to stay", i, got)
 		}
 	}
-	// One whose costs are not learned goes first: it cannot be paced.
-	in[1].Costed = false
+	// A taker with more contexts than an equal does not stay: it would
+	// take that many turns to the paced one's one.
+	in[0].Contexts, in[1].Contexts = 4, 1
 	if got := free(a.Step(in, pacing)); got != "b" {
-		t.Fatalf("taker %q beside an uncosted tenant, want b", got)
+		t.Fatalf("taker %q of 4 contexts beside an equal of 1, want b", got)
+	}
+	// One whose costs are not learned goes first: it cannot be paced.
+	in[0].Contexts, in[1].Contexts = 1, 1
+	in[0].Costed = false
+	if got := free(a.Step(in, pacing)); got != "a" {
+		t.Fatalf("taker %q beside an uncosted tenant, want a", got)
 	}
 }
 

@@ -37,7 +37,8 @@
 //     largest target, then the fewest contexts, since the GPU time-slices
 //     per context): what paced tenants leave unused is not lost. It stays
 //     the taker while it competes and no other is clearly better (not
-//     costed where it is, or a target larger by Tolerance): flipping
+//     costed where it is, a target larger by Tolerance, or fewer
+//     contexts): flipping
 //     between equals on noise would re-pace both every period. It is
 //     paced too when a paced tenant is crowded out (paced at or above its
 //     target, drained, and still below it);

@@ -222,6 +222,12 @@ func (m *Meter) SetUnprobed(pid uint32, cgroupID uint64, gpu int, t uint64) {
 		return
 	}
 	c := m.context(&ioctlspy.Header{PID: pid, CgroupID: cgroupID, Start: t})
+	if p := m.procs[pid]; p != nil {
+		for tid, st := range p.setup { // no call of a context ever settles them
+			m.applySetup(c, st)
+			delete(p.setup, tid)
+		}
+	}
 	m.moveGPU(c, gpu)
 	m.at(c, t)
 	if !c.unprobed {
@@ -250,10 +256,6 @@ func (m *Meter) context(h *ioctlspy.Header) *gpuContext {
 		m.ctxs[k] = c
 		p.ctxs = append(p.ctxs, c)
 		m.replayOf(0).join(c)
-		if at, ok := p.groupAt[h.TID]; ok {
-			delete(p.groupAt, h.TID)
-			m.placeOnRunlist(c, at)
-		}
 	}
 	if c.cgroup != h.CgroupID { // processes move between cgroups
 		c.cgroup = h.CgroupID
@@ -379,12 +381,14 @@ func (m *Meter) launch(c *gpuContext, h *ioctlspy.Header, l heldLaunch) {
 }
 
 // resumed notes that a process the launch gate held runs again, seen by
-// an event of it that was not held: released by the arbiter, its Released
-// still to come, or by someone else (a sibling's SIGCONT) at an unknown
-// time since the hold. The held launches run from now in the replay,
-// maybe later than they did; the whole process was stopped, so syncs
-// across the span in any of its contexts, and those that wait for the
-// launches (enqueued at its end), teach nothing.
+// an event of it that was not held and ended after the hold (another
+// thread's event that ended before it, delivered after it, proves
+// nothing): released by the arbiter, its Released still to come, or by
+// someone else (a sibling's SIGCONT) at an unknown time since the hold.
+// The held launches run from the event in the replay, maybe later than
+// they did; the whole process was stopped, so syncs across the span in
+// any of its contexts, and those that wait for the launches (enqueued at
+// its end), teach nothing.
 func (m *Meter) resumed(h *ioctlspy.Header) {
 	ps := m.contextsOf(h.PID)
 	var heldAt uint64
@@ -394,13 +398,14 @@ func (m *Meter) resumed(h *ioctlspy.Header) {
 			heldAt, held = c.heldAt, true
 		}
 	}
-	if !held {
+	if !held || h.End <= heldAt {
 		return
 	}
+	at := max(h.Start, heldAt)
 	for _, c := range ps {
-		c.stopped = appendSpan(c.stopped, heldAt, h.Start+1)
+		c.stopped = appendSpan(c.stopped, heldAt, at+1)
 		if len(c.deferred) > 0 {
-			m.launchDeferred(c, h.Start)
+			m.launchDeferred(c, at)
 		}
 	}
 }
@@ -501,6 +506,7 @@ func (m *Meter) Observe(ev ioctlspy.Event) {
 	if !h.Held {
 		m.resumed(h)
 	}
+	m.settleSetup(h, ev)
 	switch e := ev.(type) {
 	case *ioctlspy.Launch:
 		if c := m.context(h); !c.capturing(e.Stream) {
@@ -534,13 +540,13 @@ func (m *Meter) Observe(ev ioctlspy.Event) {
 		// The process's own scheduling call (libcuda sets its groups'
 		// timeslices): the replay follows it.
 		if e.Name == "SET_TIMESLICE" && e.TimesliceUS > 0 && e.Status == 0 {
-			m.context(h).timeslice = time.Duration(e.TimesliceUS) * time.Microsecond
+			m.noteSetup(h, 0, time.Duration(e.TimesliceUS)*time.Microsecond)
 		}
 	case *ioctlspy.TSGAllocated:
 		// The context takes its place on the runlist with its channel
 		// group, as on the GPU.
 		if e.Made() {
-			m.groupAllocated(h)
+			m.noteSetup(h, h.Start, 0)
 		}
 	case *ioctlspy.ContextCreated:
 		if e.Ret == 0 {

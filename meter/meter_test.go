@@ -1862,3 +1862,40 @@ func TestContextPerThreadTakesATurnPerContext(t *testing.T) {
 		t.Errorf("four contexts at a quarter of the other's slice: %.3f, want 0.5", got[100].Share)
 	}
 }
+
+// The channel group and timeslice a cuCtxCreate sets up before it returns
+// belong to the context it reports, not to the context its thread used
+// before (none here): the context runs with its 2048 µs slice against
+// the other's default 1024 µs, two thirds of the GPU, and no context is
+// listed for the thread's setup alone.
+func TestContextSetupBelongsToTheContextMade(t *testing.T) {
+	base := 10 * 1000 * ms
+	clk := &clock{t: base}
+	m := New(Config{Now: clk.now})
+	h := func(pid, tid uint32, cg, at uint64) ioctlspy.Header {
+		return ioctlspy.Header{PID: pid, TID: tid, CgroupID: cg, Start: at, End: at}
+	}
+	call := h(1, 11, 100, clk.t)
+	call.End = clk.t + 3*us
+	m.Observe(&ioctlspy.TSGAllocated{ObjectAllocated: ioctlspy.ObjectAllocated{Header: h(1, 11, 100, clk.t+us)}})
+	m.Observe(&ioctlspy.TSGControl{RMControl: ioctlspy.RMControl{Header: h(1, 11, 100, clk.t+2*us)}, Name: "SET_TIMESLICE", TimesliceUS: 2048})
+	m.Observe(&ioctlspy.ContextCreated{Header: call, Func: "cuCtxCreate_v2", Ctx: 0xc1})
+	m.context(&ioctlspy.Header{PID: 2, TID: 2, CgroupID: 200})
+	for _, c := range m.ctxs {
+		c.costs[costKey{}] = &cost{ns: float64(ms), learned: true}
+		c.learned = true
+	}
+	for i := 0; i < 2000; i++ {
+		ev := launchFn(1, 100, clk.t, 7, 0, 1)
+		ev.(*ioctlspy.Launch).TID = 11
+		m.Observe(ev)
+		m.Observe(launchFn(2, 200, clk.t, 7, 0, 1))
+	}
+	clk.t = base + 1000*ms
+	if _, cs := m.Contexts(time.Second); len(cs) != 2 || cs[0].Ctx != 0xc1 || cs[0].Timeslice != 2048*time.Microsecond {
+		t.Fatalf("contexts %+v, want pid 1's context 0xc1 with its 2048 µs slice, and pid 2's", cs)
+	}
+	if got := byCgroup(m.Snapshot()); math.Abs(got[100].Share-2.0/3) > 0.01 {
+		t.Errorf("2048 µs slice beside 1024 µs: %.3f, want 0.667", got[100].Share)
+	}
+}

@@ -2,6 +2,7 @@ package meter
 
 import (
 	"slices"
+	"time"
 
 	"github.com/gpuarb/gpuarb/ioctlspy"
 )
@@ -34,12 +35,11 @@ type process struct {
 	// made is the first context made by cuCtxCreate (0: none): threads
 	// that made none use it.
 	made uint64
-	// groupAt is, per thread, when it allocated a channel group that no
-	// context has taken yet: a cuCtxCreate allocates its context's group
-	// before it returns and reports the context.
-	groupAt map[uint32]uint64
-	ctxs    []*gpuContext
-	exited  bool
+	// setup is, per thread, the channel group setup it did that no
+	// context has taken yet (setup).
+	setup  map[uint32]setup
+	ctxs   []*gpuContext
+	exited bool
 }
 
 // maxThreadsTracked bounds the threads a process's routing keeps: their
@@ -59,7 +59,7 @@ func (p *process) contextOf(tid uint32) uint64 {
 func (m *Meter) processOf(pid uint32) *process {
 	p := m.procs[pid]
 	if p == nil || p.exited {
-		p = &process{threads: map[uint32]uint64{}, groupAt: map[uint32]uint64{}}
+		p = &process{threads: map[uint32]uint64{}, setup: map[uint32]setup{}}
 		m.procs[pid] = p
 	}
 	return p
@@ -74,33 +74,100 @@ func (m *Meter) contextsOf(pid uint32) []*gpuContext {
 	return p.ctxs
 }
 
+// setup is what a thread did to set up a channel group: allocated it
+// (at, 0: not seen) and set its timeslice (0: not set). A cuCtxCreate
+// does both before it returns and reports the context they belong to, so
+// the setup waits for the thread's next event: the report of the context
+// made by the call it came from, or anything else, which gives it to the
+// context the thread uses.
+type setup struct {
+	at, first uint64 // its group's allocation; the earliest of its parts
+	slice     time.Duration
+}
+
 // contextMade routes the thread that made a context (cuCtxCreate, which
 // makes it current there) to it and puts the context on its GPU.
 func (m *Meter) contextMade(h *ioctlspy.Header, e *ioctlspy.ContextCreated) {
-	p := m.processOf(h.PID)
-	if e.Func != "cuDevicePrimaryCtxRetain" && e.Ctx != 0 {
-		if p.made == 0 {
-			p.made = e.Ctx
-		}
-		if _, ok := p.threads[h.TID]; ok || len(p.threads) < maxThreadsTracked {
-			p.threads[h.TID] = e.Ctx
-		}
-	}
+	m.route(h, e)
 	m.moveGPU(m.context(h), int(e.Device))
 }
 
-// groupAllocated places the context a thread uses on the runlist by the
-// channel group it allocated. A group allocated before its context is
-// known (inside the cuCtxCreate that reports it on return) is kept for
-// the next context the thread makes.
-func (m *Meter) groupAllocated(h *ioctlspy.Header) {
-	p := m.processOf(h.PID)
-	if c := m.ctxs[ctxKey{h.PID, p.contextOf(h.TID)}]; c != nil && !c.exited && c.tsgAt == 0 {
-		m.placeOnRunlist(c, h.Start)
+// route sends the thread that made a context by cuCtxCreate to it.
+func (m *Meter) route(h *ioctlspy.Header, e *ioctlspy.ContextCreated) {
+	if e.Func == "cuDevicePrimaryCtxRetain" || e.Ctx == 0 {
 		return
 	}
-	if _, ok := p.groupAt[h.TID]; ok || len(p.groupAt) < maxThreadsTracked {
-		p.groupAt[h.TID] = h.Start
+	p := m.processOf(h.PID)
+	if p.made == 0 {
+		p.made = e.Ctx
+	}
+	if _, ok := p.threads[h.TID]; ok || len(p.threads) < maxThreadsTracked {
+		p.threads[h.TID] = e.Ctx
+	}
+}
+
+// noteSetup keeps a thread's channel group allocation (at > 0) or
+// timeslice (slice > 0) for the context it belongs to (setup).
+func (m *Meter) noteSetup(h *ioctlspy.Header, at uint64, slice time.Duration) {
+	p := m.processOf(h.PID)
+	st, ok := p.setup[h.TID]
+	if !ok && len(p.setup) >= maxThreadsTracked {
+		m.applySetup(m.context(h), setup{at: at, slice: slice})
+		return
+	}
+	if !ok {
+		st.first = h.Start
+	}
+	if at > 0 {
+		st.at = at
+	}
+	if slice > 0 {
+		st.slice = slice
+	}
+	p.setup[h.TID] = st
+}
+
+// settleSetup gives a thread's pending setup to the context it belongs
+// to, before the thread's next event ev of a context is applied (the
+// driver calls of a setup in progress do not settle it): the context ev
+// reports made, if the call ev reports began before the setup, else the
+// context the thread uses now.
+func (m *Meter) settleSetup(h *ioctlspy.Header, ev ioctlspy.Event) {
+	p := m.procs[h.PID]
+	if p == nil || p.exited || len(p.setup) == 0 || !ofAContext(ev) {
+		return
+	}
+	st, ok := p.setup[h.TID]
+	if !ok {
+		return
+	}
+	if e, made := ev.(*ioctlspy.ContextCreated); made && e.Ret == 0 && h.Start <= st.first {
+		m.route(h, e)
+	}
+	delete(p.setup, h.TID)
+	m.applySetup(m.context(h), st)
+}
+
+// ofAContext tells whether an event is work or a call of a CUDA context
+// (the calls the meter attributes to one), not a driver call.
+func ofAContext(ev ioctlspy.Event) bool {
+	switch ev.(type) {
+	case *ioctlspy.Launch, *ioctlspy.GraphLaunch, *ioctlspy.EventRecord, *ioctlspy.StreamCapture,
+		*ioctlspy.StreamWaitEvent, *ioctlspy.Submission, *ioctlspy.WaitBegin, *ioctlspy.Sync,
+		*ioctlspy.ContextCreated, *ioctlspy.MemAlloc, *ioctlspy.MemFree:
+		return true
+	}
+	return false
+}
+
+// applySetup places c on the runlist by its group's allocation and sets
+// its timeslice, as the setup says.
+func (m *Meter) applySetup(c *gpuContext, st setup) {
+	if st.at > 0 {
+		m.placeOnRunlist(c, st.at)
+	}
+	if st.slice > 0 {
+		c.timeslice = st.slice
 	}
 }
 
