@@ -40,7 +40,14 @@ type Tenant struct {
 	LongRunShare float64 `json:"long_run_share"`
 	LaunchesPerS float64 `json:"launches_per_s"`
 	SyncsPerS    float64 `json:"syncs_per_s"`
-	MemBytes     int64   `json:"mem_bytes"`
+	// MemBytes is the device memory its processes hold on the GPU, as the
+	// driver made it (RM allocations of video memory, less their frees):
+	// what a memory limit holds.
+	MemBytes uint64 `json:"mem_bytes"`
+	// MemoryLimit is its GPU memory limit on each GPU (0: none), OOMKills
+	// the processes killed at an allocation past it on this GPU.
+	MemoryLimit uint64 `json:"memory_limit,omitempty"`
+	OOMKills    uint64 `json:"oom_kills,omitempty"`
 	QueueNS      uint64  `json:"queue_ns"` // estimated time with work queued behind others, in the window
 	Processes    int     `json:"processes"`
 	// LaunchNS is the GPU time one launch costs as the meter has learned
@@ -171,7 +178,8 @@ type Probes struct {
 	// process mapping only those is held as unprobed); FoldedLaunches
 	// launches a process's bounds (1024 streams, 4096 kernels and graphs)
 	// sent to one overflow stream and cost, still charged; UntrackedAllocs
-	// allocations beyond 65536 per process, not counted in its memory;
+	// device memory allocations beyond 65536 per process, not counted in
+	// its memory;
 	// ObjectsDropped RM objects (clients, devices, channel groups,
 	// channels) beyond 4096 a process, not kept: what a process claims to
 	// have allocated is read from its memory.

@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -97,38 +96,26 @@ func continuedAt(v []byte) uint64 {
 	return binary.NativeEndian.Uint64(v[24:])
 }
 
-// gateTable allocates slots and counts members across gates.
-type gateTable struct {
-	mu      sync.Mutex
-	used    [GateSlots]bool
-	members int
-}
-
 // LaunchGate is one gate slot. Its methods are safe for concurrent use
 // with the probes; one goroutine owns a gate.
 type LaunchGate struct {
-	p       *Probes
-	slot    uint32
-	members map[gpuarbGateKey]bool
+	p *Probes
+	memberSet
 }
 
 // NewLaunchGate takes a free slot and opens it fully (no member yet).
 func (p *Probes) NewLaunchGate() (*LaunchGate, error) {
-	t := &p.gates
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	i := slices.Index(t.used[:], false)
-	if i < 0 {
-		return nil, ErrNoGateSlot
-	}
-	g := &LaunchGate{p: p, slot: uint32(i), members: map[gpuarbGateKey]bool{}}
-	if err := p.objs.GpuarbGates.Put(g.slot, gpuarbGate{}); err != nil {
-		return nil, fmt.Errorf("launch gate %d: reset: %w", i, err)
-	}
-	if err := g.Allow(math.MaxUint64); err != nil {
+	g := &LaunchGate{p: p}
+	err := p.gates.take(ErrNoGateSlot, func(slot uint32) error {
+		g.memberSet = newMemberSet(p.objs.GpuarbGateKeys, &p.gates, slot, "launch gate")
+		if err := p.objs.GpuarbGates.Put(slot, gpuarbGate{}); err != nil {
+			return fmt.Errorf("launch gate %d: reset: %w", slot, err)
+		}
+		return g.Allow(math.MaxUint64)
+	})
+	if err != nil {
 		return nil, err
 	}
-	t.used[i] = true
 	return g, nil
 }
 
@@ -137,53 +124,7 @@ func (g *LaunchGate) Slot() uint32 { return g.slot }
 
 // SetMembers makes exactly these cgroups (with everything below them) and
 // processes the gate's members.
-func (g *LaunchGate) SetMembers(cgroups []uint64, pids []int) error {
-	want := map[gpuarbGateKey]bool{}
-	for _, id := range cgroups {
-		want[gpuarbGateKey{Id: id, Kind: gateCgroup}] = true
-	}
-	for _, pid := range pids {
-		want[gpuarbGateKey{Id: uint64(pid), Kind: gateProcess}] = true
-	}
-	var errs []error
-	for k := range g.members {
-		if !want[k] {
-			errs = append(errs, g.removeMember(k))
-		}
-	}
-	for k := range want {
-		if g.members[k] {
-			continue
-		}
-		if err := g.p.objs.GpuarbGateKeys.Put(k, g.slot); err != nil {
-			errs = append(errs, fmt.Errorf("launch gate %d: add member %d: %w", g.slot, k.Id, err))
-			continue
-		}
-		g.members[k] = true
-		g.p.countMembers(1)
-	}
-	return errors.Join(errs...)
-}
-
-func (g *LaunchGate) removeMember(k gpuarbGateKey) error {
-	delete(g.members, k)
-	g.p.countMembers(-1)
-	if err := g.p.objs.GpuarbGateKeys.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return fmt.Errorf("launch gate %d: remove member %d: %w", g.slot, k.Id, err)
-	}
-	return nil
-}
-
-// countMembers keeps the probes' member count, which lets launches skip
-// the gate lookups while no gate has members.
-func (p *Probes) countMembers(delta int) {
-	t := &p.gates
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.members += delta
-	// Best effort: with the count wrong the probes only look up more.
-	_ = p.objs.GateMembers.Set(uint32(max(t.members, 0)))
-}
+func (g *LaunchGate) SetMembers(cgroups []uint64, pids []int) error { return g.set(cgroups, pids) }
 
 // Counts returns how many launches the gate has let through, how many
 // times it has held a process, and how many of those holds someone else
@@ -320,20 +261,12 @@ func (g *LaunchGate) Forget(h HeldProcess) (bool, error) {
 // Close removes the gate's members and opens it. Processes it still holds
 // stay held: the caller continues them (Held) first.
 func (g *LaunchGate) Close() error {
-	if g == nil || g.members == nil {
+	if g == nil || g.closed() {
 		return nil
 	}
-	var errs []error
-	for k := range g.members {
-		errs = append(errs, g.removeMember(k))
-	}
-	errs = append(errs, g.Allow(math.MaxUint64))
-	t := &g.p.gates
-	t.mu.Lock()
-	t.used[g.slot] = false
-	t.mu.Unlock()
-	g.members = nil
-	return errors.Join(errs...)
+	err := errors.Join(g.clear(), g.Allow(math.MaxUint64))
+	g.p.gates.give(g.slot)
+	return err
 }
 
 // readHeld lists a table of held_proc records of any version, oldest
@@ -523,25 +456,9 @@ func openPinnedGates(pinPath string) error {
 
 // clearGateMembers drops members left in reused pins by an earlier daemon:
 // their slots mean nothing to this one.
-func (p *Probes) clearGateMembers() error { return clearMembers(p.objs.GpuarbGateKeys) }
-
-func clearMembers(m *ebpf.Map) error {
-	var (
-		k    gpuarbGateKey
-		slot uint32
-		keys []gpuarbGateKey
-	)
-	it := m.Iterate()
-	for it.Next(&k, &slot) {
-		keys = append(keys, k)
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("read launch gate members: %w", err)
-	}
-	for _, k := range keys {
-		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("clear launch gate members: %w", err)
-		}
+func (p *Probes) clearGateMembers() error {
+	if err := clearMembers(p.objs.GpuarbGateKeys); err != nil {
+		return fmt.Errorf("launch gates: %w", err)
 	}
 	return nil
 }

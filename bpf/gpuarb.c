@@ -69,7 +69,25 @@ struct sys_exit_ctx {
 #define NV_ESC_RM_CONTROL 0x2A
 #define NV_ESC_RM_ALLOC 0x2B
 #define NV_ESC_IOCTL_XFER_CMD 211
+#define NV_ESC_RM_VID_HEAP_CONTROL 0x4A
 #define NV_TSG_CLASS 0xA06C
+#define NV_DEVICE_CLASS 0x80    /* NV01_DEVICE_0: params begin with its deviceId */
+#define NV_SUBDEVICE_CLASS 0x2080
+/* Video memory classes (docs/memory.md §1): NV01_MEMORY_LOCAL_USER and
+ * _PRIVILEGED, their NV_MEMORY_ALLOCATION_PARAMS' size at byte 64. */
+#define NV_MEM_LOCAL_USER 0x40
+#define NV_MEM_LOCAL_PRIVILEGED 0x3F
+#define NV_MEM_SIZE_OFFSET 64
+/* NVOS32_PARAMETERS (RM_VID_HEAP_CONTROL): function, status, hMemory and
+ * the size of ALLOC_SIZE and of ALLOC_SIZE_RANGE. */
+#define NVOS32_MIN_SIZE 96
+#define NVOS32_FUNCTION_ALLOC_SIZE 2
+#define NVOS32_FUNCTION_ALLOC_SIZE_RANGE 14
+#define NVOS32_HMEMORY_OFFSET 44
+#define NVOS32_SIZE_OFFSET 88
+#define NVOS32_RANGE_SIZE_OFFSET 80
+#define ENOTTY 25
+#define SIGKILL 9
 /* sizeof(NV_CHANNEL_GROUP_ALLOCATION_PARAMETERS): three handles, engineType, a bool. */
 #define NV_TSG_PARAMS_SIZE 20
 #define UVM_REGISTER_CHANNEL 27
@@ -108,6 +126,7 @@ struct ioctl_stash {
 	__u32 kind;
 	__u32 fd;
 	__u32 sdev; /* the inode's filesystem (kernel dev_t) */
+	__u64 mem_bytes; /* a device memory allocation's size at entry */
 };
 
 struct cuda_key {
@@ -218,6 +237,48 @@ struct {
 	__type(key, struct alloc_key);
 	__type(value, struct alloc_info);
 } gpuarb_allocs SEC(".maps");
+
+/* GPU memory limits (struct mem_usage in gpuarb.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct gate_key);
+	__type(value, __u32);
+} gpuarb_mem_keys SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MEM_SLOTS);
+	__type(key, __u32);
+	__type(value, __u64);
+} gpuarb_mem_limit SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MEM_SLOTS);
+	__type(key, __u32);
+	__type(value, struct mem_usage);
+} gpuarb_mem_usage SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, struct mem_proc);
+} gpuarb_mem_procs SEC(".maps");
+
+/* An LRU: an allocation evicted before its free stays charged until its
+ * process exits (the charge errs high, never low). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct mem_obj_key);
+	__type(value, struct mem_obj);
+} gpuarb_mem_objs SEC(".maps");
+
+/* Number of gpuarb_mem_keys entries; 0 skips every memory limit lookup. Set
+ * by the daemon. */
+volatile __u32 mem_members;
 
 #define GATE_SLOTS 4096
 #define GATE_CGROUP_LEVELS 16
@@ -348,6 +409,10 @@ const enum event_flags *unused_event_flags __attribute__((unused));
 const enum gate_kind *unused_gate_kind __attribute__((unused));
 const struct gate_lease *unused_gate_lease __attribute__((unused));
 const struct release_note *unused_release_note __attribute__((unused));
+const struct mem_usage *unused_mem_usage __attribute__((unused));
+const struct mem_proc *unused_mem_proc __attribute__((unused));
+const struct mem_obj_key *unused_mem_obj_key __attribute__((unused));
+const struct mem_obj *unused_mem_obj __attribute__((unused));
 
 static __always_inline void count_lost(void)
 {
@@ -437,12 +502,13 @@ static __always_inline struct file *fd_file(unsigned int fd)
 
 /* ---- launch gates ---- */
 
-/* The gate slot of the current process: its own entry, else the deepest of
- * its cgroup and the cgroup's ancestors that has one. */
-static __always_inline __u32 *gate_slot(__u32 tgid)
+/* The slot of the current process in a member table (gate_key -> slot):
+ * its own entry, else the deepest of its cgroup and the cgroup's ancestors
+ * that has one. */
+static __always_inline __u32 *member_slot(void *keys, __u32 tgid)
 {
 	struct gate_key k = { .id = tgid, .kind = GATE_PROCESS };
-	__u32 *slot = bpf_map_lookup_elem(&gpuarb_gate_keys, &k);
+	__u32 *slot = bpf_map_lookup_elem(keys, &k);
 
 	if (slot)
 		return slot;
@@ -451,7 +517,7 @@ static __always_inline __u32 *gate_slot(__u32 tgid)
 		k.id = bpf_get_current_ancestor_cgroup_id(level);
 		if (!k.id)
 			continue; /* deeper than the process's cgroup */
-		slot = bpf_map_lookup_elem(&gpuarb_gate_keys, &k);
+		slot = bpf_map_lookup_elem(keys, &k);
 		if (slot)
 			return slot;
 	}
@@ -525,7 +591,7 @@ static __always_inline int gate_pass(__u64 pid_tgid, __u64 now, int submitted)
 
 	if (!gate_members)
 		return 0;
-	slot = gate_slot(tgid);
+	slot = member_slot(&gpuarb_gate_keys, tgid);
 	if (!slot)
 		return 0;
 	g = bpf_map_lookup_elem(&gpuarb_gates, slot);
@@ -589,6 +655,219 @@ static __always_inline int gate_pass(__u64 pid_tgid, __u64 now, int submitted)
 	return 1;
 }
 
+/* ---- GPU memory ---- */
+
+/* A device memory allocation an nvidia ioctl makes, as read from the
+ * caller's memory. */
+struct mem_req {
+	__u64 bytes;
+	__u32 parent; /* the device or subdevice it is allocated under */
+	__u32 handle;
+	__u32 status;
+};
+
+/* Reads the device memory allocation the nvidia ioctl (cmd, argp) makes,
+ * directly or wrapped in IOCTL_XFER_CMD: RM_ALLOC of a video memory class
+ * or RM_VID_HEAP_CONTROL's ALLOC_SIZE(_RANGE). Returns 0 for any other
+ * ioctl. Read at entry the size is the request; at exit, what the driver
+ * wrote back (the size is IN/OUT, the status set). */
+static __always_inline int mem_request(__u32 cmd, __u64 argp, struct mem_req *m)
+{
+	__u32 nr = cmd & 0xff, size = (cmd >> 16) & 0x3fff;
+	__u32 hdr[4];
+
+	if (((cmd >> 8) & 0xff) != NV_MAGIC)
+		return 0;
+	if (nr == NV_ESC_IOCTL_XFER_CMD) {
+		struct {
+			__u32 cmd;
+			__u32 size;
+			__u64 ptr;
+		} x;
+
+		if (bpf_probe_read_user(&x, sizeof(x), (const void *)argp) < 0)
+			return 0;
+		nr = x.cmd;
+		size = x.size;
+		argp = x.ptr;
+	}
+	if (nr == NV_ESC_RM_ALLOC) {
+		__u64 params;
+
+		if (size != 32 && size != 48) /* NVOS21, NVOS64 */
+			return 0;
+		if (bpf_probe_read_user(hdr, sizeof(hdr), (const void *)argp) < 0)
+			return 0;
+		if (hdr[3] != NV_MEM_LOCAL_USER && hdr[3] != NV_MEM_LOCAL_PRIVILEGED)
+			return 0;
+		if (bpf_probe_read_user(&params, sizeof(params), (const void *)(argp + 16)) < 0 ||
+		    bpf_probe_read_user(&m->status, sizeof(m->status), (const void *)(argp + (size == 48 ? 40 : 28))) < 0 ||
+		    bpf_probe_read_user(&m->bytes, sizeof(m->bytes), (const void *)(params + NV_MEM_SIZE_OFFSET)) < 0)
+			return 0;
+		m->parent = hdr[1];
+		m->handle = hdr[2];
+		return 1;
+	}
+	if (nr == NV_ESC_RM_VID_HEAP_CONTROL) {
+		__u32 off;
+
+		if (size < NVOS32_MIN_SIZE)
+			return 0;
+		if (bpf_probe_read_user(hdr, sizeof(hdr), (const void *)argp) < 0)
+			return 0;
+		if (hdr[2] == NVOS32_FUNCTION_ALLOC_SIZE)
+			off = NVOS32_SIZE_OFFSET;
+		else if (hdr[2] == NVOS32_FUNCTION_ALLOC_SIZE_RANGE)
+			off = NVOS32_RANGE_SIZE_OFFSET;
+		else
+			return 0;
+		if (bpf_probe_read_user(&m->status, sizeof(m->status), (const void *)(argp + 20)) < 0 ||
+		    bpf_probe_read_user(&m->handle, sizeof(m->handle), (const void *)(argp + NVOS32_HMEMORY_OFFSET)) < 0 ||
+		    bpf_probe_read_user(&m->bytes, sizeof(m->bytes), (const void *)(argp + off)) < 0)
+			return 0;
+		m->parent = hdr[1];
+		return 1;
+	}
+	return 0;
+}
+
+/* The GPU an object allocated under parent (a device, or a subdevice of
+ * one) is on: the device's deviceId, the last charged GPU (MEM_GPUS - 1)
+ * for one at or past it, and for a parent the probes never saw made. */
+static __always_inline __u32 gpu_of(__u32 tgid, __u32 parent)
+{
+	struct ctx_key k = { .tgid = tgid, .kind = DEV_NVIDIA_CTL, .handle = parent };
+	struct ctx_info *o = bpf_map_lookup_elem(&gpuarb_ctxs, &k);
+
+	if (o && o->obj_class == NV_SUBDEVICE_CLASS) {
+		k.handle = o->parent;
+		o = bpf_map_lookup_elem(&gpuarb_ctxs, &k);
+	}
+	if (o && o->obj_class == NV_DEVICE_CLASS && o->parent < MEM_GPUS)
+		return o->parent;
+	return MEM_GPUS - 1;
+}
+
+static __always_inline __u64 current_start_ns(void)
+{
+	return bpf_get_current_task_btf()->group_leader->start_boottime;
+}
+
+/* Charges a made allocation of bytes on gpu to the current process's
+ * memory limit slot, if its tenant has one. One that would take the GPU's
+ * charge past the limit is not charged: the process is sent SIGKILL (it
+ * dies before it returns to user space, and its exit frees what the driver
+ * allocated) and the record says so. The check and the charge are one
+ * atomic add, so racing allocations of a tenant never both pass. */
+static __always_inline void charge_memory(struct event *e, __u32 handle, __u64 bytes, __u32 gpu)
+{
+	struct mem_obj_key ok = { .tgid = e->tgid, .handle = handle };
+	struct mem_obj obj = { .bytes = bytes, .gpu = gpu };
+	struct mem_proc fresh, *p;
+	struct mem_usage *u;
+	__u64 *limit, held;
+	__u32 *slot;
+
+	slot = member_slot(&gpuarb_mem_keys, e->tgid);
+	if (!slot)
+		return;
+	limit = bpf_map_lookup_elem(&gpuarb_mem_limit, slot);
+	u = bpf_map_lookup_elem(&gpuarb_mem_usage, slot);
+	if (!limit || !u || gpu >= MEM_GPUS)
+		return;
+	held = __sync_fetch_and_add(&u->charged[gpu], bytes);
+	e->args[3] = held;
+	e->args[4] = *limit;
+	e->args[5] = *slot;
+	if (*limit && held + bytes > *limit) {
+		__sync_fetch_and_add(&u->charged[gpu], -bytes);
+		if (!bpf_send_signal(SIGKILL)) {
+			__sync_fetch_and_add(&u->kills[gpu], 1);
+			e->flags |= EVF_OOM_KILL;
+		}
+		return;
+	}
+	obj.start_ns = current_start_ns();
+	p = bpf_map_lookup_elem(&gpuarb_mem_procs, &e->tgid);
+	if (!p || p->start_ns != obj.start_ns || p->slot != *slot || p->gen != u->gen) {
+		__builtin_memset(&fresh, 0, sizeof(fresh));
+		fresh.start_ns = obj.start_ns;
+		fresh.slot = *slot;
+		fresh.gen = u->gen;
+		/* Full: the charge stays with the slot until the daemon resets it. */
+		bpf_map_update_elem(&gpuarb_mem_procs, &e->tgid, &fresh, BPF_ANY);
+		p = bpf_map_lookup_elem(&gpuarb_mem_procs, &e->tgid);
+	}
+	if (p)
+		__sync_fetch_and_add(&p->charged[gpu], bytes);
+	bpf_map_update_elem(&gpuarb_mem_objs, &ok, &obj, BPF_ANY);
+}
+
+/* Uncharges bytes on gpu held by the process p from its slot, unless the
+ * slot has been given to another tenant since. */
+static __always_inline void uncharge_proc(struct mem_proc *p, __u32 gpu, __u64 bytes)
+{
+	__u32 slot = p->slot;
+	struct mem_usage *u = bpf_map_lookup_elem(&gpuarb_mem_usage, &slot);
+
+	if (!u || u->gen != p->gen || gpu >= MEM_GPUS)
+		return;
+	__sync_fetch_and_add(&u->charged[gpu], -bytes);
+	__sync_fetch_and_add(&p->charged[gpu], -bytes);
+}
+
+/* An RM_FREE of a charged allocation uncharges it. */
+static __always_inline void free_memory(__u32 tgid, __u32 handle)
+{
+	struct mem_obj_key ok = { .tgid = tgid, .handle = handle };
+	struct mem_obj *o = bpf_map_lookup_elem(&gpuarb_mem_objs, &ok);
+	struct mem_proc *p;
+
+	if (!o)
+		return;
+	p = bpf_map_lookup_elem(&gpuarb_mem_procs, &tgid);
+	if (p && p->start_ns == o->start_ns)
+		uncharge_proc(p, o->gpu, o->bytes);
+	bpf_map_delete_elem(&gpuarb_mem_objs, &ok);
+}
+
+/* An exiting process's charges go: the driver frees its memory with its
+ * files. */
+static __always_inline void exit_memory(__u32 tgid)
+{
+	struct mem_proc *p = bpf_map_lookup_elem(&gpuarb_mem_procs, &tgid);
+
+	if (!p)
+		return;
+	for (__u32 g = 0; g < MEM_GPUS; g++)
+		if (p->charged[g])
+			uncharge_proc(p, g, p->charged[g]);
+	bpf_map_delete_elem(&gpuarb_mem_procs, &tgid);
+}
+
+/* Records a device memory allocation in e (args[1] bytes, args[2] its GPU)
+ * and, for a limited tenant, charges or refuses it (args[3] what the GPU's
+ * charge was, args[4] the limit, args[5] the slot). The size charged is the
+ * larger of the request read at entry and the driver's at exit: a thread
+ * that rewrites the parameters in between does not shrink it. */
+static __always_inline void note_memory(struct event *e, struct ioctl_stash *st)
+{
+	struct mem_req m = {};
+	__u64 bytes;
+	__u32 gpu;
+
+	if (!mem_request(st->cmd, st->arg, &m))
+		return;
+	bytes = m.bytes > st->mem_bytes ? m.bytes : st->mem_bytes;
+	gpu = gpu_of(e->tgid, m.parent);
+	e->args[1] = bytes;
+	e->args[2] = gpu;
+	if (m.status || (e->ret && e->ret != -ENOTTY)) /* not made; ENOTTY: the simulator's node */
+		return;
+	if (mem_members)
+		charge_memory(e, m.handle, bytes, gpu);
+}
+
 SEC("tracepoint/syscalls/sys_enter_ioctl")
 int gpuarb_ioctl_enter(struct sys_enter_ctx *ctx)
 {
@@ -623,6 +902,13 @@ int gpuarb_ioctl_enter(struct sys_enter_ctx *ctx)
 	st.major = key.major;
 	st.minor = key.minor;
 	st.kind = dev->kind;
+	st.mem_bytes = 0;
+	if (dev->kind == DEV_NVIDIA_CTL || dev->kind == DEV_NVIDIA_GPU) {
+		struct mem_req m = {};
+
+		if (mem_request(st.cmd, st.arg, &m))
+			st.mem_bytes = m.bytes;
+	}
 	id = bpf_get_current_pid_tgid();
 	bpf_map_update_elem(&gpuarb_pend_io, &id, &st, BPF_ANY);
 	return 0;
@@ -652,6 +938,7 @@ static __always_inline void decode_nvidia(struct event *e, struct ioctl_stash *s
 	__u64 argp = st->arg;
 	__u64 params = 0;
 	__u32 params_size = 0;
+	int devices = 0;
 
 	if (((cmd >> 8) & 0xff) != NV_MAGIC) {
 		e->esc = nr;
@@ -691,14 +978,31 @@ static __always_inline void decode_nvidia(struct event *e, struct ioctl_stash *s
 			params_size = cls == NV_TSG_CLASS ? NV_TSG_PARAMS_SIZE : GPUARB_PAYLOAD;
 		if (e->ret == 0 && (cls == NV_TSG_CLASS || (cls & 0xff) == 0x6f))
 			track_object(e->tgid, DEV_NVIDIA_CTL, hnew, e->cgroup_id, e->ts_exit, cls, hparent);
+		devices = cls == NV_DEVICE_CLASS || cls == NV_SUBDEVICE_CLASS;
 	} else if (nr == NV_ESC_RM_CONTROL && e->arg_len >= 32) {
 		params = *(__u64 *)&e->arg[16];
 		params_size = *(__u32 *)&e->arg[24];
-	} else if (nr == NV_ESC_RM_FREE && e->arg_len >= 12) {
+	} else if (nr == NV_ESC_RM_FREE && e->arg_len >= 16) {
 		untrack_object(e->tgid, DEV_NVIDIA_CTL, *(__u32 *)&e->arg[8]);
+		if (mem_members && *(__u32 *)&e->arg[12] == 0)
+			free_memory(e->tgid, *(__u32 *)&e->arg[8]);
 	}
 	if (params)
 		e->params_len = copy_user(e->params, params, params_size);
+	/* Devices and their subdevices, made: the GPU a memory allocation under
+	 * them is on (gpu_of). A device's parameters begin with its deviceId. */
+	if (devices && e->arg_len >= 32 && (e->ret == 0 || e->ret == -ENOTTY) &&
+	    *(__u32 *)&e->arg[e->arg_len >= 48 ? 40 : 28] == 0) {
+		__u32 cls = *(__u32 *)&e->arg[12];
+		__u32 parent = *(__u32 *)&e->arg[4];
+
+		if (cls == NV_DEVICE_CLASS) {
+			if (e->params_len < 4)
+				return;
+			parent = *(__u32 *)&e->params[0];
+		}
+		track_object(e->tgid, DEV_NVIDIA_CTL, *(__u32 *)&e->arg[8], e->cgroup_id, e->ts_exit, cls, parent);
+	}
 }
 
 static __always_inline void decode_drm(struct event *e, struct ioctl_stash *st,
@@ -778,6 +1082,7 @@ int gpuarb_ioctl_exit(struct sys_exit_ctx *ctx)
 	case DEV_NVIDIA_CTL:
 	case DEV_NVIDIA_GPU:
 		decode_nvidia(e, &st);
+		note_memory(e, &st);
 		break;
 	case DEV_NVIDIA_UVM:
 		e->esc = st.cmd;
@@ -1287,6 +1592,8 @@ int gpuarb_process_exit(void *ctx)
 	bpf_map_delete_elem(&gpuarb_held, &tgid); /* a held process that dies is released */
 	bpf_map_delete_elem(&gpuarb_releasing, &tgid);
 	bpf_map_delete_elem(&gpuarb_trees, &tgid); /* its pid may name another process next */
+	if (mem_members)
+		exit_memory(tgid);
 	p = bpf_map_lookup_elem(&gpuarb_procs, &tgid);
 	if (!p)
 		return 0;

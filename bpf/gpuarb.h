@@ -160,6 +160,10 @@ enum event_flags {
 	 * query of a polling loop that found the work not done. Its end
 	 * comes as a record without the flag. */
 	EVF_BEGIN = 2,
+	/* A device memory allocation that would have taken its tenant past its
+	 * GPU memory limit: the allocating process was sent SIGKILL at the
+	 * allocation's syscall exit, and the bytes were not charged. */
+	EVF_OOM_KILL = 4,
 };
 
 /* Launch gates: the arbiter's admission control, inside the launch path.
@@ -229,6 +233,50 @@ struct release_note {
  * ends it at once. */
 struct gate_lease {
 	__u64 until_ns; /* CLOCK_MONOTONIC; 0: no lease */
+};
+
+/* GPU memory limits. A limited tenant's slot charges the device memory its
+ * processes allocate through the driver (RM_ALLOC of a video memory class,
+ * RM_VID_HEAP_CONTROL), per GPU, by the size the driver wrote back; an
+ * allocation that would take a GPU's charge past the slot's limit kills
+ * its process at the syscall exit, before it returns to user space. Members
+ * map processes or cgroups to a slot as gate members do (gate_key). */
+#define MEM_SLOTS 4096
+/* GPUs charged apart: a device id at or past it is charged with the last. */
+#define MEM_GPUS 16
+
+/* One slot's charges, pinned as gpuarb_mem_usage and written only by the
+ * probes; its limit (bytes per GPU, 0: none) is in gpuarb_mem_limit,
+ * written only by the daemon. gen tells a slot's tenants apart: the daemon
+ * bumps it when it gives the slot to a new tenant, and what a process of
+ * an older generation held is not uncharged from the new one. */
+struct mem_usage {
+	__u64 charged[MEM_GPUS]; /* bytes held, per GPU */
+	__u64 kills[MEM_GPUS];   /* processes killed at an allocation, per GPU */
+	__u64 gen;
+};
+
+/* What a limited tenant's process holds, pinned as gpuarb_mem_procs (key:
+ * tgid); uncharged from its slot when the process exits. */
+struct mem_proc {
+	__u64 start_ns; /* the process's start time, against pid reuse */
+	__u64 gen;      /* its slot's generation when it was charged */
+	__u32 slot;
+	__u32 pad;
+	__u64 charged[MEM_GPUS];
+};
+
+/* A charged allocation of a limited tenant: what its RM_FREE uncharges. */
+struct mem_obj_key {
+	__u32 tgid;
+	__u32 handle;
+};
+
+struct mem_obj {
+	__u64 bytes;
+	__u64 start_ns; /* its process's start time */
+	__u32 gpu;
+	__u32 pad;
 };
 
 /* One record on the ring buffer. bpf2go generates its Go layout (bpf.Record),

@@ -198,8 +198,9 @@ type gpuarbEvent struct {
 type gpuarbEventFlags uint32
 
 const (
-	gpuarbEventFlagsEVF_HELD  gpuarbEventFlags = 1
-	gpuarbEventFlagsEVF_BEGIN gpuarbEventFlags = 2
+	gpuarbEventFlagsEVF_HELD     gpuarbEventFlags = 1
+	gpuarbEventFlagsEVF_BEGIN    gpuarbEventFlags = 2
+	gpuarbEventFlagsEVF_OOM_KILL gpuarbEventFlags = 4
 )
 
 type gpuarbEventType uint32
@@ -250,21 +251,52 @@ type gpuarbHeldProc struct {
 }
 
 type gpuarbIoctlStash struct {
-	_     structs.HostLayout
-	Ts    uint64
-	Arg   uint64
-	Ino   uint64
-	Cmd   uint32
-	Major uint32
-	Minor uint32
-	Kind  uint32
-	Fd    uint32
-	Sdev  uint32
+	_        structs.HostLayout
+	Ts       uint64
+	Arg      uint64
+	Ino      uint64
+	Cmd      uint32
+	Major    uint32
+	Minor    uint32
+	Kind     uint32
+	Fd       uint32
+	Sdev     uint32
+	MemBytes uint64
 }
 
 type gpuarbLostCounter struct {
 	_      structs.HostLayout
 	Events uint64
+}
+
+type gpuarbMemObj struct {
+	_       structs.HostLayout
+	Bytes   uint64
+	StartNs uint64
+	Gpu     uint32
+	Pad     uint32
+}
+
+type gpuarbMemObjKey struct {
+	_      structs.HostLayout
+	Tgid   uint32
+	Handle uint32
+}
+
+type gpuarbMemProc struct {
+	_       structs.HostLayout
+	StartNs uint64
+	Gen     uint64
+	Slot    uint32
+	Pad     uint32
+	Charged [16]uint64
+}
+
+type gpuarbMemUsage struct {
+	_       structs.HostLayout
+	Charged [16]uint64
+	Kills   [16]uint64
+	Gen     uint64
 }
 
 type gpuarbPollKey struct {
@@ -312,6 +344,11 @@ const (
 	gpuarbMapGpuarbGates           = "gpuarb_gates"
 	gpuarbMapGpuarbHeld            = "gpuarb_held"
 	gpuarbMapGpuarbLost            = "gpuarb_lost"
+	gpuarbMapGpuarbMemKeys         = "gpuarb_mem_keys"
+	gpuarbMapGpuarbMemLimit        = "gpuarb_mem_limit"
+	gpuarbMapGpuarbMemObjs         = "gpuarb_mem_objs"
+	gpuarbMapGpuarbMemProcs        = "gpuarb_mem_procs"
+	gpuarbMapGpuarbMemUsage        = "gpuarb_mem_usage"
 	gpuarbMapGpuarbPendCu          = "gpuarb_pend_cu"
 	gpuarbMapGpuarbPendIo          = "gpuarb_pend_io"
 	gpuarbMapGpuarbPolls           = "gpuarb_polls"
@@ -343,6 +380,7 @@ const (
 	gpuarbProgGpuarbSchedWaking    = "gpuarb_sched_waking"
 	gpuarbProgGpuarbSignalGenerate = "gpuarb_signal_generate"
 	gpuarbVarGateMembers           = "gate_members"
+	gpuarbVarMemMembers            = "mem_members"
 	gpuarbVarSignalSeq             = "signal_seq"
 	gpuarbVarUnusedCudaFunc        = "unused_cuda_func"
 	gpuarbVarUnusedDevKind         = "unused_dev_kind"
@@ -351,6 +389,10 @@ const (
 	gpuarbVarUnusedEventType       = "unused_event_type"
 	gpuarbVarUnusedGateKind        = "unused_gate_kind"
 	gpuarbVarUnusedGateLease       = "unused_gate_lease"
+	gpuarbVarUnusedMemObj          = "unused_mem_obj"
+	gpuarbVarUnusedMemObjKey       = "unused_mem_obj_key"
+	gpuarbVarUnusedMemProc         = "unused_mem_proc"
+	gpuarbVarUnusedMemUsage        = "unused_mem_usage"
 	gpuarbVarUnusedReleaseNote     = "unused_release_note"
 	gpuarbVarUrgentCgroupMembers   = "urgent_cgroup_members"
 	gpuarbVarUrgentMembers         = "urgent_members"
@@ -436,6 +478,11 @@ type gpuarbMapSpecs struct {
 	GpuarbGates         *ebpf.MapSpec `ebpf:"gpuarb_gates"`
 	GpuarbHeld          *ebpf.MapSpec `ebpf:"gpuarb_held"`
 	GpuarbLost          *ebpf.MapSpec `ebpf:"gpuarb_lost"`
+	GpuarbMemKeys       *ebpf.MapSpec `ebpf:"gpuarb_mem_keys"`
+	GpuarbMemLimit      *ebpf.MapSpec `ebpf:"gpuarb_mem_limit"`
+	GpuarbMemObjs       *ebpf.MapSpec `ebpf:"gpuarb_mem_objs"`
+	GpuarbMemProcs      *ebpf.MapSpec `ebpf:"gpuarb_mem_procs"`
+	GpuarbMemUsage      *ebpf.MapSpec `ebpf:"gpuarb_mem_usage"`
 	GpuarbPendCu        *ebpf.MapSpec `ebpf:"gpuarb_pend_cu"`
 	GpuarbPendIo        *ebpf.MapSpec `ebpf:"gpuarb_pend_io"`
 	GpuarbPolls         *ebpf.MapSpec `ebpf:"gpuarb_polls"`
@@ -453,6 +500,7 @@ type gpuarbMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type gpuarbVariableSpecs struct {
 	GateMembers         *ebpf.VariableSpec `ebpf:"gate_members"`
+	MemMembers          *ebpf.VariableSpec `ebpf:"mem_members"`
 	SignalSeq           *ebpf.VariableSpec `ebpf:"signal_seq"`
 	UnusedCudaFunc      *ebpf.VariableSpec `ebpf:"unused_cuda_func"`
 	UnusedDevKind       *ebpf.VariableSpec `ebpf:"unused_dev_kind"`
@@ -461,6 +509,10 @@ type gpuarbVariableSpecs struct {
 	UnusedEventType     *ebpf.VariableSpec `ebpf:"unused_event_type"`
 	UnusedGateKind      *ebpf.VariableSpec `ebpf:"unused_gate_kind"`
 	UnusedGateLease     *ebpf.VariableSpec `ebpf:"unused_gate_lease"`
+	UnusedMemObj        *ebpf.VariableSpec `ebpf:"unused_mem_obj"`
+	UnusedMemObjKey     *ebpf.VariableSpec `ebpf:"unused_mem_obj_key"`
+	UnusedMemProc       *ebpf.VariableSpec `ebpf:"unused_mem_proc"`
+	UnusedMemUsage      *ebpf.VariableSpec `ebpf:"unused_mem_usage"`
 	UnusedReleaseNote   *ebpf.VariableSpec `ebpf:"unused_release_note"`
 	UrgentCgroupMembers *ebpf.VariableSpec `ebpf:"urgent_cgroup_members"`
 	UrgentMembers       *ebpf.VariableSpec `ebpf:"urgent_members"`
@@ -498,6 +550,11 @@ type gpuarbMaps struct {
 	GpuarbGates         *ebpf.Map `ebpf:"gpuarb_gates"`
 	GpuarbHeld          *ebpf.Map `ebpf:"gpuarb_held"`
 	GpuarbLost          *ebpf.Map `ebpf:"gpuarb_lost"`
+	GpuarbMemKeys       *ebpf.Map `ebpf:"gpuarb_mem_keys"`
+	GpuarbMemLimit      *ebpf.Map `ebpf:"gpuarb_mem_limit"`
+	GpuarbMemObjs       *ebpf.Map `ebpf:"gpuarb_mem_objs"`
+	GpuarbMemProcs      *ebpf.Map `ebpf:"gpuarb_mem_procs"`
+	GpuarbMemUsage      *ebpf.Map `ebpf:"gpuarb_mem_usage"`
 	GpuarbPendCu        *ebpf.Map `ebpf:"gpuarb_pend_cu"`
 	GpuarbPendIo        *ebpf.Map `ebpf:"gpuarb_pend_io"`
 	GpuarbPolls         *ebpf.Map `ebpf:"gpuarb_polls"`
@@ -523,6 +580,11 @@ func (m *gpuarbMaps) Close() error {
 		m.GpuarbGates,
 		m.GpuarbHeld,
 		m.GpuarbLost,
+		m.GpuarbMemKeys,
+		m.GpuarbMemLimit,
+		m.GpuarbMemObjs,
+		m.GpuarbMemProcs,
+		m.GpuarbMemUsage,
 		m.GpuarbPendCu,
 		m.GpuarbPendIo,
 		m.GpuarbPolls,
@@ -541,6 +603,7 @@ func (m *gpuarbMaps) Close() error {
 // It can be passed to loadGpuarbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type gpuarbVariables struct {
 	GateMembers         *ebpf.Variable `ebpf:"gate_members"`
+	MemMembers          *ebpf.Variable `ebpf:"mem_members"`
 	SignalSeq           *ebpf.Variable `ebpf:"signal_seq"`
 	UnusedCudaFunc      *ebpf.Variable `ebpf:"unused_cuda_func"`
 	UnusedDevKind       *ebpf.Variable `ebpf:"unused_dev_kind"`
@@ -549,6 +612,10 @@ type gpuarbVariables struct {
 	UnusedEventType     *ebpf.Variable `ebpf:"unused_event_type"`
 	UnusedGateKind      *ebpf.Variable `ebpf:"unused_gate_kind"`
 	UnusedGateLease     *ebpf.Variable `ebpf:"unused_gate_lease"`
+	UnusedMemObj        *ebpf.Variable `ebpf:"unused_mem_obj"`
+	UnusedMemObjKey     *ebpf.Variable `ebpf:"unused_mem_obj_key"`
+	UnusedMemProc       *ebpf.Variable `ebpf:"unused_mem_proc"`
+	UnusedMemUsage      *ebpf.Variable `ebpf:"unused_mem_usage"`
 	UnusedReleaseNote   *ebpf.Variable `ebpf:"unused_release_note"`
 	UrgentCgroupMembers *ebpf.Variable `ebpf:"urgent_cgroup_members"`
 	UrgentMembers       *ebpf.Variable `ebpf:"urgent_members"`

@@ -26,7 +26,8 @@ const DefaultRingSize = 4 << 20
 
 // pinnedMaps are the maps a pinned load exposes under the pin path.
 var pinnedMaps = []string{"gpuarb_devices", "gpuarb_cgroups", "gpuarb_ctxs", "gpuarb_procs", "gpuarb_events", "gpuarb_lost",
-	"gpuarb_gates", "gpuarb_gate_allow", gateKeysMap, heldMap, releasingMap, leaseMap, "gpuarb_trees"}
+	"gpuarb_gates", "gpuarb_gate_allow", gateKeysMap, heldMap, releasingMap, leaseMap, "gpuarb_trees",
+	memKeysMap, memLimitMap, memUsageMap}
 
 // wakeupBytes is the backlog at which a submit wakes the reader: an eighth
 // of the ring, at most 64 KiB.
@@ -89,7 +90,8 @@ type Probes struct {
 	maxLibcudas int
 	refused     uint64
 
-	gates gateTable
+	// gates and memory allocate launch gate and memory limit slots.
+	gates, memory slotTable
 	// urgentMu guards urgent, the processes in gpuarb_urgent, and
 	// urgentCgroups, the cgroups in gpuarb_urgent_cgroups (SetUrgent).
 	urgentMu      sync.Mutex
@@ -195,7 +197,12 @@ func Load(opts Options) (_ *Probes, err error) {
 		}
 	}()
 
+	p.gates = newSlotTable(GateSlots, p.objs.GateMembers)
+	p.memory = newSlotTable(MemorySlots, p.objs.MemMembers)
 	if err := p.clearGateMembers(); err != nil {
+		return nil, err
+	}
+	if err := p.clearMemoryMembers(); err != nil {
 		return nil, err
 	}
 	for _, d := range opts.Devices {

@@ -12,8 +12,10 @@ const (
 )
 
 // Record flags: enum event_flags in gpuarb.h. FlagHeld: the launch gate
-// held the process at this call; FlagBegin: a wait began.
+// held the process at this call; FlagBegin: a wait began; FlagOOMKill: a
+// device memory allocation past its tenant's limit killed its process.
 const (
-	FlagHeld  = uint32(gpuarbEventFlagsEVF_HELD)
-	FlagBegin = uint32(gpuarbEventFlagsEVF_BEGIN)
+	FlagHeld    = uint32(gpuarbEventFlagsEVF_HELD)
+	FlagBegin   = uint32(gpuarbEventFlagsEVF_BEGIN)
+	FlagOOMKill = uint32(gpuarbEventFlagsEVF_OOM_KILL)
 )

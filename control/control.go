@@ -139,7 +139,6 @@ type Usage struct {
 	QueueNS   uint64 // its processes' time queued behind others, summed
 	Launches  int
 	Syncs     int
-	MemBytes  int64
 	Processes int // live processes
 	// CgroupID is the cgroup of one of its processes (its own cgroup for a
 	// cgroup tenant).
@@ -206,7 +205,6 @@ func Step(in Input) Result {
 		u.QueueNS += c.QueueNS
 		u.Launches += c.Launches
 		u.Syncs += c.Syncs
-		u.MemBytes += c.MemBytes
 		if !c.Exited && !counted[procOnGPU{c.PID, c.GPU}] {
 			counted[procOnGPU{c.PID, c.GPU}] = true
 			u.Processes++

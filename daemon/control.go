@@ -84,6 +84,8 @@ func (d *Daemon) control(ctx context.Context) {
 	_, long := d.meter.Contexts(d.cfg.Window)
 	res := control.Step(control.Input{Window: window, Settled: d.cfg.Window, Short: short, Long: long, Assign: cl.assign,
 		HeldBack: func(name string) bool { return heldBack[name] }})
+	d.syncMemory(cfg, trees, res.Tenants)
+	memory := d.memory.Usage()
 	groups, refused := d.groupsOf(res)
 	for i, in := range res.Inputs {
 		if n := len(groups[in.Name][in.GPU]); n > 0 {
@@ -220,7 +222,7 @@ func (d *Daemon) control(ctx context.Context) {
 		finish = append(finish, d.actOn(ctx, t, scheduled, duty, offset, paced, cfg.Period))
 	}
 	d.wakers.Store(newWakers(seen))
-	d.publish(res, snap, actuation)
+	d.publish(res, snap, actuation, memory)
 	urgentCgroups := d.latencyCgroups(cfg)
 	d.mu.Unlock()
 	for _, f := range finish {

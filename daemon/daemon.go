@@ -146,6 +146,8 @@ type Daemon struct {
 	epoch     time.Time
 	env       *enforce.Env      // what the tenants' actuators share
 	guardian  *enforce.Guardian // nil without Config.Guardian
+	// memory holds the limited tenants' GPU memory in the probes.
+	memory *enforce.MemoryLimits
 
 	// exact figures, under mu
 	exactPrev   exact.Sample
@@ -317,6 +319,7 @@ func Start(cfg Config) (_ *Daemon, err error) {
 	if err != nil {
 		return nil, err
 	}
+	d.memory = enforce.NewMemoryLimits(d.probes)
 	d.attachLibcudas()
 	if cfg.Exact == nil {
 		if src := (exact.DRMFdinfo{}); src.Available() {
@@ -428,6 +431,9 @@ func (d *Daemon) Stop() error {
 			errs = append(errs, err) // what failed stays in the ledger
 		}
 		d.ledger = nil
+	}
+	if d.memory != nil {
+		errs = append(errs, d.memory.Close())
 	}
 	d.stepMu.Unlock()
 	if d.steer != nil {

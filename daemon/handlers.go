@@ -344,6 +344,11 @@ func (d *Daemon) updatePolicy(why string, resume bool, next func(cur *policy.Con
 	for _, f := range finish {
 		f()
 	}
+	for _, t := range cfg.Tenants {
+		if t.MemoryLimit != 0 {
+			d.limitMemoryNow(t)
+		}
+	}
 	if err := d.steer.PutBack(groups); err != nil {
 		d.log.Warn("gpu scheduler: putting channel groups back", "err", err)
 	}

@@ -19,6 +19,9 @@ import (
 func (d *Daemon) observe(ev ioctlspy.Event) {
 	d.hold.Observe(ev)
 	d.meter.Observe(ev)
+	if m, ok := ev.(*ioctlspy.MemoryAllocated); ok && m.OOMKilled {
+		d.noteOOMKill(m)
+	}
 	if h := ev.Hdr(); h.Held {
 		if w := d.wakers.Load(); w != nil {
 			w.wake(h.PID, h.CgroupID)

@@ -8,6 +8,7 @@ import (
 	"github.com/gpuarb/gpuarb/api"
 	"github.com/gpuarb/gpuarb/arbiter"
 	"github.com/gpuarb/gpuarb/control"
+	"github.com/gpuarb/gpuarb/enforce"
 	"github.com/gpuarb/gpuarb/meter"
 )
 
@@ -21,7 +22,7 @@ type stepView struct {
 }
 
 // publish builds the step's rows. Called with d.mu held.
-func (d *Daemon) publish(res control.Result, snap meter.Snapshot, actuation map[int]arbiter.Actuation) {
+func (d *Daemon) publish(res control.Result, snap meter.Snapshot, actuation map[int]arbiter.Actuation, memory map[string]enforce.MemoryUsage) {
 	secs := d.cfg.Window.Seconds()
 	longRun := map[meter.TenantKey]float64{}
 	for _, t := range snap.Tenants {
@@ -37,7 +38,7 @@ func (d *Daemon) publish(res control.Result, snap meter.Snapshot, actuation map[
 			u := ct.Usage[gpu]
 			row := api.Tenant{Name: name, Cgroup: ct.Cgroup, CgroupID: u.CgroupID, GPU: gpu, Share: in.SettledShare,
 				GPUNS: u.GPUNS, LongRunShare: longRun[meter.TenantKey{CgroupID: u.CgroupID, GPU: gpu}],
-				LaunchesPerS: float64(u.Launches) / secs, SyncsPerS: float64(u.Syncs) / secs, MemBytes: u.MemBytes,
+				LaunchesPerS: float64(u.Launches) / secs, SyncsPerS: float64(u.Syncs) / secs, MemBytes: d.memoryOf(ct, gpu),
 				QueueNS: u.QueueNS, Processes: u.Processes, LaunchNS: in.LaunchNS, Weight: int(ct.Rules.Weight),
 				Limit: float64(ct.Rules.Limit), Priority: string(ct.Rules.Priority), Duty: 1, Demand: in.Demand,
 				WantShare: float64(u.WantNS) / float64(d.cfg.Window), SyncP99MS: in.SyncP99MS, State: "idle"}
@@ -51,6 +52,9 @@ func (d *Daemon) publish(res control.Result, snap meter.Snapshot, actuation map[
 				}
 			}
 			row.BurstNS = in.BurstNS
+			if mu, ok := memory[name]; ok {
+				row.MemoryLimit, row.OOMKills = mu.Limit, mu.Kills[gpu]
+			}
 			if name == ct.Cgroup {
 				row.Label = Label(ct.Cgroup)
 			}
@@ -175,11 +179,11 @@ func (d *Daemon) Status() api.Status {
 		st.Probes.UnfollowedForks, _ = d.probes.UnfollowedForks()
 		st.Probes.LibcudasRefused = d.probes.RefusedLibcudas()
 	}
-	st.Probes.FoldedLaunches, st.Probes.UntrackedAllocs = d.meter.Bounded()
+	st.Probes.FoldedLaunches = d.meter.Folded()
 	if d.spy != nil {
 		st.Probes.Events, _ = d.spy.Counts()
 		st.Probes.AttachDrops = d.spy.AttachDrops()
-		st.Probes.ObjectsDropped = d.spy.Table().Dropped()
+		st.Probes.ObjectsDropped, st.Probes.UntrackedAllocs = d.spy.Table().Dropped()
 		st.Probes.MappingScans, st.Probes.FoundByMapping = d.spy.Scans()
 	}
 	for _, dev := range d.cfg.Devices {

@@ -30,6 +30,17 @@ func rmAlloc() (cmd uint32, arg uint64) {
 	return ioc(3, 'F', 0x2B, 32), a.put(le(0xc1d00001, 0x5c000002, 0x5c000010, 0xA06C, params, 20, 0))
 }
 
+// vidmemAlloc prepares an nvidia RM_ALLOC of 2 MiB of device memory (NVOS64
+// of NV01_MEMORY_LOCAL_USER, its 128-byte params with the size at 64) in
+// memory outside the Go heap.
+func vidmemAlloc() (cmd uint32, arg uint64) {
+	a := newArena()
+	params := make([]byte, 128)
+	copy(params[64:], le(uint64(2<<20)))
+	p := a.put(params)
+	return ioc(3, 'F', 0x2B, 48), a.put(le(0xc1d00001, 0x5c000002, 0x5c000030, 0x40, p, uint64(0), 0, 0, 0, 0))
+}
+
 // loadDraining loads the probes with devices and a Spy that decodes and
 // drops every event, as the daemon's reader does.
 func loadDraining(b *testing.B, devices []bpf.Device) *ioctlspy.Spy {
@@ -61,24 +72,46 @@ func loadDraining(b *testing.B, devices []bpf.Device) *ioctlspy.Spy {
 	return spy
 }
 
-// BenchmarkIoctl measures one ioctl carrying an RM_ALLOC: with no probes
-// (baseline), with probes loaded on a device not in the table (non-GPU:
-// the cost every ioctl on the host pays) and on a device in the table
-// (GPU: decoded, sent to the ring buffer, read and decoded in Go).
+// BenchmarkIoctl measures one ioctl carrying an RM_ALLOC of a channel
+// group: with no probes (baseline), with probes loaded on a device not in
+// the table (non-GPU: the cost every ioctl on the host pays) and on a
+// device in the table (GPU: decoded, sent to the ring buffer, read and
+// decoded in Go). The memory cases carry an RM_ALLOC of device memory:
+// without probes, with them (its size read at entry and exit, its GPU
+// looked up), and with the process under a GPU memory limit (charged).
 func BenchmarkIoctl(b *testing.B) {
+	gpu := []bpf.Device{{Major: benchMajor, Minor: benchMinor, Kind: bpf.KindNvidiaCtl}}
 	for _, tc := range []struct {
 		name    string
 		probes  bool
 		devices []bpf.Device
+		memory  bool
+		limited bool
 	}{
-		{"baseline", false, nil},
-		{"non-gpu", true, []bpf.Device{{Major: 1, Minor: 7, Kind: bpf.KindNvidiaCtl}}},
-		{"gpu", true, []bpf.Device{{Major: benchMajor, Minor: benchMinor, Kind: bpf.KindNvidiaCtl}}},
+		{"baseline", false, nil, false, false},
+		{"non-gpu", true, []bpf.Device{{Major: 1, Minor: 7, Kind: bpf.KindNvidiaCtl}}, false, false},
+		{"gpu", true, gpu, false, false},
+		{"memory-baseline", false, nil, true, false},
+		{"memory", true, gpu, true, false},
+		{"memory-limited", true, gpu, true, true},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			testutil.Privileged(b)
 			if tc.probes {
-				loadDraining(b, tc.devices)
+				spy := loadDraining(b, tc.devices)
+				if tc.limited {
+					l, err := spy.Probes().NewMemoryLimit()
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer l.Close()
+					if err := l.SetMembers(nil, []int{os.Getpid()}); err != nil {
+						b.Fatal(err)
+					}
+					if err := l.SetLimit(1 << 62); err != nil {
+						b.Fatal(err)
+					}
+				}
 			}
 			node := filepath.Join(b.TempDir(), "dev")
 			if err := unix.Mknod(node, unix.S_IFCHR|0o600, int(unix.Mkdev(benchMajor, benchMinor))); err != nil {
@@ -90,6 +123,9 @@ func BenchmarkIoctl(b *testing.B) {
 			}
 			defer unix.Close(fd)
 			cmd, arg := rmAlloc()
+			if tc.memory {
+				cmd, arg = vidmemAlloc()
+			}
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				unix.Syscall(unix.SYS_IOCTL, uintptr(fd), uintptr(cmd), uintptr(arg))

@@ -50,6 +50,8 @@ func TypeOf(ev Event) string {
 		return "tsg_alloc"
 	case *ChannelAllocated:
 		return "channel_alloc"
+	case *MemoryAllocated:
+		return "gpu_mem_alloc"
 	case *ObjectAllocated:
 		return "object_alloc"
 	case *ObjectFreed:
@@ -154,6 +156,8 @@ func decodeNvidia(h Header, info IoctlInfo, r Record) Event {
 		obj := ObjectAllocated{Header: h, IoctlInfo: info, Client: client, Parent: parent, Handle: handle,
 			Class: class, ClassName: ClassName(class), ParamsSize: size, Status: status}
 		switch {
+		case class == ClassMemoryLocalUser || class == ClassMemoryLocalPrivileged:
+			return memoryAllocated(obj, r)
 		case class == ClassDevice:
 			obj.DeviceID, _ = p.u32(0)
 		case class == ClassTSG:
@@ -170,6 +174,17 @@ func decodeNvidia(h Header, info IoctlInfo, r Record) Event {
 			return ev
 		}
 		return &obj
+	case EscRMVidHeapControl:
+		client, ok1 := a.u32(0)
+		parent, ok2 := a.u32(4)
+		function, ok3 := a.u32(8)
+		status, ok4 := a.u32(20)
+		handle, ok5 := a.u32(44)
+		if _, alloc := nvos32Functions[function]; !(ok1 && ok2 && ok3 && ok4 && ok5 && alloc) {
+			return nil
+		}
+		return memoryAllocated(ObjectAllocated{Header: h, IoctlInfo: info, Client: client, Parent: parent, Handle: handle,
+			Class: ClassMemoryLocalUser, ClassName: ClassName(ClassMemoryLocalUser), Status: status}, r)
 	case EscRMFree:
 		client, ok1 := a.u32(0)
 		parent, ok2 := a.u32(4)
@@ -381,4 +396,16 @@ func decodeCuda(h Header, r Record) (Event, error) {
 		return &MemAlloc{Header: h, Func: name, DPtr: a[0], Bytes: a[2], Ret: r.Ret}, nil
 	}
 	return nil, fmt.Errorf("cuda record: function %d (%s) not decoded", r.Func, name)
+}
+
+// memoryAllocated is a device memory allocation with what the probes read
+// of it: the size (the larger of the request and the driver's answer), its
+// GPU, and for a limited tenant its charge and limit and whether it killed
+// the process.
+func memoryAllocated(obj ObjectAllocated, r Record) *MemoryAllocated {
+	m := &MemoryAllocated{ObjectAllocated: obj, Bytes: r.Args[1], GPU: uint32(r.Args[2]), OOMKilled: r.Flags&flagOOMKill != 0}
+	if m.OOMKilled {
+		m.Charged, m.Limit, m.LimitSlot = r.Args[3], r.Args[4], uint32(r.Args[5])
+	}
+	return m
 }

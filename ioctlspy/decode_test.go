@@ -95,6 +95,48 @@ func TestDecode(t *testing.T) {
 				t.Errorf("%+v", e)
 			}
 		}},
+		{"device memory NVOS64", func() Record {
+			r := nvIoctl(EscRMAlloc, words(0xc1d00001, 0x5c000002, 0x5c000020, ClassMemoryLocalUser, uint64(0x7000), uint64(0), 0, 0, 0, 0), nil)
+			r.Args[1], r.Args[2] = 128<<20, 1
+			return r
+		}(), func(t *testing.T, ev Event) {
+			e := ev.(*MemoryAllocated)
+			if e.Bytes != 128<<20 || e.GPU != 1 || e.Parent != 0x5c000002 || e.Handle != 0x5c000020 || !e.Made() || e.OOMKilled ||
+				e.ClassName != "NV01_MEMORY_LOCAL_USER" {
+				t.Errorf("%+v", e)
+			}
+		}},
+		{"device memory past a limit", func() Record {
+			r := nvIoctl(EscRMAlloc, words(0xc1d00001, 0x5c000002, 0x5c000021, ClassMemoryLocalUser, uint64(0x7000), uint64(0), 0, 0, 0, 0), nil)
+			r.Args = [8]uint64{3, 64 << 20, 0, 1000 << 20, 1 << 30, 7}
+			r.Flags = flagOOMKill
+			return r
+		}(), func(t *testing.T, ev Event) {
+			e := ev.(*MemoryAllocated)
+			if !e.OOMKilled || e.Charged != 1000<<20 || e.Limit != 1<<30 || e.LimitSlot != 7 || e.Bytes != 64<<20 {
+				t.Errorf("%+v", e)
+			}
+		}},
+		{"device memory by VID_HEAP_CONTROL", func() Record {
+			arg := make([]byte, 64)
+			copy(arg, words(0xc1d00001, 0x5c000002, 2, 0, 0, 0x51))
+			copy(arg[44:], words(0x5c000022))
+			r := nvIoctl(EscRMVidHeapControl, arg, nil)
+			r.Args[1] = 2 << 20
+			return r
+		}(), func(t *testing.T, ev Event) {
+			e := ev.(*MemoryAllocated)
+			if e.Bytes != 2<<20 || e.Handle != 0x5c000022 || e.Status != 0x51 || e.Made() {
+				t.Errorf("%+v: want 2 MiB refused with NV_ERR_NO_MEMORY", e)
+			}
+		}},
+		{"VID_HEAP_CONTROL that allocates nothing", nvIoctl(EscRMVidHeapControl, words(1, 2, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0), nil), func(t *testing.T, ev Event) {
+			if e, ok := ev.(*Ioctl); !ok {
+				t.Errorf("%T %+v, want a plain ioctl (function 3 is not an allocation)", ev, ev)
+			} else if e.Name != "RM_VID_HEAP_CONTROL" {
+				t.Errorf("named %q", e.Name)
+			}
+		}},
 		{"free", nvIoctl(EscRMFree, words(0xc1d00001, 0x5c000002, 0x5c000010, 0), nil), func(t *testing.T, ev Event) {
 			if e := ev.(*ObjectFreed); e.Handle != 0x5c000010 || e.Parent != 0x5c000002 {
 				t.Errorf("%+v", e)
@@ -347,8 +389,33 @@ func TestTable(t *testing.T) {
 	if want := []Group{{PID: 42, FD: 9, GPU: 3, Client: 1, TSG: 10, Engine: 1, Subdevice: 3, Channels: []uint32{11, 12}}}; !reflect.DeepEqual(groups, want) {
 		t.Errorf("groups %+v", groups)
 	}
+	mem := func(handle, parent uint32, bytes, gpu uint64, status uint32, killed bool) {
+		r := nvIoctl(EscRMAlloc, words(1, parent, handle, ClassMemoryLocalUser, uint64(0x7000), uint64(0), 0, 0, status, 0), nil)
+		r.Args[1], r.Args[2] = bytes, gpu
+		if killed {
+			r.Flags = flagOOMKill
+		}
+		apply(r)
+	}
+	mem(20, 2, 100, 3, 0, false)
+	mem(21, 2, 200, 3, 0, false)
+	mem(22, 2, 400, 3, 0x51, false) // refused by the driver
+	mem(23, 2, 800, 3, 0, true)     // its process killed at it: not held
+	mem(24, 5, 1000, 0, 0, false)
+	if m := tbl.MemoryOf(42); m[3] != 300 || m[0] != 1000 || len(m) != 2 {
+		t.Errorf("memory %v, want 300 B on GPU 3 and 1000 on GPU 0", m)
+	}
+	apply(nvIoctl(EscRMFree, words(1, 2, 21, 0x1f), nil)) // a free the driver refused
+	apply(nvIoctl(EscRMFree, words(1, 2, 20, 0), nil))
+	if m := tbl.MemoryOf(42); m[3] != 200 {
+		t.Errorf("memory %v after freeing 100 B, want 200 on GPU 3", m)
+	}
+	apply(nvIoctl(EscRMFree, words(1, 1, 2, 0), nil)) // the device, and what was allocated under it
+	if m := tbl.MemoryOf(42); m[3] != 0 || m[0] != 1000 {
+		t.Errorf("memory %v after freeing the device, want only GPU 0's 1000 B", m)
+	}
 	apply(nvIoctl(EscRMFree, words(1, 1, 1, 0), nil)) // freeing the client frees all under it
-	if p := tbl.Processes()[0]; len(p.TSGs) != 0 || len(p.Channels) != 0 || len(p.Clients) != 0 || len(p.Groups()) != 0 {
+	if p := tbl.Processes()[0]; len(p.TSGs) != 0 || len(p.Channels) != 0 || len(p.Clients) != 0 || len(p.Groups()) != 0 || len(p.Memory) != 0 {
 		t.Errorf("after client free: %+v", p)
 	}
 	apply(Record{Type: recExit, PID: 42})

@@ -105,6 +105,37 @@ func (e *ChannelAllocated) String() string {
 	return fmt.Sprintf("%s entries=%d", e.ObjectAllocated.String(), e.GPFIFOEntries)
 }
 
+// MemoryAllocated is a device memory allocation at the driver boundary:
+// RM_ALLOC of a video memory class, or RM_VID_HEAP_CONTROL (its class
+// reads NV01_MEMORY_LOCAL_USER, to which the driver normalizes it).
+type MemoryAllocated struct {
+	ObjectAllocated
+	Bytes uint64 `json:"bytes"`
+	// GPU is the device id of the device it was allocated under
+	// (bpf.MemoryGPUs-1 for one the probes did not see made).
+	GPU uint32 `json:"gpu"`
+	// OOMKilled: it would have taken its tenant past its GPU memory
+	// limit, and the process was killed at the allocation, which was not
+	// charged; Charged is what the tenant held on the GPU then, Limit the
+	// limit.
+	OOMKilled bool   `json:"oom_killed,omitempty"`
+	Charged   uint64 `json:"charged,omitempty"`
+	Limit     uint64 `json:"limit,omitempty"`
+	// LimitSlot is the probes' memory limit slot that killed it.
+	LimitSlot uint32 `json:"limit_slot,omitempty"`
+}
+
+// Made tells whether the driver made the allocation (see made).
+func (e *MemoryAllocated) Made() bool { return made(e.Ret, e.Status) }
+
+func (e *MemoryAllocated) String() string {
+	s := fmt.Sprintf("%s gpu=%d bytes=%d", e.ObjectAllocated.String(), e.GPU, e.Bytes)
+	if e.OOMKilled {
+		s += fmt.Sprintf(" OOM-KILLED charged=%d limit=%d", e.Charged, e.Limit)
+	}
+	return s
+}
+
 // ObjectFreed is an nvidia RM_FREE (NVOS00).
 type ObjectFreed struct {
 	Header

@@ -4,15 +4,16 @@ import "fmt"
 
 // nvidia escape numbers (ioctl nr with magic 'F').
 const (
-	EscRMFree         = 0x29
-	EscRMControl      = 0x2A
-	EscRMAlloc        = 0x2B
-	EscRMIdleChannels = 0x41
-	EscRMMapMemory    = 0x4E
-	EscAllocOSEvent   = 206
-	EscFreeOSEvent    = 207
-	EscIoctlXferCmd   = 211
-	EscAttachGPUsToFD = 212
+	EscRMFree           = 0x29
+	EscRMControl        = 0x2A
+	EscRMAlloc          = 0x2B
+	EscRMIdleChannels   = 0x41
+	EscRMMapMemory      = 0x4E
+	EscRMVidHeapControl = 0x4A
+	EscAllocOSEvent     = 206
+	EscFreeOSEvent      = 207
+	EscIoctlXferCmd     = 211
+	EscAttachGPUsToFD   = 212
 )
 
 // nvidia object classes gpuarb recognises.
@@ -23,7 +24,14 @@ const (
 	ClassDevice  = 0x80
 	ClassSubdev  = 0x2080
 	ClassVASpace = 0x90F1
+	// Video memory: NV01_MEMORY_LOCAL_USER and _PRIVILEGED.
+	ClassMemoryLocalUser       = 0x40
+	ClassMemoryLocalPrivileged = 0x3F
 )
+
+// nvos32Functions are the RM_VID_HEAP_CONTROL functions that allocate
+// device memory: ALLOC_SIZE and ALLOC_SIZE_RANGE.
+var nvos32Functions = map[uint32]string{2: "ALLOC_SIZE", 14: "ALLOC_SIZE_RANGE"}
 
 // RM control commands gpuarb decodes.
 const (
@@ -92,15 +100,16 @@ func IsChannelClass(c uint32) bool {
 }
 
 var escNames = map[uint32]string{
-	EscRMFree:         "RM_FREE",
-	EscRMControl:      "RM_CONTROL",
-	EscRMAlloc:        "RM_ALLOC",
-	EscRMIdleChannels: "RM_IDLE_CHANNELS",
-	EscRMMapMemory:    "RM_MAP_MEMORY",
-	EscAllocOSEvent:   "ALLOC_OS_EVENT",
-	EscFreeOSEvent:    "FREE_OS_EVENT",
-	EscIoctlXferCmd:   "IOCTL_XFER_CMD",
-	EscAttachGPUsToFD: "ATTACH_GPUS_TO_FD",
+	EscRMFree:           "RM_FREE",
+	EscRMControl:        "RM_CONTROL",
+	EscRMAlloc:          "RM_ALLOC",
+	EscRMIdleChannels:   "RM_IDLE_CHANNELS",
+	EscRMMapMemory:      "RM_MAP_MEMORY",
+	EscRMVidHeapControl: "RM_VID_HEAP_CONTROL",
+	EscAllocOSEvent:     "ALLOC_OS_EVENT",
+	EscFreeOSEvent:      "FREE_OS_EVENT",
+	EscIoctlXferCmd:     "IOCTL_XFER_CMD",
+	EscAttachGPUsToFD:   "ATTACH_GPUS_TO_FD",
 }
 
 // EscapeName names an nvidia escape.

@@ -57,11 +57,12 @@ const (
 
 // Record types and flags: enum event_type and enum event_flags.
 const (
-	recIoctl  = bpf.RecordIoctl
-	recCuda   = bpf.RecordCuda
-	recExit   = bpf.RecordExit
-	flagHeld  = bpf.FlagHeld
-	flagBegin = bpf.FlagBegin
+	recIoctl    = bpf.RecordIoctl
+	recCuda     = bpf.RecordCuda
+	recExit     = bpf.RecordExit
+	flagHeld    = bpf.FlagHeld
+	flagBegin   = bpf.FlagBegin
+	flagOOMKill = bpf.FlagOOMKill
 )
 
 // ErrShortRecord is returned for a record smaller than RecordSize.

@@ -42,8 +42,27 @@ type Process struct {
 	Subdevices map[ObjectKey]uint32  `json:"-"` // subdevice -> its device
 	Devices    map[ObjectKey]uint32  `json:"-"` // device object -> the GPU it opens (deviceId)
 	Nouveau    map[int32]bool        `json:"-"` // nouveau channel ids
-	Launches   uint64                `json:"launches"`
-	LastSeen   uint64                `json:"last_seen_ns"`
+	// Memory are its device memory allocations the driver made.
+	Memory   map[ObjectKey]MemoryObject `json:"-"`
+	Launches uint64                     `json:"launches"`
+	LastSeen uint64                     `json:"last_seen_ns"`
+}
+
+// MemoryObject is a device memory allocation: its size and its GPU (the
+// device id, as MemoryAllocated.GPU).
+type MemoryObject struct {
+	Bytes  uint64
+	GPU    uint32
+	Parent uint32 // the device or subdevice it was allocated under
+}
+
+// MemoryByGPU sums the process's device memory by GPU.
+func (p Process) MemoryByGPU() map[int]uint64 {
+	out := map[int]uint64{}
+	for _, m := range p.Memory {
+		out[int(m.GPU)] += m.Bytes
+	}
+	return out
 }
 
 // ClientFile is the control file an RM client was allocated on: its
@@ -107,6 +126,11 @@ func (p *Process) objects() int {
 // can claim objects without end. A CUDA process has a few per context.
 const maxObjects = 4096
 
+// maxMemoryObjects bounds the device memory allocations the table keeps
+// per process, as the probes' table of charged allocations does (a
+// caching allocator holds hundreds); those beyond it are not counted.
+const maxMemoryObjects = 65536
+
 // engineGR0 is NV2080_ENGINE_TYPE_GR0, the graphics/compute engine.
 const engineGR0 = 1
 
@@ -116,8 +140,9 @@ const engineGR0 = 1
 type Table struct {
 	mu    sync.Mutex
 	procs map[uint32]*Process
-	// dropped counts the objects not kept, a process having maxObjects.
-	dropped uint64
+	// dropped counts the objects not kept, a process having maxObjects;
+	// droppedMemory the allocations, a process having maxMemoryObjects.
+	dropped, droppedMemory uint64
 }
 
 // NewTable returns an empty table.
@@ -128,7 +153,7 @@ func (t *Table) proc(h *Header) *Process {
 	if p == nil {
 		p = &Process{PID: h.PID, Contexts: map[uint64]int32{}, Clients: map[uint32]ClientFile{}, TSGs: map[ObjectKey]TSG{},
 			Channels: map[ObjectKey]Channel{}, Subdevices: map[ObjectKey]uint32{}, Devices: map[ObjectKey]uint32{},
-			Nouveau: map[int32]bool{}}
+			Nouveau: map[int32]bool{}, Memory: map[ObjectKey]MemoryObject{}}
 		t.procs[h.PID] = p
 	}
 	p.Comm = h.Comm
@@ -173,6 +198,16 @@ func (t *Table) Apply(ev Event) {
 		if made(e.Ret, e.Status) && t.room(h) {
 			t.proc(h).Channels[ObjectKey{e.Client, e.Handle}] = Channel{Class: e.Class, Parent: e.Parent}
 		}
+	case *MemoryAllocated:
+		p := t.proc(h)
+		if !e.Made() || e.OOMKilled {
+			break
+		}
+		if len(p.Memory) >= maxMemoryObjects {
+			t.droppedMemory++
+			break
+		}
+		p.Memory[ObjectKey{e.Client, e.Handle}] = MemoryObject{Bytes: e.Bytes, GPU: e.GPU, Parent: e.Parent}
 	case *ObjectAllocated:
 		if !made(e.Ret, e.Status) || !t.room(h) {
 			break
@@ -193,7 +228,9 @@ func (t *Table) Apply(ev Event) {
 			p.Channels[k] = ch
 		}
 	case *ObjectFreed:
-		t.free(t.proc(h), e.Client, e.Handle)
+		if made(e.Ret, e.Status) { // a free the driver refused left the object
+			t.free(t.proc(h), e.Client, e.Handle)
+		}
 	case *NouveauChannel:
 		p := t.proc(h)
 		if e.Freed {
@@ -225,11 +262,22 @@ func (t *Table) room(h *Header) bool {
 }
 
 // Dropped counts the RM objects not kept because their process had
-// maxObjects already.
-func (t *Table) Dropped() uint64 {
+// maxObjects already, and the device memory allocations not kept beyond
+// maxMemoryObjects.
+func (t *Table) Dropped() (objects, allocations uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.dropped
+	return t.dropped, t.droppedMemory
+}
+
+// MemoryOf sums a process's device memory by GPU.
+func (t *Table) MemoryOf(pid uint32) map[int]uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if p := t.procs[pid]; p != nil {
+		return p.MemoryByGPU()
+	}
+	return nil
 }
 
 // free drops an RM object and, for a client, everything under it (the
@@ -240,7 +288,14 @@ func (t *Table) free(p *Process, client, handle uint32) {
 	delete(p.TSGs, k)
 	delete(p.Subdevices, k)
 	delete(p.Devices, k)
+	delete(p.Memory, k)
 	if handle != client {
+		// The driver frees what was allocated under a freed object.
+		for mk, m := range p.Memory {
+			if mk.Client == client && m.Parent == handle {
+				delete(p.Memory, mk)
+			}
+		}
 		return
 	}
 	delete(p.Clients, client)
@@ -262,6 +317,11 @@ func (t *Table) free(p *Process, client, handle uint32) {
 	for k := range p.Devices {
 		if k.Client == client {
 			delete(p.Devices, k)
+		}
+	}
+	for k := range p.Memory {
+		if k.Client == client {
+			delete(p.Memory, k)
 		}
 	}
 }
@@ -298,6 +358,7 @@ func (p *Process) copy() Process {
 	c.Subdevices = copyMap(p.Subdevices)
 	c.Devices = copyMap(p.Devices)
 	c.Nouveau = copyMap(p.Nouveau)
+	c.Memory = copyMap(p.Memory)
 	return c
 }
 

@@ -196,8 +196,6 @@ type gpuContext struct {
 	// drains are when its modeled work ran out (the replay ran it dry or
 	// a sync proved it done): a closed loop drains once a turn.
 	drains []uint64
-	mem    int64
-	allocs map[uint64]uint64
 	// capturedEvents are events recorded in a stream capture, by the
 	// stream whose capture they belong to: a stream that waits on one
 	// joins that capture (capture.go).

@@ -70,25 +70,19 @@ type Meter struct {
 	// them only when there are any).
 	unprobed int
 	// folded counts launches and event records that a context's bounds
-	// sent to its overflow stream or cost; untrackedAllocs the allocations
-	// beyond maxAllocs (Bounded).
-	folded, untrackedAllocs uint64
+	// sent to its overflow stream or cost (Folded).
+	folded uint64
 }
 
-// maxAllocs bounds the allocations a context tracks: beyond it, memory is
-// neither counted nor freed.
-const maxAllocs = 1 << 16
-
-// Bounded returns how many launches and event records went to a context's
+// Folded returns how many launches and event records went to a context's
 // overflow stream or cost because it passed maxStreams streams or
-// maxCostKeys kernels and graphs, and how many allocations were not
-// tracked beyond maxAllocs, since the meter started: what a process that
-// passes ever new handles costs the daemon is bounded, not its metering
-// (the work is still charged).
-func (m *Meter) Bounded() (folded, untrackedAllocs uint64) {
+// maxCostKeys kernels and graphs, since the meter started: what a process
+// that passes ever new handles costs the daemon is bounded, not its
+// metering (the work is still charged).
+func (m *Meter) Folded() uint64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.folded, m.untrackedAllocs
+	return m.folded
 }
 
 // SetPreexisting names the processes that ran before the probes could
@@ -248,7 +242,7 @@ func (m *Meter) context(h *ioctlspy.Header) *gpuContext {
 		m.unprobed-- // its pid is another process's now
 	}
 	if c == nil || c.exited {
-		c = &gpuContext{pid: h.PID, ctx: k.ctx, allocs: map[uint64]uint64{}, capturedEvents: map[uint64]uint64{}, costs: map[costKey]*cost{}, shape: map[costKey]*keyShape{},
+		c = &gpuContext{pid: h.PID, ctx: k.ctx, capturedEvents: map[uint64]uint64{}, costs: map[costKey]*cost{}, shape: map[costKey]*keyShape{},
 			since: h.Start, unseenBefore: m.preexisting[h.PID]}
 		if len(p.ctxs) == 0 {
 			delete(m.preexisting, h.PID)
@@ -552,22 +546,6 @@ func (m *Meter) Observe(ev ioctlspy.Event) {
 		if e.Ret == 0 {
 			m.contextMade(h, e)
 		}
-	case *ioctlspy.MemAlloc:
-		if e.Ret != 0 {
-			break
-		}
-		if c := m.context(h); len(c.allocs) < maxAllocs {
-			c.mem += int64(e.Bytes)
-			c.allocs[e.DPtr] = e.Bytes
-		} else {
-			m.untrackedAllocs++
-		}
-	case *ioctlspy.MemFree:
-		c := m.context(h)
-		if b, ok := c.allocs[e.DPtr]; ok {
-			c.mem -= int64(b)
-			delete(c.allocs, e.DPtr)
-		}
 	case *ioctlspy.ProcessExit:
 		for _, c := range m.contextsOf(h.PID) {
 			if !c.exited {
@@ -585,8 +563,6 @@ func (m *Meter) exit(c *gpuContext, t uint64) {
 	c.deferred = nil
 	c.waits = nil
 	c.exited = true
-	c.mem = 0
-	clear(c.allocs)
 }
 
 // Reconcile ends, now, the processes the meter still models that alive

@@ -20,8 +20,7 @@ type TenantStats struct {
 	LongRunShare float64 `json:"long_run_share"` // exponentially decayed share
 	LaunchesPerS float64 `json:"launches_per_s"`
 	SyncsPerS    float64 `json:"syncs_per_s"`
-	MemBytes     int64   `json:"mem_bytes"` // allocated minus freed
-	QueueNS      uint64  `json:"queue_ns"`  // time with work queued while others held the GPU, in the window
+	QueueNS      uint64  `json:"queue_ns"` // time with work queued while others held the GPU, in the window
 	Processes    int     `json:"processes"`
 	Busy         bool    `json:"busy"` // has outstanding work now
 }
@@ -69,7 +68,6 @@ type ContextStats struct {
 	// SyncWait their lengths in ns.
 	Syncs    int
 	SyncWait []uint64
-	MemBytes int64
 	QueueNS  uint64
 	// WantNS is how long in the window it wanted the GPU: work modeled, a
 	// wait for the GPU in progress (a sync or a polling loop), or kept from
@@ -121,7 +119,7 @@ func (m *Meter) Contexts(window time.Duration) (at uint64, out []ContextStats) {
 	for _, c := range m.ctxs {
 		held := sumIn(c.held, from, now)
 		cs := ContextStats{PID: c.pid, Ctx: c.ctx, CgroupID: c.cgroup, GPU: c.gpu, GPUNS: uint64(held), Share: held / float64(w),
-			Launches: len(dropBefore(c.launches, from)), Drains: len(dropBefore(c.drains, from)), MemBytes: c.mem, QueueNS: uint64(sumIn(c.waited, from, now)),
+			Launches: len(dropBefore(c.launches, from)), Drains: len(dropBefore(c.drains, from)), QueueNS: uint64(sumIn(c.waited, from, now)),
 			WantNS: uint64(c.wantedIn(from, now, m.frozen[c.cgroup])), Waiting: len(c.waits) > 0,
 			Busy: c.left() > 0, BacklogNS: c.backlog(), ActiveNS: now - max(from, min(c.since, now)), Learned: c.learned,
 			Exited: c.exited, Timeslice: c.timeslice, Total: c.total}
@@ -173,7 +171,6 @@ func (m *Meter) Snapshot() Snapshot {
 		t.GPUNS += c.GPUNS
 		t.LaunchesPerS += float64(c.Launches) / secs
 		t.SyncsPerS += float64(c.Syncs) / secs
-		t.MemBytes += c.MemBytes
 		t.QueueNS += c.QueueNS
 		if p := (procIn{k, c.PID}); !c.Exited && !live[p] { // once however many contexts it has
 			live[p] = true

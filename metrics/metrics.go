@@ -32,7 +32,9 @@ var (
 	throttled   = desc("tenant_throttled_seconds_total", "Time the arbiter held the tenant frozen or stopped.", tenantLabels)
 	launches    = desc("tenant_launches_total", "Kernel and graph launches and submissions of the tenant.", tenantLabels)
 	syncs       = desc("tenant_syncs_total", "Synchronizations of the tenant that returned.", tenantLabels)
-	memory      = desc("tenant_memory_bytes", "GPU memory the tenant holds (allocated minus freed).", tenantLabels)
+	memory      = desc("tenant_memory_bytes", "Device memory the tenant's processes hold on the GPU, as the driver made and freed it.", tenantLabels)
+	memLimit    = desc("gpu_memory_limit_bytes", "The tenant's GPU memory limit on each GPU (only tenants with one).", tenantLabels)
+	oomKills    = desc("gpu_memory_oom_kills_total", "Processes of the tenant killed at a device memory allocation past its GPU memory limit.", tenantLabels)
 	syncP99     = desc("tenant_sync_p99_seconds", "99th percentile of the tenant's sync waits in the last window.", tenantLabels)
 	processes   = desc("tenant_processes", "Processes of the tenant using the GPU.", tenantLabels)
 	gateErrors  = desc("tenant_gate_errors_total", "Failed freezes, thaws and pauses of the tenant (each undone; it may get more than its share meanwhile).", tenantLabels)
@@ -50,7 +52,7 @@ var (
 	libsRefused = desc("probe_libcudas_refused_total", "libcuda copies not probed because 256 were already, or 16 of one cgroup's (their processes are held as unprobed).", nil)
 	objsDropped = desc("probe_objects_dropped_total", "RM objects not kept because their process had 4096 already (a process's claims of allocations are read from its memory).", nil)
 	folded      = desc("meter_folded_launches_total", "Launches a process's bounds (1024 streams, 4096 kernels) sent to one overflow stream and cost (still charged).", nil)
-	untracked   = desc("meter_untracked_allocs_total", "GPU memory allocations beyond 65536 per process, not counted in its memory.", nil)
+	untracked   = desc("probe_untracked_allocs_total", "Device memory allocations beyond 65536 per process, not counted in its memory.", nil)
 	enforcing   = desc("enforcing", "1 while the arbiter enforces the policy, 0 while it only observes.", nil)
 	build       = desc("build_info", "The daemon's version.", []string{"version"})
 )
@@ -71,7 +73,7 @@ func NewCollector(status func() api.Status) *Collector {
 
 // Describe sends every metric's description.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{gpuSeconds, share, target, duty, throttled, launches, syncs, memory,
+	for _, d := range []*prometheus.Desc{gpuSeconds, share, target, duty, throttled, launches, syncs, memory, memLimit, oomKills,
 		syncP99, processes, gateErrors, unprobed, gpuBusy, baseSlice, minSlice, holds, holdsCut, held, probeEvents, probeLost, exitsRecon, unfollowed, libsRefused, objsDropped, folded, untracked, enforcing, build} {
 		ch <- d
 	}
@@ -94,6 +96,10 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		m(launches, prometheus.CounterValue, float64(t.LaunchesTotal))
 		m(syncs, prometheus.CounterValue, float64(t.SyncsTotal))
 		m(memory, prometheus.GaugeValue, float64(t.MemBytes))
+		if t.MemoryLimit != 0 {
+			m(memLimit, prometheus.GaugeValue, float64(t.MemoryLimit))
+			m(oomKills, prometheus.CounterValue, float64(t.OOMKills))
+		}
 		m(syncP99, prometheus.GaugeValue, t.SyncP99MS/1e3)
 		m(processes, prometheus.GaugeValue, float64(t.Processes))
 		m(gateErrors, prometheus.CounterValue, float64(t.GateErrors))

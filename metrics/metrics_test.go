@@ -16,7 +16,7 @@ func TestScrapeStatus(t *testing.T) {
 	st := api.Status{Version: "v9", Enforcing: true,
 		Tenants: []api.Tenant{
 			{Name: "train", GPU: 0, Share: 0.7, TargetShare: 0.5, Duty: 0.6, GPUNSTotal: 12_500_000_000,
-				ThrottledNS: 3_000_000_000, LaunchesTotal: 4000, SyncsTotal: 40, MemBytes: 1 << 30, SyncP99MS: 25, Processes: 4, GateErrors: 2,
+				ThrottledNS: 3_000_000_000, LaunchesTotal: 4000, SyncsTotal: 40, MemBytes: 1 << 30, MemoryLimit: 2 << 30, OOMKills: 3, SyncP99MS: 25, Processes: 4, GateErrors: 2,
 				UnprobedPIDs: []int{77, 78}},
 			{Name: "infer", GPU: 1, Share: 0.2, Duty: 1, GPUNSTotal: 1_000_000, LaunchesTotal: 7, SyncsTotal: 7},
 		},
@@ -43,6 +43,8 @@ func TestScrapeStatus(t *testing.T) {
 		{"gpuarb_tenant_launches_total", train, 4000, dto.MetricType_COUNTER},
 		{"gpuarb_tenant_syncs_total", train, 40, dto.MetricType_COUNTER},
 		{"gpuarb_tenant_memory_bytes", train, 1 << 30, dto.MetricType_GAUGE},
+		{"gpuarb_gpu_memory_limit_bytes", train, 2 << 30, dto.MetricType_GAUGE},
+		{"gpuarb_gpu_memory_oom_kills_total", train, 3, dto.MetricType_COUNTER},
 		{"gpuarb_tenant_sync_p99_seconds", train, 0.025, dto.MetricType_GAUGE},
 		{"gpuarb_tenant_processes", train, 4, dto.MetricType_GAUGE},
 		{"gpuarb_tenant_gate_errors_total", train, 2, dto.MetricType_COUNTER},
@@ -61,7 +63,7 @@ func TestScrapeStatus(t *testing.T) {
 		{"gpuarb_probe_libcudas_refused_total", nil, 7, dto.MetricType_COUNTER},
 		{"gpuarb_probe_objects_dropped_total", nil, 6, dto.MetricType_COUNTER},
 		{"gpuarb_meter_folded_launches_total", nil, 8, dto.MetricType_COUNTER},
-		{"gpuarb_meter_untracked_allocs_total", nil, 9, dto.MetricType_COUNTER},
+		{"gpuarb_probe_untracked_allocs_total", nil, 9, dto.MetricType_COUNTER},
 		{"gpuarb_enforcing", nil, 1, dto.MetricType_GAUGE},
 		{"gpuarb_build_info", map[string]string{"version": "v9"}, 1, dto.MetricType_GAUGE},
 	} {

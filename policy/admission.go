@@ -19,6 +19,9 @@ type Admission struct {
 	CgroupPrefix string `yaml:"cgroup_prefix" json:"cgroup_prefix"`
 	// MaxWeight caps a requested weight (0: 10000, no cap).
 	MaxWeight Weight `yaml:"max_weight,omitempty" json:"max_weight,omitempty"`
+	// MaxMemoryLimit bounds a workload's GPU memory limit: a request above
+	// it, or none, is admitted with this limit (0: no bound).
+	MaxMemoryLimit Bytes `yaml:"max_memory_limit,omitempty" json:"max_memory_limit,omitempty"`
 	// AllowLatency admits requests for latency priority and SLOs; without
 	// it such a request is admitted as priority normal with no SLO.
 	AllowLatency bool `yaml:"allow_latency,omitempty" json:"allow_latency,omitempty"`
@@ -31,6 +34,9 @@ func (a *Admission) validate(field string) error {
 	}
 	if a.MaxWeight != 0 && (a.MaxWeight < MinWeight || a.MaxWeight > MaxWeight) {
 		return &FieldError{field + ".max_weight", fmt.Sprintf("%d out of range %d–%d", a.MaxWeight, MinWeight, MaxWeight)}
+	}
+	if a.MaxMemoryLimit != 0 && a.MaxMemoryLimit < MinMemoryLimit {
+		return &FieldError{field + ".max_memory_limit", fmt.Sprintf("%s is below the smallest limit, %s", a.MaxMemoryLimit, MinMemoryLimit)}
 	}
 	return nil
 }
@@ -84,6 +90,14 @@ func (c *Config) Admit(cg string, r *Rules) (changed []string) {
 	if a.MaxWeight != 0 && r.Weight > a.MaxWeight {
 		changed = append(changed, fmt.Sprintf("weight %d lowered to %d by %s", r.Weight, a.MaxWeight, by))
 		r.Weight = a.MaxWeight
+	}
+	if a.MaxMemoryLimit != 0 && (r.MemoryLimit == 0 || r.MemoryLimit > a.MaxMemoryLimit) {
+		was := "no GPU memory limit"
+		if r.MemoryLimit != 0 {
+			was = "GPU memory limit " + r.MemoryLimit.String()
+		}
+		changed = append(changed, fmt.Sprintf("%s lowered to %s by %s", was, a.MaxMemoryLimit, by))
+		r.MemoryLimit = a.MaxMemoryLimit
 	}
 	if !a.AllowLatency && (r.Priority == Latency || r.SLO != (SLO{})) {
 		// The defaults' priority, unless that is latency too.

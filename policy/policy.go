@@ -46,6 +46,10 @@ const (
 	ModeTimeslice Mode = "timeslice"
 )
 
+// MinMemoryLimit is the smallest GPU memory limit: a CUDA context's own
+// buffers and a framework's first allocations take tens of MiB.
+const MinMemoryLimit = Bytes(64 << 20)
+
 // Weight bounds, as cpu.weight.
 const (
 	MinWeight     = 1
@@ -122,6 +126,10 @@ type Rules struct {
 	Priority Priority `yaml:"priority,omitempty" json:"priority"`
 	// SLO applies to latency tenants.
 	SLO SLO `yaml:"slo,omitempty" json:"slo,omitzero"`
+	// MemoryLimit holds the device memory of the tenant's processes on each
+	// GPU (0: none): an allocation that would pass it kills the allocating
+	// process.
+	MemoryLimit Bytes `yaml:"memory_limit,omitempty" json:"memory_limit,omitempty"`
 }
 
 // Selector names the processes of a tenant: exactly one of its fields.
@@ -294,6 +302,9 @@ func (r *Rules) fillFrom(d Rules) {
 	if r.Limit == 0 {
 		r.Limit = d.Limit
 	}
+	if r.MemoryLimit == 0 {
+		r.MemoryLimit = d.MemoryLimit
+	}
 }
 
 func (c *Config) fill() {
@@ -394,6 +405,9 @@ func (r *Rules) Validate(field string) error {
 	// !(x >= lo && x <= hi) also refuses NaN, which every comparison fails.
 	if !(r.Limit >= 0 && r.Limit <= 1) {
 		return &FieldError{field + ".limit", fmt.Sprintf("%g out of range 0–1 (0%%–100%%; 0: none)", float64(r.Limit))}
+	}
+	if r.MemoryLimit != 0 && r.MemoryLimit < MinMemoryLimit {
+		return &FieldError{field + ".memory_limit", fmt.Sprintf("%s is below the smallest limit, %s (a CUDA context alone holds more)", r.MemoryLimit, MinMemoryLimit)}
 	}
 	switch r.Priority {
 	case Latency, Normal, Batch:

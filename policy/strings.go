@@ -16,6 +16,8 @@ const (
 	KeyPriority = "priority"   // latency | normal | batch
 	KeySLOP99MS = "slo-p99-ms" // latency tenants: p99 sync wait bound
 	KeySLOFPS   = "slo-fps"    // latency tenants: frame rate to hold
+	// KeyMemoryLimit is the GPU memory limit per GPU: "16GiB", bytes.
+	KeyMemoryLimit = "memory-limit"
 )
 
 // ValueError names the key whose value is invalid.
@@ -36,9 +38,9 @@ func RulesFromStrings(kv map[string]string) (Rules, error) {
 	var r Rules
 	for k, v := range kv {
 		switch k {
-		case KeyWeight, KeyLimit, KeyPriority, KeySLOP99MS, KeySLOFPS:
+		case KeyWeight, KeyLimit, KeyPriority, KeySLOP99MS, KeySLOFPS, KeyMemoryLimit:
 		default:
-			return r, &ValueError{Key: k, Value: v, Msg: "unknown key (known: weight, limit, priority, slo-p99-ms, slo-fps)", Unknown: true}
+			return r, &ValueError{Key: k, Value: v, Msg: "unknown key (known: weight, limit, priority, slo-p99-ms, slo-fps, memory-limit)", Unknown: true}
 		}
 	}
 	if v, ok := kv[KeyWeight]; ok {
@@ -55,6 +57,16 @@ func RulesFromStrings(kv map[string]string) (Rules, error) {
 			return r, &ValueError{Key: KeyLimit, Value: v, Msg: "want a share in (0, 1] as 0.3 or 30%"}
 		}
 		r.Limit = s
+	}
+	if v, ok := kv[KeyMemoryLimit]; ok {
+		b, err := ParseBytes(v)
+		if err == nil && b < MinMemoryLimit {
+			err = fmt.Errorf("below the smallest limit, %s", MinMemoryLimit)
+		}
+		if err != nil {
+			return r, &ValueError{Key: KeyMemoryLimit, Value: v, Msg: err.Error()}
+		}
+		r.MemoryLimit = b
 	}
 	if v, ok := kv[KeyPriority]; ok {
 		p := Priority(strings.TrimSpace(v))

@@ -38,6 +38,7 @@ cgroup (systemd-run --scope).
 Examples:
   gpuarb attach --cgroup /gpu/train --name train --weight 300
   gpuarb attach --pid 4242 --limit 30%
+  gpuarb attach --cgroup /gpu/notebook --memory-limit 16GiB
   gpuarb attach --cgroup /gpu/infer --priority latency --slo-p99-ms 20`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "cgroup", Usage: "cgroup `PATH`"},
@@ -45,6 +46,7 @@ Examples:
 			&cli.StringFlag{Name: "name", Usage: "tenant `NAME` (default: from the cgroup or pid)"},
 			&cli.IntFlag{Name: "weight", Usage: "relative share `W`, 1–10000", DefaultText: "100"},
 			&cli.StringFlag{Name: "limit", Usage: "hard maximum share `P` of a GPU: 0.3 or 30%"},
+			&cli.StringFlag{Name: "memory-limit", Usage: "GPU memory limit `BYTES` on each GPU (16GiB, 512MiB): an allocation past it kills the allocating process"},
 			&cli.StringFlag{Name: "priority", Usage: "`CLASS`: latency | normal | batch", DefaultText: "normal"},
 			&cli.Float64Flag{Name: "slo-p99-ms", Usage: "latency SLO: p99 sync wait ≤ `X` ms (needs --priority latency)", DefaultText: "none"},
 			&cli.Float64Flag{Name: "slo-fps", Usage: "frame-loop SLO: at least `F` frames/s (needs --priority latency)", DefaultText: "none"},
@@ -80,6 +82,13 @@ Examples:
 					return cli.Exit("gpuarb attach: --limit: "+err.Error(), 2)
 				}
 				t.Limit = l
+			}
+			if c.IsSet("memory-limit") {
+				b, err := policy.ParseBytes(c.String("memory-limit"))
+				if err != nil {
+					return cli.Exit("gpuarb attach: --memory-limit: "+err.Error(), 2)
+				}
+				t.MemoryLimit = b
 			}
 			t.Priority = policy.Priority(c.String("priority"))
 			t.SLO = policy.SLO{P99SyncMS: c.Float64("slo-p99-ms"), FPS: c.Float64("slo-fps")}
@@ -241,7 +250,8 @@ func attachTargetExists(sel policy.Selector) error {
 
 // ruleFlags names the attach flag behind each rule field.
 var ruleFlags = map[string]string{"rules.weight": "--weight", "rules.limit": "--limit", "rules.priority": "--priority",
-	"rules.slo.p99_sync_ms": "--slo-p99-ms", "rules.slo.fps": "--slo-fps", "rules.slo": "--slo-p99-ms/--slo-fps"}
+	"rules.slo.p99_sync_ms": "--slo-p99-ms", "rules.slo.fps": "--slo-fps", "rules.slo": "--slo-p99-ms/--slo-fps",
+	"rules.memory_limit": "--memory-limit"}
 
 // checkRulesFlags validates the rules as the daemon will, before sending
 // them, and names the flag and the values it allows.

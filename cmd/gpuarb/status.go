@@ -138,18 +138,28 @@ func sortTenants(ts []api.Tenant, key string) {
 	})
 }
 
+// memoryColumn shows the device memory a tenant holds on the GPU, in MiB,
+// and its limit where it has one ("900/1024").
+func memoryColumn(t api.Tenant) string {
+	held := fmt.Sprintf("%.0f", float64(t.MemBytes)/(1<<20))
+	if t.MemoryLimit == 0 {
+		return held
+	}
+	return fmt.Sprintf("%s/%.0f", held, float64(t.MemoryLimit)/(1<<20))
+}
+
 func printTable(w io.Writer, st api.Status, key string) error {
 	sortTenants(st.Tenants, key)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "TENANT\tGPU\tSHARE\tTARGET\tDUTY\tPRIO\tWEIGHT\tGPU ms/s\tQUEUE ms/s\tLAUNCH/s\tSYNC/s\tMEM MiB\tPROCS\tSTATE\tCGROUP\t")
+	fmt.Fprintln(tw, "TENANT\tGPU\tSHARE\tTARGET\tDUTY\tPRIO\tWEIGHT\tGPU ms/s\tQUEUE ms/s\tLAUNCH/s\tSYNC/s\tMEM MiB\tOOM\tPROCS\tSTATE\tCGROUP\t")
 	window := float64(st.WindowNS) / 1e9
 	for _, t := range st.Tenants {
-		fmt.Fprintf(tw, "%s\t%d\t%.1f%%\t%.1f%%\t%.2f\t%s\t%d\t%.1f\t%.1f\t%.0f\t%.0f\t%.1f\t%d\t%s\t%s\t\n", truncate(displayName(t), 24), t.GPU,
+		fmt.Fprintf(tw, "%s\t%d\t%.1f%%\t%.1f%%\t%.2f\t%s\t%d\t%.1f\t%.1f\t%.0f\t%.0f\t%s\t%d\t%d\t%s\t%s\t\n", truncate(displayName(t), 24), t.GPU,
 			100*t.Share, 100*t.TargetShare, t.Duty, t.Priority, t.Weight, float64(t.GPUNS)/1e6/window, float64(t.QueueNS)/1e6/window,
-			t.LaunchesPerS, t.SyncsPerS, float64(t.MemBytes)/(1<<20), t.Processes, t.State, truncate(t.Cgroup, 48))
+			t.LaunchesPerS, t.SyncsPerS, memoryColumn(t), t.OOMKills, t.Processes, t.State, truncate(t.Cgroup, 48))
 	}
 	if len(st.Tenants) == 0 {
-		fmt.Fprintln(tw, "(no tenant has used a GPU in the window)\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t")
+		fmt.Fprintln(tw, "(no tenant has used a GPU in the window)\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t")
 	}
 	if !st.Enforcing {
 		fmt.Fprintln(tw, "(observing only: nothing is throttled)")

@@ -203,6 +203,10 @@ static void ctx_free(CUcontext h, struct ctx *c)
 		if (c->chan_used[i])
 			release_channel(c, i);
 	if (!g_nouveau) {
+		/* Its device memory goes with it, one RM_FREE each. */
+		for (int i = 0; i < c->nallocs; i++)
+			if (c->allocs[i].handle)
+				nv_free(c->h_device, c->allocs[i].handle);
 		nv_free(c->h_device, c->h_tsg);
 		nv_free(c->h_device, c->h_vaspace);
 		nv_free(c->h_device, c->h_subdevice);

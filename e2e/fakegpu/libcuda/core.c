@@ -29,6 +29,9 @@ pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 struct obj g_objs[MAX_OBJS];
 int g_init;
 int g_nouveau;
+/* Device memory is allocated with RM_VID_HEAP_CONTROL (FAKEGPU_ALLOC=vidheap)
+ * instead of RM_ALLOC of NV01_MEMORY_LOCAL_USER. */
+static int g_vidheap;
 uint32_t g_ngpus;
 uint64_t g_mem;
 uint32_t g_hclient;
@@ -230,7 +233,10 @@ int device_gone(struct ctx *c)
 #define NV_ESC_RM_CONTROL 0x2A
 #define NV_ESC_RM_ALLOC 0x2B
 #define NV_ESC_IOCTL_XFER_CMD 211
+#define NV_ESC_RM_VID_HEAP_CONTROL 0x4A
 #define NV01_ROOT_CLIENT 0x41
+#define NV01_MEMORY_LOCAL_USER 0x40
+#define NVOS32_FUNCTION_ALLOC_SIZE 2
 #define HOPPER_CHANNEL_GPFIFO_A 0xC86F
 #define NVC36F_CTRL_CMD_GPFIFO_GET_WORK_SUBMIT_TOKEN 0xC36F0108
 #define NV2080_ENGINE_TYPE_GR0 1
@@ -278,6 +284,42 @@ void nv_alloc64_xfer(uint32_t parent, uint32_t handle, uint32_t cls, void *param
 
 	if (g_nvfd >= 0)
 		ioctl(g_nvfd, NV_IOWR(NV_ESC_IOCTL_XFER_CMD, sizeof(x)), &x);
+}
+
+/* Device memory as the driver allocates it: NVOS64 RM_ALLOC of
+ * NV01_MEMORY_LOCAL_USER under the device, its 128-byte
+ * NV_MEMORY_ALLOCATION_PARAMS with the size at byte 64 and paramsSize 0,
+ * as the real libcuda sends it (or RM_VID_HEAP_CONTROL ALLOC_SIZE, the
+ * size at byte 88 of NVOS32_PARAMETERS). The simulator has decided the
+ * outcome already: status is what the driver writes back (0, or
+ * NV_ERR_NO_MEMORY with the ioctl returning 0), and is in the parameters
+ * when the ioctl returns, where the probes read it. */
+uint32_t nv_alloc_memory(uint32_t device, uint64_t bytes, uint32_t status)
+{
+	uint32_t handle = new_handle();
+
+	if (g_nvfd < 0)
+		return 0;
+	if (g_vidheap) {
+		uint8_t p[184];
+
+		memset(p, 0, sizeof(p));
+		memcpy(p + 0, &g_hclient, 4);
+		memcpy(p + 4, &device, 4);
+		*(uint32_t *)(p + 8) = NVOS32_FUNCTION_ALLOC_SIZE;
+		memcpy(p + 20, &status, 4);
+		memcpy(p + 44, &handle, 4);
+		memcpy(p + 88, &bytes, 8);
+		ioctl(g_nvfd, NV_IOWR(NV_ESC_RM_VID_HEAP_CONTROL, sizeof(p)), p);
+	} else {
+		uint8_t params[128];
+		NVOS64_PARAMETERS a = { g_hclient, device, handle, NV01_MEMORY_LOCAL_USER, (uint64_t)(uintptr_t)params, 0, 0, 0, status, 0 };
+
+		memset(params, 0, sizeof(params));
+		memcpy(params + 64, &bytes, 8);
+		ioctl(g_nvfd, NV_IOWR(NV_ESC_RM_ALLOC, sizeof(a)), &a);
+	}
+	return status ? 0 : handle;
 }
 
 void nv_control(uint32_t object, uint32_t cmd, void *params, uint32_t size)
@@ -534,6 +576,7 @@ CUAPI CUresult cuInit(unsigned int flags)
 		g_driver_version = atoi(ver);
 	g_nouveau = mode && !strcmp(mode, "nouveau");
 	g_spin = sync && !strcmp(sync, "spin");
+	g_vidheap = getenv("FAKEGPU_ALLOC") && !strcmp(getenv("FAKEGPU_ALLOC"), "vidheap");
 	g_sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	strncpy(sa.sun_path, socket_path(), sizeof(sa.sun_path) - 1);
 	if (g_sock < 0 || connect(g_sock, (struct sockaddr *)&sa, sizeof(sa)) < 0) {

@@ -103,6 +103,7 @@ struct graph {
 struct alloc {
 	CUdeviceptr addr;
 	size_t bytes;
+	uint32_t handle; /* its RM memory object (0: none, an IPC opening) */
 };
 
 struct ctx {
@@ -207,6 +208,7 @@ void nv_alloc21(uint32_t parent, uint32_t handle, uint32_t cls, void *params);
 void nv_alloc64_xfer(uint32_t parent, uint32_t handle, uint32_t cls, void *params);
 void nv_control(uint32_t object, uint32_t cmd, void *params, uint32_t size);
 void nv_free(uint32_t parent, uint32_t handle);
+uint32_t nv_alloc_memory(uint32_t device, uint64_t bytes, uint32_t status);
 void channel_setup_ioctls(struct ctx *c, int ch);
 void channel_teardown_ioctls(struct ctx *c, int ch);
 void nouveau_wait_ioctl(struct ctx *c, int ch);

@@ -38,19 +38,27 @@ int in_alloc(struct ctx *c, CUdeviceptr p, size_t n)
 	return 0;
 }
 
-/* Allocates in c (under g_lock). */
+#define NV_ERR_NO_MEMORY 0x51
+
+/* Allocates in c (under g_lock): the simulated GPU takes the memory, then
+ * the driver's RM allocation tells the probes, as on a real host (where
+ * the driver does both in that ioctl). */
 static CUresult mem_alloc(struct ctx *c, CUdeviceptr *dptr, size_t bytes)
 {
 	struct fg_req req = { .op = FG_OP_MEM_ALLOC, .arg0 = c->id, .arg1 = bytes };
 	struct fg_resp resp;
+	uint32_t handle;
 
 	if (c->nallocs >= MAX_ALLOCS)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	if (rpc(&req, &resp, NULL, 0) < 0)
 		return CUDA_ERROR_DEVICE_UNAVAILABLE;
+	if (resp.status == CUDA_ERROR_OUT_OF_MEMORY)
+		nv_alloc_memory(c->h_device, bytes, NV_ERR_NO_MEMORY);
 	if (resp.status)
 		return resp.status;
-	c->allocs[c->nallocs++] = (struct alloc){ resp.val0, bytes };
+	handle = nv_alloc_memory(c->h_device, bytes, 0);
+	c->allocs[c->nallocs++] = (struct alloc){ resp.val0, bytes, handle };
 	*dptr = resp.val0;
 	return CUDA_SUCCESS;
 }
@@ -66,6 +74,8 @@ static CUresult mem_free(struct ctx *c, CUdeviceptr dptr)
 			continue;
 		if (rpc(&req, &resp, NULL, 0) < 0)
 			return CUDA_ERROR_DEVICE_UNAVAILABLE;
+		if (!resp.status && c->allocs[i].handle)
+			nv_free(c->h_device, c->allocs[i].handle);
 		c->allocs[i] = c->allocs[--c->nallocs];
 		return resp.status;
 	}
@@ -430,7 +440,7 @@ CUAPI CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, 
 	else if (c->nallocs >= MAX_ALLOCS)
 		r = CUDA_ERROR_OUT_OF_MEMORY;
 	else {
-		c->allocs[c->nallocs++] = (struct alloc){ h.addr, (size_t)h.bytes | IPC_OPENED };
+		c->allocs[c->nallocs++] = (struct alloc){ h.addr, (size_t)h.bytes | IPC_OPENED, 0 };
 		*pdptr = h.addr;
 	}
 	pthread_mutex_unlock(&g_lock);

@@ -182,6 +182,7 @@ static void load_libcuda(int runtime)
 	SYM(GraphInstantiate, "cuGraphInstantiateWithFlags", "cuGraphInstantiate", 1);
 	SYM(GraphLaunch, "cuGraphLaunch", "cuGraphLaunch", 1);
 	SYM(MemAlloc, "cuMemAlloc_v2", "cuMemAlloc", 1);
+	SYM(MemFree, "cuMemFree_v2", "cuMemFree", 1);
 	SYM(MemAllocAsync, "cuMemAllocAsync", "cuMemAllocAsync", 0);
 	SYM(MemFreeAsync, "cuMemFreeAsync", "cuMemFreeAsync", 0);
 	SYM(IpcGetMemHandle, "cuIpcGetMemHandle", "cuIpcGetMemHandle", 0);

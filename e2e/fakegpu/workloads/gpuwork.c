@@ -45,6 +45,9 @@ static void usage(void)
 		"              optimizer kernels, an event-polled allocator, one sync per iteration (--api runtime)\n"
 		"  serve       LLM-like serving at --rate 10 requests/s: prefill of --kernels 8 x --kernel-ms 1.5,\n"
 		"              --tokens 16 decode steps of graph replays, polled (--api runtime)\n"
+		"  alloc       device memory: --count 16 allocations of --step-mib 128 (cuMemAlloc), a line\n"
+		"              \"held BYTES\" after each and \"done\" after the last; holds it for --duration,\n"
+		"              frees it and exits\n"
 		"  collective  --ranks 2 processes meeting every step through stream wait/write value, NCCL-like:\n"
 		"              --kernels 4 x --kernel-ms 2 of compute per step (--api runtime)\n"
 		"common: --duration S (10), --interval S (0: summary only), --gpu N (0),\n"
@@ -75,6 +78,7 @@ int main(int argc, char **argv)
 		{ "graph", required_argument, 0, 'R' },     { "seed", required_argument, 0, 'S' },
 		{ "tokens", required_argument, 0, 'K' },    { "ranks", required_argument, 0, 'N' },
 		{ "threads", required_argument, 0, 'H' },
+		{ "step-mib", required_argument, 0, 'M' },  { "count", required_argument, 0, 'C' },
 		{ "api", required_argument, 0, O_API },     { "kernels-ms", required_argument, 0, O_KERNELS_MS },
 		{ "mix", required_argument, 0, O_MIX },     { "sync", required_argument, 0, O_SYNC },
 		{ "persistent", no_argument, 0, O_PERSISTENT }, { "ex", no_argument, 0, O_EX },
@@ -83,7 +87,7 @@ int main(int argc, char **argv)
 	};
 	struct opts o = { .duration = 10, .depth = 8, .kernels = -1, .streams = 1, .children = 4, .fps = 60,
 			  .frame_ms = 8, .kernel_ms = -1, .rate = -1, .kernel_list = "1", .mix = "cycle",
-			  .sync_every = 4, .sync = "stream", .tokens = 16, .ranks = 2, .threads = 1 };
+			  .sync_every = 4, .sync = "stream", .tokens = 16, .ranks = 2, .threads = 1, .step_mib = 128, .count = 16 };
 	struct sigaction sa = { .sa_handler = on_signal };
 	const char *api = NULL;
 	int c;
@@ -135,6 +139,8 @@ int main(int argc, char **argv)
 		case 'K': o.tokens = (int)v; break;
 		case 'N': o.ranks = (int)v; break;
 		case 'H': o.threads = v < 1 ? 1 : (int)v; break;
+		case 'M': o.step_mib = v; break;
+		case 'C': o.count = (int)v; break;
 		case O_API: api = optarg; break;
 		case O_KERNELS_MS: o.kernel_list = optarg; break;
 		case O_MIX: o.mix = optarg; break;
@@ -198,6 +204,8 @@ int main(int argc, char **argv)
 	}
 	if (!strcmp(g_name, "loop"))
 		return run_loop(&o);
+	if (!strcmp(g_name, "alloc"))
+		return run_alloc(&o);
 	if (!strcmp(g_name, "train")) {
 		o.kernel_ms = DEFAULT(o.kernel_ms, 2);
 		o.kernels = DEFAULT(o.kernels, 8);

@@ -66,6 +66,7 @@ struct cuda {
 	CUresult (*GraphInstantiate)(CUgraphExec *, CUgraph, unsigned long long);
 	CUresult (*GraphLaunch)(CUgraphExec, CUstream);
 	CUresult (*MemAlloc)(CUdeviceptr *, size_t);
+	CUresult (*MemFree)(CUdeviceptr);
 	CUresult (*MemAllocAsync)(CUdeviceptr *, size_t, CUstream);
 	CUresult (*MemFreeAsync)(CUdeviceptr, CUstream);
 	CUresult (*IpcGetMemHandle)(CUipcMemHandle *, CUdeviceptr);
@@ -94,6 +95,9 @@ struct opts {
 	int tokens;
 	/* collective */
 	int ranks;
+	/* alloc */
+	double step_mib;
+	int count;
 };
 
 extern volatile sig_atomic_t g_stop;
@@ -164,6 +168,7 @@ void summary_head(struct progress *p);
 
 /* The workloads. */
 int run_hog(const struct opts *o, double kernel_ms);
+int run_alloc(const struct opts *o);
 int run_greedy(const struct opts *o);
 int run_infer(const struct opts *o);
 int run_frames(const struct opts *o);

@@ -296,3 +296,32 @@ int run_fork(const struct opts *o)
 	       getpid(), now_s() - t0, n, failed);
 	return failed ? 1 : 0;
 }
+
+/* alloc: device memory in steps, held, then freed. A GPU memory limit may
+ * end it at an allocation (SIGKILL): what it printed last is what it held. */
+int run_alloc(const struct opts *o)
+{
+	size_t step = (size_t)(o->step_mib * (1 << 20));
+	CUdeviceptr *p = calloc(o->count > 0 ? (size_t)o->count : 1, sizeof(*p));
+	unsigned long long held = 0;
+	double end;
+
+	if (!p || !step) {
+		fprintf(stderr, "gpuwork alloc: want --step-mib above 0\n");
+		return 2;
+	}
+	setup(o);
+	for (int i = 0; i < o->count; i++) {
+		CHECK(cu.MemAlloc(&p[i], step));
+		held += step;
+		printf("held %llu\n", held);
+	}
+	printf("done\n");
+	end = now_s() + o->duration;
+	while (!g_stop && now_s() < end)
+		usleep(10000);
+	for (int i = 0; i < o->count; i++)
+		CHECK(cu.MemFree(p[i]));
+	free(p);
+	return 0;
+}

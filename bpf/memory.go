@@ -1,0 +1,131 @@
+package bpf
+
+import (
+	"errors"
+	"fmt"
+)
+
+// GPU memory limits hold a tenant's device memory at the driver boundary:
+// the probes charge each device memory allocation its processes make
+// (RM_ALLOC of a video memory class, RM_VID_HEAP_CONTROL) to the tenant's
+// slot, per GPU, by the size the driver wrote back, and an allocation that
+// would take a GPU's charge past the limit kills its process (SIGKILL at
+// the ioctl's syscall exit, before it returns to user space: the cgroup
+// OOM killer's semantics). An RM_FREE uncharges the allocation; a process's
+// exit uncharges all it held. Tenants without a limit have no slot: their
+// allocations pay one counter test (mem_members).
+
+// MemorySlots is the number of memory limits the probes hold.
+const MemorySlots = 4096
+
+// MemoryGPUs is the number of GPUs a slot charges apart; an allocation on
+// a device id at or past MemoryGPUs-1, or under a device the probes did not
+// see made, is charged to GPU MemoryGPUs-1.
+const MemoryGPUs = 16
+
+// ErrNoMemorySlot is returned when every memory limit slot is in use.
+var ErrNoMemorySlot = errors.New("no free GPU memory limit slot")
+
+// Pinned names of the memory limit tables: members, limits and charges.
+const (
+	memKeysMap  = "gpuarb_mem_keys"
+	memLimitMap = "gpuarb_mem_limit"
+	memUsageMap = "gpuarb_mem_usage"
+)
+
+// MemoryLimit is one tenant's memory limit slot. Its methods are safe for
+// concurrent use with the probes; one goroutine owns a limit.
+type MemoryLimit struct {
+	p *Probes
+	memberSet
+}
+
+// MemoryUsage is what a memory limit slot has charged.
+type MemoryUsage struct {
+	// Charged is the device memory its tenant's processes hold, by GPU
+	// (the device id; see MemoryGPUs).
+	Charged map[int]uint64
+	// Kills counts the processes killed at an allocation past the limit,
+	// by GPU.
+	Kills map[int]uint64
+}
+
+// NewMemoryLimit takes a free slot with no member and no limit, its charges
+// zeroed.
+func (p *Probes) NewMemoryLimit() (*MemoryLimit, error) {
+	l := &MemoryLimit{p: p}
+	err := p.memory.take(ErrNoMemorySlot, func(slot uint32) error {
+		l.memberSet = newMemberSet(p.objs.GpuarbMemKeys, &p.memory, slot, "memory limit")
+		// A new generation: what processes of the slot's last tenant
+		// still hold is never uncharged from this one.
+		var u gpuarbMemUsage
+		if err := p.objs.GpuarbMemUsage.Lookup(slot, &u); err != nil {
+			return fmt.Errorf("memory limit %d: read: %w", slot, err)
+		}
+		if err := p.objs.GpuarbMemUsage.Put(slot, gpuarbMemUsage{Gen: u.Gen + 1}); err != nil {
+			return fmt.Errorf("memory limit %d: reset: %w", slot, err)
+		}
+		return l.SetLimit(0)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// Slot is the limit's index in gpuarb_mem_limit and gpuarb_mem_usage.
+func (l *MemoryLimit) Slot() uint32 { return l.slot }
+
+// SetLimit holds each GPU's charge to bytes (0: no limit, charges only).
+func (l *MemoryLimit) SetLimit(bytes uint64) error {
+	if err := l.p.objs.GpuarbMemLimit.Put(l.slot, bytes); err != nil {
+		return fmt.Errorf("memory limit %d: set: %w", l.slot, err)
+	}
+	return nil
+}
+
+// SetMembers makes exactly these cgroups (with everything below them) and
+// processes the limit's members.
+func (l *MemoryLimit) SetMembers(cgroups []uint64, pids []int) error { return l.set(cgroups, pids) }
+
+// Usage reads what the slot has charged.
+func (l *MemoryLimit) Usage() (MemoryUsage, error) {
+	var u gpuarbMemUsage
+	if err := l.p.objs.GpuarbMemUsage.Lookup(l.slot, &u); err != nil {
+		return MemoryUsage{}, fmt.Errorf("memory limit %d: read: %w", l.slot, err)
+	}
+	out := MemoryUsage{Charged: map[int]uint64{}, Kills: map[int]uint64{}}
+	for gpu, n := range u.Kills {
+		if n != 0 {
+			out.Kills[gpu] = n
+		}
+	}
+	for gpu, b := range u.Charged {
+		// A free racing a charge of another thread can leave a transient
+		// wrap below zero; it reads as nothing held.
+		if b != 0 && b < 1<<63 {
+			out.Charged[gpu] = b
+		}
+	}
+	return out, nil
+}
+
+// Close removes the limit's members and frees its slot. Processes it
+// killed stay dead; nothing it charged is held by anyone.
+func (l *MemoryLimit) Close() error {
+	if l == nil || l.closed() {
+		return nil
+	}
+	err := errors.Join(l.clear(), l.SetLimit(0))
+	l.p.memory.give(l.slot)
+	return err
+}
+
+// clearMemoryMembers drops members left in reused pins by an earlier
+// daemon: their slots mean nothing to this one.
+func (p *Probes) clearMemoryMembers() error {
+	if err := clearMembers(p.objs.GpuarbMemKeys); err != nil {
+		return fmt.Errorf("memory limits: %w", err)
+	}
+	return nil
+}

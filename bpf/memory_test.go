@@ -1,0 +1,95 @@
+package bpf
+
+import (
+	"errors"
+	"io"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gpuarb/gpuarb/internal/testutil"
+)
+
+const mib = 1 << 20
+
+// startRawAllocator starts testdata/rawalloc.c in cg: count allocations of
+// step bytes through mode (rmalloc, xfer or vidheap) on node, no libcuda.
+func startRawAllocator(t *testing.T, exe, node string, cg *testutil.Cgroup, mode string, step uint64, count int) *testutil.Allocator {
+	t.Helper()
+	return testutil.StartAllocator(t, cg, exec.Command(exe, node, mode, strconv.FormatUint(step, 10), strconv.Itoa(count)))
+}
+
+// A limited tenant's process is killed at the allocation that would take
+// the tenant past its limit, whether it allocates by RM_ALLOC, by
+// RM_ALLOC in IOCTL_XFER_CMD or by RM_VID_HEAP_CONTROL, with no libcuda;
+// the tenant's other process and an unlimited neighbour keep their
+// memory; a free and an exit uncharge.
+func TestMemoryLimitKillsAtTheAllocationPastIt(t *testing.T) {
+	// The simulated GPU's control node: a character device of the mem
+	// driver, on which every ioctl fails with ENOTTY.
+	p := loadForTest(t, Options{Devices: []Device{{Major: 1, Minor: 7, Kind: KindNvidiaCtl}}})
+	node := filepath.Join(t.TempDir(), "nvidiactl")
+	if err := unix.Mknod(node, unix.S_IFCHR|0o600, int(unix.Mkdev(1, 7))); err != nil {
+		t.Fatal(err)
+	}
+	exe := testutil.BuildC(t, "rawalloc")
+	for _, mode := range []string{"rmalloc", "xfer", "vidheap"} {
+		t.Run(mode, func(t *testing.T) {
+			limited, neighbour := testutil.NewCgroup(t, "mem-limited"), testutil.NewCgroup(t, "mem-neighbour")
+			l, err := p.NewMemoryLimit()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			if err := l.SetMembers([]uint64{limited.ID}, nil); err != nil {
+				t.Fatal(err)
+			}
+			if err := l.SetLimit(1 << 30); err != nil {
+				t.Fatal(err)
+			}
+			keeper := startRawAllocator(t, exe, node, limited, mode, 256*mib, 1)
+			if !keeper.Until(t, "done") {
+				t.Fatal("the tenant's 256 MiB process did not finish allocating")
+			}
+			grower := startRawAllocator(t, exe, node, limited, mode, 128*mib, 16)
+			if grower.Until(t, "done") {
+				t.Fatalf("the growing process allocated 2 GiB under a 1 GiB limit")
+			}
+			var ee *exec.ExitError
+			if err := grower.Wait(t, 10*time.Second); !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+				t.Fatalf("the growing process ended with %v, want SIGKILL", err)
+			}
+			if grower.Held != 768*mib {
+				t.Errorf("the growing process held %d MiB when killed, want 768 (1 GiB less the other's 256)", grower.Held/mib)
+			}
+			other := startRawAllocator(t, exe, node, neighbour, mode, 1<<30, 3)
+			if !other.Until(t, "done") {
+				t.Fatal("the unlimited neighbour did not allocate its 3 GiB")
+			}
+			u, err := l.Usage()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if u.Kills[0] != 1 || len(u.Kills) != 1 || u.Charged[0] != 256*mib || len(u.Charged) != 1 {
+				t.Errorf("usage %+v: want 1 kill and the keeper's 256 MiB on GPU 0 (the killed process uncharged at exit)", u)
+			}
+			if _, err := io.WriteString(keeper.In, "free\n"); err != nil {
+				t.Fatal(err)
+			}
+			if !keeper.Until(t, "freed") {
+				t.Fatal("the keeper did not free")
+			}
+			if u, err := l.Usage(); err != nil || len(u.Charged) != 0 {
+				t.Errorf("usage after the keeper's RM_FREE: %+v (%v), want nothing charged", u, err)
+			}
+			if err := keeper.Cmd.Process.Signal(syscall.Signal(0)); err != nil {
+				t.Errorf("the keeper is gone: %v", err)
+			}
+		})
+	}
+}

@@ -1,0 +1,109 @@
+package daemon
+
+import (
+	"path/filepath"
+	"slices"
+
+	"github.com/gpuarb/gpuarb/cgroup"
+	"github.com/gpuarb/gpuarb/control"
+	"github.com/gpuarb/gpuarb/enforce"
+	"github.com/gpuarb/gpuarb/ioctlspy"
+	"github.com/gpuarb/gpuarb/policy"
+)
+
+// memoryTarget is where a policy tenant's GPU memory limit applies: a pid
+// tenant's tree, a cgroup tenant's cgroup (with what is below it), and
+// the cgroups its processes were seen in (a container tenant's, found by
+// its id). ok is false for a tenant without a limit, or one none of whose
+// processes can be named yet. Reads the cgroup filesystem: called without
+// d.mu.
+func (d *Daemon) memoryTarget(t policy.Tenant, tree []int, seen []uint64) (enforce.MemoryTarget, bool) {
+	if t.MemoryLimit == 0 {
+		return enforce.MemoryTarget{}, false
+	}
+	target := enforce.MemoryTarget{Limit: uint64(t.MemoryLimit)}
+	switch {
+	case t.PID != 0:
+		target.PIDs = tree
+	default:
+		if t.Cgroup != "" && d.mount != "" {
+			if id, err := cgroup.ID(filepath.Join(d.mount, normalizeCgroup(t.Cgroup, d.mount))); err == nil {
+				target.Cgroups = append(target.Cgroups, id)
+			}
+		}
+		for _, id := range seen {
+			if !slices.Contains(target.Cgroups, id) {
+				target.Cgroups = append(target.Cgroups, id)
+			}
+		}
+	}
+	return target, len(target.PIDs)+len(target.Cgroups) > 0
+}
+
+// syncMemory holds exactly the limited tenants to their GPU memory limits:
+// the policy's (cfg, with the pid tenants' trees) and those a control step
+// found by their cgroups (found: a default tenant under a default limit).
+// Called under stepMu, without d.mu.
+func (d *Daemon) syncMemory(cfg *policy.Config, trees map[int][]int, found map[string]*control.Tenant) {
+	targets := map[string]enforce.MemoryTarget{}
+	for _, t := range cfg.Tenants {
+		var seen []uint64
+		if ct := found[t.Name]; ct != nil && t.PID == 0 {
+			seen = ct.CgroupIDs
+		}
+		if target, ok := d.memoryTarget(t, trees[t.PID], seen); ok {
+			targets[t.Name] = target
+		}
+	}
+	for name, ct := range found {
+		if _, listed := cfg.Tenant(name); listed || ct.Rules.MemoryLimit == 0 || ct.PID != 0 {
+			continue
+		}
+		targets[name] = enforce.MemoryTarget{Limit: uint64(ct.Rules.MemoryLimit), Cgroups: ct.CgroupIDs}
+	}
+	if err := d.memory.Sync(targets); err != nil {
+		d.log.Warn("GPU memory limits", "err", err)
+	}
+}
+
+// limitMemoryNow limits a policy tenant's GPU memory at once, before its
+// processes allocate: a new policy's limits hold from its change, not
+// from the next control step (late for a container's first allocations).
+// A limit the change removed goes at that step. Called under stepMu,
+// without d.mu.
+func (d *Daemon) limitMemoryNow(t policy.Tenant) {
+	var tree []int
+	if t.PID != 0 {
+		tree = d.pidTrees([]int{t.PID})[t.PID]
+	}
+	target, ok := d.memoryTarget(t, tree, nil)
+	if !ok {
+		return
+	}
+	if err := d.memory.Set(t.Name, target); err != nil {
+		d.log.Warn("GPU memory limit", "tenant", t.Name, "err", err)
+	}
+}
+
+// noteOOMKill logs a process the probes killed at an allocation past its
+// tenant's GPU memory limit.
+func (d *Daemon) noteOOMKill(e *ioctlspy.MemoryAllocated) {
+	h := e.Hdr()
+	d.log.Warn("GPU memory limit: process killed at an allocation past it", "tenant", d.memory.Owner(e.LimitSlot),
+		"pid", h.PID, "comm", h.Comm, "gpu", e.GPU, "bytes", e.Bytes, "charged", e.Charged, "limit", e.Limit)
+}
+
+// memoryOf sums the device memory a tenant's processes hold on gpu, as
+// the probes saw the driver make and free it.
+func (d *Daemon) memoryOf(ct *control.Tenant, gpu int) uint64 {
+	if d.spy == nil {
+		return 0
+	}
+	var sum uint64
+	for _, m := range ct.Members {
+		if !m.Exited {
+			sum += d.spy.Table().MemoryOf(m.PID)[gpu]
+		}
+	}
+	return sum
+}

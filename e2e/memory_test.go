@@ -1,0 +1,125 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gpuarb/gpuarb/api"
+	"github.com/gpuarb/gpuarb/internal/testutil"
+)
+
+const mib = 1 << 20
+
+// startAllocator starts gpuwork alloc in cg: count allocations of stepMiB
+// MiB through libcuda, held for a minute.
+func startAllocator(t *testing.T, gpu *testutil.FakeGPU, cg *testutil.Cgroup, stepMiB, count int, env ...string) *testutil.Allocator {
+	t.Helper()
+	cmd := gpu.Workload(t, "alloc", "--step-mib", strconv.Itoa(stepMiB), "--count", strconv.Itoa(count), "--duration", "60")
+	cmd.Env = append(cmd.Env, env...)
+	return testutil.StartAllocator(t, cg, cmd)
+}
+
+// Issue 59's first bar, through libcuda's allocations (RM_ALLOC, and
+// RM_VID_HEAP_CONTROL with FAKEGPU_ALLOC=vidheap): a tenant attached with
+// --memory-limit 1GiB, one of whose processes holds 256 MiB, has its
+// other process killed at the allocation that would take it past 1 GiB,
+// having held 768 MiB; the first process and an unlimited neighbour
+// holding 3 GiB keep running and keep their memory; status shows one OOM
+// kill for the tenant and none for the neighbour, and each one's memory
+// as the simulated GPU holds it.
+func TestGPUMemoryLimitKillsTheAllocationPastIt(t *testing.T) {
+	for _, mode := range []string{"rmalloc", "vidheap"} {
+		t.Run(mode, func(t *testing.T) {
+			gpu := testutil.StartFakeGPU(t)
+			d := startDaemon(t, gpu)
+			limited, neighbour := testutil.NewCgroup(t, "mem-limited"), testutil.NewCgroup(t, "mem-neighbour")
+			out, err := exec.Command(testutil.Bin(t, "gpuarb"), "attach", "--socket", d.Socket, "--cgroup", limited.Rel,
+				"--name", "limited", "--memory-limit", "1GiB").CombinedOutput()
+			if err != nil {
+				t.Fatalf("attach --memory-limit 1GiB: %v\n%s", err, out)
+			}
+			env := []string{"FAKEGPU_ALLOC=" + mode}
+			keeper := startAllocator(t, gpu, limited, 256, 1, env...)
+			if !keeper.Until(t, "done") {
+				t.Fatal("the tenant's 256 MiB process did not finish allocating")
+			}
+			grower := startAllocator(t, gpu, limited, 128, 16, env...)
+			if grower.Until(t, "done") {
+				t.Fatal("the growing process allocated 2 GiB under a 1 GiB limit")
+			}
+			var ee *exec.ExitError
+			if err := grower.Wait(t, 10*time.Second); !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+				t.Fatalf("the growing process ended with %v, want SIGKILL", err)
+			}
+			if grower.Held != 768*mib {
+				t.Errorf("the growing process held %d MiB when killed, want 768 (1 GiB less the other's 256)", grower.Held/mib)
+			}
+			other := startAllocator(t, gpu, neighbour, 1024, 3, env...)
+			if !other.Until(t, "done") {
+				t.Fatal("the unlimited neighbour did not allocate its 3 GiB")
+			}
+
+			want := map[string]uint64{limited.Rel: 256 * mib, neighbour.Rel: 3 << 30}
+			truth, err := gpu.Stats(false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			held := map[string]uint64{}
+			for _, c := range truth.GPUs[0].Contexts {
+				if c.Alive {
+					held[c.Cgroup] += c.MemBytes
+				}
+			}
+			for cg, b := range want {
+				if held[cg] != b {
+					t.Errorf("the simulated GPU holds %d MiB for %s, want %d", held[cg]/mib, cg, b/mib)
+				}
+			}
+			var rows map[string]api.Tenant
+			deadline := time.Now().Add(5 * time.Second)
+			for {
+				st, err := d.Client.Status(context.Background())
+				if err != nil {
+					t.Fatal(err)
+				}
+				rows = map[string]api.Tenant{}
+				for _, r := range st.Tenants {
+					rows[r.Cgroup] = r
+				}
+				l, n := rows[limited.Rel], rows[neighbour.Rel]
+				if l.MemBytes == want[limited.Rel] && n.MemBytes == want[neighbour.Rel] && l.OOMKills == 1 || time.Now().After(deadline) {
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			l, n := rows[limited.Rel], rows[neighbour.Rel]
+			if l.Name != "limited" || l.MemBytes != 256*mib || l.MemoryLimit != 1<<30 || l.OOMKills != 1 {
+				t.Errorf("the limited tenant in status: %s, %d MiB, limit %d MiB, %d OOM kills; want limited, 256, 1024, 1",
+					l.Name, l.MemBytes/mib, l.MemoryLimit/mib, l.OOMKills)
+			}
+			if n.MemBytes != 3<<30 || n.MemoryLimit != 0 || n.OOMKills != 0 {
+				t.Errorf("the neighbour in status: %d MiB, limit %d, %d OOM kills; want 3072, none, 0", n.MemBytes/mib, n.MemoryLimit, n.OOMKills)
+			}
+			for _, a := range []*testutil.Allocator{keeper, other} {
+				if a.Done() {
+					t.Errorf("pid %d, which stayed within its limit or had none, is gone", a.Cmd.Process.Pid)
+				}
+			}
+			_, log := d.Proc.Output()
+			if !strings.Contains(log, "process killed at an allocation past it") || !strings.Contains(log, "tenant=limited") ||
+				!strings.Contains(log, "bytes=134217728 charged=1073741824 limit=1073741824") {
+				t.Errorf("the daemon's log lacks the kill with its tenant, size, charge and limit:\n%s", log)
+			}
+			top, err := exec.Command(testutil.Bin(t, "gpuarb"), "top", "--once", "--socket", d.Socket).Output()
+			if err != nil || !strings.Contains(string(top), "256/1024") {
+				t.Errorf("top --once does not show the limited tenant's 256/1024 MiB (%v):\n%s", err, top)
+			}
+		})
+	}
+}

@@ -1,0 +1,56 @@
+package enforce
+
+import (
+	"testing"
+
+	"github.com/gpuarb/gpuarb/bpf"
+	"github.com/gpuarb/gpuarb/internal/testutil"
+)
+
+// Limits follow the targets by name: a new tenant takes a slot, a tenant
+// gone gives its slot back, Set adds one and leaves the rest, and a slot
+// names its tenant (for the kill's log line).
+func TestMemoryLimitsFollowTheirTargets(t *testing.T) {
+	testutil.Privileged(t)
+	if _, err := bpf.EnsureFilesystems(); err != nil {
+		t.Fatal(err)
+	}
+	p, err := bpf.Load(bpf.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	m := NewMemoryLimits(p)
+	defer m.Close()
+	if err := m.Sync(map[string]MemoryTarget{"a": {Limit: 1 << 30, Cgroups: []uint64{1}}, "b": {Limit: 2 << 30, PIDs: []int{1}}}); err != nil {
+		t.Fatal(err)
+	}
+	owners := map[string]uint32{}
+	for slot := uint32(0); slot < 4; slot++ {
+		if name := m.Owner(slot); name != "" {
+			owners[name] = slot
+		}
+	}
+	if len(owners) != 2 {
+		t.Fatalf("slot owners %v, want a and b", owners)
+	}
+	if err := m.Sync(map[string]MemoryTarget{"b": {Limit: 3 << 30, PIDs: []int{1}}}); err != nil {
+		t.Fatal(err)
+	}
+	if name := m.Owner(owners["a"]); name != "" {
+		t.Errorf("a's slot still names %q after a went", name)
+	}
+	if err := m.Set("c", MemoryTarget{Limit: 4 << 30, Cgroups: []uint64{2}}); err != nil {
+		t.Fatal(err)
+	}
+	u := m.Usage()
+	if len(u) != 2 || u["b"].Limit != 3<<30 || u["c"].Limit != 4<<30 || len(u["b"].Charged) != 0 {
+		t.Errorf("usage %+v, want b at 3 GiB and c at 4 GiB, nothing charged", u)
+	}
+	if m.Owner(owners["b"]) != "b" {
+		t.Errorf("b's slot names %q after Set", m.Owner(owners["b"]))
+	}
+	if err := NewMemoryLimits(nil).Sync(map[string]MemoryTarget{"a": {Limit: 1}}); err == nil {
+		t.Error("a limit without probes was accepted")
+	}
+}

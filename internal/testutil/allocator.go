@@ -1,0 +1,69 @@
+package testutil
+
+import (
+	"bufio"
+	"io"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Allocator is a process that allocates GPU memory and says so: a line
+// "held BYTES" after each allocation and "done" after the last (gpuwork
+// alloc, testdata/rawalloc.c). Its stdin stays open until cleanup.
+type Allocator struct {
+	*Proc
+	In io.WriteCloser
+	// Held is what the last "held" line read said.
+	Held  uint64
+	lines chan string
+}
+
+// StartAllocator starts cmd in cg as Start does, reading its lines.
+func StartAllocator(t testing.TB, cg *Cgroup, cmd *exec.Cmd) *Allocator {
+	t.Helper()
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &Allocator{In: in, lines: make(chan string, 64)}
+	a.Proc = Start(t, cg, cmd)
+	go func() {
+		s := bufio.NewScanner(out)
+		for s.Scan() {
+			a.lines <- s.Text()
+		}
+		close(a.lines)
+	}()
+	t.Cleanup(func() { in.Close() })
+	return a
+}
+
+// Until reads its lines until want (true) or until its output ends
+// (false: it exited); it fails the test after 20 s without either.
+func (a *Allocator) Until(t testing.TB, want string) bool {
+	t.Helper()
+	timeout := time.After(20 * time.Second)
+	for {
+		select {
+		case l, ok := <-a.lines:
+			if !ok {
+				return false
+			}
+			if n, found := strings.CutPrefix(l, "held "); found {
+				a.Held, _ = strconv.ParseUint(n, 10, 64)
+			}
+			if l == want {
+				return true
+			}
+		case <-timeout:
+			t.Fatalf("allocator: no %q in 20 s (held %d bytes)", want, a.Held)
+		}
+	}
+}
