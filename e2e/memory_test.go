@@ -123,3 +123,92 @@ func TestGPUMemoryLimitKillsTheAllocationPastIt(t *testing.T) {
 		})
 	}
 }
+
+// Issue 59's accuracy bar: the device memory gpuarb charges each tenant on
+// each GPU is the simulated GPU's own figure less its contexts' baseline
+// (the driver's buffers, which no RM memory allocation shows), within 1%,
+// under a caching allocator that empties its cache at an OOM, a KV cache
+// sized from the GPU's memory, a stream-ordered pool that keeps freed
+// blocks until a sync, and a tenant of two processes on two GPUs.
+func TestGPUMemoryChargedAsTheDriverHoldsIt(t *testing.T) {
+	const ctxMemory = 32 * mib
+	gpu := testutil.StartFakeGPU(t, "--gpus", "2", "--memory", strconv.Itoa(4<<30), "--ctx-memory", strconv.Itoa(ctxMemory))
+	d := startDaemon(t, gpu)
+	type run struct {
+		cg   *testutil.Cgroup
+		args []string
+	}
+	runs := map[string][]run{}
+	for name, args := range map[string][][]string{
+		"pool":  {{"--pattern", "pool", "--count", "10"}},
+		"multi": {{"--step-mib", "100", "--count", "3"}, {"--step-mib", "3", "--count", "5", "--gpu", "1"}},
+		"vllm":  {{"--pattern", "vllm", "--step-mib", "256", "--count", "2", "--gpu", "1"}},
+		"torch": {{"--pattern", "torch", "--count", "400"}},
+	} {
+		cg := testutil.NewCgroup(t, "mem-"+name)
+		for _, a := range args {
+			runs[name] = append(runs[name], run{cg, a})
+		}
+	}
+	for _, name := range []string{"pool", "multi", "vllm", "torch"} { // torch last: it grows until the GPU is full
+		for _, r := range runs[name] {
+			cmd := gpu.Workload(t, append([]string{"alloc", "--duration", "60"}, r.args...)...)
+			a := testutil.StartAllocator(t, r.cg, cmd)
+			if name == "torch" && !a.Until(t, "oom") {
+				t.Fatal("the caching allocator never met an OOM: the GPU's refusal is not exercised")
+			}
+			if !a.Until(t, "done") {
+				_, stderr := a.Output()
+				t.Fatalf("%s %v did not finish allocating: %s", name, r.args, stderr)
+			}
+		}
+	}
+	type key struct {
+		cgroup string
+		gpu    int
+	}
+	var got, want map[key]uint64
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		truth, err := gpu.Stats(false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want = map[key]uint64{}
+		for _, g := range truth.GPUs {
+			for _, c := range g.Contexts {
+				if c.Alive {
+					want[key{c.Cgroup, g.Index}] += c.MemBytes - ctxMemory
+				}
+			}
+		}
+		st, err := d.Client.Status(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = map[key]uint64{}
+		for _, r := range st.Tenants {
+			got[key{r.Cgroup, r.GPU}] = r.MemBytes
+		}
+		off := 0
+		for k, w := range want {
+			if diff := float64(got[k]) - float64(w); diff > 0.01*float64(w) || -diff > 0.01*float64(w) {
+				off++
+			}
+		}
+		if off == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if len(want) != 5 {
+		t.Errorf("the simulated GPU holds memory for %d tenant-GPU pairs, want 5: %v", len(want), want)
+	}
+	for k, w := range want {
+		g := got[k]
+		t.Logf("%s GPU %d: gpuarb %.1f MiB, the simulated GPU %.1f MiB less its contexts' baseline", k.cgroup, k.gpu, float64(g)/mib, float64(w)/mib)
+		if diff := float64(g) - float64(w); diff > 0.01*float64(w) || -diff > 0.01*float64(w) {
+			t.Errorf("%s GPU %d: gpuarb charges %d B, the simulated GPU holds %d B beyond its contexts' baseline: off by more than 1%%", k.cgroup, k.gpu, g, w)
+		}
+	}
+}

@@ -24,6 +24,10 @@ type Config struct {
 	ContextSwitch time.Duration // cost of switching channel groups (default 20µs)
 	CopyBandwidth uint64        // copy engine bytes per second (default 25e9)
 	Memory        uint64        // device memory per GPU in bytes (default 80 GiB)
+	// ContextMemory is what each context holds of its GPU's memory from
+	// its creation, outside any allocation (the driver's own buffers for
+	// it: no RM memory allocation shows it; default 0).
+	ContextMemory uint64
 	Poll          time.Duration // longest sleep while an engine runs (default 1ms)
 	Realism       Realism       // what real GPUs do that a meter cannot know
 }
@@ -358,6 +362,8 @@ func (g *gpu) addContext(id uint64, pid int, cgroup string, client, tsg, subdevi
 	}
 	c.tsgAt = tsgAt
 	g.mu.Lock()
+	c.memBytes = g.cfg.ContextMemory
+	g.memUsed += c.memBytes
 	// The runlist holds the groups in the order they were allocated, as
 	// the hardware's (by channel group ID), not in the order their
 	// clients' requests reached the server.

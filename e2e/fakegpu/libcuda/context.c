@@ -203,10 +203,7 @@ static void ctx_free(CUcontext h, struct ctx *c)
 		if (c->chan_used[i])
 			release_channel(c, i);
 	if (!g_nouveau) {
-		/* Its device memory goes with it, one RM_FREE each. */
-		for (int i = 0; i < c->nallocs; i++)
-			if (c->allocs[i].handle)
-				nv_free(c->h_device, c->allocs[i].handle);
+		mem_release_all(c); /* one RM_FREE each, as libcuda does */
 		nv_free(c->h_device, c->h_tsg);
 		nv_free(c->h_device, c->h_vaspace);
 		nv_free(c->h_device, c->h_subdevice);
@@ -396,6 +393,7 @@ static CUresult ctx_sync(CUcontext h)
 				return r;
 		}
 	}
+	pool_release(c);
 	return CUDA_SUCCESS;
 }
 
@@ -684,7 +682,10 @@ static CUresult stream_sync(CUstream h, int per_thread)
 	pthread_mutex_unlock(&g_lock);
 	if (r)
 		return r;
-	return sync_channel(s->ctx, s->ch);
+	r = sync_channel(s->ctx, s->ch);
+	if (!r)
+		pool_release(s->ctx);
+	return r;
 }
 
 CUAPI CUresult cuStreamSynchronize(CUstream h)
@@ -965,7 +966,11 @@ CUAPI CUresult cuEventSynchronize(CUevent he)
 	if (!e.recorded)
 		return CUDA_SUCCESS;
 	nouveau_wait_ioctl(e.ctx, e.ch);
-	return wait_channel(e.ctx, e.ch, e.seq + 1);
+	CUresult r = wait_channel(e.ctx, e.ch, e.seq + 1);
+
+	if (!r)
+		pool_release(e.ctx);
+	return r;
 }
 
 CUAPI CUresult cuEventElapsedTime(float *ms, CUevent hstart, CUevent hend)

@@ -103,8 +103,31 @@ struct graph {
 struct alloc {
 	CUdeviceptr addr;
 	size_t bytes;
-	uint32_t handle; /* its RM memory object (0: none, an IPC opening) */
+	uint32_t handle; /* its RM memory object (0: none: carved from a chunk, or an IPC opening) */
+	int chunk;       /* the chunk it was carved from; -1: a device allocation of its own */
 };
+
+/* A device allocation of CHUNK_BYTES that small allocations are carved
+ * from, as libcuda sub-allocates them: returned to the device when the
+ * last allocation carved from it is freed. */
+struct chunk {
+	CUdeviceptr addr;
+	size_t used; /* bytes carved so far (bump allocation) */
+	int live;    /* allocations carved from it not freed yet; -1: the slot is free */
+	uint32_t handle;
+};
+
+/* A block the stream-ordered pool keeps after cuMemFreeAsync: still the
+ * device's until the context's next synchronization releases it, and
+ * reused by a cuMemAllocAsync of its size before that. */
+struct pooled {
+	CUdeviceptr addr;
+	size_t size;
+	uint32_t handle;
+};
+
+#define MAX_CHUNKS 256
+#define MAX_POOLED 256
 
 struct ctx {
 	uint64_t id;
@@ -119,6 +142,10 @@ struct ctx {
 	CUstream null_stream;
 	struct alloc allocs[MAX_ALLOCS];
 	int nallocs;
+	struct chunk chunks[MAX_CHUNKS];
+	int nchunks; /* slots used, free ones (live -1) included */
+	struct pooled pool[MAX_POOLED];
+	int npooled;
 };
 
 struct stream {
@@ -238,6 +265,10 @@ void host_forget(struct ctx *c);
 
 /* Memory (memory.c). */
 int in_alloc(struct ctx *c, CUdeviceptr p, size_t n);
+/* Releases what c's stream-ordered pool keeps (at a synchronization). */
+void pool_release(struct ctx *c);
+/* Frees, as RM objects, every device allocation of c (its destruction). */
+void mem_release_all(struct ctx *c);
 
 /* Graph capture (kernel.c, under g_lock): capture_add adds a node to a
  * capturing stream's graph; capture_leave takes a stream being destroyed

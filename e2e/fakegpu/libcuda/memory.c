@@ -39,47 +39,169 @@ int in_alloc(struct ctx *c, CUdeviceptr p, size_t n)
 }
 
 #define NV_ERR_NO_MEMORY 0x51
+/* The driver allocates device memory in pages of CHUNK_BYTES; libcuda
+ * carves allocations below SMALL_BYTES from shared chunks of that size,
+ * each rounded to SMALL_ALIGN. */
+#define CHUNK_BYTES ((size_t)2 << 20)
+#define SMALL_BYTES ((size_t)1 << 20)
+#define SMALL_ALIGN ((size_t)512)
 
-/* Allocates in c (under g_lock): the simulated GPU takes the memory, then
- * the driver's RM allocation tells the probes, as on a real host (where
- * the driver does both in that ioctl). */
-static CUresult mem_alloc(struct ctx *c, CUdeviceptr *dptr, size_t bytes)
+static size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+/* Takes size bytes of device memory for c (under g_lock): the simulated
+ * GPU allocates them, then the driver's RM allocation tells the probes, as
+ * on a real host (where the driver does both in that ioctl). */
+static CUresult dev_alloc(struct ctx *c, size_t size, CUdeviceptr *addr, uint32_t *handle)
 {
-	struct fg_req req = { .op = FG_OP_MEM_ALLOC, .arg0 = c->id, .arg1 = bytes };
+	struct fg_req req = { .op = FG_OP_MEM_ALLOC, .arg0 = c->id, .arg1 = size };
 	struct fg_resp resp;
-	uint32_t handle;
 
-	if (c->nallocs >= MAX_ALLOCS)
-		return CUDA_ERROR_OUT_OF_MEMORY;
 	if (rpc(&req, &resp, NULL, 0) < 0)
 		return CUDA_ERROR_DEVICE_UNAVAILABLE;
 	if (resp.status == CUDA_ERROR_OUT_OF_MEMORY)
-		nv_alloc_memory(c->h_device, bytes, NV_ERR_NO_MEMORY);
+		nv_alloc_memory(c->h_device, size, NV_ERR_NO_MEMORY);
 	if (resp.status)
 		return resp.status;
-	handle = nv_alloc_memory(c->h_device, bytes, 0);
-	c->allocs[c->nallocs++] = (struct alloc){ resp.val0, bytes, handle };
-	*dptr = resp.val0;
+	*handle = nv_alloc_memory(c->h_device, size, 0);
+	*addr = resp.val0;
 	return CUDA_SUCCESS;
 }
 
-/* Frees an allocation of c (under g_lock). */
-static CUresult mem_free(struct ctx *c, CUdeviceptr dptr)
+/* Returns a device allocation of c (under g_lock): RM_FREE, as libcuda
+ * does, and the simulated GPU frees it. */
+static CUresult dev_free(struct ctx *c, CUdeviceptr addr, uint32_t handle)
 {
-	struct fg_req req = { .op = FG_OP_MEM_FREE, .arg0 = c->id, .arg1 = dptr };
+	struct fg_req req = { .op = FG_OP_MEM_FREE, .arg0 = c->id, .arg1 = addr };
 	struct fg_resp resp;
 
+	if (rpc(&req, &resp, NULL, 0) < 0)
+		return CUDA_ERROR_DEVICE_UNAVAILABLE;
+	if (!resp.status && handle)
+		nv_free(c->h_device, handle);
+	return resp.status;
+}
+
+/* Carves n bytes from a chunk of c with room, or a new chunk. */
+static CUresult carve(struct ctx *c, size_t n, CUdeviceptr *addr, int *chunk)
+{
+	int free_slot = -1;
+
+	n = round_up(n, SMALL_ALIGN);
+	for (int i = 0; i < c->nchunks; i++) {
+		struct chunk *k = &c->chunks[i];
+
+		if (k->live < 0) {
+			free_slot = free_slot < 0 ? i : free_slot;
+		} else if (CHUNK_BYTES - k->used >= n) {
+			*addr = k->addr + k->used;
+			k->used += n;
+			k->live++;
+			*chunk = i;
+			return CUDA_SUCCESS;
+		}
+	}
+	if (free_slot < 0) {
+		if (c->nchunks >= MAX_CHUNKS)
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		free_slot = c->nchunks++;
+	}
+	struct chunk *k = &c->chunks[free_slot];
+	CUresult r = dev_alloc(c, CHUNK_BYTES, &k->addr, &k->handle);
+
+	if (r) {
+		k->live = -1;
+		return r;
+	}
+	k->used = n;
+	k->live = 1;
+	*addr = k->addr;
+	*chunk = free_slot;
+	return CUDA_SUCCESS;
+}
+
+/* Allocates bytes in c (under g_lock): small ones carved from chunks,
+ * others in pages of their own; a stream-ordered allocation first reuses
+ * a block its pool kept of that size. */
+static CUresult mem_alloc(struct ctx *c, CUdeviceptr *dptr, size_t bytes, int ordered)
+{
+	struct alloc a = { .bytes = bytes, .chunk = -1 };
+	CUresult r = CUDA_SUCCESS;
+
+	if (c->nallocs >= MAX_ALLOCS)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	if (bytes < SMALL_BYTES) {
+		r = carve(c, bytes, &a.addr, &a.chunk);
+	} else {
+		size_t size = round_up(bytes, CHUNK_BYTES);
+		int i = 0;
+
+		while (ordered && i < c->npooled && c->pool[i].size != size)
+			i++;
+		if (ordered && i < c->npooled) {
+			a.addr = c->pool[i].addr;
+			a.handle = c->pool[i].handle;
+			c->pool[i] = c->pool[--c->npooled];
+		} else {
+			r = dev_alloc(c, size, &a.addr, &a.handle);
+		}
+	}
+	if (r)
+		return r;
+	c->allocs[c->nallocs++] = a;
+	*dptr = a.addr;
+	return CUDA_SUCCESS;
+}
+
+/* Frees an allocation of c (under g_lock): a carved one returns its chunk
+ * to the device once the chunk is empty; a stream-ordered free of one of
+ * its own keeps it in the pool until the context's next synchronization. */
+static CUresult mem_free(struct ctx *c, CUdeviceptr dptr, int ordered)
+{
 	for (int i = 0; i < c->nallocs; i++) {
-		if (c->allocs[i].addr != dptr || (c->allocs[i].bytes & IPC_OPENED))
+		struct alloc a = c->allocs[i];
+		CUresult r = CUDA_SUCCESS;
+
+		if (a.addr != dptr || (a.bytes & IPC_OPENED))
 			continue;
-		if (rpc(&req, &resp, NULL, 0) < 0)
-			return CUDA_ERROR_DEVICE_UNAVAILABLE;
-		if (!resp.status && c->allocs[i].handle)
-			nv_free(c->h_device, c->allocs[i].handle);
+		if (a.chunk >= 0) {
+			struct chunk *k = &c->chunks[a.chunk];
+
+			if (--k->live == 0) {
+				r = dev_free(c, k->addr, k->handle);
+				k->live = -1;
+			}
+		} else if (ordered && c->npooled < MAX_POOLED) {
+			c->pool[c->npooled++] = (struct pooled){ a.addr, round_up(a.bytes, CHUNK_BYTES), a.handle };
+		} else {
+			r = dev_free(c, a.addr, a.handle);
+		}
 		c->allocs[i] = c->allocs[--c->nallocs];
-		return resp.status;
+		return r;
 	}
 	return CUDA_ERROR_INVALID_VALUE;
+}
+
+void pool_release(struct ctx *c)
+{
+	pthread_mutex_lock(&g_lock);
+	while (c->npooled > 0) {
+		struct pooled p = c->pool[--c->npooled];
+
+		dev_free(c, p.addr, p.handle);
+	}
+	pthread_mutex_unlock(&g_lock);
+}
+
+void mem_release_all(struct ctx *c)
+{
+	for (int i = 0; i < c->nallocs; i++)
+		if (c->allocs[i].handle)
+			nv_free(c->h_device, c->allocs[i].handle);
+	for (int i = 0; i < c->nchunks; i++)
+		if (c->chunks[i].live >= 0)
+			nv_free(c->h_device, c->chunks[i].handle);
+	for (int i = 0; i < c->npooled; i++)
+		nv_free(c->h_device, c->pool[i].handle);
 }
 
 CUAPI CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes)
@@ -92,7 +214,7 @@ CUAPI CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes)
 		return CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_lock(&g_lock);
 	c = current_ctx();
-	r = c ? mem_alloc(c, dptr, bytes) : CUDA_ERROR_INVALID_CONTEXT;
+	r = c ? mem_alloc(c, dptr, bytes, 0) : CUDA_ERROR_INVALID_CONTEXT;
 	pthread_mutex_unlock(&g_lock);
 	return r;
 }
@@ -105,14 +227,15 @@ CUAPI CUresult cuMemFree_v2(CUdeviceptr dptr)
 	REQUIRE_INIT();
 	pthread_mutex_lock(&g_lock);
 	c = current_ctx();
-	r = c ? mem_free(c, dptr) : CUDA_ERROR_INVALID_CONTEXT;
+	r = c ? mem_free(c, dptr, 0) : CUDA_ERROR_INVALID_CONTEXT;
 	pthread_mutex_unlock(&g_lock);
 	return r;
 }
 
 /* cuMemAllocAsync and cuMemFreeAsync: stream ordered in CUDA; here the
- * memory is there (or gone) at once, which no stream-ordered program can
- * tell apart. */
+ * memory is there at once (which no stream-ordered program can tell
+ * apart), and a freed block stays in the context's pool until its next
+ * synchronization, as CUDA's default pool with release threshold 0. */
 static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, CUstream hs, int per_thread)
 {
 	struct stream *s;
@@ -124,7 +247,7 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, CUstream hs, int pe
 	pthread_mutex_lock(&g_lock);
 	s = get_stream(hs, per_thread, &r);
 	if (!r)
-		r = mem_alloc(s->ctx, dptr, bytes);
+		r = mem_alloc(s->ctx, dptr, bytes, 1);
 	pthread_mutex_unlock(&g_lock);
 	return r;
 }
@@ -138,7 +261,7 @@ static CUresult free_async(CUdeviceptr dptr, CUstream hs, int per_thread)
 	pthread_mutex_lock(&g_lock);
 	s = get_stream(hs, per_thread, &r);
 	if (!r)
-		r = mem_free(s->ctx, dptr);
+		r = mem_free(s->ctx, dptr, 1);
 	pthread_mutex_unlock(&g_lock);
 	return r;
 }
@@ -440,7 +563,7 @@ CUAPI CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, 
 	else if (c->nallocs >= MAX_ALLOCS)
 		r = CUDA_ERROR_OUT_OF_MEMORY;
 	else {
-		c->allocs[c->nallocs++] = (struct alloc){ h.addr, (size_t)h.bytes | IPC_OPENED, 0 };
+		c->allocs[c->nallocs++] = (struct alloc){ h.addr, (size_t)h.bytes | IPC_OPENED, 0, -1 };
 		*pdptr = h.addr;
 	}
 	pthread_mutex_unlock(&g_lock);

@@ -183,6 +183,7 @@ static void load_libcuda(int runtime)
 	SYM(GraphLaunch, "cuGraphLaunch", "cuGraphLaunch", 1);
 	SYM(MemAlloc, "cuMemAlloc_v2", "cuMemAlloc", 1);
 	SYM(MemFree, "cuMemFree_v2", "cuMemFree", 1);
+	SYM(MemGetInfo, "cuMemGetInfo_v2", "cuMemGetInfo", 1);
 	SYM(MemAllocAsync, "cuMemAllocAsync", "cuMemAllocAsync", 0);
 	SYM(MemFreeAsync, "cuMemFreeAsync", "cuMemFreeAsync", 0);
 	SYM(IpcGetMemHandle, "cuIpcGetMemHandle", "cuIpcGetMemHandle", 0);

@@ -45,9 +45,14 @@ static void usage(void)
 		"              optimizer kernels, an event-polled allocator, one sync per iteration (--api runtime)\n"
 		"  serve       LLM-like serving at --rate 10 requests/s: prefill of --kernels 8 x --kernel-ms 1.5,\n"
 		"              --tokens 16 decode steps of graph replays, polled (--api runtime)\n"
-		"  alloc       device memory: --count 16 allocations of --step-mib 128 (cuMemAlloc), a line\n"
-		"              \"held BYTES\" after each and \"done\" after the last; holds it for --duration,\n"
-		"              frees it and exits\n"
+		"  alloc       device memory by --pattern: steps (--count 16 allocations of --step-mib 128),\n"
+		"              torch (a caching allocator: --count tensors of mixed sizes, every third freed\n"
+		"              into its cache, the cache emptied and the allocation retried at an OOM), vllm\n"
+		"              (--count weight tensors of --step-mib, then a KV cache of 64 MiB blocks up to\n"
+		"              --fraction 0.3 of cuMemGetInfo's total) or pool (--count rounds of\n"
+		"              cuMemAllocAsync/cuMemFreeAsync, a sync every 4, the last frees left pooled);\n"
+		"              a line \"held BYTES\" after each change and \"done\" at the end; holds it for\n"
+		"              --duration, frees it and exits\n"
 		"  collective  --ranks 2 processes meeting every step through stream wait/write value, NCCL-like:\n"
 		"              --kernels 4 x --kernel-ms 2 of compute per step (--api runtime)\n"
 		"common: --duration S (10), --interval S (0: summary only), --gpu N (0),\n"
@@ -62,7 +67,7 @@ static void usage(void)
 }
 
 /* Long options; those below 256 take a number. */
-enum { O_API = 256, O_KERNELS_MS, O_MIX, O_SYNC, O_PERSISTENT, O_EX, O_DEVICE_LATENCY };
+enum { O_API = 256, O_KERNELS_MS, O_MIX, O_SYNC, O_PERSISTENT, O_EX, O_DEVICE_LATENCY, O_PATTERN };
 
 int main(int argc, char **argv)
 {
@@ -79,6 +84,7 @@ int main(int argc, char **argv)
 		{ "tokens", required_argument, 0, 'K' },    { "ranks", required_argument, 0, 'N' },
 		{ "threads", required_argument, 0, 'H' },
 		{ "step-mib", required_argument, 0, 'M' },  { "count", required_argument, 0, 'C' },
+		{ "fraction", required_argument, 0, 'X' },  { "pattern", required_argument, 0, O_PATTERN },
 		{ "api", required_argument, 0, O_API },     { "kernels-ms", required_argument, 0, O_KERNELS_MS },
 		{ "mix", required_argument, 0, O_MIX },     { "sync", required_argument, 0, O_SYNC },
 		{ "persistent", no_argument, 0, O_PERSISTENT }, { "ex", no_argument, 0, O_EX },
@@ -87,7 +93,8 @@ int main(int argc, char **argv)
 	};
 	struct opts o = { .duration = 10, .depth = 8, .kernels = -1, .streams = 1, .children = 4, .fps = 60,
 			  .frame_ms = 8, .kernel_ms = -1, .rate = -1, .kernel_list = "1", .mix = "cycle",
-			  .sync_every = 4, .sync = "stream", .tokens = 16, .ranks = 2, .threads = 1, .step_mib = 128, .count = 16 };
+			  .sync_every = 4, .sync = "stream", .tokens = 16, .ranks = 2, .threads = 1, .step_mib = 128, .count = 16,
+			  .fraction = 0.3, .pattern = "steps" };
 	struct sigaction sa = { .sa_handler = on_signal };
 	const char *api = NULL;
 	int c;
@@ -141,6 +148,8 @@ int main(int argc, char **argv)
 		case 'H': o.threads = v < 1 ? 1 : (int)v; break;
 		case 'M': o.step_mib = v; break;
 		case 'C': o.count = (int)v; break;
+		case 'X': o.fraction = v; break;
+		case O_PATTERN: o.pattern = optarg; break;
 		case O_API: api = optarg; break;
 		case O_KERNELS_MS: o.kernel_list = optarg; break;
 		case O_MIX: o.mix = optarg; break;

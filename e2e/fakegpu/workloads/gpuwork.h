@@ -35,6 +35,7 @@ typedef struct {
 } CUipcMemHandle;
 
 #define CUDA_ERROR_NOT_READY 600
+#define CUDA_ERROR_OUT_OF_MEMORY 2
 #define CU_STREAM_WAIT_VALUE_GEQ 0
 
 /* The driver API entry points the workloads use. */
@@ -67,6 +68,7 @@ struct cuda {
 	CUresult (*GraphLaunch)(CUgraphExec, CUstream);
 	CUresult (*MemAlloc)(CUdeviceptr *, size_t);
 	CUresult (*MemFree)(CUdeviceptr);
+	CUresult (*MemGetInfo)(size_t *, size_t *);
 	CUresult (*MemAllocAsync)(CUdeviceptr *, size_t, CUstream);
 	CUresult (*MemFreeAsync)(CUdeviceptr, CUstream);
 	CUresult (*IpcGetMemHandle)(CUipcMemHandle *, CUdeviceptr);
@@ -96,8 +98,9 @@ struct opts {
 	/* collective */
 	int ranks;
 	/* alloc */
-	double step_mib;
+	double step_mib, fraction;
 	int count;
+	const char *pattern; /* steps | torch | vllm | pool */
 };
 
 extern volatile sig_atomic_t g_stop;

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -297,31 +298,164 @@ int run_fork(const struct opts *o)
 	return failed ? 1 : 0;
 }
 
-/* alloc: device memory in steps, held, then freed. A GPU memory limit may
- * end it at an allocation (SIGKILL): what it printed last is what it held. */
+/* alloc: device memory in one of four patterns, held, then freed. A GPU
+ * memory limit may end it at an allocation (SIGKILL): what it printed
+ * last is what it held. */
+
+/* The live allocations of an alloc run, and what it reports it holds. */
+struct held {
+	CUdeviceptr p[4096];
+	size_t size[4096];
+	int n;
+	unsigned long long bytes;
+};
+
+static void held_add(struct held *h, CUdeviceptr p, size_t size)
+{
+	h->p[h->n] = p;
+	h->size[h->n++] = size;
+	h->bytes += size;
+	printf("held %llu\n", h->bytes);
+}
+
+/* Frees the i-th live allocation (cuMemFree, or cuMemFreeAsync on s). */
+static void held_free(struct held *h, int i, CUstream s)
+{
+	if (s)
+		CHECK(cu.MemFreeAsync(h->p[i], s));
+	else
+		CHECK(cu.MemFree(h->p[i]));
+	h->bytes -= h->size[i];
+	h->p[i] = h->p[--h->n];
+	h->size[i] = h->size[h->n];
+	printf("held %llu\n", h->bytes);
+}
+
+/* torch: a caching allocator. Tensors of mixed sizes; every third step
+ * frees the oldest live tensor into the cache (kept from the driver) and a
+ * later tensor of no more than its size takes it back; at an OOM the
+ * cache is emptied (cuMemFree of every cached block) and the allocation
+ * retried once. */
+static void alloc_torch(const struct opts *o, struct held *live)
+{
+	static const size_t sizes[] = { 512 << 10, 96 << 10, 20 << 20, 3 << 20, 130 << 20, 700 << 10, 48 << 20 };
+	struct held cache = { .n = 0 };
+
+	for (int i = 0; i < o->count && live->n < 4000 && !g_stop; i++) {
+		size_t want = sizes[i % (sizeof(sizes) / sizeof(sizes[0]))];
+		int hit = -1;
+		CUdeviceptr p;
+		CUresult r;
+
+		for (int j = 0; j < cache.n && hit < 0; j++)
+			if (cache.size[j] >= want)
+				hit = j;
+		if (hit >= 0) {
+			held_add(live, cache.p[hit], cache.size[hit]);
+			cache.bytes -= cache.size[hit];
+			cache.p[hit] = cache.p[--cache.n];
+			cache.size[hit] = cache.size[cache.n];
+		} else {
+			r = cu.MemAlloc(&p, want);
+			if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+				while (cache.n > 0)
+					held_free(&cache, 0, NULL);
+				r = cu.MemAlloc(&p, want);
+			}
+			if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+				printf("oom\n");
+				break;
+			}
+			CHECK(r);
+			held_add(live, p, want);
+		}
+		if (i % 3 == 2 && live->n > 1) {
+			cache.p[cache.n] = live->p[0];
+			cache.size[cache.n++] = live->size[0];
+			live->bytes -= live->size[0];
+			live->p[0] = live->p[--live->n];
+			live->size[0] = live->size[live->n];
+		}
+	}
+	for (int j = 0; j < cache.n; j++) /* what the cache keeps is held too */
+		held_add(live, cache.p[j], cache.size[j]);
+}
+
+/* vllm: weights, then a KV cache of 64 MiB blocks sized from a fraction of
+ * the GPU's memory, as vLLM's --gpu-memory-utilization does. */
+static void alloc_vllm(const struct opts *o, struct held *live, size_t step)
+{
+	size_t free_b, total, block = (size_t)64 << 20;
+	CUdeviceptr p;
+
+	CHECK(cu.MemGetInfo(&free_b, &total));
+	for (int i = 0; i < o->count && !g_stop; i++) {
+		CHECK(cu.MemAlloc(&p, step));
+		held_add(live, p, step);
+	}
+	while (live->bytes + block <= (unsigned long long)(o->fraction * (double)total) && live->n < 4000 && !g_stop) {
+		CHECK(cu.MemAlloc(&p, block));
+		held_add(live, p, block);
+	}
+}
+
+/* pool: rounds of stream-ordered allocations freed the round after, a
+ * stream sync every fourth round (which releases what the pool keeps);
+ * the last round's frees stay pooled. */
+static void alloc_pool(const struct opts *o, struct held *live)
+{
+	static const size_t sizes[] = { 4 << 20, 16 << 20, 300 << 10, 64 << 20 };
+	CUstream s;
+	CUdeviceptr p;
+
+	CHECK(cu.StreamCreate(&s, 0));
+	for (int i = 0; i < o->count && !g_stop; i++) {
+		int before = live->n;
+
+		for (int k = 0; k < 4; k++) {
+			CHECK(cu.MemAllocAsync(&p, sizes[(i + k) % 4], s));
+			held_add(live, p, sizes[(i + k) % 4]);
+		}
+		while (before-- > 0)
+			held_free(live, 0, s);
+		if (i % 4 == 3 && i + 1 < o->count)
+			CHECK(cu.StreamSynchronize(s));
+	}
+}
+
 int run_alloc(const struct opts *o)
 {
 	size_t step = (size_t)(o->step_mib * (1 << 20));
-	CUdeviceptr *p = calloc(o->count > 0 ? (size_t)o->count : 1, sizeof(*p));
-	unsigned long long held = 0;
+	static struct held live;
 	double end;
 
-	if (!p || !step) {
-		fprintf(stderr, "gpuwork alloc: want --step-mib above 0\n");
+	if (!step || o->count > 4000) {
+		fprintf(stderr, "gpuwork alloc: want --step-mib above 0 and --count up to 4000\n");
 		return 2;
 	}
 	setup(o);
-	for (int i = 0; i < o->count; i++) {
-		CHECK(cu.MemAlloc(&p[i], step));
-		held += step;
-		printf("held %llu\n", held);
+	if (!strcmp(o->pattern, "steps")) {
+		for (int i = 0; i < o->count; i++) {
+			CUdeviceptr p;
+
+			CHECK(cu.MemAlloc(&p, step));
+			held_add(&live, p, step);
+		}
+	} else if (!strcmp(o->pattern, "torch")) {
+		alloc_torch(o, &live);
+	} else if (!strcmp(o->pattern, "vllm")) {
+		alloc_vllm(o, &live, step);
+	} else if (!strcmp(o->pattern, "pool")) {
+		alloc_pool(o, &live);
+	} else {
+		fprintf(stderr, "gpuwork alloc: --pattern %s: want steps, torch, vllm or pool\n", o->pattern);
+		return 2;
 	}
 	printf("done\n");
 	end = now_s() + o->duration;
 	while (!g_stop && now_s() < end)
 		usleep(10000);
-	for (int i = 0; i < o->count; i++)
-		CHECK(cu.MemFree(p[i]));
-	free(p);
+	while (live.n > 0)
+		held_free(&live, 0, NULL);
 	return 0;
 }

@@ -37,6 +37,7 @@ mode, its DRM ioctls on (renderD128, char 1:3): run gpuarb with
 					&cli.DurationFlag{Name: "ctxsw", Value: fakegpu.DefaultContextSwitch, Usage: "cost of a channel-group switch"},
 					&cli.Uint64Flag{Name: "copy-bandwidth", Value: 25e9, Usage: "copy engine `BYTES` per second"},
 					&cli.Uint64Flag{Name: "memory", Value: 80 << 30, Usage: "device memory per GPU in `BYTES`"},
+					&cli.Uint64Flag{Name: "ctx-memory", Usage: "device memory each context holds from its creation, outside any allocation (the driver's own buffers), in `BYTES`"},
 					&cli.BoolFlag{Name: "realism", Usage: "turn on what real GPUs do and a meter cannot know: the defaults of the four flags below and a libcuda that sets 2048µs on every other context"},
 					&cli.Float64Flag{Name: "jitter", Usage: "relative spread of kernel durations (0.1: ±10%)"},
 					&cli.Float64Flag{Name: "contention", Usage: "slowdown of a kernel per other channel group with work (0.03: 3%)"},
@@ -72,6 +73,7 @@ func serve(c *cli.Context) error {
 		ContextSwitch: c.Duration("ctxsw"),
 		CopyBandwidth: c.Uint64("copy-bandwidth"),
 		Memory:        c.Uint64("memory"),
+		ContextMemory: c.Uint64("ctx-memory"),
 	}
 	if c.Bool("realism") {
 		cfg.Realism = fakegpu.RealisticDefaults()
