@@ -44,6 +44,10 @@ type Tenant struct {
 	// driver made it (RM allocations of video memory, less their frees):
 	// what a memory limit holds.
 	MemBytes uint64 `json:"mem_bytes"`
+	// HostMemBytes is the pinned host memory its processes allocated
+	// through the driver on the GPU (cuMemHostAlloc): reported apart, never
+	// charged to a limit.
+	HostMemBytes uint64 `json:"host_mem_bytes,omitempty"`
 	// MemoryLimit is its GPU memory limit on each GPU (0: none), OOMKills
 	// the processes killed at an allocation past it on this GPU.
 	MemoryLimit uint64 `json:"memory_limit,omitempty"`

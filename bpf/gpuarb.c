@@ -77,6 +77,9 @@ struct sys_exit_ctx {
  * _PRIVILEGED, their NV_MEMORY_ALLOCATION_PARAMS' size at byte 64. */
 #define NV_MEM_LOCAL_USER 0x40
 #define NV_MEM_LOCAL_PRIVILEGED 0x3F
+/* NV01_MEMORY_SYSTEM: pinned host memory (cuMemHostAlloc), the same
+ * parameters; recorded, never charged. */
+#define NV_MEM_SYSTEM 0x3E
 #define NV_MEM_SIZE_OFFSET 64
 /* NVOS32_PARAMETERS (RM_VID_HEAP_CONTROL): function, status, hMemory and
  * the size of ALLOC_SIZE and of ALLOC_SIZE_RANGE. */
@@ -664,12 +667,13 @@ struct mem_req {
 	__u32 parent; /* the device or subdevice it is allocated under */
 	__u32 handle;
 	__u32 status;
+	__u32 host; /* pinned host memory, not device memory */
 };
 
-/* Reads the device memory allocation the nvidia ioctl (cmd, argp) makes,
- * directly or wrapped in IOCTL_XFER_CMD: RM_ALLOC of a video memory class
- * or RM_VID_HEAP_CONTROL's ALLOC_SIZE(_RANGE). Returns 0 for any other
- * ioctl. Read at entry the size is the request; at exit, what the driver
+/* Reads the memory allocation the nvidia ioctl (cmd, argp) makes, directly
+ * or wrapped in IOCTL_XFER_CMD: RM_ALLOC of a video memory class or of
+ * pinned host memory, or RM_VID_HEAP_CONTROL's ALLOC_SIZE(_RANGE). Returns
+ * 0 for any other ioctl. Read at entry the size is the request; at exit, what the driver
  * wrote back (the size is IN/OUT, the status set). */
 static __always_inline int mem_request(__u32 cmd, __u64 argp, struct mem_req *m)
 {
@@ -698,8 +702,9 @@ static __always_inline int mem_request(__u32 cmd, __u64 argp, struct mem_req *m)
 			return 0;
 		if (bpf_probe_read_user(hdr, sizeof(hdr), (const void *)argp) < 0)
 			return 0;
-		if (hdr[3] != NV_MEM_LOCAL_USER && hdr[3] != NV_MEM_LOCAL_PRIVILEGED)
+		if (hdr[3] != NV_MEM_LOCAL_USER && hdr[3] != NV_MEM_LOCAL_PRIVILEGED && hdr[3] != NV_MEM_SYSTEM)
 			return 0;
+		m->host = hdr[3] == NV_MEM_SYSTEM;
 		if (bpf_probe_read_user(&params, sizeof(params), (const void *)(argp + 16)) < 0 ||
 		    bpf_probe_read_user(&m->status, sizeof(m->status), (const void *)(argp + (size == 48 ? 40 : 28))) < 0 ||
 		    bpf_probe_read_user(&m->bytes, sizeof(m->bytes), (const void *)(params + NV_MEM_SIZE_OFFSET)) < 0)
@@ -862,7 +867,7 @@ static __always_inline void note_memory(struct event *e, struct ioctl_stash *st)
 	gpu = gpu_of(e->tgid, m.parent);
 	e->args[1] = bytes;
 	e->args[2] = gpu;
-	if (m.status || (e->ret && e->ret != -ENOTTY)) /* not made; ENOTTY: the simulator's node */
+	if (m.status || (e->ret && e->ret != -ENOTTY) || m.host) /* not made (ENOTTY: the simulator's node), or host memory */
 		return;
 	if (mem_members)
 		charge_memory(e, m.handle, bytes, gpu);

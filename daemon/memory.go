@@ -93,17 +93,18 @@ func (d *Daemon) noteOOMKill(e *ioctlspy.MemoryAllocated) {
 		"pid", h.PID, "comm", h.Comm, "gpu", e.GPU, "bytes", e.Bytes, "charged", e.Charged, "limit", e.Limit)
 }
 
-// memoryOf sums the device memory a tenant's processes hold on gpu, as
-// the probes saw the driver make and free it.
-func (d *Daemon) memoryOf(ct *control.Tenant, gpu int) uint64 {
+// memoryOf sums the device memory and, apart, the pinned host memory a
+// tenant's processes hold on gpu, as the probes saw the driver make and
+// free it.
+func (d *Daemon) memoryOf(ct *control.Tenant, gpu int) (device, host uint64) {
 	if d.spy == nil {
-		return 0
+		return 0, 0
 	}
-	var sum uint64
 	for _, m := range ct.Members {
 		if !m.Exited {
-			sum += d.spy.Table().MemoryOf(m.PID)[gpu]
+			dev, h := d.spy.Table().MemoryOf(m.PID)
+			device, host = device+dev[gpu], host+h[gpu]
 		}
 	}
-	return sum
+	return device, host
 }

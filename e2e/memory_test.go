@@ -3,7 +3,9 @@ package e2e
 import (
 	"context"
 	"errors"
+	"maps"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -129,7 +131,8 @@ func TestGPUMemoryLimitKillsTheAllocationPastIt(t *testing.T) {
 // (the driver's buffers, which no RM memory allocation shows), within 1%,
 // under a caching allocator that empties its cache at an OOM, a KV cache
 // sized from the GPU's memory, a stream-ordered pool that keeps freed
-// blocks until a sync, and a tenant of two processes on two GPUs.
+// blocks until a sync, and a tenant of two processes on two GPUs; pinned
+// host memory is reported apart and charged nothing.
 func TestGPUMemoryChargedAsTheDriverHoldsIt(t *testing.T) {
 	const ctxMemory = 32 * mib
 	gpu := testutil.StartFakeGPU(t, "--gpus", "2", "--memory", strconv.Itoa(4<<30), "--ctx-memory", strconv.Itoa(ctxMemory))
@@ -144,13 +147,14 @@ func TestGPUMemoryChargedAsTheDriverHoldsIt(t *testing.T) {
 		"multi": {{"--step-mib", "100", "--count", "3"}, {"--step-mib", "3", "--count", "5", "--gpu", "1"}},
 		"vllm":  {{"--pattern", "vllm", "--step-mib", "256", "--count", "2", "--gpu", "1"}},
 		"torch": {{"--pattern", "torch", "--count", "400"}},
+		"host":  {{"--pattern", "host", "--step-mib", "8", "--count", "3"}},
 	} {
 		cg := testutil.NewCgroup(t, "mem-"+name)
 		for _, a := range args {
 			runs[name] = append(runs[name], run{cg, a})
 		}
 	}
-	for _, name := range []string{"pool", "multi", "vllm", "torch"} { // torch last: it grows until the GPU is full
+	for _, name := range []string{"host", "pool", "multi", "vllm", "torch"} { // torch last: it grows until the GPU is full
 		for _, r := range runs[name] {
 			cmd := gpu.Workload(t, append([]string{"alloc", "--duration", "60"}, r.args...)...)
 			a := testutil.StartAllocator(t, r.cg, cmd)
@@ -167,7 +171,7 @@ func TestGPUMemoryChargedAsTheDriverHoldsIt(t *testing.T) {
 		cgroup string
 		gpu    int
 	}
-	var got, want map[key]uint64
+	var got, want, host map[key]uint64
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		truth, err := gpu.Stats(false)
@@ -186,9 +190,10 @@ func TestGPUMemoryChargedAsTheDriverHoldsIt(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got = map[key]uint64{}
+		got, host = map[key]uint64{}, map[key]uint64{}
 		for _, r := range st.Tenants {
 			got[key{r.Cgroup, r.GPU}] = r.MemBytes
+			host[key{r.Cgroup, r.GPU}] = r.HostMemBytes
 		}
 		off := 0
 		for k, w := range want {
@@ -201,8 +206,12 @@ func TestGPUMemoryChargedAsTheDriverHoldsIt(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if len(want) != 5 {
-		t.Errorf("the simulated GPU holds memory for %d tenant-GPU pairs, want 5: %v", len(want), want)
+	if len(want) != 6 {
+		t.Errorf("the simulated GPU has contexts of %d tenant-GPU pairs, want 6: %v", len(want), want)
+	}
+	hostKey := key{runs["host"][0].cg.Rel, 0}
+	if h := host[hostKey]; h != 24*mib || len(slices.DeleteFunc(slices.Collect(maps.Values(host)), func(b uint64) bool { return b == 0 })) != 1 {
+		t.Errorf("pinned host memory %v, want 24 MiB for %s alone", host, hostKey.cgroup)
 	}
 	for k, w := range want {
 		g := got[k]

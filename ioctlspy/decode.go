@@ -156,7 +156,7 @@ func decodeNvidia(h Header, info IoctlInfo, r Record) Event {
 		obj := ObjectAllocated{Header: h, IoctlInfo: info, Client: client, Parent: parent, Handle: handle,
 			Class: class, ClassName: ClassName(class), ParamsSize: size, Status: status}
 		switch {
-		case class == ClassMemoryLocalUser || class == ClassMemoryLocalPrivileged:
+		case class == ClassMemoryLocalUser || class == ClassMemoryLocalPrivileged || class == ClassMemorySystem:
 			return memoryAllocated(obj, r)
 		case class == ClassDevice:
 			obj.DeviceID, _ = p.u32(0)
@@ -403,7 +403,8 @@ func decodeCuda(h Header, r Record) (Event, error) {
 // GPU, and for a limited tenant its charge and limit and whether it killed
 // the process.
 func memoryAllocated(obj ObjectAllocated, r Record) *MemoryAllocated {
-	m := &MemoryAllocated{ObjectAllocated: obj, Bytes: r.Args[1], GPU: uint32(r.Args[2]), OOMKilled: r.Flags&flagOOMKill != 0}
+	m := &MemoryAllocated{ObjectAllocated: obj, Bytes: r.Args[1], GPU: uint32(r.Args[2]), Host: obj.Class == ClassMemorySystem,
+		OOMKilled: r.Flags&flagOOMKill != 0}
 	if m.OOMKilled {
 		m.Charged, m.Limit, m.LimitSlot = r.Args[3], r.Args[4], uint32(r.Args[5])
 	}

@@ -402,16 +402,19 @@ func TestTable(t *testing.T) {
 	mem(22, 2, 400, 3, 0x51, false) // refused by the driver
 	mem(23, 2, 800, 3, 0, true)     // its process killed at it: not held
 	mem(24, 5, 1000, 0, 0, false)
-	if m := tbl.MemoryOf(42); m[3] != 300 || m[0] != 1000 || len(m) != 2 {
-		t.Errorf("memory %v, want 300 B on GPU 3 and 1000 on GPU 0", m)
+	host := nvIoctl(EscRMAlloc, words(1, 2, 25, ClassMemorySystem, uint64(0x7000), uint64(0), 0, 0, 0, 0), nil)
+	host.Args[1], host.Args[2] = 4096, 3
+	apply(host)
+	if m, h := tbl.MemoryOf(42); m[3] != 300 || m[0] != 1000 || len(m) != 2 || h[3] != 4096 || len(h) != 1 {
+		t.Errorf("memory %v, host %v; want 300 B on GPU 3 and 1000 on GPU 0, 4096 B of host memory apart", m, h)
 	}
 	apply(nvIoctl(EscRMFree, words(1, 2, 21, 0x1f), nil)) // a free the driver refused
 	apply(nvIoctl(EscRMFree, words(1, 2, 20, 0), nil))
-	if m := tbl.MemoryOf(42); m[3] != 200 {
+	if m, _ := tbl.MemoryOf(42); m[3] != 200 {
 		t.Errorf("memory %v after freeing 100 B, want 200 on GPU 3", m)
 	}
 	apply(nvIoctl(EscRMFree, words(1, 1, 2, 0), nil)) // the device, and what was allocated under it
-	if m := tbl.MemoryOf(42); m[3] != 0 || m[0] != 1000 {
+	if m, h := tbl.MemoryOf(42); m[3] != 0 || m[0] != 1000 || h[3] != 0 {
 		t.Errorf("memory %v after freeing the device, want only GPU 0's 1000 B", m)
 	}
 	apply(nvIoctl(EscRMFree, words(1, 1, 1, 0), nil)) // freeing the client frees all under it

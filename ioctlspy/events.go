@@ -105,12 +105,14 @@ func (e *ChannelAllocated) String() string {
 	return fmt.Sprintf("%s entries=%d", e.ObjectAllocated.String(), e.GPFIFOEntries)
 }
 
-// MemoryAllocated is a device memory allocation at the driver boundary:
-// RM_ALLOC of a video memory class, or RM_VID_HEAP_CONTROL (its class
-// reads NV01_MEMORY_LOCAL_USER, to which the driver normalizes it).
+// MemoryAllocated is a memory allocation at the driver boundary: RM_ALLOC
+// of a video memory class, or RM_VID_HEAP_CONTROL (its class reads
+// NV01_MEMORY_LOCAL_USER, to which the driver normalizes it), or of
+// pinned host memory (Host; never charged to a limit).
 type MemoryAllocated struct {
 	ObjectAllocated
 	Bytes uint64 `json:"bytes"`
+	Host  bool   `json:"host,omitempty"`
 	// GPU is the device id of the device it was allocated under
 	// (bpf.MemoryGPUs-1 for one the probes did not see made).
 	GPU uint32 `json:"gpu"`

@@ -27,6 +27,8 @@ const (
 	// Video memory: NV01_MEMORY_LOCAL_USER and _PRIVILEGED.
 	ClassMemoryLocalUser       = 0x40
 	ClassMemoryLocalPrivileged = 0x3F
+	// Pinned host memory: NV01_MEMORY_SYSTEM.
+	ClassMemorySystem = 0x3E
 )
 
 // nvos32Functions are the RM_VID_HEAP_CONTROL functions that allocate

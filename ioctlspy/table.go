@@ -54,15 +54,21 @@ type MemoryObject struct {
 	Bytes  uint64
 	GPU    uint32
 	Parent uint32 // the device or subdevice it was allocated under
+	Host   bool   // pinned host memory, not device memory
 }
 
-// MemoryByGPU sums the process's device memory by GPU.
-func (p Process) MemoryByGPU() map[int]uint64 {
-	out := map[int]uint64{}
+// MemoryByGPU sums the process's device memory and, apart, its pinned host
+// memory, by GPU.
+func (p Process) MemoryByGPU() (device, host map[int]uint64) {
+	device, host = map[int]uint64{}, map[int]uint64{}
 	for _, m := range p.Memory {
-		out[int(m.GPU)] += m.Bytes
+		if m.Host {
+			host[int(m.GPU)] += m.Bytes
+		} else {
+			device[int(m.GPU)] += m.Bytes
+		}
 	}
-	return out
+	return device, host
 }
 
 // ClientFile is the control file an RM client was allocated on: its
@@ -207,7 +213,7 @@ func (t *Table) Apply(ev Event) {
 			t.droppedMemory++
 			break
 		}
-		p.Memory[ObjectKey{e.Client, e.Handle}] = MemoryObject{Bytes: e.Bytes, GPU: e.GPU, Parent: e.Parent}
+		p.Memory[ObjectKey{e.Client, e.Handle}] = MemoryObject{Bytes: e.Bytes, GPU: e.GPU, Parent: e.Parent, Host: e.Host}
 	case *ObjectAllocated:
 		if !made(e.Ret, e.Status) || !t.room(h) {
 			break
@@ -270,14 +276,15 @@ func (t *Table) Dropped() (objects, allocations uint64) {
 	return t.dropped, t.droppedMemory
 }
 
-// MemoryOf sums a process's device memory by GPU.
-func (t *Table) MemoryOf(pid uint32) map[int]uint64 {
+// MemoryOf sums a process's device memory and, apart, its pinned host
+// memory, by GPU.
+func (t *Table) MemoryOf(pid uint32) (device, host map[int]uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if p := t.procs[pid]; p != nil {
 		return p.MemoryByGPU()
 	}
-	return nil
+	return nil, nil
 }
 
 // free drops an RM object and, for a client, everything under it (the

@@ -236,6 +236,7 @@ int device_gone(struct ctx *c)
 #define NV_ESC_RM_VID_HEAP_CONTROL 0x4A
 #define NV01_ROOT_CLIENT 0x41
 #define NV01_MEMORY_LOCAL_USER 0x40
+#define NV01_MEMORY_SYSTEM 0x3E
 #define NVOS32_FUNCTION_ALLOC_SIZE 2
 #define HOPPER_CHANNEL_GPFIFO_A 0xC86F
 #define NVC36F_CTRL_CMD_GPFIFO_GET_WORK_SUBMIT_TOKEN 0xC36F0108
@@ -287,20 +288,21 @@ void nv_alloc64_xfer(uint32_t parent, uint32_t handle, uint32_t cls, void *param
 }
 
 /* Device memory as the driver allocates it: NVOS64 RM_ALLOC of
- * NV01_MEMORY_LOCAL_USER under the device, its 128-byte
+ * NV01_MEMORY_LOCAL_USER (NV01_MEMORY_SYSTEM for pinned host memory,
+ * host) under the device, its 128-byte
  * NV_MEMORY_ALLOCATION_PARAMS with the size at byte 64 and paramsSize 0,
  * as the real libcuda sends it (or RM_VID_HEAP_CONTROL ALLOC_SIZE, the
  * size at byte 88 of NVOS32_PARAMETERS). The simulator has decided the
  * outcome already: status is what the driver writes back (0, or
  * NV_ERR_NO_MEMORY with the ioctl returning 0), and is in the parameters
  * when the ioctl returns, where the probes read it. */
-uint32_t nv_alloc_memory(uint32_t device, uint64_t bytes, uint32_t status)
+uint32_t nv_alloc_memory(uint32_t device, uint64_t bytes, uint32_t status, int host)
 {
 	uint32_t handle = new_handle();
 
 	if (g_nvfd < 0)
 		return 0;
-	if (g_vidheap) {
+	if (g_vidheap && !host) {
 		uint8_t p[184];
 
 		memset(p, 0, sizeof(p));
@@ -313,7 +315,8 @@ uint32_t nv_alloc_memory(uint32_t device, uint64_t bytes, uint32_t status)
 		ioctl(g_nvfd, NV_IOWR(NV_ESC_RM_VID_HEAP_CONTROL, sizeof(p)), p);
 	} else {
 		uint8_t params[128];
-		NVOS64_PARAMETERS a = { g_hclient, device, handle, NV01_MEMORY_LOCAL_USER, (uint64_t)(uintptr_t)params, 0, 0, 0, status, 0 };
+		NVOS64_PARAMETERS a = { g_hclient, device, handle, host ? NV01_MEMORY_SYSTEM : NV01_MEMORY_LOCAL_USER,
+					(uint64_t)(uintptr_t)params, 0, 0, 0, status, 0 };
 
 		memset(params, 0, sizeof(params));
 		memcpy(params + 64, &bytes, 8);

@@ -235,7 +235,7 @@ void nv_alloc21(uint32_t parent, uint32_t handle, uint32_t cls, void *params);
 void nv_alloc64_xfer(uint32_t parent, uint32_t handle, uint32_t cls, void *params);
 void nv_control(uint32_t object, uint32_t cmd, void *params, uint32_t size);
 void nv_free(uint32_t parent, uint32_t handle);
-uint32_t nv_alloc_memory(uint32_t device, uint64_t bytes, uint32_t status);
+uint32_t nv_alloc_memory(uint32_t device, uint64_t bytes, uint32_t status, int host);
 void channel_setup_ioctls(struct ctx *c, int ch);
 void channel_teardown_ioctls(struct ctx *c, int ch);
 void nouveau_wait_ioctl(struct ctx *c, int ch);
@@ -267,7 +267,8 @@ void host_forget(struct ctx *c);
 int in_alloc(struct ctx *c, CUdeviceptr p, size_t n);
 /* Releases what c's stream-ordered pool keeps (at a synchronization). */
 void pool_release(struct ctx *c);
-/* Frees, as RM objects, every device allocation of c (its destruction). */
+/* Frees, as RM objects, every allocation of c, pinned host memory
+ * included (its destruction; under g_lock). */
 void mem_release_all(struct ctx *c);
 
 /* Graph capture (kernel.c, under g_lock): capture_add adds a node to a

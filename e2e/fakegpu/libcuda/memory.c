@@ -26,6 +26,17 @@ struct ipc_handle {
  * cuIpcCloseMemHandle, never by cuMemFree. */
 #define IPC_OPENED ((size_t)1 << 62)
 
+/* Pinned host memory: host pages the driver pins for the GPU (an RM
+ * allocation of NV01_MEMORY_SYSTEM under the current context's device);
+ * the simulated GPU holds none of it. */
+struct host_alloc {
+	void *p;
+	struct ctx *c;
+	uint32_t handle;
+};
+static struct host_alloc g_host[MAX_ALLOCS];
+static int g_nhost;
+
 int in_alloc(struct ctx *c, CUdeviceptr p, size_t n)
 {
 	for (int i = 0; i < c->nallocs; i++) {
@@ -59,10 +70,10 @@ static CUresult dev_alloc(struct ctx *c, size_t size, CUdeviceptr *addr, uint32_
 	if (rpc(&req, &resp, NULL, 0) < 0)
 		return CUDA_ERROR_DEVICE_UNAVAILABLE;
 	if (resp.status == CUDA_ERROR_OUT_OF_MEMORY)
-		nv_alloc_memory(c->h_device, size, NV_ERR_NO_MEMORY);
+		nv_alloc_memory(c->h_device, size, NV_ERR_NO_MEMORY, 0);
 	if (resp.status)
 		return resp.status;
-	*handle = nv_alloc_memory(c->h_device, size, 0);
+	*handle = nv_alloc_memory(c->h_device, size, 0, 0);
 	*addr = resp.val0;
 	return CUDA_SUCCESS;
 }
@@ -202,6 +213,13 @@ void mem_release_all(struct ctx *c)
 			nv_free(c->h_device, c->chunks[i].handle);
 	for (int i = 0; i < c->npooled; i++)
 		nv_free(c->h_device, c->pool[i].handle);
+	for (int i = 0; i < g_nhost; i++) {
+		if (g_host[i].c != c)
+			continue;
+		nv_free(c->h_device, g_host[i].handle);
+		free(g_host[i].p);
+		g_host[i--] = g_host[--g_nhost];
+	}
 }
 
 CUAPI CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes)
@@ -284,6 +302,51 @@ CUAPI CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hs)
 CUAPI CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hs)
 {
 	return free_async(dptr, hs, 1);
+}
+
+CUAPI CUresult cuMemHostAlloc(void **pp, size_t bytes, unsigned int flags)
+{
+	struct ctx *c;
+	CUresult r = CUDA_SUCCESS;
+
+	(void)flags;
+	REQUIRE_INIT();
+	if (!pp || !bytes)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&g_lock);
+	c = current_ctx();
+	if (!c)
+		r = CUDA_ERROR_INVALID_CONTEXT;
+	else if (g_nhost >= MAX_ALLOCS || !(*pp = calloc(1, bytes)))
+		r = CUDA_ERROR_OUT_OF_MEMORY;
+	else
+		g_host[g_nhost++] = (struct host_alloc){ *pp, c, nv_alloc_memory(c->h_device, bytes, 0, 1) };
+	pthread_mutex_unlock(&g_lock);
+	return r;
+}
+
+CUAPI CUresult cuMemAllocHost_v2(void **pp, size_t bytes)
+{
+	return cuMemHostAlloc(pp, bytes, 0);
+}
+
+CUAPI CUresult cuMemFreeHost(void *p)
+{
+	CUresult r = CUDA_ERROR_INVALID_VALUE;
+
+	REQUIRE_INIT();
+	pthread_mutex_lock(&g_lock);
+	for (int i = 0; i < g_nhost; i++) {
+		if (g_host[i].p != p)
+			continue;
+		nv_free(g_host[i].c->h_device, g_host[i].handle);
+		free(p);
+		g_host[i] = g_host[--g_nhost];
+		r = CUDA_SUCCESS;
+		break;
+	}
+	pthread_mutex_unlock(&g_lock);
+	return r;
 }
 
 CUAPI CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)

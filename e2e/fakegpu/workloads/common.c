@@ -184,6 +184,8 @@ static void load_libcuda(int runtime)
 	SYM(MemAlloc, "cuMemAlloc_v2", "cuMemAlloc", 1);
 	SYM(MemFree, "cuMemFree_v2", "cuMemFree", 1);
 	SYM(MemGetInfo, "cuMemGetInfo_v2", "cuMemGetInfo", 1);
+	SYM(MemHostAlloc, "cuMemHostAlloc", "cuMemHostAlloc", 0);
+	SYM(MemFreeHost, "cuMemFreeHost", "cuMemFreeHost", 0);
 	SYM(MemAllocAsync, "cuMemAllocAsync", "cuMemAllocAsync", 0);
 	SYM(MemFreeAsync, "cuMemFreeAsync", "cuMemFreeAsync", 0);
 	SYM(IpcGetMemHandle, "cuIpcGetMemHandle", "cuIpcGetMemHandle", 0);

@@ -69,6 +69,8 @@ struct cuda {
 	CUresult (*MemAlloc)(CUdeviceptr *, size_t);
 	CUresult (*MemFree)(CUdeviceptr);
 	CUresult (*MemGetInfo)(size_t *, size_t *);
+	CUresult (*MemHostAlloc)(void **, size_t, unsigned);
+	CUresult (*MemFreeHost)(void *);
 	CUresult (*MemAllocAsync)(CUdeviceptr *, size_t, CUstream);
 	CUresult (*MemFreeAsync)(CUdeviceptr, CUstream);
 	CUresult (*IpcGetMemHandle)(CUipcMemHandle *, CUdeviceptr);
@@ -100,7 +102,7 @@ struct opts {
 	/* alloc */
 	double step_mib, fraction;
 	int count;
-	const char *pattern; /* steps | torch | vllm | pool */
+	const char *pattern; /* steps | torch | vllm | pool | host */
 };
 
 extern volatile sig_atomic_t g_stop;

@@ -447,8 +447,15 @@ int run_alloc(const struct opts *o)
 		alloc_vllm(o, &live, step);
 	} else if (!strcmp(o->pattern, "pool")) {
 		alloc_pool(o, &live);
+	} else if (!strcmp(o->pattern, "host")) {
+		for (int i = 0; i < o->count; i++) {
+			void *p;
+
+			CHECK(cu.MemHostAlloc(&p, step, 0));
+			printf("held %llu\n", (unsigned long long)step * (unsigned long long)(i + 1));
+		}
 	} else {
-		fprintf(stderr, "gpuwork alloc: --pattern %s: want steps, torch, vllm or pool\n", o->pattern);
+		fprintf(stderr, "gpuwork alloc: --pattern %s: want steps, torch, vllm, pool or host\n", o->pattern);
 		return 2;
 	}
 	printf("done\n");
