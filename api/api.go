@@ -52,8 +52,8 @@ type Tenant struct {
 	// the processes killed at an allocation past it on this GPU.
 	MemoryLimit uint64 `json:"memory_limit,omitempty"`
 	OOMKills    uint64 `json:"oom_kills,omitempty"`
-	QueueNS      uint64  `json:"queue_ns"` // estimated time with work queued behind others, in the window
-	Processes    int     `json:"processes"`
+	QueueNS     uint64 `json:"queue_ns"` // estimated time with work queued behind others, in the window
+	Processes   int    `json:"processes"`
 	// LaunchNS is the GPU time one launch costs as the meter has learned
 	// it: what pacing charges a launch.
 	LaunchNS float64 `json:"launch_ns,omitempty"`

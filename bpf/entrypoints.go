@@ -150,7 +150,9 @@ var EntryPoints = func() []EntryPoint {
 		"cuModuleLoadData", "cuModuleGetFunction", "cuModuleUnload", "cuStreamCreate", "cuStreamCreateWithPriority",
 		"cuStreamDestroy_v2", "cuStreamGetCtx", "cuStreamIsCapturing", "cuStreamIsCapturing_ptsz", "cuEventCreate", "cuEventDestroy_v2",
 		"cuEventElapsedTime", "cuGraphCreate", "cuGraphInstantiateWithFlags", "cuGraphGetNodes", "cuGraphExecUpdate_v2", "cuGraphExecDestroy",
-		"cuGraphDestroy", "cuMemGetInfo_v2", "cuIpcGetMemHandle", "cuIpcOpenMemHandle_v2", "cuIpcCloseMemHandle"} {
+		"cuGraphDestroy", "cuMemGetInfo_v2", "cuIpcGetMemHandle", "cuIpcOpenMemHandle_v2", "cuIpcCloseMemHandle",
+		// Pinned host memory: seen at the driver boundary (RM_ALLOC of NV01_MEMORY_SYSTEM).
+		"cuMemHostAlloc", "cuMemAllocHost_v2", "cuMemFreeHost"} {
 		add(EntryPoint{Symbol: s, Class: ClassSetup})
 	}
 	return es

@@ -38,7 +38,7 @@ func (d *Daemon) publish(res control.Result, snap meter.Snapshot, actuation map[
 			u := ct.Usage[gpu]
 			row := api.Tenant{Name: name, Cgroup: ct.Cgroup, CgroupID: u.CgroupID, GPU: gpu, Share: in.SettledShare,
 				GPUNS: u.GPUNS, LongRunShare: longRun[meter.TenantKey{CgroupID: u.CgroupID, GPU: gpu}],
-				LaunchesPerS: float64(u.Launches) / secs, SyncsPerS: float64(u.Syncs) / secs, 
+				LaunchesPerS: float64(u.Launches) / secs, SyncsPerS: float64(u.Syncs) / secs,
 				QueueNS: u.QueueNS, Processes: u.Processes, LaunchNS: in.LaunchNS, Weight: int(ct.Rules.Weight),
 				Limit: float64(ct.Rules.Limit), Priority: string(ct.Rules.Priority), Duty: 1, Demand: in.Demand,
 				WantShare: float64(u.WantNS) / float64(d.cfg.Window), SyncP99MS: in.SyncP99MS, State: "idle"}
