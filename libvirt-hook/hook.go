@@ -44,7 +44,7 @@ import (
 //	  <gpuarb:policy xmlns:gpuarb="https://gpuarb.io/libvirt/1" weight="300" limit="30%"/>
 //	</metadata>
 //
-// Attributes: name, weight, limit, priority, slo-p99-ms, slo-fps.
+// Attributes: name, weight, limit, priority, slo-p99-ms, slo-fps, memory-limit.
 const Namespace = "https://gpuarb.io/libvirt/1"
 
 // Domain is what the hook reads of a domain's XML.
@@ -159,7 +159,7 @@ func (d *Domain) Tenant() (policy.Tenant, error) {
 	if errors.As(err, &ve) {
 		msg := ve.Msg
 		if ve.Unknown {
-			msg = "unknown attribute (known: name, weight, limit, priority, slo-p99-ms, slo-fps)"
+			msg = "unknown attribute (known: name, weight, limit, priority, slo-p99-ms, slo-fps, memory-limit)"
 		}
 		return t, &PolicyError{ve.Key, ve.Value, msg}
 	}

@@ -18,6 +18,7 @@ const (
 	AnnotationPriority  = annotationKeyPrefix + policy.KeyPriority
 	AnnotationSLOP99MS  = annotationKeyPrefix + policy.KeySLOP99MS
 	AnnotationSLOFPS    = annotationKeyPrefix + policy.KeySLOFPS
+	AnnotationMemLimit  = annotationKeyPrefix + policy.KeyMemoryLimit
 	annotationKeyPrefix = "gpuarb.io/"
 )
 
@@ -53,7 +54,7 @@ func RulesFromAnnotations(a map[string]string) (policy.Rules, error) {
 	if errors.As(err, &ve) {
 		msg := ve.Msg
 		if ve.Unknown {
-			msg = "unknown gpuarb annotation (known: name, weight, limit, priority, slo-p99-ms, slo-fps)"
+			msg = "unknown gpuarb annotation (known: name, weight, limit, priority, slo-p99-ms, slo-fps, memory-limit)"
 		}
 		return r, &AnnotationError{annotationKeyPrefix + ve.Key, ve.Value, msg}
 	}

@@ -109,6 +109,8 @@ func TestRulesFromAnnotations(t *testing.T) {
 		{map[string]string{AnnotationLimit: "0"}, policy.Rules{}, AnnotationLimit},
 		{map[string]string{AnnotationPriority: "urgent"}, policy.Rules{}, AnnotationPriority},
 		{map[string]string{AnnotationSLOFPS: "NaN"}, policy.Rules{}, AnnotationSLOFPS},
+		{map[string]string{AnnotationMemLimit: "512Mi"}, policy.Rules{MemoryLimit: 512 << 20}, ""},
+		{map[string]string{AnnotationMemLimit: "50%"}, policy.Rules{}, AnnotationMemLimit},
 		{map[string]string{AnnotationLimit: "NaN%"}, policy.Rules{}, AnnotationLimit},
 		{map[string]string{AnnotationName: "a\x1b[2Jb"}, policy.Rules{}, AnnotationName},
 		{map[string]string{AnnotationSLOP99MS: "-1"}, policy.Rules{}, AnnotationSLOP99MS},
