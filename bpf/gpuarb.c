@@ -279,6 +279,18 @@ struct {
 	__type(value, struct mem_obj);
 } gpuarb_mem_objs SEC(".maps");
 
+/* The devices of limited tenants' processes with what is charged under
+ * them; an LRU, as gpuarb_mem_objs. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct mem_obj_key);
+	__type(value, struct mem_dev);
+} gpuarb_mem_devs SEC(".maps");
+
+/* Numbers the mem_dev entries made, for mem_dev.gen. */
+__u64 mem_dev_seq;
+
 /* Number of gpuarb_mem_keys entries; 0 skips every memory limit lookup. Set
  * by the daemon. */
 volatile __u32 mem_members;
@@ -416,6 +428,7 @@ const struct mem_usage *unused_mem_usage __attribute__((unused));
 const struct mem_proc *unused_mem_proc __attribute__((unused));
 const struct mem_obj_key *unused_mem_obj_key __attribute__((unused));
 const struct mem_obj *unused_mem_obj __attribute__((unused));
+const struct mem_dev *unused_mem_dev __attribute__((unused));
 
 static __always_inline void count_lost(void)
 {
@@ -738,13 +751,16 @@ static __always_inline int mem_request(__u32 cmd, __u64 argp, struct mem_req *m)
 
 /* The GPU an object allocated under parent (a device, or a subdevice of
  * one) is on: the device's deviceId, the last charged GPU (MEM_GPUS - 1)
- * for one at or past it, and for a parent the probes never saw made. */
-static __always_inline __u32 gpu_of(__u32 tgid, __u32 parent)
+ * for one at or past it, and for a parent the probes never saw made. The
+ * device's handle goes to *device (parent itself when not seen). */
+static __always_inline __u32 gpu_of(__u32 tgid, __u32 parent, __u32 *device)
 {
 	struct ctx_key k = { .tgid = tgid, .kind = DEV_NVIDIA_CTL, .handle = parent };
 	struct ctx_info *o = bpf_map_lookup_elem(&gpuarb_ctxs, &k);
 
+	*device = parent;
 	if (o && o->obj_class == NV_SUBDEVICE_CLASS) {
+		*device = o->parent;
 		k.handle = o->parent;
 		o = bpf_map_lookup_elem(&gpuarb_ctxs, &k);
 	}
@@ -764,10 +780,12 @@ static __always_inline __u64 current_start_ns(void)
  * dies before it returns to user space, and its exit frees what the driver
  * allocated) and the record says so. The check and the charge are one
  * atomic add, so racing allocations of a tenant never both pass. */
-static __always_inline void charge_memory(struct event *e, __u32 handle, __u64 bytes, __u32 gpu)
+static __always_inline void charge_memory(struct event *e, __u32 handle, __u64 bytes, __u32 gpu, __u32 device)
 {
 	struct mem_obj_key ok = { .tgid = e->tgid, .handle = handle };
-	struct mem_obj obj = { .bytes = bytes, .gpu = gpu };
+	struct mem_obj_key dk = { .tgid = e->tgid, .handle = device };
+	struct mem_obj obj = { .bytes = bytes, .gpu = gpu, .device = device };
+	struct mem_dev dfresh, *dev;
 	struct mem_proc fresh, *p;
 	struct mem_usage *u;
 	__u64 *limit, held;
@@ -805,6 +823,19 @@ static __always_inline void charge_memory(struct event *e, __u32 handle, __u64 b
 	}
 	if (p)
 		__sync_fetch_and_add(&p->charged[gpu], bytes);
+	dev = bpf_map_lookup_elem(&gpuarb_mem_devs, &dk);
+	if (!dev || dev->start_ns != obj.start_ns) {
+		__builtin_memset(&dfresh, 0, sizeof(dfresh));
+		dfresh.start_ns = obj.start_ns;
+		dfresh.gen = __sync_fetch_and_add(&mem_dev_seq, 1) + 1;
+		dfresh.gpu = gpu;
+		bpf_map_update_elem(&gpuarb_mem_devs, &dk, &dfresh, BPF_ANY);
+		dev = bpf_map_lookup_elem(&gpuarb_mem_devs, &dk);
+	}
+	if (dev) {
+		__sync_fetch_and_add(&dev->bytes, bytes);
+		obj.dev_gen = dev->gen;
+	}
 	bpf_map_update_elem(&gpuarb_mem_objs, &ok, &obj, BPF_ANY);
 }
 
@@ -821,19 +852,34 @@ static __always_inline void uncharge_proc(struct mem_proc *p, __u32 gpu, __u64 b
 	__sync_fetch_and_add(&p->charged[gpu], -bytes);
 }
 
-/* An RM_FREE of a charged allocation uncharges it. */
+/* An RM_FREE of a charged allocation uncharges it, unless its device was
+ * freed before it (which uncharged it); one of a device uncharges all that
+ * is charged under it. */
 static __always_inline void free_memory(__u32 tgid, __u32 handle)
 {
 	struct mem_obj_key ok = { .tgid = tgid, .handle = handle };
 	struct mem_obj *o = bpf_map_lookup_elem(&gpuarb_mem_objs, &ok);
-	struct mem_proc *p;
+	struct mem_proc *p = bpf_map_lookup_elem(&gpuarb_mem_procs, &tgid);
+	struct mem_dev *dev;
 
-	if (!o)
+	if (o) {
+		ok.handle = o->device;
+		dev = bpf_map_lookup_elem(&gpuarb_mem_devs, &ok);
+		if (dev && dev->gen == o->dev_gen) {
+			if (p && p->start_ns == o->start_ns)
+				uncharge_proc(p, o->gpu, o->bytes);
+			__sync_fetch_and_add(&dev->bytes, -o->bytes);
+		}
+		ok.handle = handle;
+		bpf_map_delete_elem(&gpuarb_mem_objs, &ok);
 		return;
-	p = bpf_map_lookup_elem(&gpuarb_mem_procs, &tgid);
-	if (p && p->start_ns == o->start_ns)
-		uncharge_proc(p, o->gpu, o->bytes);
-	bpf_map_delete_elem(&gpuarb_mem_objs, &ok);
+	}
+	dev = bpf_map_lookup_elem(&gpuarb_mem_devs, &ok);
+	if (!dev)
+		return;
+	if (p && p->start_ns == dev->start_ns)
+		uncharge_proc(p, dev->gpu, dev->bytes);
+	bpf_map_delete_elem(&gpuarb_mem_devs, &ok);
 }
 
 /* An exiting process's charges go: the driver frees its memory with its
@@ -858,19 +904,19 @@ static __always_inline void exit_memory(__u32 tgid)
 static __always_inline void note_memory(struct event *e, struct ioctl_stash *st)
 {
 	struct mem_req m = {};
+	__u32 gpu, device;
 	__u64 bytes;
-	__u32 gpu;
 
 	if (!mem_request(st->cmd, st->arg, &m))
 		return;
 	bytes = m.bytes > st->mem_bytes ? m.bytes : st->mem_bytes;
-	gpu = gpu_of(e->tgid, m.parent);
+	gpu = gpu_of(e->tgid, m.parent, &device);
 	e->args[1] = bytes;
 	e->args[2] = gpu;
 	if (m.status || (e->ret && e->ret != -ENOTTY) || m.host) /* not made (ENOTTY: the simulator's node), or host memory */
 		return;
 	if (mem_members)
-		charge_memory(e, m.handle, bytes, gpu);
+		charge_memory(e, m.handle, bytes, gpu, device);
 }
 
 SEC("tracepoint/syscalls/sys_enter_ioctl")

@@ -266,7 +266,9 @@ struct mem_proc {
 	__u64 charged[MEM_GPUS];
 };
 
-/* A charged allocation of a limited tenant: what its RM_FREE uncharges. */
+/* A charged allocation of a limited tenant, or a device of a process (key
+ * of both: the process and the RM handle): what an RM_FREE of either
+ * uncharges. */
 struct mem_obj_key {
 	__u32 tgid;
 	__u32 handle;
@@ -275,6 +277,17 @@ struct mem_obj_key {
 struct mem_obj {
 	__u64 bytes;
 	__u64 start_ns; /* its process's start time */
+	__u32 gpu;
+	__u32 device; /* the device it was allocated under */
+	__u64 dev_gen; /* that device's mem_dev.gen when it was charged */
+};
+
+/* What a limited tenant's process holds under one of its devices: freeing
+ * the device frees it all (the driver frees an object's children). */
+struct mem_dev {
+	__u64 bytes;
+	__u64 start_ns; /* its process's start time */
+	__u64 gen;      /* tells this device's charges from an earlier one's of the same handle */
 	__u32 gpu;
 	__u32 pad;
 };

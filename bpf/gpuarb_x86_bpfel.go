@@ -269,12 +269,22 @@ type gpuarbLostCounter struct {
 	Events uint64
 }
 
+type gpuarbMemDev struct {
+	_       structs.HostLayout
+	Bytes   uint64
+	StartNs uint64
+	Gen     uint64
+	Gpu     uint32
+	Pad     uint32
+}
+
 type gpuarbMemObj struct {
 	_       structs.HostLayout
 	Bytes   uint64
 	StartNs uint64
 	Gpu     uint32
-	Pad     uint32
+	Device  uint32
+	DevGen  uint64
 }
 
 type gpuarbMemObjKey struct {
@@ -344,6 +354,7 @@ const (
 	gpuarbMapGpuarbGates           = "gpuarb_gates"
 	gpuarbMapGpuarbHeld            = "gpuarb_held"
 	gpuarbMapGpuarbLost            = "gpuarb_lost"
+	gpuarbMapGpuarbMemDevs         = "gpuarb_mem_devs"
 	gpuarbMapGpuarbMemKeys         = "gpuarb_mem_keys"
 	gpuarbMapGpuarbMemLimit        = "gpuarb_mem_limit"
 	gpuarbMapGpuarbMemObjs         = "gpuarb_mem_objs"
@@ -380,6 +391,7 @@ const (
 	gpuarbProgGpuarbSchedWaking    = "gpuarb_sched_waking"
 	gpuarbProgGpuarbSignalGenerate = "gpuarb_signal_generate"
 	gpuarbVarGateMembers           = "gate_members"
+	gpuarbVarMemDevSeq             = "mem_dev_seq"
 	gpuarbVarMemMembers            = "mem_members"
 	gpuarbVarSignalSeq             = "signal_seq"
 	gpuarbVarUnusedCudaFunc        = "unused_cuda_func"
@@ -389,6 +401,7 @@ const (
 	gpuarbVarUnusedEventType       = "unused_event_type"
 	gpuarbVarUnusedGateKind        = "unused_gate_kind"
 	gpuarbVarUnusedGateLease       = "unused_gate_lease"
+	gpuarbVarUnusedMemDev          = "unused_mem_dev"
 	gpuarbVarUnusedMemObj          = "unused_mem_obj"
 	gpuarbVarUnusedMemObjKey       = "unused_mem_obj_key"
 	gpuarbVarUnusedMemProc         = "unused_mem_proc"
@@ -478,6 +491,7 @@ type gpuarbMapSpecs struct {
 	GpuarbGates         *ebpf.MapSpec `ebpf:"gpuarb_gates"`
 	GpuarbHeld          *ebpf.MapSpec `ebpf:"gpuarb_held"`
 	GpuarbLost          *ebpf.MapSpec `ebpf:"gpuarb_lost"`
+	GpuarbMemDevs       *ebpf.MapSpec `ebpf:"gpuarb_mem_devs"`
 	GpuarbMemKeys       *ebpf.MapSpec `ebpf:"gpuarb_mem_keys"`
 	GpuarbMemLimit      *ebpf.MapSpec `ebpf:"gpuarb_mem_limit"`
 	GpuarbMemObjs       *ebpf.MapSpec `ebpf:"gpuarb_mem_objs"`
@@ -500,6 +514,7 @@ type gpuarbMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type gpuarbVariableSpecs struct {
 	GateMembers         *ebpf.VariableSpec `ebpf:"gate_members"`
+	MemDevSeq           *ebpf.VariableSpec `ebpf:"mem_dev_seq"`
 	MemMembers          *ebpf.VariableSpec `ebpf:"mem_members"`
 	SignalSeq           *ebpf.VariableSpec `ebpf:"signal_seq"`
 	UnusedCudaFunc      *ebpf.VariableSpec `ebpf:"unused_cuda_func"`
@@ -509,6 +524,7 @@ type gpuarbVariableSpecs struct {
 	UnusedEventType     *ebpf.VariableSpec `ebpf:"unused_event_type"`
 	UnusedGateKind      *ebpf.VariableSpec `ebpf:"unused_gate_kind"`
 	UnusedGateLease     *ebpf.VariableSpec `ebpf:"unused_gate_lease"`
+	UnusedMemDev        *ebpf.VariableSpec `ebpf:"unused_mem_dev"`
 	UnusedMemObj        *ebpf.VariableSpec `ebpf:"unused_mem_obj"`
 	UnusedMemObjKey     *ebpf.VariableSpec `ebpf:"unused_mem_obj_key"`
 	UnusedMemProc       *ebpf.VariableSpec `ebpf:"unused_mem_proc"`
@@ -550,6 +566,7 @@ type gpuarbMaps struct {
 	GpuarbGates         *ebpf.Map `ebpf:"gpuarb_gates"`
 	GpuarbHeld          *ebpf.Map `ebpf:"gpuarb_held"`
 	GpuarbLost          *ebpf.Map `ebpf:"gpuarb_lost"`
+	GpuarbMemDevs       *ebpf.Map `ebpf:"gpuarb_mem_devs"`
 	GpuarbMemKeys       *ebpf.Map `ebpf:"gpuarb_mem_keys"`
 	GpuarbMemLimit      *ebpf.Map `ebpf:"gpuarb_mem_limit"`
 	GpuarbMemObjs       *ebpf.Map `ebpf:"gpuarb_mem_objs"`
@@ -580,6 +597,7 @@ func (m *gpuarbMaps) Close() error {
 		m.GpuarbGates,
 		m.GpuarbHeld,
 		m.GpuarbLost,
+		m.GpuarbMemDevs,
 		m.GpuarbMemKeys,
 		m.GpuarbMemLimit,
 		m.GpuarbMemObjs,
@@ -603,6 +621,7 @@ func (m *gpuarbMaps) Close() error {
 // It can be passed to loadGpuarbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type gpuarbVariables struct {
 	GateMembers         *ebpf.Variable `ebpf:"gate_members"`
+	MemDevSeq           *ebpf.Variable `ebpf:"mem_dev_seq"`
 	MemMembers          *ebpf.Variable `ebpf:"mem_members"`
 	SignalSeq           *ebpf.Variable `ebpf:"signal_seq"`
 	UnusedCudaFunc      *ebpf.Variable `ebpf:"unused_cuda_func"`
@@ -612,6 +631,7 @@ type gpuarbVariables struct {
 	UnusedEventType     *ebpf.Variable `ebpf:"unused_event_type"`
 	UnusedGateKind      *ebpf.Variable `ebpf:"unused_gate_kind"`
 	UnusedGateLease     *ebpf.Variable `ebpf:"unused_gate_lease"`
+	UnusedMemDev        *ebpf.Variable `ebpf:"unused_mem_dev"`
 	UnusedMemObj        *ebpf.Variable `ebpf:"unused_mem_obj"`
 	UnusedMemObjKey     *ebpf.Variable `ebpf:"unused_mem_obj_key"`
 	UnusedMemProc       *ebpf.Variable `ebpf:"unused_mem_proc"`

@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -28,7 +29,8 @@ func startRawAllocator(t *testing.T, exe, node string, cg *testutil.Cgroup, mode
 // the tenant past its limit, whether it allocates by RM_ALLOC, by
 // RM_ALLOC in IOCTL_XFER_CMD or by RM_VID_HEAP_CONTROL, with no libcuda;
 // the tenant's other process and an unlimited neighbour keep their
-// memory; a free and an exit uncharge.
+// memory; an exit, a free and the free of the device the memory was
+// allocated under uncharge.
 func TestMemoryLimitKillsAtTheAllocationPastIt(t *testing.T) {
 	// The simulated GPU's control node: a character device of the mem
 	// driver, on which every ioctl fails with ENOTTY.
@@ -78,14 +80,27 @@ func TestMemoryLimitKillsAtTheAllocationPastIt(t *testing.T) {
 			if u.Kills[0] != 1 || len(u.Kills) != 1 || u.Charged[0] != 256*mib || len(u.Charged) != 1 {
 				t.Errorf("usage %+v: want 1 kill and the keeper's 256 MiB on GPU 0 (the killed process uncharged at exit)", u)
 			}
-			if _, err := io.WriteString(keeper.In, "free\n"); err != nil {
+			free := "free\n"
+			if mode == "xfer" {
+				free = "freedev\n" // the device's free frees its memory
+			}
+			if _, err := io.WriteString(keeper.In, free); err != nil {
 				t.Fatal(err)
 			}
 			if !keeper.Until(t, "freed") {
 				t.Fatal("the keeper did not free")
 			}
 			if u, err := l.Usage(); err != nil || len(u.Charged) != 0 {
-				t.Errorf("usage after the keeper's RM_FREE: %+v (%v), want nothing charged", u, err)
+				t.Errorf("usage after the keeper's %q: %+v (%v), want nothing charged", strings.TrimSpace(free), u, err)
+			}
+			// Allocated again under its device, and freed: a free after the
+			// device's is not uncharged twice.
+			again := startRawAllocator(t, exe, node, limited, mode, 512*mib, 1)
+			if !again.Until(t, "done") {
+				t.Fatal("512 MiB within the limit, after the frees, was refused")
+			}
+			if u, err := l.Usage(); err != nil || u.Charged[0] != 512*mib {
+				t.Errorf("usage with 512 MiB allocated: %+v (%v)", u, err)
 			}
 			if err := keeper.Cmd.Process.Signal(syscall.Signal(0)); err != nil {
 				t.Errorf("the keeper is gone: %v", err)

@@ -62,6 +62,15 @@ func benchProbes(ctx context.Context, b *bench) (string, error) {
 		v := ioctl["BenchmarkIoctl/"+r.key]["ns/op"]
 		fmt.Fprintf(&s, "| %s | %.0f | +%.0f | %.2f |\n", r.name, v, v-base, v/base)
 	}
+	memBase := ioctl["BenchmarkIoctl/memory-baseline"]["ns/op"]
+	fmt.Fprintf(&s, "| an RM_ALLOC of 2 MiB of device memory, no probes | %.0f | — | 1.00 |\n", memBase)
+	for _, r := range []struct{ name, key string }{
+		{"the same, probes loaded (its size read at entry and exit, its GPU looked up; a tenant without a GPU memory limit)", "memory"},
+		{"the same, the process under a GPU memory limit (charged to its slot)", "memory-limited"},
+	} {
+		v := ioctl["BenchmarkIoctl/"+r.key]["ns/op"]
+		fmt.Fprintf(&s, "| %s | %.0f | +%.0f | %.2f |\n", r.name, v, v-memBase, v/memBase)
+	}
 	ub, up := uprobe["BenchmarkUprobeHit/baseline"]["ns/call"], uprobe["BenchmarkUprobeHit/probed"]["ns/call"]
 	fmt.Fprintf(&s, "| cuLaunchKernel in the simulator's libcuda, no uprobe | %.1f | — | 1.00 |\n", ub)
 	fmt.Fprintf(&s, "| the same call with the uprobe (a uprobe hit) | %.0f | +%.0f | %.0f |\n\n", up, up-ub, up/ub)

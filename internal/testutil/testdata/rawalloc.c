@@ -8,8 +8,9 @@
  * vidheap (RM_VID_HEAP_CONTROL ALLOC_SIZE, the size at byte 88). It makes
  * a device object (deviceId 0) first, then COUNT allocations of STEP
  * bytes, printing "held BYTES" after each, then "done", and waits for
- * stdin to close; "free" on stdin frees every allocation (RM_FREE) and
- * prints "freed". */
+ * stdin to close; "free" on stdin frees every allocation (RM_FREE of each)
+ * and "freedev" the device (which frees what is under it), each printing
+ * "freed". */
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -93,12 +94,18 @@ int main(int argc, char **argv)
 	}
 	printf("done\n");
 	while (fgets(line, sizeof(line), stdin)) {
-		if (strncmp(line, "free", 4))
-			continue;
-		for (long i = 0; i < count; i++) {
-			NVOS00 f = { client, device, 0xe0000000u + (uint32_t)i, 0 };
+		if (!strncmp(line, "freedev", 7)) {
+			NVOS00 f = { client, client, device, 0 };
 
 			ioctl(fd, NV_IOWR(NV_ESC_RM_FREE, sizeof(f)), &f);
+		} else if (!strncmp(line, "free", 4)) {
+			for (long i = 0; i < count; i++) {
+				NVOS00 f = { client, device, 0xe0000000u + (uint32_t)i, 0 };
+
+				ioctl(fd, NV_IOWR(NV_ESC_RM_FREE, sizeof(f)), &f);
+			}
+		} else {
+			continue;
 		}
 		printf("freed\n");
 	}
