@@ -295,6 +295,30 @@ __u64 mem_dev_seq;
  * by the daemon. */
 volatile __u32 mem_members;
 
+/* The GPU memory limit of every process no slot holds, per GPU and per its
+ * own cgroup (the default tenant), 0: none. Set by the daemon. */
+volatile __u64 mem_default_limit;
+
+/* The generation of gpuarb_mem_cgroups' entries: the daemon bumps it when it
+ * empties the table (a default limit set anew), and what a process charged
+ * to an older entry is not uncharged from a newer one. */
+volatile __u64 mem_cgroup_gen;
+
+/* What the default limit charged, by cgroup id. A plain hash: an entry is
+ * removed only by the daemon, once its cgroup is gone. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, struct mem_usage);
+} gpuarb_mem_cgroups SEC(".maps");
+
+/* Whether any memory limit is in force: else no allocation pays a lookup. */
+static __always_inline int memory_limited(void)
+{
+	return mem_members || mem_default_limit;
+}
+
 #define GATE_SLOTS 4096
 #define GATE_CGROUP_LEVELS 16
 #define SIGSTOP 19
@@ -791,11 +815,29 @@ static __always_inline void charge_memory(struct event *e, __u32 handle, __u64 b
 	__u64 *limit, held;
 	__u32 *slot;
 
-	slot = member_slot(&gpuarb_mem_keys, e->tgid);
-	if (!slot)
+	__u32 default_slot = MEM_SLOTS;
+	__u64 default_limit = mem_default_limit;
+
+	slot = mem_members ? member_slot(&gpuarb_mem_keys, e->tgid) : NULL;
+	if (slot) {
+		limit = bpf_map_lookup_elem(&gpuarb_mem_limit, slot);
+		u = bpf_map_lookup_elem(&gpuarb_mem_usage, slot);
+	} else if (default_limit) {
+		struct mem_usage zero;
+
+		slot = &default_slot;
+		limit = &default_limit;
+		u = bpf_map_lookup_elem(&gpuarb_mem_cgroups, &e->cgroup_id);
+		if (!u) {
+			__builtin_memset(&zero, 0, sizeof(zero));
+			zero.gen = mem_cgroup_gen;
+			/* Full: this cgroup is not held (counted below). */
+			bpf_map_update_elem(&gpuarb_mem_cgroups, &e->cgroup_id, &zero, BPF_NOEXIST);
+			u = bpf_map_lookup_elem(&gpuarb_mem_cgroups, &e->cgroup_id);
+		}
+	} else {
 		return;
-	limit = bpf_map_lookup_elem(&gpuarb_mem_limit, slot);
-	u = bpf_map_lookup_elem(&gpuarb_mem_usage, slot);
+	}
 	if (!limit || !u || gpu >= MEM_GPUS)
 		return;
 	held = __sync_fetch_and_add(&u->charged[gpu], bytes);
@@ -812,11 +854,13 @@ static __always_inline void charge_memory(struct event *e, __u32 handle, __u64 b
 	}
 	obj.start_ns = current_start_ns();
 	p = bpf_map_lookup_elem(&gpuarb_mem_procs, &e->tgid);
-	if (!p || p->start_ns != obj.start_ns || p->slot != *slot || p->gen != u->gen) {
+	if (!p || p->start_ns != obj.start_ns || p->slot != *slot || p->gen != u->gen ||
+	    (*slot == MEM_SLOTS && p->cgroup != e->cgroup_id)) {
 		__builtin_memset(&fresh, 0, sizeof(fresh));
 		fresh.start_ns = obj.start_ns;
 		fresh.slot = *slot;
 		fresh.gen = u->gen;
+		fresh.cgroup = e->cgroup_id;
 		/* Full: the charge stays with the slot until the daemon resets it. */
 		bpf_map_update_elem(&gpuarb_mem_procs, &e->tgid, &fresh, BPF_ANY);
 		p = bpf_map_lookup_elem(&gpuarb_mem_procs, &e->tgid);
@@ -839,12 +883,15 @@ static __always_inline void charge_memory(struct event *e, __u32 handle, __u64 b
 	bpf_map_update_elem(&gpuarb_mem_objs, &ok, &obj, BPF_ANY);
 }
 
-/* Uncharges bytes on gpu held by the process p from its slot, unless the
- * slot has been given to another tenant since. */
+/* Uncharges bytes on gpu held by the process p from its slot (or its
+ * cgroup's default usage), unless the slot has been given to another
+ * tenant since. */
 static __always_inline void uncharge_proc(struct mem_proc *p, __u32 gpu, __u64 bytes)
 {
 	__u32 slot = p->slot;
-	struct mem_usage *u = bpf_map_lookup_elem(&gpuarb_mem_usage, &slot);
+	__u64 cgroup = p->cgroup;
+	struct mem_usage *u = slot == MEM_SLOTS ? bpf_map_lookup_elem(&gpuarb_mem_cgroups, &cgroup)
+						: bpf_map_lookup_elem(&gpuarb_mem_usage, &slot);
 
 	if (!u || u->gen != p->gen || gpu >= MEM_GPUS)
 		return;
@@ -915,7 +962,7 @@ static __always_inline void note_memory(struct event *e, struct ioctl_stash *st)
 	e->args[2] = gpu;
 	if (m.status || (e->ret && e->ret != -ENOTTY) || m.host) /* not made (ENOTTY: the simulator's node), or host memory */
 		return;
-	if (mem_members)
+	if (memory_limited())
 		charge_memory(e, m.handle, bytes, gpu, device);
 }
 
@@ -1035,7 +1082,7 @@ static __always_inline void decode_nvidia(struct event *e, struct ioctl_stash *s
 		params_size = *(__u32 *)&e->arg[24];
 	} else if (nr == NV_ESC_RM_FREE && e->arg_len >= 16) {
 		untrack_object(e->tgid, DEV_NVIDIA_CTL, *(__u32 *)&e->arg[8]);
-		if (mem_members && *(__u32 *)&e->arg[12] == 0)
+		if (memory_limited() && *(__u32 *)&e->arg[12] == 0)
 			free_memory(e->tgid, *(__u32 *)&e->arg[8]);
 	}
 	if (params)
@@ -1643,8 +1690,7 @@ int gpuarb_process_exit(void *ctx)
 	bpf_map_delete_elem(&gpuarb_held, &tgid); /* a held process that dies is released */
 	bpf_map_delete_elem(&gpuarb_releasing, &tgid);
 	bpf_map_delete_elem(&gpuarb_trees, &tgid); /* its pid may name another process next */
-	if (mem_members)
-		exit_memory(tgid);
+	exit_memory(tgid); /* one lookup: its charges may outlive the limits */
 	p = bpf_map_lookup_elem(&gpuarb_procs, &tgid);
 	if (!p)
 		return 0;

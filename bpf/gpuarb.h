@@ -244,6 +244,9 @@ struct gate_lease {
 #define MEM_SLOTS 4096
 /* GPUs charged apart: a device id at or past it is charged with the last. */
 #define MEM_GPUS 16
+/* The default limit (mem_default_limit) holds every process that no slot
+ * holds, charged by its own cgroup (the default tenant's): its usage is in
+ * gpuarb_mem_cgroups, by cgroup id. */
 
 /* One slot's charges, pinned as gpuarb_mem_usage and written only by the
  * probes; its limit (bytes per GPU, 0: none) is in gpuarb_mem_limit,
@@ -261,8 +264,9 @@ struct mem_usage {
 struct mem_proc {
 	__u64 start_ns; /* the process's start time, against pid reuse */
 	__u64 gen;      /* its slot's generation when it was charged */
-	__u32 slot;
+	__u32 slot;     /* MEM_SLOTS: charged to its cgroup under the default limit */
 	__u32 pad;
+	__u64 cgroup;   /* that cgroup's id */
 	__u64 charged[MEM_GPUS];
 };
 

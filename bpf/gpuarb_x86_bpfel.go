@@ -299,6 +299,7 @@ type gpuarbMemProc struct {
 	Gen     uint64
 	Slot    uint32
 	Pad     uint32
+	Cgroup  uint64
 	Charged [16]uint64
 }
 
@@ -354,6 +355,7 @@ const (
 	gpuarbMapGpuarbGates           = "gpuarb_gates"
 	gpuarbMapGpuarbHeld            = "gpuarb_held"
 	gpuarbMapGpuarbLost            = "gpuarb_lost"
+	gpuarbMapGpuarbMemCgroups      = "gpuarb_mem_cgroups"
 	gpuarbMapGpuarbMemDevs         = "gpuarb_mem_devs"
 	gpuarbMapGpuarbMemKeys         = "gpuarb_mem_keys"
 	gpuarbMapGpuarbMemLimit        = "gpuarb_mem_limit"
@@ -391,6 +393,8 @@ const (
 	gpuarbProgGpuarbSchedWaking    = "gpuarb_sched_waking"
 	gpuarbProgGpuarbSignalGenerate = "gpuarb_signal_generate"
 	gpuarbVarGateMembers           = "gate_members"
+	gpuarbVarMemCgroupGen          = "mem_cgroup_gen"
+	gpuarbVarMemDefaultLimit       = "mem_default_limit"
 	gpuarbVarMemDevSeq             = "mem_dev_seq"
 	gpuarbVarMemMembers            = "mem_members"
 	gpuarbVarSignalSeq             = "signal_seq"
@@ -491,6 +495,7 @@ type gpuarbMapSpecs struct {
 	GpuarbGates         *ebpf.MapSpec `ebpf:"gpuarb_gates"`
 	GpuarbHeld          *ebpf.MapSpec `ebpf:"gpuarb_held"`
 	GpuarbLost          *ebpf.MapSpec `ebpf:"gpuarb_lost"`
+	GpuarbMemCgroups    *ebpf.MapSpec `ebpf:"gpuarb_mem_cgroups"`
 	GpuarbMemDevs       *ebpf.MapSpec `ebpf:"gpuarb_mem_devs"`
 	GpuarbMemKeys       *ebpf.MapSpec `ebpf:"gpuarb_mem_keys"`
 	GpuarbMemLimit      *ebpf.MapSpec `ebpf:"gpuarb_mem_limit"`
@@ -514,6 +519,8 @@ type gpuarbMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type gpuarbVariableSpecs struct {
 	GateMembers         *ebpf.VariableSpec `ebpf:"gate_members"`
+	MemCgroupGen        *ebpf.VariableSpec `ebpf:"mem_cgroup_gen"`
+	MemDefaultLimit     *ebpf.VariableSpec `ebpf:"mem_default_limit"`
 	MemDevSeq           *ebpf.VariableSpec `ebpf:"mem_dev_seq"`
 	MemMembers          *ebpf.VariableSpec `ebpf:"mem_members"`
 	SignalSeq           *ebpf.VariableSpec `ebpf:"signal_seq"`
@@ -566,6 +573,7 @@ type gpuarbMaps struct {
 	GpuarbGates         *ebpf.Map `ebpf:"gpuarb_gates"`
 	GpuarbHeld          *ebpf.Map `ebpf:"gpuarb_held"`
 	GpuarbLost          *ebpf.Map `ebpf:"gpuarb_lost"`
+	GpuarbMemCgroups    *ebpf.Map `ebpf:"gpuarb_mem_cgroups"`
 	GpuarbMemDevs       *ebpf.Map `ebpf:"gpuarb_mem_devs"`
 	GpuarbMemKeys       *ebpf.Map `ebpf:"gpuarb_mem_keys"`
 	GpuarbMemLimit      *ebpf.Map `ebpf:"gpuarb_mem_limit"`
@@ -597,6 +605,7 @@ func (m *gpuarbMaps) Close() error {
 		m.GpuarbGates,
 		m.GpuarbHeld,
 		m.GpuarbLost,
+		m.GpuarbMemCgroups,
 		m.GpuarbMemDevs,
 		m.GpuarbMemKeys,
 		m.GpuarbMemLimit,
@@ -621,6 +630,8 @@ func (m *gpuarbMaps) Close() error {
 // It can be passed to loadGpuarbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type gpuarbVariables struct {
 	GateMembers         *ebpf.Variable `ebpf:"gate_members"`
+	MemCgroupGen        *ebpf.Variable `ebpf:"mem_cgroup_gen"`
+	MemDefaultLimit     *ebpf.Variable `ebpf:"mem_default_limit"`
 	MemDevSeq           *ebpf.Variable `ebpf:"mem_dev_seq"`
 	MemMembers          *ebpf.Variable `ebpf:"mem_members"`
 	SignalSeq           *ebpf.Variable `ebpf:"signal_seq"`

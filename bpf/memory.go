@@ -3,6 +3,8 @@ package bpf
 import (
 	"errors"
 	"fmt"
+
+	"github.com/cilium/ebpf"
 )
 
 // GPU memory limits hold a tenant's device memory at the driver boundary:
@@ -26,11 +28,13 @@ const MemoryGPUs = 16
 // ErrNoMemorySlot is returned when every memory limit slot is in use.
 var ErrNoMemorySlot = errors.New("no free GPU memory limit slot")
 
-// Pinned names of the memory limit tables: members, limits and charges.
+// Pinned names of the memory limit tables: members, limits, charges, and
+// the default limit's charges by cgroup.
 const (
-	memKeysMap  = "gpuarb_mem_keys"
-	memLimitMap = "gpuarb_mem_limit"
-	memUsageMap = "gpuarb_mem_usage"
+	memKeysMap    = "gpuarb_mem_keys"
+	memLimitMap   = "gpuarb_mem_limit"
+	memUsageMap   = "gpuarb_mem_usage"
+	memCgroupsMap = "gpuarb_mem_cgroups"
 )
 
 // MemoryLimit is one tenant's memory limit slot. Its methods are safe for
@@ -94,20 +98,7 @@ func (l *MemoryLimit) Usage() (MemoryUsage, error) {
 	if err := l.p.objs.GpuarbMemUsage.Lookup(l.slot, &u); err != nil {
 		return MemoryUsage{}, fmt.Errorf("memory limit %d: read: %w", l.slot, err)
 	}
-	out := MemoryUsage{Charged: map[int]uint64{}, Kills: map[int]uint64{}}
-	for gpu, n := range u.Kills {
-		if n != 0 {
-			out.Kills[gpu] = n
-		}
-	}
-	for gpu, b := range u.Charged {
-		// A free racing a charge of another thread can leave a transient
-		// wrap below zero; it reads as nothing held.
-		if b != 0 && b < 1<<63 {
-			out.Charged[gpu] = b
-		}
-	}
-	return out, nil
+	return usageOf(u), nil
 }
 
 // Close removes the limit's members and frees its slot. Processes it
@@ -128,4 +119,99 @@ func (p *Probes) clearMemoryMembers() error {
 		return fmt.Errorf("memory limits: %w", err)
 	}
 	return nil
+}
+
+// SetDefaultMemoryLimit holds every process that no memory limit slot
+// holds to bytes on each GPU, charged by its own cgroup (the default
+// tenant of that cgroup); 0 lifts it. A limit set where there was none
+// starts every cgroup's charges afresh: what was charged while no limit
+// was in force was not uncharged as it was freed.
+func (p *Probes) SetDefaultMemoryLimit(bytes uint64) error {
+	p.memory.mu.Lock()
+	defer p.memory.mu.Unlock()
+	if p.defaultMemoryLimit == 0 && bytes != 0 {
+		var gen uint64
+		if err := p.objs.MemCgroupGen.Get(&gen); err != nil {
+			return fmt.Errorf("default GPU memory limit: %w", err)
+		}
+		if err := p.objs.MemCgroupGen.Set(gen + 1); err != nil {
+			return fmt.Errorf("default GPU memory limit: %w", err)
+		}
+		if err := clearCgroupUsage(p.objs.GpuarbMemCgroups, func(uint64) bool { return true }); err != nil {
+			return fmt.Errorf("default GPU memory limit: %w", err)
+		}
+	}
+	if err := p.objs.MemDefaultLimit.Set(bytes); err != nil {
+		return fmt.Errorf("default GPU memory limit: %w", err)
+	}
+	p.defaultMemoryLimit = bytes
+	return nil
+}
+
+// DefaultMemoryUsage reads what the default limit has charged, by cgroup
+// id.
+func (p *Probes) DefaultMemoryUsage() (map[uint64]MemoryUsage, error) {
+	var (
+		id  uint64
+		u   gpuarbMemUsage
+		out = map[uint64]MemoryUsage{}
+	)
+	it := p.objs.GpuarbMemCgroups.Iterate()
+	for it.Next(&id, &u) {
+		out[id] = usageOf(u)
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("default GPU memory limit: read: %w", err)
+	}
+	return out, nil
+}
+
+// ForgetMemoryCgroups drops the default limit's charges of the cgroups
+// gone says are gone (no process of theirs can allocate again).
+func (p *Probes) ForgetMemoryCgroups(gone func(id uint64) bool) error {
+	if err := clearCgroupUsage(p.objs.GpuarbMemCgroups, gone); err != nil {
+		return fmt.Errorf("default GPU memory limit: %w", err)
+	}
+	return nil
+}
+
+func clearCgroupUsage(m *ebpf.Map, drop func(id uint64) bool) error {
+	var (
+		id   uint64
+		u    gpuarbMemUsage
+		keys []uint64
+	)
+	it := m.Iterate()
+	for it.Next(&id, &u) {
+		if drop(id) {
+			keys = append(keys, id)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read cgroup charges: %w", err)
+	}
+	for _, id := range keys {
+		if err := m.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("drop cgroup %d's charges: %w", id, err)
+		}
+	}
+	return nil
+}
+
+// usageOf reads a slot's or a cgroup's charges.
+func usageOf(u gpuarbMemUsage) MemoryUsage {
+	out := MemoryUsage{Charged: map[int]uint64{}, Kills: map[int]uint64{}}
+	for gpu, n := range u.Kills {
+		if n != 0 {
+			out.Kills[gpu] = n
+		}
+	}
+	for gpu, b := range u.Charged {
+		// A free racing a charge of another thread can leave a transient
+		// wrap below zero; it reads as nothing held.
+		if b != 0 && b < 1<<63 {
+			out.Charged[gpu] = b
+		}
+	}
+	return out
 }

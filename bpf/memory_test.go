@@ -108,3 +108,61 @@ func TestMemoryLimitKillsAtTheAllocationPastIt(t *testing.T) {
 		})
 	}
 }
+
+// The default limit holds every process no slot holds, by its own cgroup:
+// two processes of one cgroup share it, another cgroup has its own, and a
+// cgroup that a slot holds is held by the slot's limit alone.
+func TestDefaultMemoryLimitHoldsEachCgroup(t *testing.T) {
+	p := loadForTest(t, Options{Devices: []Device{{Major: 1, Minor: 7, Kind: KindNvidiaCtl}}})
+	node := filepath.Join(t.TempDir(), "nvidiactl")
+	if err := unix.Mknod(node, unix.S_IFCHR|0o600, int(unix.Mkdev(1, 7))); err != nil {
+		t.Fatal(err)
+	}
+	exe := testutil.BuildC(t, "rawalloc")
+	a, b, slotted := testutil.NewCgroup(t, "mem-default-a"), testutil.NewCgroup(t, "mem-default-b"), testutil.NewCgroup(t, "mem-slotted")
+	if err := p.SetDefaultMemoryLimit(1 << 30); err != nil {
+		t.Fatal(err)
+	}
+	defer p.SetDefaultMemoryLimit(0)
+	l, err := p.NewMemoryLimit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := l.SetMembers([]uint64{slotted.ID}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.SetLimit(4 << 30); err != nil {
+		t.Fatal(err)
+	}
+	first := startRawAllocator(t, exe, node, a, "rmalloc", 512*mib, 1)
+	if !first.Until(t, "done") {
+		t.Fatal("512 MiB under a 1 GiB default limit was refused")
+	}
+	second := startRawAllocator(t, exe, node, a, "rmalloc", 256*mib, 4)
+	if second.Until(t, "done") || second.Held != 512*mib {
+		t.Errorf("a second process of the cgroup held %d MiB, want killed at 512 (the cgroup's 1 GiB less the first's 512)", second.Held/mib)
+	}
+	other := startRawAllocator(t, exe, node, b, "rmalloc", 256*mib, 4)
+	big := startRawAllocator(t, exe, node, slotted, "rmalloc", 1<<30, 3)
+	if !other.Until(t, "done") || !big.Until(t, "done") {
+		t.Fatalf("another cgroup's 1 GiB (held %d MiB) or the slotted cgroup's 3 GiB under its 4 GiB (held %d MiB) was refused",
+			other.Held/mib, big.Held/mib)
+	}
+	usage, err := p.DefaultMemoryUsage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ua, ub := usage[a.ID], usage[b.ID]; ua.Charged[0] != 512*mib || ua.Kills[0] != 1 || ub.Charged[0] != 1<<30 || ub.Kills[0] != 0 {
+		t.Errorf("default charges: %s %+v, %s %+v; want 512 MiB and a kill, 1 GiB and none", a.Rel, ua, b.Rel, ub)
+	}
+	if _, ok := usage[slotted.ID]; ok {
+		t.Errorf("the slotted cgroup was charged under the default limit too: %+v", usage[slotted.ID])
+	}
+	if err := p.ForgetMemoryCgroups(func(id uint64) bool { return id == b.ID }); err != nil {
+		t.Fatal(err)
+	}
+	if usage, err := p.DefaultMemoryUsage(); err != nil || len(usage) != 1 {
+		t.Errorf("after forgetting %s: %v (%v), want %s's alone", b.Rel, usage, err, a.Rel)
+	}
+}

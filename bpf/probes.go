@@ -27,7 +27,7 @@ const DefaultRingSize = 4 << 20
 // pinnedMaps are the maps a pinned load exposes under the pin path.
 var pinnedMaps = []string{"gpuarb_devices", "gpuarb_cgroups", "gpuarb_ctxs", "gpuarb_procs", "gpuarb_events", "gpuarb_lost",
 	"gpuarb_gates", "gpuarb_gate_allow", gateKeysMap, heldMap, releasingMap, leaseMap, "gpuarb_trees",
-	memKeysMap, memLimitMap, memUsageMap}
+	memKeysMap, memLimitMap, memUsageMap, memCgroupsMap}
 
 // wakeupBytes is the backlog at which a submit wakes the reader: an eighth
 // of the ring, at most 64 KiB.
@@ -92,6 +92,8 @@ type Probes struct {
 
 	// gates and memory allocate launch gate and memory limit slots.
 	gates, memory slotTable
+	// defaultMemoryLimit is mem_default_limit as last set, under memory.mu.
+	defaultMemoryLimit uint64
 	// urgentMu guards urgent, the processes in gpuarb_urgent, and
 	// urgentCgroups, the cgroups in gpuarb_urgent_cgroups (SetUrgent).
 	urgentMu      sync.Mutex

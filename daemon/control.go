@@ -84,8 +84,7 @@ func (d *Daemon) control(ctx context.Context) {
 	_, long := d.meter.Contexts(d.cfg.Window)
 	res := control.Step(control.Input{Window: window, Settled: d.cfg.Window, Short: short, Long: long, Assign: cl.assign,
 		HeldBack: func(name string) bool { return heldBack[name] }})
-	d.syncMemory(cfg, trees, res.Tenants)
-	memory := d.memory.Usage()
+	memory := d.syncMemory(cfg, trees, res.Tenants)
 	groups, refused := d.groupsOf(res)
 	for i, in := range res.Inputs {
 		if n := len(groups[in.Name][in.GPU]); n > 0 {

@@ -320,6 +320,7 @@ func Start(cfg Config) (_ *Daemon, err error) {
 		return nil, err
 	}
 	d.memory = enforce.NewMemoryLimits(d.probes)
+	d.limitMemoryNow(d.policy)
 	d.attachLibcudas()
 	if cfg.Exact == nil {
 		if src := (exact.DRMFdinfo{}); src.Available() {

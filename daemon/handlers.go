@@ -344,11 +344,7 @@ func (d *Daemon) updatePolicy(why string, resume bool, next func(cur *policy.Con
 	for _, f := range finish {
 		f()
 	}
-	for _, t := range cfg.Tenants {
-		if t.MemoryLimit != 0 {
-			d.limitMemoryNow(t)
-		}
-	}
+	d.limitMemoryNow(cfg)
 	if err := d.steer.PutBack(groups); err != nil {
 		d.log.Warn("gpu scheduler: putting channel groups back", "err", err)
 	}

@@ -40,11 +40,13 @@ func (d *Daemon) memoryTarget(t policy.Tenant, tree []int, seen []uint64) (enfor
 	return target, len(target.PIDs)+len(target.Cgroups) > 0
 }
 
-// syncMemory holds exactly the limited tenants to their GPU memory limits:
-// the policy's (cfg, with the pid tenants' trees) and those a control step
-// found by their cgroups (found: a default tenant under a default limit).
-// Called under stepMu, without d.mu.
-func (d *Daemon) syncMemory(cfg *policy.Config, trees map[int][]int, found map[string]*control.Tenant) {
+// syncMemory holds exactly the policy's limited tenants to their GPU
+// memory limits (cfg, with the pid tenants' trees; a container tenant by
+// the cgroups found holds its processes), and every other cgroup to the
+// defaults' limit. It returns what each limited tenant the step found
+// holds and what the limits did: a default tenant's from its cgroup's
+// charges. Called under stepMu, without d.mu.
+func (d *Daemon) syncMemory(cfg *policy.Config, trees map[int][]int, found map[string]*control.Tenant) map[string]enforce.MemoryUsage {
 	targets := map[string]enforce.MemoryTarget{}
 	for _, t := range cfg.Tenants {
 		var seen []uint64
@@ -55,23 +57,62 @@ func (d *Daemon) syncMemory(cfg *policy.Config, trees map[int][]int, found map[s
 			targets[t.Name] = target
 		}
 	}
-	for name, ct := range found {
-		if _, listed := cfg.Tenant(name); listed || ct.Rules.MemoryLimit == 0 || ct.PID != 0 {
-			continue
-		}
-		targets[name] = enforce.MemoryTarget{Limit: uint64(ct.Rules.MemoryLimit), Cgroups: ct.CgroupIDs}
-	}
 	if err := d.memory.Sync(targets); err != nil {
 		d.log.Warn("GPU memory limits", "err", err)
 	}
+	usage := d.memory.Usage()
+	if d.probes == nil {
+		return usage
+	}
+	if err := d.probes.SetDefaultMemoryLimit(uint64(cfg.Defaults.MemoryLimit)); err != nil {
+		d.log.Warn("GPU memory limits", "err", err)
+	}
+	byCgroup, err := d.probes.DefaultMemoryUsage()
+	if err != nil {
+		d.log.Warn("GPU memory limits", "err", err)
+		return usage
+	}
+	for name, ct := range found {
+		if _, listed := cfg.Tenant(name); listed || cfg.Defaults.MemoryLimit == 0 {
+			continue
+		}
+		u := enforce.MemoryUsage{Limit: uint64(cfg.Defaults.MemoryLimit), Charged: map[int]uint64{}, Kills: map[int]uint64{}}
+		for _, id := range ct.CgroupIDs {
+			for gpu, b := range byCgroup[id].Charged {
+				u.Charged[gpu] += b
+			}
+			for gpu, n := range byCgroup[id].Kills {
+				u.Kills[gpu] += n
+			}
+		}
+		usage[name] = u
+	}
+	if err := d.probes.ForgetMemoryCgroups(func(id uint64) bool { return d.resolver != nil && d.resolver.Path(id) == "" }); err != nil {
+		d.log.Warn("GPU memory limits", "err", err)
+	}
+	return usage
 }
 
-// limitMemoryNow limits a policy tenant's GPU memory at once, before its
-// processes allocate: a new policy's limits hold from its change, not
-// from the next control step (late for a container's first allocations).
-// A limit the change removed goes at that step. Called under stepMu,
-// without d.mu.
-func (d *Daemon) limitMemoryNow(t policy.Tenant) {
+// limitMemoryNow holds cfg's GPU memory limits at once, before processes
+// allocate: a new policy's limits hold from its change (or the daemon's
+// start), not from the next control step (late for a container's first
+// allocations). A limit the change removed goes at that step. Called
+// under stepMu (or before the control loop runs), without d.mu.
+func (d *Daemon) limitMemoryNow(cfg *policy.Config) {
+	if d.probes != nil {
+		if err := d.probes.SetDefaultMemoryLimit(uint64(cfg.Defaults.MemoryLimit)); err != nil {
+			d.log.Warn("GPU memory limits", "err", err)
+		}
+	}
+	for _, t := range cfg.Tenants {
+		if t.MemoryLimit != 0 {
+			d.limitTenantMemory(t)
+		}
+	}
+}
+
+// limitTenantMemory makes or updates one policy tenant's limit.
+func (d *Daemon) limitTenantMemory(t policy.Tenant) {
 	var tree []int
 	if t.PID != 0 {
 		tree = d.pidTrees([]int{t.PID})[t.PID]

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -219,5 +221,46 @@ func TestGPUMemoryChargedAsTheDriverHoldsIt(t *testing.T) {
 		if diff := float64(g) - float64(w); diff > 0.01*float64(w) || -diff > 0.01*float64(w) {
 			t.Errorf("%s GPU %d: gpuarb charges %d B, the simulated GPU holds %d B beyond its contexts' baseline: off by more than 1%%", k.cgroup, k.gpu, g, w)
 		}
+	}
+}
+
+// The defaults' memory_limit holds every cgroup no entry names, each apart,
+// from its first allocation: a default tenant's process is killed at the
+// allocation past it, status shows the limit and the kill, and another
+// cgroup keeps its own limit whole.
+func TestDefaultGPUMemoryLimit(t *testing.T) {
+	gpu := testutil.StartFakeGPU(t)
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "policy.yaml"), []byte("defaults: {weight: 100, memory_limit: 512MiB}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemonIn(t, gpu, dir)
+	first, second := testutil.NewCgroup(t, "mem-default-1"), testutil.NewCgroup(t, "mem-default-2")
+	grower := startAllocator(t, gpu, first, 128, 8)
+	if grower.Until(t, "done") || grower.Held != 512*mib {
+		t.Fatalf("the default tenant held %d MiB, want killed at the allocation past 512", grower.Held/mib)
+	}
+	keeper := startAllocator(t, gpu, second, 128, 4)
+	if !keeper.Until(t, "done") {
+		t.Fatal("another cgroup's 512 MiB was refused: each default tenant has its own limit")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		st, err := d.Client.Status(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows := map[string]api.Tenant{}
+		for _, r := range st.Tenants {
+			rows[r.Cgroup] = r
+		}
+		k := rows[second.Rel]
+		if k.MemBytes == 512*mib && k.MemoryLimit == 512*mib && k.OOMKills == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status of %s: %d MiB held, limit %d MiB, %d kills; want 512, 512, 0", second.Rel, k.MemBytes/mib, k.MemoryLimit/mib, k.OOMKills)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
