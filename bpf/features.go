@@ -13,6 +13,7 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/link"
+	"github.com/gpuarb/gpuarb/cgroup"
 )
 
 // Feature is one capability of the host, probed for real where possible.
@@ -45,7 +46,34 @@ func ProbeFeatures() []Feature {
 	add("drm_sched tracepoints", false, firstTracepoint("gpu_scheduler",
 		"drm_sched_job_run", "drm_run_job"), "gpu_scheduler job run/done")
 	add("dma_fence tracepoints", false, tracepointExists("dma_fence", "dma_fence_signaled"), "dma_fence:dma_fence_signaled")
+	add("bpf_send_signal", false, features.HaveProgramHelper(ebpf.TracePoint, asm.FnSendSignal),
+		"from a tracepoint: the GPU memory OOM killer and the launch gate (else memory limits only count, and tenants are paced by freezing)")
+	add("dmem gpu memory", false, driverMemoryLimits(),
+		"the driver's own per-cgroup GPU memory limits (dmem, NVIDIA R615+) are available; gpuarb does not hand its limits to them yet")
 	return out
+}
+
+// driverMemoryLimits reports whether the cgroup v2 hierarchy has the dmem
+// controller with a GPU's memory region: where a driver enforces
+// per-cgroup GPU memory limits itself (NVIDIA R615+ registers
+// nvidia/<pci>/vidmem).
+func driverMemoryLimits() error {
+	root, err := cgroup.UnifiedMount()
+	if err != nil {
+		return fmt.Errorf("no cgroup v2 hierarchy: %w", err)
+	}
+	ctrl, err := os.ReadFile(filepath.Join(root, "cgroup.controllers"))
+	if err != nil {
+		return fmt.Errorf("cgroup v2 at %s: %w", root, err)
+	}
+	if !strings.Contains(" "+strings.TrimSpace(string(ctrl))+" ", " dmem ") {
+		return errors.New("no dmem cgroup controller (Linux 6.14+, CONFIG_CGROUP_DMEM): GPU memory limits are held by gpuarb's OOM killer alone")
+	}
+	capacity, err := os.ReadFile(filepath.Join(root, "dmem.capacity"))
+	if err != nil || !strings.Contains(string(capacity), "vidmem") {
+		return errors.New("the dmem controller has no GPU memory region: the GPU driver does not limit memory per cgroup")
+	}
+	return nil
 }
 
 func tracepointExists(group, name string) error {
