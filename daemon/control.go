@@ -238,6 +238,7 @@ func (d *Daemon) control(ctx context.Context) {
 		}
 	}
 	d.steer.Forget(live)
+	d.saveObjects()
 }
 
 // groupsOf are the channel groups of every tenant's processes per GPU, as

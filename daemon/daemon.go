@@ -148,6 +148,11 @@ type Daemon struct {
 	guardian  *enforce.Guardian // nil without Config.Guardian
 	// memory holds the limited tenants' GPU memory in the probes.
 	memory *enforce.MemoryLimits
+	// savedObjects is the version of the RM object table last saved
+	// (saveObjects); objectsUnsaved is set once a save failed (logged
+	// once). The control loop owns both.
+	savedObjects   uint64
+	objectsUnsaved bool
 
 	// exact figures, under mu
 	exactPrev   exact.Sample
@@ -334,6 +339,7 @@ func Start(cfg Config) (_ *Daemon, err error) {
 		return nil, err
 	}
 	d.spy.OnError = func(err error) { d.log.Warn("probe", "err", err) }
+	d.restoreObjects()
 	steer := d.steer // Close forgets d.steer while the hold loop may still release
 	deschedule := cfg.LatencyHolds == enforce.HoldDeschedule
 	d.hold = enforce.NewLatencyHold(func(gs []gpusched.Group, off bool) error { return steer.Pause(gs, enforce.ByHold, off, deschedule) },
@@ -436,6 +442,7 @@ func (d *Daemon) Stop() error {
 	if d.memory != nil {
 		errs = append(errs, d.memory.Close())
 	}
+	d.saveObjects() // under stepMu, as the control steps save
 	d.stepMu.Unlock()
 	if d.steer != nil {
 		// The ledger lets go of each group put back; one that could not

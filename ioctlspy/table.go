@@ -149,6 +149,8 @@ type Table struct {
 	// dropped counts the objects not kept, a process having maxObjects;
 	// droppedMemory the allocations, a process having maxMemoryObjects.
 	dropped, droppedMemory uint64
+	// version counts the changes to what Save writes (Version).
+	version uint64
 }
 
 // NewTable returns an empty table.
@@ -192,6 +194,11 @@ func (t *Table) Apply(ev Event) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	h := ev.Hdr()
+	switch ev.(type) {
+	case *ProcessExit, *TSGAllocated, *ChannelAllocated, *ObjectAllocated, *MemoryAllocated, *WorkSubmitToken,
+		*ObjectFreed, *NouveauChannel, *ContextCreated, *ContextDestroyed:
+		t.version++ // what Save writes may have changed
+	}
 	switch e := ev.(type) {
 	case *ProcessExit:
 		delete(t.procs, h.PID)

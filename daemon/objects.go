@@ -1,0 +1,78 @@
+package daemon
+
+import (
+	"os"
+	"path/filepath"
+
+	"github.com/gpuarb/gpuarb/cgroup"
+)
+
+// The RM objects of the processes using a GPU (their clients, channel
+// groups, channels and memory) are seen once, when each is allocated: a
+// daemon that starts beside running processes would not know them, and
+// would neither steer nor charge those processes. Each control step saves
+// the table beside the ledgers when it changed, the daemon saves it at its
+// stop, and the next daemon restores what is still the same process.
+
+// objectsBeside is the saved table's path beside a thaw ledger.
+func objectsBeside(ledger string) string {
+	return filepath.Join(filepath.Dir(ledger), "objects.json")
+}
+
+// processStart reads a process's start time, the saved table's check
+// against pid reuse.
+func processStart(pid uint32) (uint64, error) { return cgroup.StartTime(int(pid)) }
+
+// restoreObjects restores the saved table into the probes' table, before
+// the events are read.
+func (d *Daemon) restoreObjects() {
+	path := objectsBeside(d.cfg.Ledger)
+	f, err := os.Open(path)
+	if os.IsNotExist(err) {
+		return
+	}
+	if err != nil {
+		d.log.Warn("the RM objects of running processes are unknown", "path", path, "err", err)
+		return
+	}
+	defer f.Close()
+	n, err := d.spy.Table().Restore(f, processStart)
+	if err != nil {
+		d.log.Warn("the RM objects of running processes are unknown", "path", path, "err", err)
+		return
+	}
+	d.log.Info("restored the RM objects of running processes", "processes", n, "path", path)
+}
+
+// saveObjects saves the table if it changed since the last save. It reads
+// /proc and writes a file: called without d.mu.
+func (d *Daemon) saveObjects() {
+	if d.spy == nil {
+		return
+	}
+	tbl := d.spy.Table()
+	v := tbl.Version()
+	if v == d.savedObjects {
+		return
+	}
+	path := objectsBeside(d.cfg.Ledger)
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err == nil {
+		err = tbl.Save(f, processStart)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		if !d.objectsUnsaved {
+			d.log.Warn("a restarted daemon will not know the RM objects of running processes", "path", path, "err", err)
+		}
+		d.objectsUnsaved = true
+		return
+	}
+	d.savedObjects, d.objectsUnsaved = v, false
+}

@@ -1,0 +1,152 @@
+package ioctlspy
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+)
+
+// A restarted daemon must know the RM objects of the processes that ran
+// before it: their channel groups are what it steers, their memory what it
+// charges, and none of them will be allocated again. The daemon saves the
+// table beside its ledgers (Save) and the next one restores what is still
+// the same process (Restore).
+
+// savedObject is one RM object of a saved process.
+type savedObject struct {
+	Client uint32 `json:"client"`
+	Handle uint32 `json:"handle"`
+	// Parent is a channel's group, a subdevice's device, a group's or a
+	// memory allocation's device.
+	Parent uint32 `json:"parent,omitempty"`
+	Class  uint32 `json:"class,omitempty"`
+	Token  uint32 `json:"token,omitempty"`  // a channel's work submit token
+	Engine uint32 `json:"engine,omitempty"` // a group's engine
+	GPU    uint32 `json:"gpu,omitempty"`    // a device's deviceId, a memory allocation's GPU
+	Bytes  uint64 `json:"bytes,omitempty"`  // a memory allocation's size
+	Host   bool   `json:"host,omitempty"`   // pinned host memory
+}
+
+// savedProcess is one process of a saved table.
+type savedProcess struct {
+	PID uint32 `json:"pid"`
+	// Start is the process's start time (clock ticks since boot): a pid
+	// that names another process by the restore is not restored.
+	Start      uint64                `json:"start"`
+	Comm       string                `json:"comm"`
+	CgroupID   uint64                `json:"cgroup_id"`
+	Contexts   map[uint64]int32      `json:"contexts,omitempty"`
+	Clients    map[uint32]ClientFile `json:"clients,omitempty"`
+	TSGs       []savedObject         `json:"tsgs,omitempty"`
+	Channels   []savedObject         `json:"channels,omitempty"`
+	Subdevices []savedObject         `json:"subdevices,omitempty"`
+	Devices    []savedObject         `json:"devices,omitempty"`
+	Memory     []savedObject         `json:"memory,omitempty"`
+	Nouveau    []int32               `json:"nouveau,omitempty"`
+}
+
+// Version counts the table's changes to what Save writes: a saver writes
+// again only when it moved.
+func (t *Table) Version() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.version
+}
+
+// Save writes the table as JSON, each process with its start time as
+// start(pid) reads it now; a process start cannot read (gone) is left out.
+// start reads /proc: Save holds the table's lock only to copy it.
+func (t *Table) Save(w io.Writer, start func(pid uint32) (uint64, error)) error {
+	var out []savedProcess
+	for _, p := range t.Processes() {
+		st, err := start(p.PID)
+		if err != nil {
+			continue
+		}
+		out = append(out, saveProcess(p, st))
+	}
+	if err := json.NewEncoder(w).Encode(out); err != nil {
+		return fmt.Errorf("save the RM object table: %w", err)
+	}
+	return nil
+}
+
+func saveProcess(p Process, start uint64) savedProcess {
+	s := savedProcess{PID: p.PID, Start: start, Comm: p.Comm, CgroupID: p.CgroupID, Contexts: p.Contexts, Clients: p.Clients,
+		Nouveau: slices.Sorted(maps.Keys(p.Nouveau))}
+	for k, g := range p.TSGs {
+		s.TSGs = append(s.TSGs, savedObject{Client: k.Client, Handle: k.Handle, Parent: g.Device, Engine: g.Engine})
+	}
+	for k, c := range p.Channels {
+		s.Channels = append(s.Channels, savedObject{Client: k.Client, Handle: k.Handle, Parent: c.Parent, Class: c.Class, Token: c.Token})
+	}
+	for k, dev := range p.Subdevices {
+		s.Subdevices = append(s.Subdevices, savedObject{Client: k.Client, Handle: k.Handle, Parent: dev})
+	}
+	for k, gpu := range p.Devices {
+		s.Devices = append(s.Devices, savedObject{Client: k.Client, Handle: k.Handle, GPU: gpu})
+	}
+	for k, m := range p.Memory {
+		s.Memory = append(s.Memory, savedObject{Client: k.Client, Handle: k.Handle, Parent: m.Parent, GPU: m.GPU, Bytes: m.Bytes, Host: m.Host})
+	}
+	return s
+}
+
+// Restore reads a table Save wrote and keeps the processes whose pid still
+// names the process saved (start(pid) reads the same start time) and that
+// the table does not know yet; it returns how many it kept. What it reads
+// is the daemon's own file, but it is bounded as the event stream is:
+// maxObjects RM objects and maxMemoryObjects allocations a process.
+func (t *Table) Restore(r io.Reader, start func(pid uint32) (uint64, error)) (int, error) {
+	var saved []savedProcess
+	if err := json.NewDecoder(r).Decode(&saved); err != nil {
+		return 0, fmt.Errorf("restore the RM object table: %w", err)
+	}
+	kept := 0
+	for _, s := range saved {
+		if st, err := start(s.PID); err != nil || st != s.Start {
+			continue
+		}
+		p := restoreProcess(s)
+		if p.objects() > maxObjects || len(p.Memory) > maxMemoryObjects {
+			continue
+		}
+		t.mu.Lock()
+		if _, known := t.procs[s.PID]; !known {
+			t.procs[s.PID] = p
+			t.version++
+			kept++
+		}
+		t.mu.Unlock()
+	}
+	return kept, nil
+}
+
+func restoreProcess(s savedProcess) *Process {
+	p := &Process{PID: s.PID, Comm: s.Comm, CgroupID: s.CgroupID, Contexts: map[uint64]int32{}, Clients: map[uint32]ClientFile{},
+		TSGs: map[ObjectKey]TSG{}, Channels: map[ObjectKey]Channel{}, Subdevices: map[ObjectKey]uint32{},
+		Devices: map[ObjectKey]uint32{}, Nouveau: map[int32]bool{}, Memory: map[ObjectKey]MemoryObject{}}
+	maps.Copy(p.Contexts, s.Contexts)
+	maps.Copy(p.Clients, s.Clients)
+	for _, o := range s.TSGs {
+		p.TSGs[ObjectKey{o.Client, o.Handle}] = TSG{Device: o.Parent, Engine: o.Engine}
+	}
+	for _, o := range s.Channels {
+		p.Channels[ObjectKey{o.Client, o.Handle}] = Channel{Class: o.Class, Parent: o.Parent, Token: o.Token}
+	}
+	for _, o := range s.Subdevices {
+		p.Subdevices[ObjectKey{o.Client, o.Handle}] = o.Parent
+	}
+	for _, o := range s.Devices {
+		p.Devices[ObjectKey{o.Client, o.Handle}] = o.GPU
+	}
+	for _, o := range s.Memory {
+		p.Memory[ObjectKey{o.Client, o.Handle}] = MemoryObject{Bytes: o.Bytes, GPU: o.GPU, Parent: o.Parent, Host: o.Host}
+	}
+	for _, ch := range s.Nouveau {
+		p.Nouveau[ch] = true
+	}
+	return p
+}

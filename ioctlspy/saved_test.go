@@ -1,0 +1,79 @@
+package ioctlspy
+
+import (
+	"bytes"
+	"errors"
+	"reflect"
+	"testing"
+)
+
+// A table saved and restored holds the same RM objects for the same
+// processes; a pid that names another process by then (another start
+// time), or none, is not restored, and neither is a process the table
+// knows already.
+func TestTableSavedAndRestored(t *testing.T) {
+	tbl := NewTable()
+	apply := func(r Record) {
+		ev, err := DecodeRecord(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tbl.Apply(ev)
+	}
+	onFD := func(r Record, fd uint64) Record { r.Args[0] = fd; return r }
+	apply(onFD(nvIoctl(EscRMAlloc, words(1, 0, 1, ClassRoot, uint64(0), 0, 0), nil), 9))
+	apply(nvIoctl(EscRMAlloc, words(1, 1, 2, ClassDevice, uint64(0), 0, 0), words(3)))
+	apply(nvIoctl(EscRMAlloc, words(1, 2, 3, ClassSubdev, uint64(0), 0, 0), nil))
+	apply(nvIoctl(EscRMAlloc, words(1, 2, 10, ClassTSG, uint64(0), 0, 0), words(0, 0, 0, 1)))
+	apply(nvIoctl(EscRMAlloc, words(1, 10, 11, 0xC86F, uint64(0), 0, 0), nil))
+	apply(nvIoctl(EscRMControl, words(1, 11, CtrlGetWorkSubmitToken, 0, uint64(1), 4, 0), words(77)))
+	mem := nvIoctl(EscRMAlloc, words(1, 2, 20, ClassMemoryLocalUser, uint64(0x7000), uint64(0), 0, 0, 0, 0), nil)
+	mem.Args[1], mem.Args[2] = 2<<20, 3
+	apply(mem)
+	apply(Record{Type: recCuda, PID: 42, Func: fn("cuCtxCreate_v2"), Args: [8]uint64{0xc7, 0, 0}})
+	other := nvIoctl(EscRMAlloc, words(5, 0, 5, ClassRoot, uint64(0), 0, 0), nil)
+	other.PID = 43
+	apply(other)
+	v := tbl.Version()
+
+	var buf bytes.Buffer
+	starts := map[uint32]uint64{42: 1000, 43: 2000}
+	if err := tbl.Save(&buf, func(pid uint32) (uint64, error) {
+		if st, ok := starts[pid]; ok {
+			return st, nil
+		}
+		return 0, errors.New("gone")
+	}); err != nil {
+		t.Fatal(err)
+	}
+	saved := buf.Bytes()
+	// By the restore pid 43 names another process, and pid 44 is known.
+	now := map[uint32]uint64{42: 1000, 43: 2001}
+	restored := NewTable()
+	known := nvIoctl(EscRMAlloc, words(9, 0, 9, ClassRoot, uint64(0), 0, 0), nil)
+	known.PID = 44
+	ev, _ := DecodeRecord(known)
+	restored.Apply(ev)
+	n, err := restored.Restore(bytes.NewReader(saved), func(pid uint32) (uint64, error) { return now[pid], nil })
+	if err != nil || n != 1 {
+		t.Fatalf("restored %d processes (%v), want pid 42 alone", n, err)
+	}
+	want, _ := tbl.Process(42)
+	got, ok := restored.Process(42)
+	want.LastSeen, want.Launches = 0, 0
+	if !ok || !reflect.DeepEqual(got, want) {
+		t.Errorf("restored %+v\nwant %+v", got, want)
+	}
+	if !reflect.DeepEqual(got.Groups(), want.Groups()) || len(got.Groups()) != 1 {
+		t.Errorf("restored groups %+v, want %+v", got.Groups(), want.Groups())
+	}
+	if _, ok := restored.Process(43); ok {
+		t.Error("pid 43, another process by the restore, was restored")
+	}
+	if v == 0 || restored.Version() == 0 {
+		t.Errorf("versions %d, %d: the changes Save writes are not counted", v, restored.Version())
+	}
+	if _, err := NewTable().Restore(bytes.NewReader([]byte("{not json")), nil); err == nil {
+		t.Error("a corrupt saved table was accepted")
+	}
+}
