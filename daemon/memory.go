@@ -4,6 +4,7 @@ import (
 	"path/filepath"
 	"slices"
 
+	"github.com/gpuarb/gpuarb/bpf"
 	"github.com/gpuarb/gpuarb/cgroup"
 	"github.com/gpuarb/gpuarb/control"
 	"github.com/gpuarb/gpuarb/enforce"
@@ -127,10 +128,19 @@ func (d *Daemon) limitTenantMemory(t policy.Tenant) {
 }
 
 // noteOOMKill logs a process the probes killed at an allocation past its
-// tenant's GPU memory limit.
+// tenant's GPU memory limit: a slot's tenant, or under the defaults' limit
+// the default tenant of its cgroup.
 func (d *Daemon) noteOOMKill(e *ioctlspy.MemoryAllocated) {
 	h := e.Hdr()
-	d.log.Warn("GPU memory limit: process killed at an allocation past it", "tenant", d.memory.Owner(e.LimitSlot),
+	tenant := d.memory.Owner(e.LimitSlot)
+	if e.LimitSlot == bpf.MemorySlots {
+		path := ""
+		if d.resolver != nil {
+			path = d.resolver.Path(h.CgroupID)
+		}
+		tenant = DefaultName(path, h.CgroupID)
+	}
+	d.log.Warn("GPU memory limit: process killed at an allocation past it", "tenant", tenant,
 		"pid", h.PID, "comm", h.Comm, "gpu", e.GPU, "bytes", e.Bytes, "charged", e.Charged, "limit", e.Limit)
 }
 

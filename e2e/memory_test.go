@@ -240,6 +240,18 @@ func TestDefaultGPUMemoryLimit(t *testing.T) {
 	if grower.Until(t, "done") || grower.Held != 512*mib {
 		t.Fatalf("the default tenant held %d MiB, want killed at the allocation past 512", grower.Held/mib)
 	}
+	logged := func() (string, bool) {
+		_, log := d.Proc.Output()
+		return log, strings.Contains(log, "process killed at an allocation past it") && strings.Contains(log, "tenant="+first.Rel)
+	}
+	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if log, ok := logged(); ok {
+			break
+		} else if time.Now().After(deadline) {
+			t.Errorf("the kill is not logged with its default tenant %s:\n%s", first.Rel, log)
+			break
+		}
+	}
 	keeper := startAllocator(t, gpu, second, 128, 4)
 	if !keeper.Until(t, "done") {
 		t.Fatal("another cgroup's 512 MiB was refused: each default tenant has its own limit")
