@@ -15,18 +15,23 @@ import (
 // exactly as before: it knows the channel groups of the processes that
 // were running before it started. Closed loops of 1 ms kernels (a sync
 // every 4), tenant a of two processes and b of one at weights 100:300; the
-// first daemon stopped (SIGINT) or killed (SIGKILL).
+// first daemon stopped (SIGINT) or killed (SIGKILL); steered, and on the
+// launch gate (the GPU's scheduler not steered).
 func TestRestartedDaemonSteersRunningTenants(t *testing.T) {
-	for _, killed := range []bool{false, true} {
-		name := "stopped"
-		if killed {
-			name = "killed"
-		}
-		t.Run(name, func(t *testing.T) { restartedDaemonSteers(t, killed) })
+	for _, tc := range []struct {
+		name   string
+		killed bool
+		args   []string
+	}{
+		{"stopped", false, nil},
+		{"killed", true, nil},
+		{"killed, launch gate", true, []string{"--gpu-scheduler", "off"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) { restartedDaemonHolds(t, tc.killed, tc.args...) })
 	}
 }
 
-func restartedDaemonSteers(t *testing.T, killed bool) {
+func restartedDaemonHolds(t *testing.T, killed bool, args ...string) {
 	measureTwice(t, func(t *testing.T, miss missFunc) {
 		gpu := testutil.StartFakeGPU(t)
 		dir := t.TempDir()
@@ -36,7 +41,7 @@ func restartedDaemonSteers(t *testing.T, killed bool) {
 			t.Fatal(err)
 		}
 		loop := []string{"loop", "--kernels-ms", "1", "--sync-every", "4", "--duration", "40"}
-		first := startDaemonIn(t, gpu, dir)
+		first := startDaemonIn(t, gpu, dir, args...)
 		for _, name := range []string{"a", "a", "b"} {
 			testutil.Start(t, cgs[name], gpu.Workload(t, loop...))
 		}
@@ -46,7 +51,7 @@ func restartedDaemonSteers(t *testing.T, killed bool) {
 		} else {
 			first.Proc.Interrupt(10 * time.Second)
 		}
-		second := startDaemonIn(t, gpu, dir)
+		second := startDaemonIn(t, gpu, dir, args...)
 		start := time.Now()
 		after := col(trueShares(t, gpu, cgs, time.Second, 4), func(w map[string]float64) float64 { return w["a"] })
 		st, err := second.Status(t.Context())
@@ -55,10 +60,14 @@ func restartedDaemonSteers(t *testing.T, killed bool) {
 		}
 		t.Logf("a (2 processes) for 25%%: %s before the restart, %s in the 4 s from 1 s after the new daemon answered (%v)",
 			pcts(before), pcts(after), time.Since(start).Round(time.Second))
+		want := "gpu scheduler"
+		if len(args) > 0 {
+			want = "launch gate"
+		}
 		for _, name := range []string{"a", "b"} {
-			if row := tenantByName(st, name); row == nil || row.Actuator != "gpu scheduler" {
+			if row := tenantByName(st, name); row == nil || row.Actuator != want {
 				logStatus(t, second)
-				miss("tenant %s after the restart: %+v, want steered (actuator gpu scheduler)", name, row)
+				miss("tenant %s after the restart: %+v, want actuator %s", name, row, want)
 			}
 		}
 		if m := median(after); m < 0.22 || m > 0.28 || strings.Contains(pcts(after), "NaN") {
