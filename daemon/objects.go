@@ -1,10 +1,15 @@
 package daemon
 
 import (
+	"cmp"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/gpuarb/gpuarb/cgroup"
+	"github.com/gpuarb/gpuarb/ioctlspy"
+	"github.com/gpuarb/gpuarb/meter"
 )
 
 // The RM objects of the processes using a GPU (their clients, channel
@@ -36,12 +41,41 @@ func (d *Daemon) restoreObjects() {
 		return
 	}
 	defer f.Close()
-	n, err := d.spy.Table().Restore(f, processStart)
+	pids, err := d.spy.Table().Restore(f, processStart)
 	if err != nil {
 		d.log.Warn("the RM objects of running processes are unknown", "path", path, "err", err)
 		return
 	}
-	d.log.Info("restored the RM objects of running processes", "processes", n, "path", path)
+	for _, pid := range pids {
+		d.routeRestored(pid)
+	}
+	d.log.Info("restored the RM objects of running processes", "processes", len(pids), "path", path)
+}
+
+// routeRestored tells the meter which context each thread of a restored
+// process made current, as the cuCtxCreate calls it will never see again
+// did (the process's first context first): a process of a context per
+// thread is metered as several contexts from the start.
+func (d *Daemon) routeRestored(pid uint32) {
+	p, ok := d.spy.Table().Process(pid)
+	if !ok {
+		return
+	}
+	now := meter.MonotonicNow()
+	first := func(tid uint32) int { // 0 for the threads of the first context
+		if p.Threads[tid] == p.Made {
+			return 0
+		}
+		return 1
+	}
+	tids := slices.SortedFunc(maps.Keys(p.Threads), func(a, b uint32) int {
+		return cmp.Or(cmp.Compare(first(a), first(b)), cmp.Compare(a, b))
+	})
+	for _, tid := range tids {
+		ctx := p.Threads[tid]
+		d.meter.Observe(&ioctlspy.ContextCreated{Header: ioctlspy.Header{Type: "ctx_create", Start: now, End: now, PID: pid, TID: tid,
+			Comm: p.Comm, CgroupID: p.CgroupID}, Func: "cuCtxCreate_v2", Ctx: ctx, Device: p.Contexts[ctx]})
+	}
 }
 
 // saveObjects saves the table if it changed since the last save. It reads

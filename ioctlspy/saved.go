@@ -38,6 +38,8 @@ type savedProcess struct {
 	Comm       string                `json:"comm"`
 	CgroupID   uint64                `json:"cgroup_id"`
 	Contexts   map[uint64]int32      `json:"contexts,omitempty"`
+	Threads    map[uint32]uint64     `json:"threads,omitempty"`
+	Made       uint64                `json:"made,omitempty"`
 	Clients    map[uint32]ClientFile `json:"clients,omitempty"`
 	TSGs       []savedObject         `json:"tsgs,omitempty"`
 	Channels   []savedObject         `json:"channels,omitempty"`
@@ -74,7 +76,8 @@ func (t *Table) Save(w io.Writer, start func(pid uint32) (uint64, error)) error 
 }
 
 func saveProcess(p Process, start uint64) savedProcess {
-	s := savedProcess{PID: p.PID, Start: start, Comm: p.Comm, CgroupID: p.CgroupID, Contexts: p.Contexts, Clients: p.Clients,
+	s := savedProcess{PID: p.PID, Start: start, Comm: p.Comm, CgroupID: p.CgroupID, Contexts: p.Contexts, Threads: p.Threads,
+		Made: p.Made, Clients: p.Clients,
 		Nouveau: slices.Sorted(maps.Keys(p.Nouveau))}
 	for k, g := range p.TSGs {
 		s.TSGs = append(s.TSGs, savedObject{Client: k.Client, Handle: k.Handle, Parent: g.Device, Engine: g.Engine})
@@ -96,28 +99,28 @@ func saveProcess(p Process, start uint64) savedProcess {
 
 // Restore reads a table Save wrote and keeps the processes whose pid still
 // names the process saved (start(pid) reads the same start time) and that
-// the table does not know yet; it returns how many it kept. What it reads
+// the table does not know yet; it returns their pids. What it reads
 // is the daemon's own file, but it is bounded as the event stream is:
 // maxObjects RM objects and maxMemoryObjects allocations a process.
-func (t *Table) Restore(r io.Reader, start func(pid uint32) (uint64, error)) (int, error) {
+func (t *Table) Restore(r io.Reader, start func(pid uint32) (uint64, error)) ([]uint32, error) {
 	var saved []savedProcess
 	if err := json.NewDecoder(r).Decode(&saved); err != nil {
-		return 0, fmt.Errorf("restore the RM object table: %w", err)
+		return nil, fmt.Errorf("restore the RM object table: %w", err)
 	}
-	kept := 0
+	var kept []uint32
 	for _, s := range saved {
 		if st, err := start(s.PID); err != nil || st != s.Start {
 			continue
 		}
 		p := restoreProcess(s)
-		if p.objects() > maxObjects || len(p.Memory) > maxMemoryObjects {
+		if p.objects() > maxObjects || len(p.Memory) > maxMemoryObjects || len(p.Threads) > maxThreads {
 			continue
 		}
 		t.mu.Lock()
 		if _, known := t.procs[s.PID]; !known {
 			t.procs[s.PID] = p
 			t.version++
-			kept++
+			kept = append(kept, s.PID)
 		}
 		t.mu.Unlock()
 	}
@@ -125,10 +128,12 @@ func (t *Table) Restore(r io.Reader, start func(pid uint32) (uint64, error)) (in
 }
 
 func restoreProcess(s savedProcess) *Process {
-	p := &Process{PID: s.PID, Comm: s.Comm, CgroupID: s.CgroupID, Contexts: map[uint64]int32{}, Clients: map[uint32]ClientFile{},
+	p := &Process{PID: s.PID, Comm: s.Comm, CgroupID: s.CgroupID, Contexts: map[uint64]int32{}, Threads: map[uint32]uint64{},
+		Made: s.Made, Clients: map[uint32]ClientFile{},
 		TSGs: map[ObjectKey]TSG{}, Channels: map[ObjectKey]Channel{}, Subdevices: map[ObjectKey]uint32{},
 		Devices: map[ObjectKey]uint32{}, Nouveau: map[int32]bool{}, Memory: map[ObjectKey]MemoryObject{}}
 	maps.Copy(p.Contexts, s.Contexts)
+	maps.Copy(p.Threads, s.Threads)
 	maps.Copy(p.Clients, s.Clients)
 	for _, o := range s.TSGs {
 		p.TSGs[ObjectKey{o.Client, o.Handle}] = TSG{Device: o.Parent, Engine: o.Engine}

@@ -30,7 +30,8 @@ func TestTableSavedAndRestored(t *testing.T) {
 	mem := nvIoctl(EscRMAlloc, words(1, 2, 20, ClassMemoryLocalUser, uint64(0x7000), uint64(0), 0, 0, 0, 0), nil)
 	mem.Args[1], mem.Args[2] = 2<<20, 3
 	apply(mem)
-	apply(Record{Type: recCuda, PID: 42, Func: fn("cuCtxCreate_v2"), Args: [8]uint64{0xc7, 0, 0}})
+	apply(Record{Type: recCuda, PID: 42, TID: 42, Func: fn("cuCtxCreate_v2"), Args: [8]uint64{0xc7, 0, 0}})
+	apply(Record{Type: recCuda, PID: 42, TID: 45, Func: fn("cuCtxCreate_v2"), Args: [8]uint64{0xc8, 0, 0}})
 	other := nvIoctl(EscRMAlloc, words(5, 0, 5, ClassRoot, uint64(0), 0, 0), nil)
 	other.PID = 43
 	apply(other)
@@ -54,15 +55,18 @@ func TestTableSavedAndRestored(t *testing.T) {
 	known.PID = 44
 	ev, _ := DecodeRecord(known)
 	restored.Apply(ev)
-	n, err := restored.Restore(bytes.NewReader(saved), func(pid uint32) (uint64, error) { return now[pid], nil })
-	if err != nil || n != 1 {
-		t.Fatalf("restored %d processes (%v), want pid 42 alone", n, err)
+	pids, err := restored.Restore(bytes.NewReader(saved), func(pid uint32) (uint64, error) { return now[pid], nil })
+	if err != nil || len(pids) != 1 || pids[0] != 42 {
+		t.Fatalf("restored %v (%v), want pid 42 alone", pids, err)
 	}
 	want, _ := tbl.Process(42)
 	got, ok := restored.Process(42)
 	want.LastSeen, want.Launches = 0, 0
 	if !ok || !reflect.DeepEqual(got, want) {
 		t.Errorf("restored %+v\nwant %+v", got, want)
+	}
+	if got.Made != 0xc7 || got.Threads[45] != 0xc8 || got.Threads[42] != 0xc7 {
+		t.Errorf("restored routing: made 0x%x, threads %v; want 0xc7 first, thread 45 on 0xc8", got.Made, got.Threads)
 	}
 	if !reflect.DeepEqual(got.Groups(), want.Groups()) || len(got.Groups()) != 1 {
 		t.Errorf("restored groups %+v, want %+v", got.Groups(), want.Groups())

@@ -34,6 +34,11 @@ type Process struct {
 	Comm     string           `json:"comm"`
 	CgroupID uint64           `json:"cgroup_id"`
 	Contexts map[uint64]int32 `json:"contexts"` // CUDA context -> device ordinal
+	// Threads maps a thread to the context its cuCtxCreate made current
+	// on it (at most maxThreads), Made is the first context so made (0:
+	// none): what the meter routes a thread's events by.
+	Threads map[uint32]uint64 `json:"-"`
+	Made    uint64            `json:"-"`
 	// Clients are its RM clients, each with the control file it was
 	// allocated on (the driver binds it to that file).
 	Clients    map[uint32]ClientFile `json:"-"`
@@ -132,6 +137,10 @@ func (p *Process) objects() int {
 // can claim objects without end. A CUDA process has a few per context.
 const maxObjects = 4096
 
+// maxThreads bounds the threads whose context a process's entry keeps, as
+// the meter's routing does.
+const maxThreads = 1024
+
 // maxMemoryObjects bounds the device memory allocations the table keeps
 // per process, as the probes' table of charged allocations does (a
 // caching allocator holds hundreds); those beyond it are not counted.
@@ -159,7 +168,7 @@ func NewTable() *Table { return &Table{procs: map[uint32]*Process{}} }
 func (t *Table) proc(h *Header) *Process {
 	p := t.procs[h.PID]
 	if p == nil {
-		p = &Process{PID: h.PID, Contexts: map[uint64]int32{}, Clients: map[uint32]ClientFile{}, TSGs: map[ObjectKey]TSG{},
+		p = &Process{PID: h.PID, Contexts: map[uint64]int32{}, Threads: map[uint32]uint64{}, Clients: map[uint32]ClientFile{}, TSGs: map[ObjectKey]TSG{},
 			Channels: map[ObjectKey]Channel{}, Subdevices: map[ObjectKey]uint32{}, Devices: map[ObjectKey]uint32{},
 			Nouveau: map[int32]bool{}, Memory: map[ObjectKey]MemoryObject{}}
 		t.procs[h.PID] = p
@@ -252,8 +261,19 @@ func (t *Table) Apply(ev Event) {
 			p.Nouveau[e.Channel] = true
 		}
 	case *ContextCreated:
-		if e.Ret == 0 {
-			t.proc(h).Contexts[e.Ctx] = e.Device
+		if e.Ret != 0 {
+			break
+		}
+		p := t.proc(h)
+		p.Contexts[e.Ctx] = e.Device
+		if e.Func == "cuDevicePrimaryCtxRetain" || e.Ctx == 0 {
+			break // the runtime's primary context: made current by no cuCtxCreate
+		}
+		if p.Made == 0 {
+			p.Made = e.Ctx
+		}
+		if _, ok := p.Threads[h.TID]; ok || len(p.Threads) < maxThreads {
+			p.Threads[h.TID] = e.Ctx
 		}
 	case *ContextDestroyed:
 		delete(t.proc(h).Contexts, e.Ctx)
@@ -366,6 +386,7 @@ func (t *Table) Processes() []Process {
 func (p *Process) copy() Process {
 	c := *p
 	c.Contexts = copyMap(p.Contexts)
+	c.Threads = copyMap(p.Threads)
 	c.Clients = copyMap(p.Clients)
 	c.TSGs = copyMap(p.TSGs)
 	c.Channels = copyMap(p.Channels)
