@@ -174,6 +174,7 @@ func TestBpftoolPrintsFieldNames(t *testing.T) {
 		{"gpuarb_cgroups", []string{`"gpu_ioctls"`, `"syncs"`, `"sync_wait_ns"`, `"bytes_alloc"`}},
 		{"gpuarb_gates", []string{`"admitted"`, `"holds"`}},
 		{"gpuarb_gate_keys", []string{`"id"`, `"kind"`}},
+		{"gpuarb_mem_usage", []string{`"charged"`, `"kills"`, `"gen"`}},
 	} {
 		out, err := exec.Command(bpftool, "map", "dump", "pinned", filepath.Join(dir, tc.mapName)).CombinedOutput()
 		if err != nil {
