@@ -352,7 +352,12 @@ func TestDecodeErrors(t *testing.T) {
 	}
 }
 
-func TestTable(t *testing.T) {
+// steerableProcess applies to a new table what pid 42 does to make a
+// channel group the daemon can steer: an RM client on descriptor 9, a
+// device (GPU 3) and its subdevice, a group 10 with its channel 11 and the
+// channel's work submit token 77. It returns the table and its apply.
+func steerableProcess(t *testing.T) (*Table, func(Record)) {
+	t.Helper()
 	tbl := NewTable()
 	apply := func(r Record) {
 		ev, err := DecodeRecord(r)
@@ -361,13 +366,19 @@ func TestTable(t *testing.T) {
 		}
 		tbl.Apply(ev)
 	}
-	onFD := func(r Record, fd uint64) Record { r.Args[0] = fd; return r }
-	apply(onFD(nvIoctl(EscRMAlloc, words(1, 0, 1, ClassRoot, uint64(0), 0, 0), nil), 9))
+	client := nvIoctl(EscRMAlloc, words(1, 0, 1, ClassRoot, uint64(0), 0, 0), nil)
+	client.Args[0] = 9
+	apply(client)
 	apply(nvIoctl(EscRMAlloc, words(1, 1, 2, ClassDevice, uint64(0), 0, 0), words(3)))
 	apply(nvIoctl(EscRMAlloc, words(1, 2, 3, ClassSubdev, uint64(0), 0, 0), nil))
 	apply(nvIoctl(EscRMAlloc, words(1, 2, 10, ClassTSG, uint64(0), 0, 0), words(0, 0, 0, 1)))
 	apply(nvIoctl(EscRMAlloc, words(1, 10, 11, 0xC86F, uint64(0), 0, 0), nil))
 	apply(nvIoctl(EscRMControl, words(1, 11, CtrlGetWorkSubmitToken, 0, uint64(1), 4, 0), words(77)))
+	return tbl, apply
+}
+
+func TestTable(t *testing.T) {
+	tbl, apply := steerableProcess(t)
 	// On the simulated GPU's node every RM ioctl fails with ENOTTY; the
 	// allocation still counts (its status is 0).
 	enotty := nvIoctl(EscRMAlloc, words(1, 10, 12, 0xC86F, uint64(0), 0, 0), nil)

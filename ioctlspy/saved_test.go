@@ -12,21 +12,7 @@ import (
 // time), or none, is not restored, and neither is a process the table
 // knows already.
 func TestTableSavedAndRestored(t *testing.T) {
-	tbl := NewTable()
-	apply := func(r Record) {
-		ev, err := DecodeRecord(r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		tbl.Apply(ev)
-	}
-	onFD := func(r Record, fd uint64) Record { r.Args[0] = fd; return r }
-	apply(onFD(nvIoctl(EscRMAlloc, words(1, 0, 1, ClassRoot, uint64(0), 0, 0), nil), 9))
-	apply(nvIoctl(EscRMAlloc, words(1, 1, 2, ClassDevice, uint64(0), 0, 0), words(3)))
-	apply(nvIoctl(EscRMAlloc, words(1, 2, 3, ClassSubdev, uint64(0), 0, 0), nil))
-	apply(nvIoctl(EscRMAlloc, words(1, 2, 10, ClassTSG, uint64(0), 0, 0), words(0, 0, 0, 1)))
-	apply(nvIoctl(EscRMAlloc, words(1, 10, 11, 0xC86F, uint64(0), 0, 0), nil))
-	apply(nvIoctl(EscRMControl, words(1, 11, CtrlGetWorkSubmitToken, 0, uint64(1), 4, 0), words(77)))
+	tbl, apply := steerableProcess(t)
 	mem := nvIoctl(EscRMAlloc, words(1, 2, 20, ClassMemoryLocalUser, uint64(0x7000), uint64(0), 0, 0, 0, 0), nil)
 	mem.Args[1], mem.Args[2] = 2<<20, 3
 	apply(mem)
