@@ -215,6 +215,28 @@ type Status struct {
 	// was read: the daemon runs on the last good policy meanwhile (at a
 	// start, the copy it kept of it, else the defaults).
 	PolicyError string `json:"policy_error,omitempty"`
+	// NRI is the daemon's NRI plugin (absent when it runs without one).
+	NRI *NRIStatus `json:"nri,omitempty"`
+}
+
+// NRIStatus is the state of the daemon's NRI plugin, through which
+// containerd and CRI-O hand it their pods.
+type NRIStatus struct {
+	// Socket is the runtime's NRI socket.
+	Socket string `json:"socket"`
+	// Connected is whether a runtime is connected now.
+	Connected bool `json:"connected"`
+	// Runtime and RuntimeVersion name the runtime, as it introduced
+	// itself at the last connection.
+	Runtime        string `json:"runtime,omitempty"`
+	RuntimeVersion string `json:"runtime_version,omitempty"`
+	// Since is when the last connection was made.
+	Since time.Time `json:"since,omitzero"`
+	// Registered counts the containers registered through NRI.
+	Registered uint64 `json:"registered"`
+	// LastError says why the plugin is not connected, or why the last
+	// connection ended.
+	LastError string `json:"last_error,omitempty"`
 }
 
 // Guardian is the state of the thaw guardian.

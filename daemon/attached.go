@@ -96,7 +96,13 @@ type attachment struct {
 	// Owner is the workload that registered it with rules of its own (a
 	// container, a VM; see api.Client.Attach), "" for the operator.
 	Owner string `json:"owner,omitempty"`
+	// Via is the integration that registered it: viaNRI, or "" for the
+	// API (the CLI, the hooks).
+	Via string `json:"via,omitempty"`
 }
+
+// viaNRI marks the attachments the NRI plugin made.
+const viaNRI = "nri"
 
 // errBadAttachments marks an attached-tenants file that cannot be read.
 var errBadAttachments = errors.New("unreadable attached tenants file")

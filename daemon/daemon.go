@@ -28,6 +28,7 @@ import (
 	"github.com/gpuarb/gpuarb/gpusched"
 	"github.com/gpuarb/gpuarb/ioctlspy"
 	"github.com/gpuarb/gpuarb/meter"
+	nriplugin "github.com/gpuarb/gpuarb/nri-plugin"
 	"github.com/gpuarb/gpuarb/policy"
 )
 
@@ -83,6 +84,10 @@ type Config struct {
 	// Exact is an exact per-process GPU time source to report beside the
 	// estimate; nil picks DRM fdinfo when a DRM client exists at start.
 	Exact exact.Source
+	// NRISocket is the container runtime's NRI socket, where the daemon
+	// connects as a plugin to register the runtime's pods (nriplugin);
+	// "" runs no plugin.
+	NRISocket string
 }
 
 // LedgerBeside is the thaw ledger's path for a daemon socket.
@@ -102,6 +107,7 @@ type Daemon struct {
 	spy     *ioctlspy.Spy
 	meter   *meter.Meter
 	hold    *enforce.LatencyHold
+	nri     *nriplugin.Plugin // nil without --nri-socket
 	// recording is the file the meter records to (Config.RecordMeter);
 	// recordingFailed once a write to it failed.
 	recording       *os.File
@@ -340,6 +346,9 @@ func Start(cfg Config) (_ *Daemon, err error) {
 	}
 	d.spy.OnError = func(err error) { d.log.Warn("probe", "err", err) }
 	d.restoreObjects()
+	if cfg.NRISocket != "" {
+		d.nri = nriplugin.New(nriRegistry{d}, nriplugin.Options{Socket: cfg.NRISocket, Log: d.log})
+	}
 	steer := d.steer // Close forgets d.steer while the hold loop may still release
 	deschedule := cfg.LatencyHolds == enforce.HoldDeschedule
 	d.hold = enforce.NewLatencyHold(func(gs []gpusched.Group, off bool) error { return steer.Pause(gs, enforce.ByHold, off, deschedule) },

@@ -116,26 +116,7 @@ func (d *Daemon) routes(mux *http.ServeMux) {
 		_ = json.NewEncoder(w).Encode(res)
 	}))
 	mux.HandleFunc("DELETE "+api.TenantsPath+"/{name}", rootOnly(func(w http.ResponseWriter, r *http.Request) {
-		name := r.PathValue("name")
-		owner := r.URL.Query().Get(api.OwnerParam)
-		err := d.updatePolicy("detach "+name, owner == "", func(*policy.Config) (*policy.Config, error) {
-			at, ok := d.attached.get(name)
-			_, inFile := d.base.Tenant(name)
-			switch {
-			case !ok && inFile && owner == "":
-				return nil, fmt.Errorf("%w: %q is a tenant of the policy file %s, not an attached one: remove it there and reload", errNameTaken, name, d.cfg.PolicyPath)
-			case !ok:
-				return nil, fmt.Errorf("%w %q is attached", errNoTenant, name)
-			case owner != "" && at.Owner != owner:
-				return nil, fmt.Errorf("%w %q is attached by %s", errNoTenant, name, owner)
-			}
-			d.attached.remove(name)
-			if err := d.attached.save(); err != nil {
-				d.log.Warn("detached, but a restarted daemon would attach it again", "tenant", name, "err", err)
-			}
-			cfg, _, err := d.attached.onto(d.base)
-			return cfg, err
-		})
+		err := d.detach(r.PathValue("name"), r.URL.Query().Get(api.OwnerParam))
 		switch {
 		case errors.Is(err, errNoTenant):
 			http.Error(w, err.Error(), http.StatusNotFound)
@@ -165,6 +146,12 @@ func (d *Daemon) routes(mux *http.ServeMux) {
 // take a name that is not its own), as the API's POST of TenantsPath and
 // the replay of the hooks' spool do.
 func (d *Daemon) attach(t policy.Tenant, owner string) (api.AttachResult, error) {
+	return d.attachVia(t, owner, "")
+}
+
+// attachVia is attach, recording the integration that made it (viaNRI or
+// "" for the API): reconciliation with a runtime touches its own alone.
+func (d *Daemon) attachVia(t policy.Tenant, owner, via string) (api.AttachResult, error) {
 	var res api.AttachResult
 	if err := checkOwner(owner); err != nil {
 		return res, err
@@ -190,7 +177,7 @@ func (d *Daemon) attach(t policy.Tenant, owner string) (api.AttachResult, error)
 			// Attached now: the process its pid names now.
 			d.pidStarts[t.PID] = pidStart(t.PID)
 		}
-		d.attached.set(attachment{Tenant: t, Owner: owner})
+		d.attached.set(attachment{Tenant: t, Owner: owner, Via: via})
 		if err := d.attached.save(); err != nil {
 			d.log.Warn("attached, but a restarted daemon will not know it", "tenant", t.Name, "err", err)
 		}
@@ -200,6 +187,30 @@ func (d *Daemon) attach(t policy.Tenant, owner string) (api.AttachResult, error)
 		d.log.Warn("admission bounded a workload's request", "tenant", t.Name, "owner", owner, "change", a)
 	}
 	return res, err
+}
+
+// detach removes the tenant name attached by owner ("" for the operator,
+// who may remove any attached tenant but no policy file entry); an error
+// wrapping errNoTenant means owner has no attached tenant of that name.
+func (d *Daemon) detach(name, owner string) error {
+	return d.updatePolicy("detach "+name, owner == "", func(*policy.Config) (*policy.Config, error) {
+		at, ok := d.attached.get(name)
+		_, inFile := d.base.Tenant(name)
+		switch {
+		case !ok && inFile && owner == "":
+			return nil, fmt.Errorf("%w: %q is a tenant of the policy file %s, not an attached one: remove it there and reload", errNameTaken, name, d.cfg.PolicyPath)
+		case !ok:
+			return nil, fmt.Errorf("%w %q is attached", errNoTenant, name)
+		case owner != "" && at.Owner != owner:
+			return nil, fmt.Errorf("%w %q is attached by %s", errNoTenant, name, owner)
+		}
+		d.attached.remove(name)
+		if err := d.attached.save(); err != nil {
+			d.log.Warn("detached, but a restarted daemon would attach it again", "tenant", name, "err", err)
+		}
+		cfg, _, err := d.attached.onto(d.base)
+		return cfg, err
+	})
 }
 
 // checkGates refuses tenants gpuarb must never stop (root and system

@@ -63,6 +63,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 		defer close(held)
 		d.hold.Run(ctx)
 	}()
+	plugged := make(chan struct{})
+	go func() {
+		defer close(plugged)
+		if d.nri != nil {
+			d.nri.Run(ctx)
+		}
+	}()
 	leased := make(chan struct{})
 	go func() {
 		defer close(leased)
@@ -95,6 +102,7 @@ loop:
 	<-sampled
 	<-held
 	<-leased
+	<-plugged
 	return errors.Join(runErr, d.Stop())
 }
 

@@ -145,6 +145,10 @@ func (d *Daemon) Status() api.Status {
 	}
 	st.Enforcing = d.enforcing
 	st.PolicyError = d.policyErr
+	if d.nri != nil {
+		nri := d.nri.Status()
+		st.NRI = &nri
+	}
 	var sum time.Duration
 	for _, c := range d.controlTimes {
 		sum += c

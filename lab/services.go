@@ -88,7 +88,7 @@ func StartDaemonInCgroup(gpu *FakeGPU, dir, cg string, extra ...string) (*Daemon
 	pins := "/sys/fs/bpf/gpuarb-" + strings.NewReplacer("/", "-", ".", "-").Replace(strings.Trim(dir, "/"))
 	args := append([]string{"daemon", "--socket", sock, "--pin-path", pins, "--policy", filepath.Join(dir, "policy.yaml"),
 		"--no-host-devices", "--device", "1:7=nvidia", "--fakegpu-socket", gpu.Socket, "--libcuda", filepath.Join(bins, "libcuda.so.1"),
-		"--guardian-cgroup="}, extra...)
+		"--guardian-cgroup=", "--nri-socket="}, extra...)
 	p, err := Start(exec.Command(filepath.Join(bins, "gpuarb"), args...), cg)
 	if err != nil {
 		return nil, err

@@ -4,7 +4,9 @@
 # make (the simulated GPU's C parts), runc and busybox-static (the container
 # tests run real runc containers on a busybox rootfs) and, with --test,
 # qemu-system-x86 (only the libvirt hook test needs it: it runs a real QEMU
-# with TCG). Go itself must already be installed; it is looked for in PATH
+# with TCG) and containerd 2.x with crictl, built from the Go module proxy
+# into /opt/gpuarb-test/bin (only the NRI test needs them: it runs pods on a
+# real containerd; Debian ships no containerd with NRI on by default). Go itself must already be installed; it is looked for in PATH
 # and where it is usually installed (sudo drops /usr/local/go/bin from PATH).
 set -euo pipefail
 tests=false
@@ -39,4 +41,24 @@ command -v go >/dev/null || {
 	echo "install-deps: Go is required: install Go $(sed -n 's/^go //p' go.mod) or later from https://go.dev/dl into /usr/local/go, or put its bin directory in PATH (sudo keeps only secure_path)" >&2
 	exit 1
 }
+# The NRI test's containerd and crictl (about 7 minutes on 2 CPUs; kept
+# across runs, their versions in a stamp file). containerd's go.mod has
+# exclude directives, so `go install` refuses it: it is built from a copy
+# of its module.
+containerd_version=v2.1.9
+crictl_version=v1.34.0
+testbin=/opt/gpuarb-test/bin
+stamp="containerd $containerd_version crictl $crictl_version"
+if $tests && [ "$(cat "$testbin/VERSIONS" 2>/dev/null)" != "$stamp" ]; then
+	echo "install-deps: building containerd $containerd_version and crictl $crictl_version into $testbin"
+	mkdir -p "$testbin"
+	src=$(mktemp -d)
+	trap 'rm -rf "$src"' EXIT
+	(cd "$src" && go mod download "github.com/containerd/containerd/v2@$containerd_version")
+	cp -r "$(go env GOMODCACHE)/github.com/containerd/containerd/v2@$containerd_version/." "$src/containerd"
+	chmod -R u+w "$src"
+	(cd "$src/containerd" && GOFLAGS=-mod=mod go build -o "$testbin/" -tags no_btrfs ./cmd/containerd ./cmd/containerd-shim-runc-v2 ./cmd/ctr)
+	(cd "$src" && GOBIN="$testbin" go install "sigs.k8s.io/cri-tools/cmd/crictl@$crictl_version")
+	echo "$stamp" > "$testbin/VERSIONS"
+fi
 echo "install-deps: ok ($(go version | cut -d' ' -f3), $(clang --version | head -1))"

@@ -16,6 +16,7 @@ import (
 	"github.com/gpuarb/gpuarb/cgroup"
 	"github.com/gpuarb/gpuarb/daemon"
 	"github.com/gpuarb/gpuarb/enforce"
+	nriplugin "github.com/gpuarb/gpuarb/nri-plugin"
 	"github.com/gpuarb/gpuarb/policy"
 )
 
@@ -104,6 +105,7 @@ restored; pins, socket and lock removed).`,
 			&cli.StringFlag{Name: "guardian-cgroup", Value: defaultGuardianCgroup, Usage: "run the thaw guardian in cgroup v2 `PATH` (made if missing), apart from the daemon's cgroup, so that what kills that cgroup (systemd after a stop timeout, a container's restart) does not kill it; empty: the daemon's cgroup"},
 			&cli.UintFlag{Name: "ring-size", Usage: "the probes' ring buffer in `BYTES` (a power of two; default 4 MiB)", Hidden: true},
 			&cli.StringFlag{Name: "record-meter", Usage: "record every input of the meter (events, pauses, timeslices) to `FILE`, JSON lines of about 0.3 KB an event, for a misreading to be replayed offline (gpuarb-lab replay-meter)"},
+			&cli.StringFlag{Name: "nri-socket", Value: nriplugin.DefaultSocket, Usage: "register the pods of the container runtime (containerd ≥ 2.0, CRI-O ≥ 1.30) as an NRI plugin on its socket `PATH`, from their gpuarb.io/* annotations, connecting whenever the runtime is there; empty: no plugin (use the OCI hooks)"},
 			&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics on `ADDR` (e.g. :9400, which listens on 127.0.0.1 only; give a host to listen elsewhere); off when empty"},
 		},
 		Action: func(c *cli.Context) error {
@@ -133,6 +135,7 @@ restored; pins, socket and lock removed).`,
 				RecordMeter:    c.String("record-meter"),
 				Guardian:       guardianCommand(ledgerPath(c), c.String("pin-path")),
 				GuardianCgroup: c.String("guardian-cgroup"),
+				NRISocket:      c.String("nri-socket"),
 			})
 			if errors.Is(err, daemon.ErrAlreadyRunning) {
 				return cli.Exit("gpuarb: "+err.Error(), 3)

@@ -1,0 +1,351 @@
+package testutil
+
+import (
+	"archive/tar"
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpuarb/gpuarb/lab"
+)
+
+// ContainerdBin is where scripts/install-deps.sh --test builds the NRI
+// test's containerd 2.x and crictl.
+const ContainerdBin = "/opt/gpuarb-test/bin"
+
+// Images the private containerd has, both the busybox rootfs lab.NewRunc
+// builds (fully qualified: CRI's image cache resolves short names apart).
+const (
+	PauseImage   = "registry.k8s.io/pause:3.10"
+	BusyboxImage = "docker.io/library/busybox:local"
+)
+
+// Containerd is a containerd 2.x of the test's own: root, state, API and
+// NRI sockets under a test directory, CRI on its defaults (NRI on) but
+// for what this host needs, driven with crictl.
+type Containerd struct {
+	Dir       string
+	Socket    string // CRI/containerd API
+	NRISocket string
+	// Version is what `containerd --version` says.
+	Version string
+	proc    *Proc
+}
+
+// StartContainerd starts a private containerd with the busybox images
+// imported, stopped (its pods removed first) at cleanup. Without the
+// binaries of ContainerdBin the test skips, or fails under CI=true.
+func StartContainerd(t testing.TB) *Containerd {
+	t.Helper()
+	Privileged(t)
+	for _, b := range []string{"containerd", "containerd-shim-runc-v2", "ctr", "crictl"} {
+		if _, err := os.Stat(filepath.Join(ContainerdBin, b)); err != nil {
+			Missing(t, filepath.Join(ContainerdBin, b)+" (scripts/install-deps.sh --test builds it)")
+		}
+	}
+	Require(t, "runc", "apt-get install runc")
+	// The sockets' paths must fit a sockaddr_un: a short directory.
+	dir, err := os.MkdirTemp("", "ctrd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	c := &Containerd{Dir: dir, Socket: filepath.Join(dir, "c.sock"), NRISocket: filepath.Join(dir, "nri.sock")}
+	// restrict_oom_score_adj: a VM without CAP_SYS_RESOURCE cannot lower
+	// it. No CNI: the tests' pods use the host's network.
+	conf := fmt.Sprintf(`version = 3
+root = %[1]q
+state = %[2]q
+[grpc]
+  address = %[3]q
+[ttrpc]
+  address = %[4]q
+[plugins.'io.containerd.nri.v1.nri']
+  socket_path = %[5]q
+[plugins.'io.containerd.cri.v1.runtime']
+  restrict_oom_score_adj = true
+[plugins.'io.containerd.cri.v1.images'.pinned_images]
+  sandbox = %[6]q
+`, filepath.Join(dir, "root"), filepath.Join(dir, "state"), c.Socket, c.Socket+".ttrpc", c.NRISocket, PauseImage)
+	crictlConf := "runtime-endpoint: unix://" + c.Socket + "\nimage-endpoint: unix://" + c.Socket + "\n"
+	if err := os.WriteFile(filepath.Join(dir, "crictl.yaml"), []byte(crictlConf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	confPath := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(filepath.Join(ContainerdBin, "containerd"), "--version").Output()
+	if err != nil {
+		t.Fatalf("containerd --version: %v", err)
+	}
+	c.Version = strings.TrimSpace(string(out))
+	cmd := exec.Command(filepath.Join(ContainerdBin, "containerd"), "--config", confPath)
+	cmd.Env = append(os.Environ(), "PATH="+ContainerdBin+":"+os.Getenv("PATH"))
+	c.proc = Start(t, nil, cmd)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, err := c.Crictl("info"); err == nil {
+			break
+		}
+		if time.Now().After(deadline) || c.proc.Done() {
+			_, stderr := c.proc.Output()
+			t.Fatalf("containerd did not answer within 20 s:\n%s", tail([]byte(stderr), 4000))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Cleanup(c.stop)
+	c.importImages(t)
+	return c
+}
+
+// Log is containerd's log so far.
+func (c *Containerd) Log() string {
+	_, stderr := c.proc.Output()
+	return string(stderr)
+}
+
+// Crictl runs crictl against the private containerd and returns its
+// output (stderr included with an error).
+func (c *Containerd) Crictl(args ...string) (string, error) {
+	cmd := exec.Command(filepath.Join(ContainerdBin, "crictl"), append([]string{"--config", filepath.Join(c.Dir, "crictl.yaml"), "--timeout", "20s"}, args...)...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return string(out), fmt.Errorf("crictl %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// Pod is what a test sets of a pod and its one container.
+type Pod struct {
+	Name        string
+	Annotations map[string]string
+	// CgroupParent is the pod's cgroup (cgroupfs form), below the test's.
+	CgroupParent string
+	Args         []string
+	// GPU mounts the built binaries at /gpuarb-bin and the simulated
+	// GPU's socket directory at /gpu, with FAKEGPU_SOCKET set.
+	GPU *FakeGPU
+}
+
+// RunPod creates pod p and starts its container (crictl runp, create,
+// start), returning the pod's and the container's ids; the pod is
+// stopped and removed at cleanup.
+func (c *Containerd) RunPod(t testing.TB, p Pod) (podID, ctrID string, err error) {
+	t.Helper()
+	podCfg := map[string]any{
+		"metadata":      map[string]any{"name": p.Name, "namespace": "gpuarb-e2e", "uid": "uid-" + p.Name},
+		"annotations":   p.Annotations,
+		"log_directory": filepath.Join(c.Dir, "logs", p.Name),
+		"linux": map[string]any{
+			"cgroup_parent":    p.CgroupParent,
+			"security_context": map[string]any{"namespace_options": map[string]any{"network": 2}},
+		},
+	}
+	ctrCfg := map[string]any{
+		"metadata": map[string]any{"name": "work"},
+		"image":    map[string]any{"image": BusyboxImage},
+		"command":  p.Args,
+		"log_path": "work.log",
+	}
+	if p.GPU != nil {
+		ro := func(host, ctr string) map[string]any {
+			return map[string]any{"host_path": host, "container_path": ctr, "readonly": true}
+		}
+		ctrCfg["mounts"] = []any{ro(filepath.Dir(Bin(t, "gpuwork")), "/gpuarb-bin"), ro("/lib", "/lib"), ro("/lib64", "/lib64"), ro("/usr/lib", "/usr/lib"),
+			map[string]any{"host_path": filepath.Dir(p.GPU.Socket), "container_path": "/gpu"}}
+		ctrCfg["envs"] = []any{map[string]any{"key": "FAKEGPU_SOCKET", "value": "/gpu/" + filepath.Base(p.GPU.Socket)}}
+	}
+	podFile, ctrFile := filepath.Join(c.Dir, p.Name+"-pod.json"), filepath.Join(c.Dir, p.Name+"-ctr.json")
+	for f, v := range map[string]any{podFile: podCfg, ctrFile: ctrCfg} {
+		data, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(f, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(c.Dir, "logs", p.Name), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	podID, err = c.Crictl("runp", podFile)
+	if err != nil {
+		return "", "", err
+	}
+	t.Cleanup(func() {
+		if _, err := c.Crictl("stopp", podID); err != nil {
+			t.Errorf("stop pod %s: %v", p.Name, err)
+		}
+		if _, err := c.Crictl("rmp", podID); err != nil {
+			t.Errorf("remove pod %s: %v", p.Name, err)
+		}
+	})
+	ctrID, err = c.Crictl("create", podID, ctrFile, podFile)
+	if err != nil {
+		return podID, "", err
+	}
+	_, err = c.Crictl("start", ctrID)
+	return podID, ctrID, err
+}
+
+// stop removes every pod left and ends containerd.
+func (c *Containerd) stop() {
+	if ids, err := c.Crictl("pods", "-q"); err == nil {
+		for _, id := range strings.Fields(ids) {
+			_, _ = c.Crictl("stopp", id)
+			_, _ = c.Crictl("rmp", id)
+		}
+	}
+	c.proc.Stop()
+}
+
+// importImages imports an OCI archive of the busybox rootfs under both
+// image names.
+func (c *Containerd) importImages(t testing.TB) {
+	t.Helper()
+	Require(t, "busybox", "apt-get install busybox-static")
+	r, err := lab.NewRunc(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	archive := filepath.Join(c.Dir, "images.tar")
+	if err := writeImageArchive(archive, r.Rootfs, map[string][]string{
+		PauseImage:   {"/bin/sleep", "2147483647"},
+		BusyboxImage: {"/bin/sh"},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(filepath.Join(ContainerdBin, "ctr"), "--address", c.Socket, "-n", "k8s.io", "images", "import", archive).CombinedOutput()
+	if err != nil {
+		t.Fatalf("ctr images import: %v: %s", err, out)
+	}
+}
+
+// writeImageArchive writes an OCI image archive of rootfs as one layer,
+// one image per name with its command.
+func writeImageArchive(path, rootfs string, images map[string][]string) error {
+	var layer bytes.Buffer
+	tw := tar.NewWriter(&layer)
+	err := filepath.WalkDir(rootfs, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || p == rootfs {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		link := ""
+		if d.Type()&fs.ModeSymlink != 0 {
+			if link, err = os.Readlink(p); err != nil {
+				return err
+			}
+		}
+		hdr, err := tar.FileInfoHeader(info, link)
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(rootfs, p)
+		hdr.Name = rel
+		if d.IsDir() {
+			hdr.Name += "/"
+		}
+		hdr.Uid, hdr.Gid, hdr.Uname, hdr.Gname = 0, 0, "", ""
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		if d.Type().IsRegular() {
+			data, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			_, err = tw.Write(data)
+			return err
+		}
+		return nil
+	})
+	if err == nil {
+		err = tw.Close()
+	}
+	if err != nil {
+		return fmt.Errorf("image layer: %w", err)
+	}
+	blobs := map[string][]byte{}
+	add := func(data []byte) (digest string) {
+		sum := sha256.Sum256(data)
+		digest = "sha256:" + hex.EncodeToString(sum[:])
+		blobs[digest] = data
+		return digest
+	}
+	desc := func(mediaType string, data []byte, ann map[string]string) map[string]any {
+		d := map[string]any{"mediaType": mediaType, "digest": add(data), "size": len(data)}
+		if ann != nil {
+			d["annotations"] = ann
+		}
+		return d
+	}
+	layerDesc := desc("application/vnd.oci.image.layer.v1.tar", layer.Bytes(), nil)
+	var manifests []any
+	for name, cmd := range images {
+		cfg, _ := json.Marshal(map[string]any{
+			"architecture": "amd64", "os": "linux",
+			"config": map[string]any{"Cmd": cmd, "Env": []string{"PATH=/bin"}},
+			"rootfs": map[string]any{"type": "layers", "diff_ids": []string{layerDesc["digest"].(string)}},
+		})
+		man, _ := json.Marshal(map[string]any{
+			"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+			"config": desc("application/vnd.oci.image.config.v1+json", cfg, nil),
+			"layers": []any{layerDesc},
+		})
+		manifests = append(manifests, desc("application/vnd.oci.image.manifest.v1+json", man,
+			map[string]string{"io.containerd.image.name": name, "org.opencontainers.image.ref.name": name}))
+	}
+	index, _ := json.Marshal(map[string]any{"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": manifests})
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("image archive: %w", err)
+	}
+	defer f.Close()
+	aw := tar.NewWriter(f)
+	put := func(name string, data []byte) error {
+		if err := aw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(data)), Typeflag: tar.TypeReg}); err != nil {
+			return err
+		}
+		_, err := aw.Write(data)
+		return err
+	}
+	err = put("oci-layout", []byte(`{"imageLayoutVersion":"1.0.0"}`))
+	if err == nil {
+		err = put("index.json", index)
+	}
+	for digest, data := range blobs {
+		if err == nil {
+			err = put("blobs/sha256/"+strings.TrimPrefix(digest, "sha256:"), data)
+		}
+	}
+	if err == nil {
+		err = aw.Close()
+	}
+	if err != nil {
+		return fmt.Errorf("image archive: %w", err)
+	}
+	return f.Close()
+}
+
+func tail(b []byte, n int) string {
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}
