@@ -109,9 +109,12 @@ func New(reg Registry, o Options) *Plugin {
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
-	nrilog.Set(logger{o.Log})
+	// The library's logger is global: the first plugin's log takes it.
+	libraryLog.Do(func() { nrilog.Set(logger{o.Log}) })
 	return &Plugin{reg: reg, o: o, status: api.NRIStatus{Socket: o.Socket}}
 }
+
+var libraryLog sync.Once
 
 // logger passes the NRI library's messages to the daemon's log, its
 // routine ones (each connection's steps) at debug level.
@@ -257,7 +260,8 @@ func (p *Plugin) Synchronize(ctx context.Context, pods []*nriapi.PodSandbox, ctr
 	}
 	p.bounded(ctx, "synchronize", func() error {
 		var errs []error
-		for _, f := range append(reg, stale...) {
+		// The gone first: a new container may take a name one of them held.
+		for _, f := range append(stale, reg...) {
 			errs = append(errs, f())
 		}
 		return errors.Join(errs...)

@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -17,6 +19,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpuarb/gpuarb/api"
+	nriplugin "github.com/gpuarb/gpuarb/nri-plugin"
+	ocihook "github.com/gpuarb/gpuarb/oci-hook"
 	"github.com/gpuarb/gpuarb/policy"
 )
 
@@ -104,15 +108,22 @@ func shellCommands(script string) [][]string {
 	return out
 }
 
-func TestKubernetesManifest(t *testing.T) {
+// manifest is deploy/kubernetes/gpuarb.yaml's objects.
+type manifest struct {
+	ds         *appsv1.DaemonSet
+	configMaps map[string]*corev1.ConfigMap
+	namespaces []string
+	netpols    []*networkingv1.NetworkPolicy
+}
+
+// readManifest parses the manifest strictly (an unknown field fails).
+func readManifest(t *testing.T) manifest {
+	t.Helper()
 	data, err := os.ReadFile("../../deploy/kubernetes/gpuarb.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ds *appsv1.DaemonSet
-	configMaps := map[string]*corev1.ConfigMap{}
-	var namespaces []string
-	var netpols []*networkingv1.NetworkPolicy
+	m := manifest{configMaps: map[string]*corev1.ConfigMap{}}
 	for _, doc := range bytes.Split(data, []byte("\n---\n")) {
 		var meta struct{ Kind string }
 		if err := yaml.Unmarshal(doc, &meta); err != nil {
@@ -136,18 +147,24 @@ func TestKubernetesManifest(t *testing.T) {
 		}
 		switch o := obj.(type) {
 		case *corev1.Namespace:
-			namespaces = append(namespaces, o.Name)
+			m.namespaces = append(m.namespaces, o.Name)
 		case *corev1.ConfigMap:
-			configMaps[o.Name] = o
+			m.configMaps[o.Name] = o
 		case *appsv1.DaemonSet:
-			ds = o
+			m.ds = o
 		case *networkingv1.NetworkPolicy:
-			netpols = append(netpols, o)
+			m.netpols = append(m.netpols, o)
 		}
 	}
-	if ds == nil {
+	if m.ds == nil {
 		t.Fatal("no DaemonSet")
 	}
+	return m
+}
+
+func TestKubernetesManifest(t *testing.T) {
+	m := readManifest(t)
+	ds, configMaps, namespaces, netpols := m.ds, m.configMaps, m.namespaces, m.netpols
 	if ds.Namespace != namespaces[0] {
 		t.Errorf("DaemonSet in %q, namespace %q", ds.Namespace, namespaces)
 	}
@@ -318,4 +335,131 @@ func installedBinary(t *testing.T) string {
 	}
 	t.Fatal("the Makefile sets no PREFIX")
 	return ""
+}
+
+// The DaemonSet's init container picks the integration the node's runtime
+// takes, on each runtime's layout of the host (the manifest's own command
+// line, its --host a tree of that layout), and what it writes lies on the
+// init container's writable host mounts; on NRI the daemon reaches the
+// runtime's socket.
+func TestManifestPicksTheIntegration(t *testing.T) {
+	ds := readManifest(t).ds
+	pod := ds.Spec.Template.Spec
+	var setup []string
+	writable := map[string]bool{}
+	for _, c := range pod.InitContainers {
+		if len(c.Command) == 3 && c.Command[1] == "-c" {
+			for _, l := range shellCommands(c.Command[2]) {
+				if len(l) > 2 && l[1] == "hooks" && l[2] == "setup" {
+					setup = l
+				}
+			}
+		}
+		for _, m := range c.VolumeMounts {
+			if !m.ReadOnly {
+				writable[m.MountPath] = true
+			}
+		}
+	}
+	hostAt := slices.Index(setup, "--host")
+	if hostAt < 0 || hostAt+1 >= len(setup) {
+		t.Fatalf("no init container runs gpuarb hooks setup --host DIR: %q", setup)
+	}
+	mountedAt := setup[hostAt+1]
+
+	socket := func(root, p string) {
+		if err := os.MkdirAll(filepath.Join(root, filepath.Dir(p)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		l, err := net.Listen("unix", filepath.Join(root, p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = l.Close() })
+	}
+	file := func(root, p, content string) {
+		if err := os.MkdirAll(filepath.Join(root, filepath.Dir(p)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, p), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		name     string
+		layout   func(root string)
+		hooksDir string // where the hook must be; "" none
+		fails    string // the error must say this
+	}{
+		{"containerd 2.x (NRI on by default), a hook an earlier install left", func(root string) {
+			file(root, "/run/containerd/containerd.sock", "")
+			socket(root, ocihook.NRISocketPath)
+			file(root, "/etc/containers/oci/hooks.d/gpuarb-register.json", "{}")
+		}, "", ""},
+		{"CRI-O 1.30 (NRI on by default)", func(root string) {
+			socket(root, "/run/crio/crio.sock")
+			socket(root, ocihook.NRISocketPath)
+		}, "", ""},
+		{"CRI-O without NRI, hooks_dir in a drop-in", func(root string) {
+			socket(root, "/run/crio/crio.sock")
+			file(root, "/etc/crio/crio.conf", "[crio.runtime]\nhooks_dir = [\n  \"/usr/share/containers/oci/hooks.d\",  # default\n]\n")
+			file(root, "/etc/crio/crio.conf.d/10-hooks.conf", "[crio.runtime]\nhooks_dir = [\"/etc/containers/oci/hooks.d\"]\n")
+		}, "/etc/containers/oci/hooks.d", ""},
+		{"CRI-O without NRI, its default hooks_dir", func(root string) {
+			file(root, "/etc/crio/crio.conf", "[crio.runtime]\nlog_level = \"info\"\n")
+		}, ocihook.CRIOHooksDir, ""},
+		{"containerd 1.7 (NRI off by default)", func(root string) {
+			file(root, "/run/containerd/containerd.sock", "")
+		}, "", "NRI"},
+		{"no runtime", func(string) {}, "", "neither containerd"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			root := t.TempDir()
+			c.layout(root)
+			args := slices.Clone(setup[1:])
+			args[hostAt] = root
+			out, err := runApp(t, args...)
+			if c.fails != "" {
+				if err == nil || !strings.Contains(out+err.Error(), c.fails) {
+					t.Errorf("%q: %v\n%s, want a failure saying %q", args, err, out, c.fails)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("%q: %v\n%s", args, err, out)
+			}
+			for _, dir := range []string{"/etc/containers/oci/hooks.d", ocihook.CRIOHooksDir} {
+				_, statErr := os.Stat(filepath.Join(root, dir, "gpuarb-register.json"))
+				if want := dir == c.hooksDir; (statErr == nil) != want {
+					t.Errorf("hook in %s: %v, want %v\n%s", dir, statErr == nil, want, out)
+				}
+			}
+			if c.hooksDir != "" && !writable[filepath.Join(mountedAt, c.hooksDir)] {
+				t.Errorf("the hook goes to %s, which the init container does not mount writable at %s", c.hooksDir, filepath.Join(mountedAt, c.hooksDir))
+			}
+			if c.hooksDir == "" && !strings.Contains(out, "NRI") {
+				t.Errorf("output %q does not say NRI was chosen", out)
+			}
+		})
+	}
+
+	// On NRI the daemon reaches the socket where the runtime serves it.
+	daemon := pod.Containers[0]
+	volumes := map[string]corev1.Volume{}
+	for _, v := range pod.Volumes {
+		volumes[v.Name] = v
+	}
+	reached := false
+	for _, m := range daemon.VolumeMounts {
+		v := volumes[m.Name]
+		if v.HostPath != nil && v.HostPath.Path == filepath.Dir(nriplugin.DefaultSocket) && m.MountPath == v.HostPath.Path && !m.ReadOnly {
+			reached = true
+		}
+	}
+	if !reached || slices.Contains(daemon.Command, "--nri-socket") {
+		t.Errorf("the daemon does not reach the runtime's NRI socket at %s (mounts %+v, command %q)", nriplugin.DefaultSocket, daemon.VolumeMounts, daemon.Command)
+	}
+	if pod.NodeSelector == nil {
+		t.Error("no nodeSelector: the DaemonSet would run on nodes without GPUs")
+	}
 }

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -149,6 +151,28 @@ first install. See docs/deploy.md.`,
 				Action: hooksInstall,
 			},
 			{
+				Name:  "setup",
+				Usage: "pick the integration the node's container runtime takes and install it (the DaemonSet's init container runs this)",
+				Description: `Looks at the host whose root is mounted at --host:
+- an NRI socket (/var/run/nri/nri.sock: containerd 2.x, CRI-O 1.30 and
+  later, or older ones with NRI enabled): the daemon registers the pods
+  itself as an NRI plugin; no hook is installed, and gpuarb hooks files an
+  earlier install left in CRI-O's and podman's hooks directories are
+  removed (the plugin registers those containers already);
+- CRI-O without NRI: the OCI hook files are written into the first
+  directory of CRI-O's hooks_dir (/etc/crio/crio.conf and crio.conf.d), or
+  its default ` + ocihook.CRIOHooksDir + `;
+- containerd without NRI, or no runtime: fails, saying what to do (the
+  hook on containerd 1.x needs a base runtime spec and a restart: see
+  docs/deploy.md).`,
+				Flags: []cli.Flag{
+					&cli.StringFlag{Name: "host", Value: "/", Usage: "where the host's root is mounted (`DIR`)"},
+					&cli.StringFlag{Name: "binary", Usage: "path of the gpuarb binary on the host, for the hooks (default: this one)"},
+					socketFlag(),
+				},
+				Action: hooksSetup,
+			},
+			{
 				Name:   "uninstall",
 				Usage:  "remove what 'hooks install' added",
 				Flags:  common,
@@ -243,6 +267,42 @@ func hooksInstall(c *cli.Context) error {
 	default:
 		return cli.Exit(fmt.Sprintf("gpuarb hooks install: --runtime %q: want %s", rt, hookRuntimes), 2)
 	}
+	return nil
+}
+
+func hooksSetup(c *cli.Context) error {
+	root := c.String("host")
+	in, err := ocihook.DetectIntegration(root)
+	if err != nil {
+		return cli.Exit("gpuarb hooks setup: "+err.Error(), 1)
+	}
+	w := c.App.Writer
+	runtime := cmp.Or(in.Runtime, "the container runtime")
+	if in.NRISocket != "" {
+		fmt.Fprintf(w, "%s serves NRI at %s: the daemon registers its pods as an NRI plugin; no hook installed\n", runtime, in.NRISocket)
+		for _, dir := range []string{ocihook.CRIOHooksDir, DefaultHooksDir} {
+			files, err := ocihook.UninstallHooksD(filepath.Join(root, dir))
+			for _, f := range files {
+				fmt.Fprintf(w, "removed %s, which an earlier install left\n", f)
+			}
+			if err != nil && !errors.Is(err, os.ErrNotExist) {
+				fmt.Fprintf(c.App.ErrWriter, "gpuarb hooks setup: %v\n", err)
+			}
+		}
+		return nil
+	}
+	h, err := hookCommandFrom(c)
+	if err != nil {
+		return cli.Exit("gpuarb hooks setup: "+err.Error(), 1)
+	}
+	files, err := h.InstallHooksD(filepath.Join(root, in.HooksDir), false)
+	if err != nil {
+		return cli.Exit(fmt.Sprintf("gpuarb hooks setup: %s without NRI reads hooks from %s: %v", runtime, in.HooksDir, err), 1)
+	}
+	for _, f := range files {
+		fmt.Fprintf(w, "wrote %s\n", f)
+	}
+	fmt.Fprintf(w, "%s serves no NRI: it calls the OCI hook from %s for every new container\n", runtime, in.HooksDir)
 	return nil
 }
 
