@@ -31,7 +31,11 @@ type Tenant struct {
 	// Label is a shorter name for tables of a tenant named by its cgroup
 	// (its container's short id, its systemd unit): display only, two
 	// tenants may share one.
-	Label        string  `json:"label,omitempty"`
+	Label string `json:"label,omitempty"`
+	// Unregistered marks a container of a Kubernetes pod (a cgroup under
+	// kubepods) that no integration (NRI, an OCI hook) registered: its
+	// pod's gpuarb.io/* annotations are not applied.
+	Unregistered bool    `json:"unregistered,omitempty"`
 	Cgroup       string  `json:"cgroup"`
 	CgroupID     uint64  `json:"cgroup_id"`
 	GPU          int     `json:"gpu"`

@@ -44,6 +44,21 @@ func TestLabel(t *testing.T) {
 	}
 }
 
+func TestPodCgroup(t *testing.T) {
+	for in, want := range map[string]bool{
+		"/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice/cri-containerd-abc.scope": true,
+		"/kubepods/burstable/pod1/abc":                true,
+		"/kubepods/pod1/abc":                          true,
+		"/system.slice/docker-abc.scope":              false,
+		"/gpuarb-test/kubepods-like/x":                false,
+		"/user.slice/user-1000.slice/session-2.scope": false,
+	} {
+		if got := podCgroup(in); got != want {
+			t.Errorf("podCgroup(%q) = %v, want %v", in, got, want)
+		}
+	}
+}
+
 func TestLifecycle(t *testing.T) {
 	testutil.Privileged(t)
 	dir := t.TempDir()

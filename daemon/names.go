@@ -43,3 +43,10 @@ func Label(cgroupPath string) string {
 	}
 	return cgroupPath
 }
+
+// podCgroup tells whether a cgroup path lies under the kubelet's pods
+// (cgroupfs "/kubepods/...", systemd "/kubepods.slice/...").
+func podCgroup(cgroupPath string) bool {
+	first, _, _ := strings.Cut(strings.TrimPrefix(cgroupPath, "/"), "/")
+	return first == "kubepods" || first == "kubepods.slice"
+}

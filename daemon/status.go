@@ -58,6 +58,7 @@ func (d *Daemon) publish(res control.Result, snap meter.Snapshot, actuation map[
 			}
 			if name == ct.Cgroup {
 				row.Label = Label(ct.Cgroup)
+				row.Unregistered = podCgroup(ct.Cgroup)
 			}
 			row.UnprobedPIDs = t.unprobed
 			row.Actuator = actuatorName(actuation[gpu], t)

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/gpuarb/gpuarb/bpf"
 	"github.com/gpuarb/gpuarb/cgroup"
+	ocihook "github.com/gpuarb/gpuarb/oci-hook"
 )
 
 func doctorCommand() *cli.Command {
@@ -95,7 +98,25 @@ type doctorReport struct {
 	Cgroup   cgroup.Mode   `json:"cgroup"`
 	Devices  []string      `json:"gpu_devices"`
 	Libcudas []string      `json:"libcudas"`
-	Blockers []string      `json:"blockers,omitempty"`
+	// Containers says how this host's container runtime hands its
+	// containers to gpuarb (ocihook.DetectIntegration).
+	Containers string   `json:"containers"`
+	Blockers   []string `json:"blockers,omitempty"`
+}
+
+// containersReport says which integration the host's runtime takes.
+func containersReport() string {
+	in, err := ocihook.DetectIntegration("/")
+	switch {
+	case errors.Is(err, ocihook.ErrNoIntegration) && in.Runtime == "":
+		return "no container runtime found (containers attach through the OCI hooks by hand: gpuarb hooks install)"
+	case err != nil:
+		return err.Error()
+	case in.NRISocket != "":
+		return fmt.Sprintf("%s serves NRI at %s: the daemon registers its pods (--nri-socket)", cmp.Or(in.Runtime, "a runtime"), in.NRISocket)
+	default:
+		return fmt.Sprintf("%s without NRI reads OCI hooks from %s: gpuarb hooks setup installs them there", in.Runtime, in.HooksDir)
+	}
 }
 
 func runDoctor(c *cli.Context) error {
@@ -138,6 +159,7 @@ func runDoctor(c *cli.Context) error {
 		rep.Devices = append(rep.Devices, d.String())
 	}
 	rep.Libcudas = append(bpf.LinkerCacheLibcudas(), bpf.RunningLibcudas()...)
+	rep.Containers = containersReport()
 
 	if c.Bool("json") {
 		enc := json.NewEncoder(c.App.Writer)
@@ -181,6 +203,7 @@ func printDoctor(c *cli.Context, r doctorReport) {
 		r.Cgroup.Name, orDash(r.Cgroup.UnifiedMount), mark(r.Cgroup.Freeze), mark(r.Cgroup.V1Freezer))
 	fmt.Fprintf(w, "gpu devices  %s\n", orDash(strings.Join(r.Devices, " ")))
 	fmt.Fprintf(w, "libcuda      %s\n", orDash(strings.Join(r.Libcudas, " ")))
+	fmt.Fprintf(w, "containers   %s\n", r.Containers)
 	switch {
 	case len(r.Blockers) > 0:
 	case len(r.Devices) == 0:

@@ -290,3 +290,27 @@ func TestStatusShowsGateErrors(t *testing.T) {
 		t.Errorf("status table:\n%s", out)
 	}
 }
+
+// Containers of pods that use a GPU unregistered are named under the
+// table, with what the NRI plugin's state says of why.
+func TestStatusShowsUnregisteredPods(t *testing.T) {
+	pod := api.Tenant{Name: "/kubepods/pod1/abc", Label: "abc", Cgroup: "/kubepods/pod1/abc", Unregistered: true}
+	for _, c := range []struct {
+		nri  *api.NRIStatus
+		want string
+	}{
+		{nil, "runs without its NRI plugin"},
+		{&api.NRIStatus{Socket: "/var/run/nri/nri.sock", LastError: "dial unix: no such file"}, "not connected to /var/run/nri/nri.sock: dial unix: no such file"},
+		{&api.NRIStatus{Socket: "/s", Since: time.Unix(1, 0), LastError: "the runtime closed the connection"}, "(NRI: the runtime's connection at /s is lost (the runtime closed the connection); new pods are not registered until it is back)"},
+		{&api.NRIStatus{Socket: "/s", Connected: true, Runtime: "containerd", RuntimeVersion: "v2.1.9"}, "connected to containerd v2.1.9, and registering these failed"},
+	} {
+		var b strings.Builder
+		st := api.Status{WindowNS: 1e9, Enforcing: true, NRI: c.nri, Tenants: []api.Tenant{{Name: "web", Cgroup: "/kubepods/pod2/def"}, pod}}
+		if err := printTable(&b, st, "share"); err != nil {
+			t.Fatal(err)
+		}
+		if out := b.String(); !strings.Contains(out, "gpuarb.io/* annotations not applied: abc;") || !strings.Contains(out, c.want) || strings.Contains(out, "def;") {
+			t.Errorf("status table with NRI %+v:\n%s", c.nri, out)
+		}
+	}
+}

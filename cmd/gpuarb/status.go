@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -181,6 +182,21 @@ func printTable(w io.Writer, st api.Status, key string) error {
 				shown(displayName(t)), t.UnprobedPIDs, shown(t.Actuator))
 		}
 	}
+	// Pods the annotations of which never reached gpuarb.
+	var unregistered []string
+	for _, t := range st.Tenants {
+		if t.Unregistered {
+			unregistered = append(unregistered, displayName(t))
+		}
+	}
+	if len(unregistered) > 0 {
+		fmt.Fprintf(tw, "(containers of Kubernetes pods use a GPU unregistered, their pods' gpuarb.io/* annotations not applied: %s; %s)\n",
+			shown(strings.Join(unregistered, " ")), nriAdvice(st.NRI))
+	}
+	// NRI is news when the runtime that was connected is gone.
+	if n := st.NRI; n != nil && !n.Connected && !n.Since.IsZero() {
+		fmt.Fprintf(tw, "(NRI: the runtime's connection at %s is lost (%s); new pods are not registered until it is back)\n", n.Socket, shown(cmp.Or(n.LastError, "closed")))
+	}
 	// The guardian is news only when it is not running or has died.
 	if g := st.Guardian; g != nil && (g.PID == 0 || g.Restarts > 0) {
 		state := fmt.Sprintf("pid %d", g.PID)
@@ -190,6 +206,19 @@ func printTable(w io.Writer, st api.Status, key string) error {
 		fmt.Fprintf(tw, "(thaw guardian %s, restarted %d times)\n", state, g.Restarts)
 	}
 	return tw.Flush()
+}
+
+// nriAdvice says why pods may go unregistered, from the NRI plugin's
+// state.
+func nriAdvice(n *api.NRIStatus) string {
+	switch {
+	case n == nil:
+		return "the daemon runs without its NRI plugin (--nri-socket): install the OCI hook (docs/deploy.md)"
+	case !n.Connected:
+		return fmt.Sprintf("the NRI plugin is not connected to %s: %s", n.Socket, cmp.Or(n.LastError, "no runtime answered"))
+	default:
+		return fmt.Sprintf("NRI is connected to %s %s, and registering these failed: the daemon's log says why (\"NRI: ...\")", n.Runtime, n.RuntimeVersion)
+	}
 }
 
 // truncate shows s (shown) in at most n characters, keeping its end.
