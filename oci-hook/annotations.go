@@ -8,9 +8,10 @@ import (
 	"github.com/gpuarb/gpuarb/policy"
 )
 
-// The annotations the hook reads. Kubernetes pod annotations reach the
-// runtime spec (CRI-O and containerd copy them), so a pod takes its policy
-// from its manifest.
+// The annotations the hook and the NRI plugin read. NRI hands the plugin
+// every pod annotation; CRI-O copies them into the runtime spec the hook
+// reads, but containerd only those its runtime handler lists in
+// pod_annotations (none by default).
 const (
 	AnnotationName      = "gpuarb.io/name" // tenant name (default: the container id)
 	AnnotationWeight    = annotationKeyPrefix + policy.KeyWeight

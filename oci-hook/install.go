@@ -1,6 +1,7 @@
 package ocihook
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -135,6 +136,44 @@ func (h HookCommand) AddToSpec(doc []byte) ([]byte, error) {
 	})
 }
 
+// AddToBaseSpec is AddToSpec for containerd's base runtime spec, which
+// also drops process.rlimits: containerd applies a base spec's rlimits to
+// every pod of its runtime handler (the `ctr oci spec` default holds
+// RLIMIT_NOFILE 1024), where pods without one keep containerd's own. It
+// returns the rlimits it dropped, as the spec wrote them ("" for none).
+func (h HookCommand) AddToBaseSpec(doc []byte) (out []byte, dropped string, err error) {
+	out, err = h.AddToSpec(doc)
+	if err != nil {
+		return nil, "", err
+	}
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(out, &raw); err != nil {
+		return nil, "", fmt.Errorf("runtime spec: %w", err)
+	}
+	var process map[string]json.RawMessage
+	if p, ok := raw["process"]; ok {
+		if err := json.Unmarshal(p, &process); err != nil {
+			return nil, "", fmt.Errorf("runtime spec: process: %w", err)
+		}
+	}
+	rl, ok := process["rlimits"]
+	if !ok {
+		return out, "", nil
+	}
+	delete(process, "rlimits")
+	if raw["process"], err = json.Marshal(process); err != nil {
+		return nil, "", err
+	}
+	if out, err = json.MarshalIndent(raw, "", "\t"); err != nil {
+		return nil, "", err
+	}
+	var compact bytes.Buffer
+	if json.Compact(&compact, rl) == nil {
+		dropped = compact.String()
+	}
+	return append(out, '\n'), dropped, nil
+}
+
 // RemoveFromSpec removes gpuarb's hooks from an OCI runtime spec.
 func RemoveFromSpec(doc []byte) ([]byte, error) {
 	return editSpecHooks(doc, removeOurs)
@@ -181,7 +220,8 @@ func removeOurs(h *specs.Hooks) {
 	h.Poststop = slices.DeleteFunc(h.Poststop, ours)
 }
 
-// EditSpecFile applies AddToSpec or RemoveFromSpec to a file in place.
+// EditSpecFile applies AddToSpec, AddToBaseSpec or RemoveFromSpec to a
+// file in place.
 func EditSpecFile(path string, edit func([]byte) ([]byte, error)) error {
 	doc, err := os.ReadFile(path)
 	if err != nil {

@@ -133,9 +133,12 @@ func hooksCommand() *cli.Command {
 				Usage: "make the runtime call 'gpuarb oci-hook' for its containers",
 				Description: `crio, podman: writes gpuarb-register.json and gpuarb-unregister.json into
 the hooks.d directory (--dir), read by both at container start.
-containerd: adds the hooks to the base runtime spec given by --base (set
-base_runtime_spec to it in the CRI plugin's runtime options); without
---base prints the hooks to merge.
+containerd 1.6 and 1.7 without NRI (containerd 2.x: the daemon registers
+pods through NRI, install nothing): adds the hooks to the base runtime spec
+given by --base, which must be a full spec (` + "`ctr oci spec`" + `), drops its
+process.rlimits (containerd would give them to every pod), and prints the
+config.toml lines left to add (base_runtime_spec and pod_annotations, per
+runtime handler) and the restart; without --base prints the hooks to merge.
 runc, crun: adds the hooks to a bundle's config.json (--bundle); without
 --bundle prints the "hooks" member to merge.
 libvirt: writes an executable 'gpuarb' into /etc/libvirt/hooks/qemu.d
@@ -181,6 +184,18 @@ first install. See docs/deploy.md.`,
 		},
 	}
 }
+
+// containerdSteps is what is left to do by hand after the hook went into
+// a base runtime spec (%q: its path).
+const containerdSteps = `containerd ≥ 2.0 (and 1.7 with NRI enabled) needs none of this: the daemon registers pods through NRI.
+On containerd 1.6 and 1.7, for every runtime handler pods use (runc, and nvidia where the GPU operator added it),
+in /etc/containerd/config.toml (in the handler's table itself: containerd ignores these under .options):
+  version = 2 (containerd 1.x):
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      base_runtime_spec = %q
+      pod_annotations = ["gpuarb.io/*"]
+then restart containerd; running containers keep the spec they started with.
+`
 
 // hookRuntimes are the runtimes 'gpuarb hooks' configures.
 const hookRuntimes = "crio, podman, containerd, runc, crun or libvirt"
@@ -260,10 +275,23 @@ func hooksInstall(c *cli.Context) error {
 			fmt.Fprintf(w, "%s\n", b)
 			return nil
 		}
-		if err := ocihook.EditSpecFile(target, h.AddToSpec); err != nil {
+		edit, dropped := h.AddToSpec, ""
+		if rt == "containerd" {
+			edit = func(doc []byte) (out []byte, err error) {
+				out, dropped, err = h.AddToBaseSpec(doc)
+				return out, err
+			}
+		}
+		if err := ocihook.EditSpecFile(target, edit); err != nil {
 			return cli.Exit("gpuarb hooks install: "+err.Error(), 1)
 		}
 		fmt.Fprintf(w, "added the gpuarb hooks to %s\n", target)
+		if dropped != "" {
+			fmt.Fprintf(w, "dropped process.rlimits %s: containerd would give them to every pod; without them pods keep containerd's own\n", dropped)
+		}
+		if rt == "containerd" {
+			fmt.Fprintf(w, containerdSteps, target)
+		}
 	default:
 		return cli.Exit(fmt.Sprintf("gpuarb hooks install: --runtime %q: want %s", rt, hookRuntimes), 2)
 	}

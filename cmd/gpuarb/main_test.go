@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -311,6 +312,46 @@ func TestStatusShowsUnregisteredPods(t *testing.T) {
 		}
 		if out := b.String(); !strings.Contains(out, "gpuarb.io/* annotations not applied: abc;") || !strings.Contains(out, c.want) || strings.Contains(out, "def;") {
 			t.Errorf("status table with NRI %+v:\n%s", c.nri, out)
+		}
+	}
+}
+
+// hooks install --runtime containerd edits a base spec made the usual way
+// (its RLIMIT_NOFILE 1024 would reach every pod): the hooks in, the
+// rlimits out, every other field kept, and the config.toml lines left to
+// add printed with the file's path.
+func TestHooksInstallContainerdBaseSpec(t *testing.T) {
+	base := filepath.Join(t.TempDir(), "base.json")
+	spec := `{"ociVersion":"1.1.0","process":{"args":["sh"],"rlimits":[{"type":"RLIMIT_NOFILE","hard":1024,"soft":1024}],"noNewPrivileges":true},"root":{"path":"rootfs"},"x-unknown":{"kept":true}}`
+	if err := os.WriteFile(base, []byte(spec), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runApp(t, "hooks", "install", "--runtime", "containerd", "--base", base, "--binary", "/opt/gpuarb/bin/gpuarb")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	data, err := os.ReadFile(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Process map[string]any `json:"process"`
+		Hooks   struct {
+			Prestart, Poststop []struct{ Path string }
+		} `json:"hooks"`
+		Unknown map[string]any `json:"x-unknown"`
+	}
+	if err := json.Unmarshal(data, &got); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := got.Process["rlimits"]; ok || got.Process["noNewPrivileges"] != true || got.Unknown["kept"] != true ||
+		len(got.Hooks.Prestart) != 1 || got.Hooks.Prestart[0].Path != "/opt/gpuarb/bin/gpuarb" || len(got.Hooks.Poststop) != 1 {
+		t.Errorf("base spec after install:\n%s", data)
+	}
+	for _, want := range []string{`dropped process.rlimits [{"type":"RLIMIT_NOFILE","hard":1024,"soft":1024}]`,
+		`base_runtime_spec = "` + base + `"`, `pod_annotations = ["gpuarb.io/*"]`, "every runtime handler", "NRI"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
 		}
 	}
 }
