@@ -88,6 +88,9 @@ type Config struct {
 	// connects as a plugin to register the runtime's pods (nriplugin);
 	// "" runs no plugin.
 	NRISocket string
+	// NRIPerPod makes each pod one tenant, where each container is one by
+	// default (nriplugin.Options.PerPod).
+	NRIPerPod bool
 }
 
 // LedgerBeside is the thaw ledger's path for a daemon socket.
@@ -347,7 +350,7 @@ func Start(cfg Config) (_ *Daemon, err error) {
 	d.spy.OnError = func(err error) { d.log.Warn("probe", "err", err) }
 	d.restoreObjects()
 	if cfg.NRISocket != "" {
-		d.nri = nriplugin.New(nriRegistry{d}, nriplugin.Options{Socket: cfg.NRISocket, Log: d.log})
+		d.nri = nriplugin.New(nriRegistry{d}, nriplugin.Options{Socket: cfg.NRISocket, PerPod: cfg.NRIPerPod, Log: d.log})
 	}
 	steer := d.steer // Close forgets d.steer while the hold loop may still release
 	deschedule := cfg.LatencyHolds == enforce.HoldDeschedule

@@ -1,12 +1,14 @@
 package e2e
 
 import (
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/gpuarb/gpuarb/api"
 	"github.com/gpuarb/gpuarb/internal/testutil"
+	"github.com/gpuarb/gpuarb/lab"
 	ocihook "github.com/gpuarb/gpuarb/oci-hook"
 )
 
@@ -140,4 +142,61 @@ func waitTenant(t *testing.T, d runningDaemon, name string, present bool) *api.T
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// Per-pod tenancy (--nri-tenancy pod): a pod of two GPU containers is one
+// tenant (its cgroup, its name the annotation's or NAMESPACE:POD) held to
+// the pod's weight against a pod of one, in both actuator modes, and
+// removed when the pod stops.
+func TestPodTenancyThroughNRI(t *testing.T) {
+	ctrd := testutil.StartContainerd(t)
+	t.Run("steered", func(t *testing.T) { podTenancyThroughNRI(t, ctrd) })
+	t.Run("launch gate", func(t *testing.T) { podTenancyThroughNRI(t, ctrd, "--gpu-scheduler", "off") })
+}
+
+func podTenancyThroughNRI(t *testing.T, ctrd *testutil.Containerd, mode ...string) {
+	gpu := testutil.StartFakeGPU(t)
+	d := startDaemon(t, gpu, append([]string{"--nri-socket", ctrd.NRISocket, "--nri-tenancy", "pod"}, mode...)...)
+	parent := testutil.NewCgroup(t, "nripod")
+	t.Cleanup(func() {
+		// The pods' own cgroups, which runc made below it (after the pods
+		// are gone: cleanups run last first).
+		for _, pod := range []string{"duo", "solo"} {
+			if err := lab.RemoveTree(filepath.Join(parent.Path, pod)); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	waitNRI(t, d)
+	work := []string{"/gpuarb-bin/gpuwork", "hog", "--duration", "14"}
+	duo := testutil.Pod{Name: "duo", CgroupParent: parent.Rel + "/duo", Args: work, GPU: gpu,
+		Annotations: map[string]string{ocihook.AnnotationWeight: "300"}}
+	duoID, _, err := ctrd.RunPod(t, duo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ctrd.AddContainer(t, duo, duoID, "second", work); err != nil {
+		t.Fatal(err)
+	}
+	soloID, _, err := ctrd.RunPod(t, testutil.Pod{Name: "solo", CgroupParent: parent.Rel + "/solo", Args: work, GPU: gpu,
+		Annotations: map[string]string{ocihook.AnnotationName: "solo"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	duoT, soloT := waitTenant(t, d, "gpuarb-e2e:duo", true), waitTenant(t, d, "solo", true)
+	if duoT.Cgroup != parent.Rel+"/duo" || duoT.Weight != 300 || soloT.Cgroup != parent.Rel+"/solo" || soloT.Weight != 100 {
+		t.Errorf("pods registered as %+v and %+v", *duoT, *soloT)
+	}
+	cgs := map[string]*testutil.Cgroup{"duo": {Rel: duoT.Cgroup}, "solo": {Rel: soloT.Cgroup}}
+	ws := trueShares(t, gpu, cgs, 3*time.Second, 6)
+	a, b := col(ws, func(m map[string]float64) float64 { return m["duo"] }), col(ws, func(m map[string]float64) float64 { return m["solo"] })
+	t.Logf("true shares: duo (2 processes, 300) %s, solo (1 process, 100) %s (unarbitrated 67/33)", pcts(a), pcts(b))
+	logStatus(t, d)
+	if median(a) < 0.72 || median(a) > 0.78 || median(b) < 0.22 || median(b) > 0.28 {
+		t.Errorf("pods at 300:100 got %.1f%% and %.1f%%, want 75/25 ± 3 pp", 100*median(a), 100*median(b))
+	}
+	if _, err := ctrd.Crictl("stopp", soloID); err != nil {
+		t.Fatal(err)
+	}
+	waitTenant(t, d, "solo", false)
 }

@@ -20,12 +20,14 @@
 package nriplugin
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
 	"net"
+	"path"
 	"sync"
 	"time"
 
@@ -75,6 +77,10 @@ type Options struct {
 	// Timeout bounds the answer to each request (default 1.5 s; the
 	// runtime's deadline is 2 s).
 	Timeout time.Duration
+	// PerPod makes each pod one tenant (its cgroup, the parent of its
+	// containers'; named by gpuarb.io/name, else NAMESPACE:POD), where
+	// each container is one by default.
+	PerPod bool
 	// ProcRoot is where /proc is mounted (default "/proc"; tests).
 	ProcRoot string
 	Log      *slog.Logger
@@ -248,6 +254,7 @@ func (p *Plugin) Synchronize(ctx context.Context, pods []*nriapi.PodSandbox, ctr
 			continue
 		}
 		live[ocihook.Owner(c.GetId())] = true
+		live[podOwner(c.GetPodSandboxId())] = true
 		if pod := podOf[c.GetPodSandboxId()]; pod != nil {
 			reg = append(reg, func() error { return p.register(pod, c) })
 		}
@@ -288,16 +295,34 @@ func (p *Plugin) StartContainer(ctx context.Context, pod *nriapi.PodSandbox, c *
 }
 
 // StopContainer removes the container's tenant; the runtime sends it
-// also when the container exits by itself.
+// also when the container exits by itself. A pod's tenant stays until the
+// pod stops.
 func (p *Plugin) StopContainer(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.Container) ([]*nriapi.ContainerUpdate, error) {
-	p.bounded(ctx, "detach "+c.GetId(), func() error { return p.detachContainer(pod, c) })
+	if !p.o.PerPod {
+		p.bounded(ctx, "detach "+c.GetId(), func() error { return p.detachContainer(pod, c) })
+	}
 	return nil, nil
 }
 
 // RemoveContainer removes the container's tenant if StopContainer did not.
 func (p *Plugin) RemoveContainer(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.Container) error {
-	p.bounded(ctx, "detach "+c.GetId(), func() error { return p.detachContainer(pod, c) })
+	if !p.o.PerPod {
+		p.bounded(ctx, "detach "+c.GetId(), func() error { return p.detachContainer(pod, c) })
+	}
 	return nil
+}
+
+// StopPodSandbox removes the pod's tenant (per-pod tenancy).
+func (p *Plugin) StopPodSandbox(ctx context.Context, pod *nriapi.PodSandbox) error {
+	if p.o.PerPod {
+		p.bounded(ctx, "detach pod "+podName(pod), func() error { return p.detachPod(pod) })
+	}
+	return nil
+}
+
+// RemovePodSandbox removes the pod's tenant if StopPodSandbox did not.
+func (p *Plugin) RemovePodSandbox(ctx context.Context, pod *nriapi.PodSandbox) error {
+	return p.StopPodSandbox(ctx, pod)
 }
 
 // bounded runs f and waits for it until the plugin's timeout or ctx's
@@ -324,7 +349,9 @@ func (p *Plugin) bounded(ctx context.Context, what string, f func() error) {
 
 // register attaches container c of pod as the OCI hook would at prestart:
 // the name of gpuarb.io/name, else the container id (also when the name is
-// another's), the rules of the annotations, the container's cgroup.
+// another's), the rules of the annotations, the container's cgroup. Per
+// pod, it attaches the pod instead (again at each of its containers: the
+// same tenant).
 func (p *Plugin) register(pod *nriapi.PodSandbox, c *nriapi.Container) error {
 	a := annotations(pod, c)
 	rules, err := ocihook.RulesFromAnnotations(a)
@@ -338,12 +365,19 @@ func (p *Plugin) register(pod *nriapi.PodSandbox, c *nriapi.Container) error {
 	if warn != "" {
 		p.o.Log.Warn("NRI: container cgroup", "container", c.GetId(), "pod", podName(pod), "warning", warn)
 	}
-	owner := ocihook.Owner(c.GetId())
-	t := policy.Tenant{Name: ocihook.TenantName(c.GetId(), a), Selector: policy.Selector{Cgroup: cg}, Rules: rules}
+	owner, fallback := ocihook.Owner(c.GetId()), c.GetId()
+	t := policy.Tenant{Name: ocihook.TenantName(fallback, a), Selector: policy.Selector{Cgroup: cg}, Rules: rules}
+	if p.o.PerPod {
+		owner, fallback = podOwner(pod.GetId()), podTenant(pod)
+		t.Name, t.Cgroup = cmp.Or(a[ocihook.AnnotationName], fallback), path.Dir(cg)
+		if t.Cgroup == "/" || t.Cgroup == "." {
+			return fmt.Errorf("pod %s: its container's cgroup %s has no pod cgroup above it", podName(pod), cg)
+		}
+	}
 	_, err = p.reg.Attach(t, owner)
-	if errors.Is(err, api.ErrConflict) && t.Name != c.GetId() {
-		p.o.Log.Warn("NRI: registered a container under its id", "pod", podName(pod), "container", c.GetId(), "why", err)
-		t.Name = c.GetId()
+	if errors.Is(err, api.ErrConflict) && t.Name != fallback {
+		p.o.Log.Warn("NRI: the name is another's; registered under "+fallback, "pod", podName(pod), "container", c.GetId(), "why", err)
+		t.Name = fallback
 		_, err = p.reg.Attach(t, owner)
 	}
 	if err != nil {
@@ -352,9 +386,38 @@ func (p *Plugin) register(pod *nriapi.PodSandbox, c *nriapi.Container) error {
 	p.mu.Lock()
 	p.status.Registered++
 	p.mu.Unlock()
-	p.o.Log.Info("NRI: registered", "tenant", t.Name, "pod", podName(pod), "container", c.GetName(), "cgroup", cg)
+	p.o.Log.Info("NRI: registered", "tenant", t.Name, "pod", podName(pod), "container", c.GetName(), "cgroup", t.Cgroup)
 	return nil
 }
+
+// detachPod removes the tenant of pod (per-pod tenancy), under its name
+// or the one it fell back to.
+func (p *Plugin) detachPod(pod *nriapi.PodSandbox) error {
+	owner, fallback := podOwner(pod.GetId()), podTenant(pod)
+	name := cmp.Or(pod.GetAnnotations()[ocihook.AnnotationName], fallback)
+	found, err := p.reg.Detach(name, owner)
+	if err == nil && !found && name != fallback {
+		found, err = p.reg.Detach(fallback, owner)
+	}
+	if found {
+		p.o.Log.Info("NRI: detached", "pod", podName(pod))
+	}
+	return err
+}
+
+// podTenant is the name of a pod's tenant when no annotation names it:
+// NAMESPACE:POD ('/' cannot be in a tenant's name), else, past the 128
+// characters a name may have, the pod's sandbox id.
+func podTenant(pod *nriapi.PodSandbox) string {
+	if n := pod.GetNamespace() + ":" + pod.GetName(); len(n) <= 128 {
+		return n
+	}
+	return pod.GetId()
+}
+
+// podOwner is how the plugin names a pod to the daemon: the owner of the
+// pod's tenant under per-pod tenancy.
+func podOwner(id string) string { return "pod " + id }
 
 // detachContainer removes the tenant of container c, under its name or
 // the id it fell back to.

@@ -147,7 +147,13 @@ func startRuntime(t *testing.T, socket string, pods []*nri.PodSandbox, ctrs []*n
 
 func startPlugin(t *testing.T, reg Registry, socket string) *Plugin {
 	t.Helper()
-	p := New(reg, Options{Socket: socket, Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	return startPluginWith(t, reg, Options{Socket: socket})
+}
+
+func startPluginWith(t *testing.T, reg Registry, o Options) *Plugin {
+	t.Helper()
+	o.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	p := New(reg, o)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -174,6 +180,20 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// waitServed waits until the runtime sends the plugin its events: a
+// runtime adds a plugin to those it serves only after the plugin's
+// Synchronize returned. A container with a bad annotation tells: the
+// plugin refuses it.
+func waitServed(t *testing.T, rt *runtime) {
+	t.Helper()
+	probe := &nri.CreateContainerRequest{Pod: &nri.PodSandbox{Id: "probe", Annotations: map[string]string{"gpuarb.io/weight": "0"}},
+		Container: &nri.Container{Id: "probe", PodSandboxId: "probe"}}
+	waitFor(t, "the runtime serving the plugin", func() bool {
+		_, err := rt.CreateContainer(context.Background(), probe)
+		return err != nil
+	})
 }
 
 var pod = &nri.PodSandbox{Id: "pod1", Name: "web", Namespace: "prod",
@@ -205,6 +225,7 @@ func TestPluginFollowsTheRuntime(t *testing.T) {
 
 	// A second container of the pod: the pod's name is the first's, so it
 	// is registered under its id.
+	waitServed(t, rt)
 	ctx := context.Background()
 	c2 := container("second", nri.ContainerState_CONTAINER_CREATED)
 	if _, err := rt.CreateContainer(ctx, &nri.CreateContainerRequest{Pod: pod, Container: c2}); err != nil {
@@ -252,6 +273,7 @@ func TestPluginAnswersInTimeWhateverTheDaemonDoes(t *testing.T) {
 	rt := startRuntime(t, socket, nil, nil)
 	p := startPlugin(t, reg, socket)
 	waitFor(t, "connection", func() bool { return p.Status().Connected })
+	waitServed(t, rt)
 	reg.mu.Lock()
 	reg.attachIn = 3 * time.Second
 	reg.mu.Unlock()
@@ -265,5 +287,43 @@ func TestPluginAnswersInTimeWhateverTheDaemonDoes(t *testing.T) {
 	waitFor(t, "the late registration", func() bool { _, ok := reg.snapshot()["container slow"]; return ok })
 	if !p.Status().Connected {
 		t.Error("the runtime dropped the plugin")
+	}
+}
+
+// Per pod, the pod is one tenant: its cgroup, registered at its first
+// container, kept while other containers come and go, removed when the
+// pod stops; unnamed pods are NAMESPACE:POD.
+func TestPluginPerPod(t *testing.T) {
+	socket := filepath.Join(t.TempDir(), "nri.sock")
+	reg := newRegistry()
+	unnamed := &nri.PodSandbox{Id: "pod9", Name: "batch", Namespace: "ml"}
+	rt := startRuntime(t, socket, []*nri.PodSandbox{pod, unnamed}, []*nri.Container{
+		container("run", nri.ContainerState_CONTAINER_RUNNING),
+		{Id: "u1", PodSandboxId: "pod9", State: nri.ContainerState_CONTAINER_RUNNING, Linux: &nri.LinuxContainer{CgroupsPath: "/kubepods/pod9/u1"}},
+	})
+	startPluginWith(t, reg, Options{Socket: socket, PerPod: true})
+	waitFor(t, "registration at synchronize", func() bool { return len(reg.snapshot()) == 2 })
+	got := reg.snapshot()
+	if got["pod pod1"].Name != "web" || got["pod pod1"].Cgroup != "/kubepods/pod1" || got["pod pod1"].Weight != 200 ||
+		got["pod pod9"].Name != "ml:batch" || got["pod pod9"].Cgroup != "/kubepods/pod9" {
+		t.Errorf("per pod: %+v", got)
+	}
+	waitServed(t, rt)
+	ctx := context.Background()
+	c2 := container("second", nri.ContainerState_CONTAINER_CREATED)
+	if err := rt.StartContainer(ctx, &nri.StateChangeEvent{Event: nri.Event_START_CONTAINER, Pod: pod, Container: c2}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rt.StopContainer(ctx, &nri.StopContainerRequest{Pod: pod, Container: c2}); err != nil {
+		t.Fatal(err)
+	}
+	if got := reg.snapshot(); len(got) != 2 || got["pod pod1"].Name != "web" {
+		t.Errorf("after a second container came and went: %+v, want the pod's tenant unchanged", got)
+	}
+	if err := rt.StopPodSandbox(ctx, &nri.StateChangeEvent{Event: nri.Event_STOP_POD_SANDBOX, Pod: pod}); err != nil {
+		t.Fatal(err)
+	}
+	if got := reg.snapshot(); len(got) != 1 {
+		t.Errorf("after the pod stopped: %+v, want its tenant gone", got)
 	}
 }

@@ -106,6 +106,7 @@ restored; pins, socket and lock removed).`,
 			&cli.UintFlag{Name: "ring-size", Usage: "the probes' ring buffer in `BYTES` (a power of two; default 4 MiB)", Hidden: true},
 			&cli.StringFlag{Name: "record-meter", Usage: "record every input of the meter (events, pauses, timeslices) to `FILE`, JSON lines of about 0.3 KB an event, for a misreading to be replayed offline (gpuarb-lab replay-meter)"},
 			&cli.StringFlag{Name: "nri-socket", Value: nriplugin.DefaultSocket, Usage: "register the pods of the container runtime (containerd ≥ 2.0, CRI-O ≥ 1.30) as an NRI plugin on its socket `PATH`, from their gpuarb.io/* annotations, connecting whenever the runtime is there; empty: no plugin (use the OCI hooks)"},
+			&cli.StringFlag{Name: "nri-tenancy", Value: "container", Usage: "what one tenant is among the pods NRI registers: each `container`, or each pod (its cgroup, named by gpuarb.io/name, else NAMESPACE:POD)"},
 			&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics on `ADDR` (e.g. :9400, which listens on 127.0.0.1 only; give a host to listen elsewhere); off when empty"},
 		},
 		Action: func(c *cli.Context) error {
@@ -119,6 +120,10 @@ restored; pins, socket and lock removed).`,
 			sched := c.String("gpu-scheduler")
 			if sched != "auto" && sched != "off" {
 				return fmt.Errorf("--gpu-scheduler %q: want auto or off", sched)
+			}
+			tenancy := c.String("nri-tenancy")
+			if tenancy != "container" && tenancy != "pod" {
+				return fmt.Errorf("--nri-tenancy %q: want container or pod", tenancy)
 			}
 			holds, err := enforce.ParseHoldMode(c.String("latency-holds"))
 			if err != nil {
@@ -136,6 +141,7 @@ restored; pins, socket and lock removed).`,
 				Guardian:       guardianCommand(ledgerPath(c), c.String("pin-path")),
 				GuardianCgroup: c.String("guardian-cgroup"),
 				NRISocket:      c.String("nri-socket"),
+				NRIPerPod:      tenancy == "pod",
 			})
 			if errors.Is(err, daemon.ErrAlreadyRunning) {
 				return cli.Exit("gpuarb: "+err.Error(), 3)

@@ -153,20 +153,7 @@ func (c *Containerd) RunPod(t testing.TB, p Pod) (podID, ctrID string, err error
 			"security_context": map[string]any{"namespace_options": map[string]any{"network": 2}},
 		},
 	}
-	ctrCfg := map[string]any{
-		"metadata": map[string]any{"name": "work"},
-		"image":    map[string]any{"image": BusyboxImage},
-		"command":  p.Args,
-		"log_path": "work.log",
-	}
-	if p.GPU != nil {
-		ro := func(host, ctr string) map[string]any {
-			return map[string]any{"host_path": host, "container_path": ctr, "readonly": true}
-		}
-		ctrCfg["mounts"] = []any{ro(filepath.Dir(Bin(t, "gpuwork")), "/gpuarb-bin"), ro("/lib", "/lib"), ro("/lib64", "/lib64"), ro("/usr/lib", "/usr/lib"),
-			map[string]any{"host_path": filepath.Dir(p.GPU.Socket), "container_path": "/gpu"}}
-		ctrCfg["envs"] = []any{map[string]any{"key": "FAKEGPU_SOCKET", "value": "/gpu/" + filepath.Base(p.GPU.Socket)}}
-	}
+	ctrCfg := c.containerConfig(t, p, "work")
 	podFile, ctrFile := filepath.Join(c.Dir, p.Name+"-pod.json"), filepath.Join(c.Dir, p.Name+"-ctr.json")
 	for f, v := range map[string]any{podFile: podCfg, ctrFile: ctrCfg} {
 		data, err := json.Marshal(v)
@@ -198,6 +185,47 @@ func (c *Containerd) RunPod(t testing.TB, p Pod) (podID, ctrID string, err error
 	}
 	_, err = c.Crictl("start", ctrID)
 	return podID, ctrID, err
+}
+
+// AddContainer starts one more container, named name, in pod p (run by
+// RunPod as podID) with args, and returns its id.
+func (c *Containerd) AddContainer(t testing.TB, p Pod, podID, name string, args []string) (string, error) {
+	t.Helper()
+	p.Args = args
+	data, err := json.Marshal(c.containerConfig(t, p, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctrFile := filepath.Join(c.Dir, p.Name+"-"+name+"-ctr.json")
+	if err := os.WriteFile(ctrFile, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	id, err := c.Crictl("create", podID, ctrFile, filepath.Join(c.Dir, p.Name+"-pod.json"))
+	if err != nil {
+		return "", err
+	}
+	_, err = c.Crictl("start", id)
+	return id, err
+}
+
+// containerConfig is the CRI config of container name of pod p.
+func (c *Containerd) containerConfig(t testing.TB, p Pod, name string) map[string]any {
+	t.Helper()
+	ctrCfg := map[string]any{
+		"metadata": map[string]any{"name": name},
+		"image":    map[string]any{"image": BusyboxImage},
+		"command":  p.Args,
+		"log_path": name + ".log",
+	}
+	if p.GPU != nil {
+		ro := func(host, ctr string) map[string]any {
+			return map[string]any{"host_path": host, "container_path": ctr, "readonly": true}
+		}
+		ctrCfg["mounts"] = []any{ro(filepath.Dir(Bin(t, "gpuwork")), "/gpuarb-bin"), ro("/lib", "/lib"), ro("/lib64", "/lib64"), ro("/usr/lib", "/usr/lib"),
+			map[string]any{"host_path": filepath.Dir(p.GPU.Socket), "container_path": "/gpu"}}
+		ctrCfg["envs"] = []any{map[string]any{"key": "FAKEGPU_SOCKET", "value": "/gpu/" + filepath.Base(p.GPU.Socket)}}
+	}
+	return ctrCfg
 }
 
 // stop removes every pod left and ends containerd.
