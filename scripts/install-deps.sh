@@ -4,8 +4,9 @@
 # make (the simulated GPU's C parts), runc and busybox-static (the container
 # tests run real runc containers on a busybox rootfs) and, with --test,
 # qemu-system-x86 (only the libvirt hook test needs it: it runs a real QEMU
-# with TCG), prometheus (the dashboard test queries a real one) and
-# containerd 2.x with crictl, built from the Go module proxy
+# with TCG), prometheus (the dashboard test queries a real one), Debian's
+# containerd 1.6 (the hook's test on containerd 1.x) and containerd 2.x with
+# crictl, built from the Go module proxy
 # into /opt/gpuarb-test/bin (only the NRI test needs them: it runs pods on a
 # real containerd; Debian ships no containerd with NRI on by default). Go itself must already be installed; it is looked for in PATH
 # and where it is usually installed (sudo drops /usr/local/go/bin from PATH).
@@ -31,6 +32,7 @@ command -v busybox >/dev/null || need+=(busybox-static)
 if $tests; then
 	command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
 	command -v prometheus >/dev/null || need+=(prometheus)
+	[ -x /usr/bin/containerd ] || need+=(containerd)
 fi
 
 if [ ${#need[@]} -gt 0 ]; then

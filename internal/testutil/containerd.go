@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/gpuarb/gpuarb/lab"
 )
 
@@ -29,40 +31,33 @@ const (
 	BusyboxImage = "docker.io/library/busybox:local"
 )
 
-// Containerd is a containerd 2.x of the test's own: root, state, API and
-// NRI sockets under a test directory, CRI on its defaults (NRI on) but
-// for what this host needs, driven with crictl.
+// Containerd is a containerd of the test's own: root, state, API and NRI
+// sockets under a test directory, CRI on its defaults but for what this
+// host needs, driven with crictl.
 type Containerd struct {
 	Dir       string
 	Socket    string // CRI/containerd API
 	NRISocket string
 	// Version is what `containerd --version` says.
 	Version string
-	proc    *Proc
+	// Nofile is its RLIMIT_NOFILE, which its containers inherit when
+	// nothing sets one for them.
+	Nofile uint64
+	proc   *Proc
+	bin    string // where its containerd and ctr are
 }
 
-// StartContainerd starts a private containerd with the busybox images
-// imported, stopped (its pods removed first) at cleanup. Without the
-// binaries of ContainerdBin the test skips, or fails under CI=true.
+// StartContainerd starts a private containerd 2.x (of ContainerdBin) on
+// its defaults, NRI on, with the busybox images imported, stopped (its pods
+// removed first) at cleanup. Without the binaries of ContainerdBin the test
+// skips, or fails under CI=true.
 func StartContainerd(t testing.TB) *Containerd {
 	t.Helper()
-	Privileged(t)
-	for _, b := range []string{"containerd", "containerd-shim-runc-v2", "ctr", "crictl"} {
-		if _, err := os.Stat(filepath.Join(ContainerdBin, b)); err != nil {
-			Missing(t, filepath.Join(ContainerdBin, b)+" (scripts/install-deps.sh --test builds it)")
-		}
-	}
-	Require(t, "runc", "apt-get install runc")
-	// The sockets' paths must fit a sockaddr_un: a short directory.
-	dir, err := os.MkdirTemp("", "ctrd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	c := &Containerd{Dir: dir, Socket: filepath.Join(dir, "c.sock"), NRISocket: filepath.Join(dir, "nri.sock")}
+	requireBins(t, ContainerdBin, "scripts/install-deps.sh --test builds it", "containerd", "containerd-shim-runc-v2", "ctr")
 	// restrict_oom_score_adj: a VM without CAP_SYS_RESOURCE cannot lower
 	// it. No CNI: the tests' pods use the host's network.
-	conf := fmt.Sprintf(`version = 3
+	return startContainerd(t, ContainerdBin, func(c *Containerd) string {
+		return fmt.Sprintf(`version = 3
 root = %[1]q
 state = %[2]q
 [grpc]
@@ -75,23 +70,95 @@ state = %[2]q
   restrict_oom_score_adj = true
 [plugins.'io.containerd.cri.v1.images'.pinned_images]
   sandbox = %[6]q
-`, filepath.Join(dir, "root"), filepath.Join(dir, "state"), c.Socket, c.Socket+".ttrpc", c.NRISocket, PauseImage)
+`, filepath.Join(c.Dir, "root"), filepath.Join(c.Dir, "state"), c.Socket, c.Socket+".ttrpc", c.NRISocket, PauseImage)
+	})
+}
+
+// StartContainerd1 starts a private containerd 1.x of the host's (Debian's
+// containerd package) whose runc handler starts every container from the
+// base runtime spec baseSpec and passes the pods' gpuarb.io/* annotations
+// (pod_annotations), as docs/deploy.md tells containerd 1.x users.
+func StartContainerd1(t testing.TB, baseSpec string) *Containerd {
+	t.Helper()
+	requireBins(t, "/usr/bin", "apt-get install containerd", "containerd", "containerd-shim-runc-v2", "ctr")
+	return startContainerd(t, "/usr/bin", func(c *Containerd) string {
+		return fmt.Sprintf(`version = 2
+root = %[1]q
+state = %[2]q
+[grpc]
+  address = %[3]q
+[ttrpc]
+  address = %[4]q
+[plugins."io.containerd.grpc.v1.cri"]
+  restrict_oom_score_adj = true
+  sandbox_image = %[5]q
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+  base_runtime_spec = %[6]q
+  pod_annotations = ["gpuarb.io/*"]
+`, filepath.Join(c.Dir, "root"), filepath.Join(c.Dir, "state"), c.Socket, c.Socket+".ttrpc", PauseImage, baseSpec)
+	})
+}
+
+// requireBins skips the test (fails it under CI=true) unless dir holds
+// each of bins, and crictl is in ContainerdBin.
+func requireBins(t testing.TB, dir, hint string, bins ...string) {
+	t.Helper()
+	Privileged(t)
+	for _, b := range bins {
+		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
+			Missing(t, filepath.Join(dir, b)+" ("+hint+")")
+		}
+	}
+	if _, err := os.Stat(filepath.Join(ContainerdBin, "crictl")); err != nil {
+		Missing(t, filepath.Join(ContainerdBin, "crictl")+" (scripts/install-deps.sh --test builds it)")
+	}
+	Require(t, "runc", "apt-get install runc")
+}
+
+// startContainerd runs binDir's containerd with the configuration conf
+// makes, in a private directory, and imports the images.
+func startContainerd(t testing.TB, binDir string, conf func(*Containerd) string) *Containerd {
+	t.Helper()
+	// The sockets' paths must fit a sockaddr_un: a short directory.
+	dir, err := os.MkdirTemp("", "ctrd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	c := &Containerd{Dir: dir, Socket: filepath.Join(dir, "c.sock"), NRISocket: filepath.Join(dir, "nri.sock"), bin: binDir}
 	crictlConf := "runtime-endpoint: unix://" + c.Socket + "\nimage-endpoint: unix://" + c.Socket + "\n"
 	if err := os.WriteFile(filepath.Join(dir, "crictl.yaml"), []byte(crictlConf), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	confPath := filepath.Join(dir, "config.toml")
-	if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
+	if err := os.WriteFile(confPath, []byte(conf(c)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command(filepath.Join(ContainerdBin, "containerd"), "--version").Output()
+	out, err := exec.Command(filepath.Join(binDir, "containerd"), "--version").Output()
 	if err != nil {
 		t.Fatalf("containerd --version: %v", err)
 	}
 	c.Version = strings.TrimSpace(string(out))
-	cmd := exec.Command(filepath.Join(ContainerdBin, "containerd"), "--config", confPath)
-	cmd.Env = append(os.Environ(), "PATH="+ContainerdBin+":"+os.Getenv("PATH"))
+	cmd := exec.Command(filepath.Join(binDir, "containerd"), "--config", confPath)
+	// Its shim is the one beside it.
+	cmd.Env = append(os.Environ(), "PATH="+binDir+":"+os.Getenv("PATH"))
 	c.proc = Start(t, nil, cmd)
+	// A file limit of its own that its pods inherit unless a base
+	// runtime spec sets one: below the test's (raising it needs
+	// CAP_SYS_RESOURCE), and never the 1024 a base spec sets.
+	var own unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &own); err != nil {
+		t.Fatal(err)
+	}
+	c.Nofile = min(own.Max, 54321)
+	if c.Nofile == 1024 {
+		c.Nofile = 1000
+	}
+	lim := unix.Rlimit{Cur: c.Nofile, Max: c.Nofile}
+	if err := unix.Prlimit(c.proc.Cmd.Process.Pid, unix.RLIMIT_NOFILE, &lim, nil); err != nil {
+		t.Fatalf("containerd's file limit: %v", err)
+	}
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		if _, err := c.Crictl("info"); err == nil {
@@ -255,7 +322,7 @@ func (c *Containerd) importImages(t testing.TB) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command(filepath.Join(ContainerdBin, "ctr"), "--address", c.Socket, "-n", "k8s.io", "images", "import", archive).CombinedOutput()
+	out, err := exec.Command(filepath.Join(c.bin, "ctr"), "--address", c.Socket, "-n", "k8s.io", "images", "import", archive).CombinedOutput()
 	if err != nil {
 		t.Fatalf("ctr images import: %v: %s", err, out)
 	}
