@@ -2,14 +2,15 @@
 # Installs what building and testing gpuarb needs on a Debian/Ubuntu host:
 # clang/llvm and libbpf headers (BPF objects), bpftool (map dumps), gcc and
 # make (the simulated GPU's C parts), runc and busybox-static (the container
-# tests run real runc containers on a busybox rootfs) and, with --test,
-# qemu-system-x86 (only the libvirt hook test needs it: it runs a real QEMU
-# with TCG), prometheus (the dashboard test queries a real one), Debian's
-# containerd 1.6 (the hook's test on containerd 1.x) and containerd 2.x with
-# crictl, built from the Go module proxy
-# into /opt/gpuarb-test/bin (only the NRI test needs them: it runs pods on a
-# real containerd; Debian ships no containerd with NRI on by default). Go itself must already be installed; it is looked for in PATH
-# and where it is usually installed (sudo drops /usr/local/go/bin from PATH).
+# tests run real runc containers on a busybox rootfs) and, with --test:
+# - qemu-system-x86 (the libvirt hook's test runs a real QEMU with TCG);
+# - prometheus (the dashboard test queries a real one);
+# - Debian's containerd 1.6 (the hook's test on containerd 1.x);
+# - containerd 2.x and crictl, built from the Go module proxy into
+#   /opt/gpuarb-test/bin (the NRI tests run pods on a real containerd;
+#   Debian ships none with NRI).
+# Go itself must already be installed; it is looked for in PATH and where it
+# is usually installed (sudo drops /usr/local/go/bin from PATH).
 set -euo pipefail
 tests=false
 case "${1:-}" in
