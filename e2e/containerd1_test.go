@@ -7,10 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/gpuarb/gpuarb/internal/testutil"
-	ocihook "github.com/gpuarb/gpuarb/oci-hook"
 )
 
 // On containerd 1.x (Debian's 1.6: no NRI), pods reach the daemon through
@@ -51,39 +49,14 @@ func podsRegisteredThroughTheHook(t *testing.T, ctrd *testutil.Containerd, dir s
 		t.Fatalf("the daemon serves %s, the base spec's hook calls %s", d.Socket, filepath.Join(dir, "gpuarb.sock"))
 	}
 	parent := testutil.NewCgroup(t, "ctrd1")
-	work := []string{"/gpuarb-bin/gpuwork", "hog", "--duration", "14"}
-	_, weightedID, err := ctrd.RunPod(t, testutil.Pod{Name: "weighted", CgroupParent: parent.Rel, Args: work, GPU: gpu,
-		Annotations: map[string]string{ocihook.AnnotationWeight: "300", ocihook.AnnotationName: "weighted"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, plainID, err := ctrd.RunPod(t, testutil.Pod{Name: "plain", CgroupParent: parent.Rel, Args: work, GPU: gpu})
-	if err != nil {
-		t.Fatal(err)
-	}
-	weighted, plain := waitTenant(t, d, "weighted", true), waitTenant(t, d, plainID, true)
-	if weighted.Weight != 300 || weighted.Cgroup != parent.Rel+"/"+weightedID || plain.Weight != 100 {
-		t.Errorf("registered as %+v and %+v", *weighted, *plain)
-	}
-	nofile, err := ctrd.Crictl("exec", plainID, "/bin/sh", "-c", "ulimit -n")
+	weighted, plain := weightedAndPlainPods(t, ctrd, gpu, d, parent)
+	nofile, err := ctrd.Crictl("exec", plain.Name, "/bin/sh", "-c", "ulimit -n")
 	if n, _ := strconv.ParseUint(nofile, 10, 64); err != nil || n != ctrd.Nofile {
 		t.Errorf("a pod's file limit: %q (%v), want containerd's own %d", nofile, err, ctrd.Nofile)
 	}
 
-	cgs := map[string]*testutil.Cgroup{"weighted": {Rel: weighted.Cgroup}, "plain": {Rel: plain.Cgroup}}
-	ws := trueShares(t, gpu, cgs, 3*time.Second, 6)
-	w, p := col(ws, func(m map[string]float64) float64 { return m["weighted"] }), col(ws, func(m map[string]float64) float64 { return m["plain"] })
-	t.Logf("true shares: weighted (300) %s, plain (100) %s (unarbitrated 50/50)", pcts(w), pcts(p))
-	logStatus(t, d)
-	if median(w) < 0.72 || median(w) > 0.78 || median(p) < 0.22 || median(p) > 0.28 {
-		t.Errorf("weights 300:100 through the hook gave %.1f%% and %.1f%%, want 75/25 ± 3 pp", 100*median(w), 100*median(p))
-	}
+	holds300to100(t, gpu, d, weighted, plain, "50/50")
 
 	// A container that ends by itself is detached by its poststop hook.
-	_, shortID, err := ctrd.RunPod(t, testutil.Pod{Name: "short", CgroupParent: parent.Rel, Args: []string{"/bin/sleep", "2"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitTenant(t, d, shortID, true)
-	waitTenant(t, d, shortID, false)
+	selfExitingPodDetached(t, ctrd, d, parent)
 }

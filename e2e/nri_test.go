@@ -36,44 +36,15 @@ func podsRegisteredThroughNRI(t *testing.T, ctrd *testutil.Containerd, mode ...s
 		t.Errorf("NRI status %+v: want containerd connected", st)
 	}
 
-	work := []string{"/gpuarb-bin/gpuwork", "hog", "--duration", "14"}
-	_, weightedID, err := ctrd.RunPod(t, testutil.Pod{Name: "weighted", CgroupParent: parent.Rel, Args: work, GPU: gpu,
-		Annotations: map[string]string{ocihook.AnnotationWeight: "300", ocihook.AnnotationName: "weighted"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, plainID, err := ctrd.RunPod(t, testutil.Pod{Name: "plain", CgroupParent: parent.Rel, Args: work, GPU: gpu})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Registered at start with the pod's policy, under the container's
-	// cgroup (cgroupfs: the pod's parent, then the container's id).
-	weighted, plain := waitTenant(t, d, "weighted", true), waitTenant(t, d, plainID, true)
-	if weighted.Weight != 300 || weighted.Cgroup != parent.Rel+"/"+weightedID || plain.Weight != 100 || plain.Cgroup != parent.Rel+"/"+plainID {
-		t.Errorf("registered as %+v and %+v", *weighted, *plain)
-	}
-
-	// 100:300 of the GPU, from the simulator's truth.
-	cgs := map[string]*testutil.Cgroup{"weighted": {Rel: weighted.Cgroup}, "plain": {Rel: plain.Cgroup}}
-	ws := trueShares(t, gpu, cgs, 3*time.Second, 6)
-	w, p := col(ws, func(m map[string]float64) float64 { return m["weighted"] }), col(ws, func(m map[string]float64) float64 { return m["plain"] })
-	t.Logf("true shares: weighted (300) %s, plain (100) %s (unarbitrated 50/50)", pcts(w), pcts(p))
-	logStatus(t, d)
-	if median(w) < 0.72 || median(w) > 0.78 || median(p) < 0.22 || median(p) > 0.28 {
-		t.Errorf("weights 300:100 through NRI gave %.1f%% and %.1f%%, want 75/25 ± 3 pp", 100*median(w), 100*median(p))
-	}
+	weighted, plain := weightedAndPlainPods(t, ctrd, gpu, d, parent)
+	holds300to100(t, gpu, d, weighted, plain, "50/50")
 
 	// A container that ends by itself is detached (StopContainer).
-	_, shortID, err := ctrd.RunPod(t, testutil.Pod{Name: "short", CgroupParent: parent.Rel, Args: []string{"/bin/sleep", "2"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitTenant(t, d, shortID, true)
-	waitTenant(t, d, shortID, false)
+	selfExitingPodDetached(t, ctrd, d, parent)
 
 	// A bad annotation refuses the container, with the reason where the
 	// operator sees it (the runtime's answer: kubectl describe, crictl).
-	_, _, err = ctrd.RunPod(t, testutil.Pod{Name: "bad", CgroupParent: parent.Rel, Args: []string{"/bin/sleep", "30"},
+	_, _, err := ctrd.RunPod(t, testutil.Pod{Name: "bad", CgroupParent: parent.Rel, Args: []string{"/bin/sleep", "30"},
 		Annotations: map[string]string{ocihook.AnnotationWeight: "banana"}})
 	if err == nil || !strings.Contains(err.Error(), "annotation gpuarb.io/weight=") || !strings.Contains(err.Error(), "banana") {
 		t.Errorf("a pod annotated gpuarb.io/weight=banana: %v, want its creation refused naming the annotation", err)
@@ -87,7 +58,7 @@ func podsRegisteredThroughNRI(t *testing.T, ctrd *testutil.Containerd, mode ...s
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ctrd.Crictl("stop", plainID); err != nil {
+	if _, err := ctrd.Crictl("stop", plain.Name); err != nil {
 		t.Fatal(err)
 	}
 	d = startDaemonIn(t, gpu, dir, args...)
@@ -97,7 +68,7 @@ func podsRegisteredThroughNRI(t *testing.T, ctrd *testutil.Containerd, mode ...s
 	if late.Weight != 500 {
 		t.Errorf("latecomer registered as %+v, want weight 500", *late)
 	}
-	waitTenant(t, d, plainID, false)
+	waitTenant(t, d, plain.Name, false)
 	if st := waitNRI(t, d); st.Registered == 0 {
 		t.Errorf("NRI status %+v: want the registrations counted", st)
 	}
@@ -187,16 +158,59 @@ func podTenancyThroughNRI(t *testing.T, ctrd *testutil.Containerd, mode ...strin
 	if duoT.Cgroup != parent.Rel+"/duo" || duoT.Weight != 300 || soloT.Cgroup != parent.Rel+"/solo" || soloT.Weight != 100 {
 		t.Errorf("pods registered as %+v and %+v", *duoT, *soloT)
 	}
-	cgs := map[string]*testutil.Cgroup{"duo": {Rel: duoT.Cgroup}, "solo": {Rel: soloT.Cgroup}}
-	ws := trueShares(t, gpu, cgs, 3*time.Second, 6)
-	a, b := col(ws, func(m map[string]float64) float64 { return m["duo"] }), col(ws, func(m map[string]float64) float64 { return m["solo"] })
-	t.Logf("true shares: duo (2 processes, 300) %s, solo (1 process, 100) %s (unarbitrated 67/33)", pcts(a), pcts(b))
-	logStatus(t, d)
-	if median(a) < 0.72 || median(a) > 0.78 || median(b) < 0.22 || median(b) > 0.28 {
-		t.Errorf("pods at 300:100 got %.1f%% and %.1f%%, want 75/25 ± 3 pp", 100*median(a), 100*median(b))
-	}
+	holds300to100(t, gpu, d, duoT, soloT, "67/33: 2 processes against 1")
 	if _, err := ctrd.Crictl("stopp", soloID); err != nil {
 		t.Fatal(err)
 	}
 	waitTenant(t, d, "solo", false)
+}
+
+// weightedAndPlainPods runs two pods of a GPU hog for 14 s, one annotated
+// weight 300 and name "weighted", one not, and returns their tenants once
+// registered with that policy, under their containers' cgroups (cgroupfs:
+// the pod's parent, then the container's id).
+func weightedAndPlainPods(t *testing.T, ctrd *testutil.Containerd, gpu *testutil.FakeGPU, d runningDaemon, parent *testutil.Cgroup) (weighted, plain *api.Tenant) {
+	t.Helper()
+	work := []string{"/gpuarb-bin/gpuwork", "hog", "--duration", "14"}
+	_, weightedID, err := ctrd.RunPod(t, testutil.Pod{Name: "weighted", CgroupParent: parent.Rel, Args: work, GPU: gpu,
+		Annotations: map[string]string{ocihook.AnnotationWeight: "300", ocihook.AnnotationName: "weighted"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, plainID, err := ctrd.RunPod(t, testutil.Pod{Name: "plain", CgroupParent: parent.Rel, Args: work, GPU: gpu})
+	if err != nil {
+		t.Fatal(err)
+	}
+	weighted, plain = waitTenant(t, d, "weighted", true), waitTenant(t, d, plainID, true)
+	if weighted.Weight != 300 || weighted.Cgroup != parent.Rel+"/"+weightedID || plain.Weight != 100 || plain.Cgroup != parent.Rel+"/"+plainID {
+		t.Errorf("registered as %+v and %+v", *weighted, *plain)
+	}
+	return weighted, plain
+}
+
+// holds300to100 checks from the simulator's truth that tenants heavy
+// (weight 300) and light (100) get 75/25 ± 3 pp of the GPU: medians of 1 s
+// windows, with what they would get unarbitrated beside them.
+func holds300to100(t *testing.T, gpu *testutil.FakeGPU, d runningDaemon, heavy, light *api.Tenant, unarbitrated string) {
+	t.Helper()
+	cgs := map[string]*testutil.Cgroup{"heavy": {Rel: heavy.Cgroup}, "light": {Rel: light.Cgroup}}
+	ws := trueShares(t, gpu, cgs, 3*time.Second, 6)
+	h, l := col(ws, func(m map[string]float64) float64 { return m["heavy"] }), col(ws, func(m map[string]float64) float64 { return m["light"] })
+	t.Logf("true shares: %s (300) %s, %s (100) %s (unarbitrated %s)", heavy.Name, pcts(h), light.Name, pcts(l), unarbitrated)
+	logStatus(t, d)
+	if median(h) < 0.72 || median(h) > 0.78 || median(l) < 0.22 || median(l) > 0.28 {
+		t.Errorf("weights 300:100 gave %.1f%% and %.1f%%, want 75/25 ± 3 pp", 100*median(h), 100*median(l))
+	}
+}
+
+// selfExitingPodDetached runs a pod whose container ends by itself after
+// 2 s, and waits for its tenant to come and go.
+func selfExitingPodDetached(t *testing.T, ctrd *testutil.Containerd, d runningDaemon, parent *testutil.Cgroup) {
+	t.Helper()
+	_, id, err := ctrd.RunPod(t, testutil.Pod{Name: "short", CgroupParent: parent.Rel, Args: []string{"/bin/sleep", "2"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitTenant(t, d, id, true)
+	waitTenant(t, d, id, false)
 }

@@ -57,20 +57,13 @@ func StartContainerd(t testing.TB) *Containerd {
 	// restrict_oom_score_adj: a VM without CAP_SYS_RESOURCE cannot lower
 	// it. No CNI: the tests' pods use the host's network.
 	return startContainerd(t, ContainerdBin, func(c *Containerd) string {
-		return fmt.Sprintf(`version = 3
-root = %[1]q
-state = %[2]q
-[grpc]
-  address = %[3]q
-[ttrpc]
-  address = %[4]q
-[plugins.'io.containerd.nri.v1.nri']
-  socket_path = %[5]q
+		return "version = 3\n" + c.privatePaths() + fmt.Sprintf(`[plugins.'io.containerd.nri.v1.nri']
+  socket_path = %q
 [plugins.'io.containerd.cri.v1.runtime']
   restrict_oom_score_adj = true
 [plugins.'io.containerd.cri.v1.images'.pinned_images]
-  sandbox = %[6]q
-`, filepath.Join(c.Dir, "root"), filepath.Join(c.Dir, "state"), c.Socket, c.Socket+".ttrpc", c.NRISocket, PauseImage)
+  sandbox = %q
+`, c.NRISocket, PauseImage)
 	})
 }
 
@@ -82,22 +75,22 @@ func StartContainerd1(t testing.TB, baseSpec string) *Containerd {
 	t.Helper()
 	requireBins(t, "/usr/bin", "apt-get install containerd", "containerd", "containerd-shim-runc-v2", "ctr")
 	return startContainerd(t, "/usr/bin", func(c *Containerd) string {
-		return fmt.Sprintf(`version = 2
-root = %[1]q
-state = %[2]q
-[grpc]
-  address = %[3]q
-[ttrpc]
-  address = %[4]q
-[plugins."io.containerd.grpc.v1.cri"]
+		return "version = 2\n" + c.privatePaths() + fmt.Sprintf(`[plugins."io.containerd.grpc.v1.cri"]
   restrict_oom_score_adj = true
-  sandbox_image = %[5]q
+  sandbox_image = %q
 [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
   runtime_type = "io.containerd.runc.v2"
-  base_runtime_spec = %[6]q
+  base_runtime_spec = %q
   pod_annotations = ["gpuarb.io/*"]
-`, filepath.Join(c.Dir, "root"), filepath.Join(c.Dir, "state"), c.Socket, c.Socket+".ttrpc", PauseImage, baseSpec)
+`, PauseImage, baseSpec)
 	})
+}
+
+// privatePaths is the configuration's top: root, state and sockets in the
+// private directory (the same in configuration versions 2 and 3).
+func (c *Containerd) privatePaths() string {
+	return fmt.Sprintf("root = %q\nstate = %q\n[grpc]\n  address = %q\n[ttrpc]\n  address = %q\n",
+		filepath.Join(c.Dir, "root"), filepath.Join(c.Dir, "state"), c.Socket, c.Socket+".ttrpc")
 }
 
 // requireBins skips the test (fails it under CI=true) unless dir holds
