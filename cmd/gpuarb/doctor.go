@@ -2,15 +2,18 @@ package main
 
 import (
 	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/urfave/cli/v2"
 	"golang.org/x/sys/unix"
 
+	"github.com/gpuarb/gpuarb/api"
 	"github.com/gpuarb/gpuarb/bpf"
 	"github.com/gpuarb/gpuarb/cgroup"
 	ocihook "github.com/gpuarb/gpuarb/oci-hook"
@@ -23,7 +26,9 @@ func doctorCommand() *cli.Command {
 		Description: `doctor probes the kernel for real (loads and attaches trivial programs): BTF,
 ring buffers, tracepoints, uprobes, kprobes, fentry, DRM scheduler and
 dma_fence tracepoints, lockdown, the cgroup mode and freezers, bpffs and
-tracefs, GPU devices in /proc/devices and the libcuda copies found. It mounts
+tracefs, GPU devices in /proc/devices, the libcuda copies found, which
+integration the container runtime takes (NRI or OCI hooks) and, when a
+daemon answers on --socket, whether its NRI plugin is connected. It mounts
 bpffs and tracefs when absent. It exits non-zero, naming the reason, when
 gpuarb cannot run here.
 
@@ -35,6 +40,7 @@ not probe.`,
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "json", Usage: "print the report as JSON"},
 			&cli.StringFlag{Name: "libcuda", Usage: "report on the libcuda at `PATH` instead of the host"},
+			socketFlag(),
 		},
 		Action: runDoctor,
 	}
@@ -100,8 +106,23 @@ type doctorReport struct {
 	Libcudas []string      `json:"libcudas"`
 	// Containers says how this host's container runtime hands its
 	// containers to gpuarb (ocihook.DetectIntegration).
-	Containers string   `json:"containers"`
-	Blockers   []string `json:"blockers,omitempty"`
+	Containers string `json:"containers"`
+	// DaemonNRI is the running daemon's NRI plugin, when a daemon answers
+	// on --socket.
+	DaemonNRI string   `json:"daemon_nri,omitempty"`
+	Blockers  []string `json:"blockers,omitempty"`
+}
+
+// daemonNRIReport says what the running daemon's NRI plugin does.
+func daemonNRIReport(n *api.NRIStatus) string {
+	switch {
+	case n == nil:
+		return "off (--nri-socket empty): pods attach through the OCI hooks"
+	case n.Connected:
+		return fmt.Sprintf("connected to %s %s at %s since %s, %d containers registered", n.Runtime, n.RuntimeVersion, n.Socket, n.Since.Format(time.RFC3339), n.Registered)
+	default:
+		return fmt.Sprintf("not connected to %s: %s", n.Socket, cmp.Or(n.LastError, "no runtime answered yet"))
+	}
 }
 
 // containersReport says which integration the host's runtime takes.
@@ -160,6 +181,11 @@ func runDoctor(c *cli.Context) error {
 	}
 	rep.Libcudas = append(bpf.LinkerCacheLibcudas(), bpf.RunningLibcudas()...)
 	rep.Containers = containersReport()
+	ctx, cancel := context.WithTimeout(c.Context, time.Second)
+	defer cancel()
+	if st, err := api.NewClient(c.String("socket")).Status(ctx); err == nil {
+		rep.DaemonNRI = daemonNRIReport(st.NRI)
+	}
 
 	if c.Bool("json") {
 		enc := json.NewEncoder(c.App.Writer)
@@ -204,6 +230,9 @@ func printDoctor(c *cli.Context, r doctorReport) {
 	fmt.Fprintf(w, "gpu devices  %s\n", orDash(strings.Join(r.Devices, " ")))
 	fmt.Fprintf(w, "libcuda      %s\n", orDash(strings.Join(r.Libcudas, " ")))
 	fmt.Fprintf(w, "containers   %s\n", r.Containers)
+	if r.DaemonNRI != "" {
+		fmt.Fprintf(w, "daemon NRI   %s\n", r.DaemonNRI)
+	}
 	switch {
 	case len(r.Blockers) > 0:
 	case len(r.Devices) == 0:

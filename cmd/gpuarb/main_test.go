@@ -355,3 +355,20 @@ func TestHooksInstallContainerdBaseSpec(t *testing.T) {
 		}
 	}
 }
+
+func TestDoctorSaysWhatTheDaemonsNRIPluginDoes(t *testing.T) {
+	since := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	for _, c := range []struct {
+		n    *api.NRIStatus
+		want string
+	}{
+		{nil, "off (--nri-socket empty)"},
+		{&api.NRIStatus{Socket: "/var/run/nri/nri.sock"}, "not connected to /var/run/nri/nri.sock: no runtime answered yet"},
+		{&api.NRIStatus{Socket: "/s", Connected: true, Runtime: "containerd", RuntimeVersion: "v2.1.9", Since: since, Registered: 7},
+			"connected to containerd v2.1.9 at /s since 2026-12-02T12:00:00Z, 7 containers registered"},
+	} {
+		if got := daemonNRIReport(c.n); !strings.Contains(got, c.want) {
+			t.Errorf("daemonNRIReport(%+v) = %q, want %q in it", c.n, got, c.want)
+		}
+	}
+}
