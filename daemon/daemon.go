@@ -88,6 +88,9 @@ type Config struct {
 	// connects as a plugin to register the runtime's pods (nriplugin);
 	// "" runs no plugin.
 	NRISocket string
+	// WatchPolicy reloads the policy file whenever its content changes
+	// (checked once a window), besides at SIGHUP and Reload.
+	WatchPolicy bool
 	// NRIPerPod makes each pod one tenant, where each container is one by
 	// default (nriplugin.Options.PerPod).
 	NRIPerPod bool
@@ -137,6 +140,9 @@ type Daemon struct {
 	// policyErr why the file was refused the last time it was read ("":
 	// it was not), under mu.
 	policyFile *policy.Config
+	// policySum is the policy file's content at the last look of
+	// watchPolicy (the sampling goroutine's alone).
+	policySum [32]byte
 	policyErr  string
 	// pidStarts pins each pid tenant to its process: the start time of
 	// the process its pid named when it was attached or first appeared
@@ -282,6 +288,7 @@ func Start(cfg Config) (_ *Daemon, err error) {
 	} else if len(done) > 0 {
 		d.log.Info("resumed what an earlier daemon left", "targets", len(done))
 	}
+	d.policySum = policyFileSum(cfg.PolicyPath)
 	d.loadPolicy()
 	d.policy, d.base = d.policyFile, d.policyFile
 	d.meter.SetScheduling(d.policy.Scheduling)

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"crypto/sha256"
 	"os"
 	"path/filepath"
 
@@ -57,4 +58,29 @@ func (d *Daemon) keepLastGood() {
 	if err != nil {
 		d.log.Warn("keeping a copy of the last good policy", "err", err)
 	}
+}
+
+// policyFileSum is the policy file's content as watchPolicy compares it:
+// its SHA-256, zero when it cannot be read (missing).
+func policyFileSum(path string) [sha256.Size]byte {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return [sha256.Size]byte{}
+	}
+	return sha256.Sum256(data)
+}
+
+// watchPolicy reloads the policy file, as SIGHUP does, when its content is
+// not what it was at the last look: an edit, or a Kubernetes ConfigMap
+// update (its atomic swap of the mounted file). Looked at once a window;
+// a file caught half-written is refused and the last good policy stays
+// until the next change.
+func (d *Daemon) watchPolicy() {
+	sum := policyFileSum(d.cfg.PolicyPath)
+	if sum == d.policySum {
+		return
+	}
+	d.policySum = sum
+	d.log.Info("policy file changed; reloading", "path", d.cfg.PolicyPath)
+	_ = d.Reload() // logged; a bad file keeps the policy in force
 }

@@ -152,6 +152,9 @@ func (d *Daemon) sampleEveryWindow(ctx context.Context) {
 			d.sampleExact()
 			d.reconcileExits()
 			d.replaySpool()
+			if d.cfg.WatchPolicy {
+				d.watchPolicy()
+			}
 		}
 	}
 }

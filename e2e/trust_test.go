@@ -712,3 +712,70 @@ func TestSlowClientsAreCutOff(t *testing.T) {
 		}
 	}
 }
+
+// The policy file is reloaded when its content changes, without a signal:
+// updated as a Kubernetes ConfigMap volume updates it (a new directory of
+// files, the ..data link swapped atomically), the new policy is in force
+// within 3 s; a bad one is refused there, the last good policy kept and
+// the error shown in status.
+func TestPolicyFileChangesApplyWithoutASignal(t *testing.T) {
+	gpu := testutil.StartFakeGPU(t)
+	dir := t.TempDir()
+	vol := filepath.Join(dir, "configmap")
+	update := func(version, content string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Join(vol, version), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(vol, version, "gpuarb.yaml"), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		tmp := filepath.Join(vol, "..data_tmp")
+		if err := os.Symlink(version, tmp); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, filepath.Join(vol, "..data")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	update("v1", "tenants:\n  - {name: web, cgroup: /gpuarb-test-none/web, weight: 100}\n")
+	if err := os.Symlink("..data/gpuarb.yaml", filepath.Join(vol, "gpuarb.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemonIn(t, gpu, dir, "--policy", filepath.Join(vol, "gpuarb.yaml"))
+	waitPolicy := func(want string) time.Duration {
+		t.Helper()
+		began := time.Now()
+		for {
+			pol, err := d.Policy(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(string(pol), want) {
+				return time.Since(began)
+			}
+			if time.Since(began) > 3*time.Second {
+				t.Fatalf("policy in force 3 s after the file changed:\n%s\nwant %q in it", pol, want)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	waitPolicy("weight: 100")
+	update("v2", "tenants:\n  - {name: web, cgroup: /gpuarb-test-none/web, weight: 300}\n")
+	t.Logf("a ConfigMap update in force after %v", waitPolicy("weight: 300").Round(time.Millisecond))
+
+	update("v3", "tenants:\n  - {name: web, weight: banana}\n")
+	for began := time.Now(); ; time.Sleep(50 * time.Millisecond) {
+		st, err := d.Status(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.PolicyError != "" {
+			break
+		}
+		if time.Since(began) > 3*time.Second {
+			t.Fatal("a bad policy file is not reported in status 3 s after it changed")
+		}
+	}
+	waitPolicy("weight: 300")
+}

@@ -66,4 +66,7 @@ if $tests && [ "$(cat "$testbin/VERSIONS" 2>/dev/null)" != "$stamp" ]; then
 	(cd "$src" && GOBIN="$testbin" go install "sigs.k8s.io/cri-tools/cmd/crictl@$crictl_version")
 	echo "$stamp" > "$testbin/VERSIONS"
 fi
+if $tests; then
+	echo "install-deps: for the tests: $("$testbin/containerd" --version) and crictl $crictl_version (NRI), $(/usr/bin/containerd --version) (the hook), $(prometheus --version 2>&1 | head -1)"
+fi
 echo "install-deps: ok ($(go version | cut -d' ' -f3), $(clang --version | head -1))"

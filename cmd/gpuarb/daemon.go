@@ -72,8 +72,8 @@ func daemonCommand() *cli.Command {
 		Description: `The daemon loads and pins the probes (maps under --pin-path, readable with
 bpftool), measures GPU time per tenant (cgroup) and serves the status on a
 Unix socket (mode 0660; changes require root) for gpuarb status, top, attach
-and the hooks. It enforces the policy (--policy, reloaded on SIGHUP; a bad
-file keeps the last good policy). Where the driver lets a root daemon steer
+and the hooks. It enforces the policy (--policy, reloaded on SIGHUP and
+whenever its content changes; a bad file keeps the last good policy). Where the driver lets a root daemon steer
 the GPU's own scheduler (--gpu-scheduler auto), tenants get timeslices in
 proportion to their targets on their channel groups, and are paused (their
 queued work included) when a limit or another tenant's SLO needs it;
@@ -97,6 +97,7 @@ restored; pins, socket and lock removed).`,
 			&cli.BoolFlag{Name: "no-host-devices", Usage: "do not add the GPU devices of /proc/devices"},
 			&cli.DurationFlag{Name: "window", Value: defaultWindow, Usage: "metering window"},
 			&cli.StringFlag{Name: "policy", Value: policy.DefaultPath, Usage: "policy `FILE` (YAML; missing: defaults)"},
+			&cli.BoolFlag{Name: "watch-policy", Value: true, Usage: "reload the policy file whenever its content changes (looked at once a window: an edit, a Kubernetes ConfigMap update), besides on SIGHUP; a bad file keeps the last good policy"},
 			&cli.StringFlag{Name: "ledger", Usage: "thaw ledger `FILE` (default: gated.json beside the socket)"},
 			&cli.BoolFlag{Name: "observe-only", Usage: "measure, never throttle"},
 			&cli.StringFlag{Name: "gpu-scheduler", Value: "auto", Usage: "steer the GPUs' own schedulers where the driver allows it (`auto`), or never (off: pace at the launch gate)"},
@@ -142,6 +143,7 @@ restored; pins, socket and lock removed).`,
 				GuardianCgroup: c.String("guardian-cgroup"),
 				NRISocket:      c.String("nri-socket"),
 				NRIPerPod:      tenancy == "pod",
+				WatchPolicy:    c.Bool("watch-policy"),
 			})
 			if errors.Is(err, daemon.ErrAlreadyRunning) {
 				return cli.Exit("gpuarb: "+err.Error(), 3)
