@@ -50,6 +50,38 @@ func podsRegisteredThroughNRI(t *testing.T, ctrd *testutil.Containerd, mode ...s
 		t.Errorf("a pod annotated gpuarb.io/weight=banana: %v, want its creation refused naming the annotation", err)
 	}
 
+	// The runtime restarted (an upgrade): the plugin connects again by
+	// itself, a running pod stays registered, and one started after is
+	// registered.
+	_, steadyID, err := ctrd.RunPod(t, testutil.Pod{Name: "steady", CgroupParent: parent.Rel, Args: []string{"/bin/sleep", "60"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitTenant(t, d, steadyID, true)
+	before := waitNRI(t, d).Since
+	restarted := time.Now()
+	ctrd.Restart(t)
+	for {
+		st, err := d.Status(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.NRI != nil && st.NRI.Connected && st.NRI.Since.After(before) {
+			t.Logf("connected again %v after containerd's restart began", time.Since(restarted).Round(time.Millisecond))
+			break
+		}
+		if time.Since(restarted) > 20*time.Second {
+			t.Fatalf("NRI not connected again 20 s after containerd's restart: %+v", st.NRI)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	waitTenant(t, d, steadyID, true)
+	_, afterID, err := ctrd.RunPod(t, testutil.Pod{Name: "after-restart", CgroupParent: parent.Rel, Args: []string{"/bin/sleep", "60"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitTenant(t, d, afterID, true)
+
 	// The daemon down: a pod started meanwhile is registered, and one
 	// stopped meanwhile detached, once it is back.
 	d.Proc.Stop()

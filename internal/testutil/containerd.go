@@ -45,6 +45,10 @@ type Containerd struct {
 	Nofile uint64
 	proc   *Proc
 	bin    string // where its containerd and ctr are
+	conf   string // its config.toml
+	// owner is the test that started it, which ends it at cleanup
+	// whichever test restarted it.
+	owner testing.TB
 }
 
 // StartContainerd starts a private containerd 2.x (of ContainerdBin) on
@@ -119,7 +123,7 @@ func startContainerd(t testing.TB, binDir string, conf func(*Containerd) string)
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	c := &Containerd{Dir: dir, Socket: filepath.Join(dir, "c.sock"), NRISocket: filepath.Join(dir, "nri.sock"), bin: binDir}
+	c := &Containerd{Dir: dir, Socket: filepath.Join(dir, "c.sock"), NRISocket: filepath.Join(dir, "nri.sock"), bin: binDir, owner: t}
 	crictlConf := "runtime-endpoint: unix://" + c.Socket + "\nimage-endpoint: unix://" + c.Socket + "\n"
 	if err := os.WriteFile(filepath.Join(dir, "crictl.yaml"), []byte(crictlConf), 0o600); err != nil {
 		t.Fatal(err)
@@ -133,36 +137,8 @@ func startContainerd(t testing.TB, binDir string, conf func(*Containerd) string)
 		t.Fatalf("containerd --version: %v", err)
 	}
 	c.Version = strings.TrimSpace(string(out))
-	cmd := exec.Command(filepath.Join(binDir, "containerd"), "--config", confPath)
-	// Its shim is the one beside it.
-	cmd.Env = append(os.Environ(), "PATH="+binDir+":"+os.Getenv("PATH"))
-	c.proc = Start(t, nil, cmd)
-	// A file limit of its own that its pods inherit unless a base
-	// runtime spec sets one: below the test's (raising it needs
-	// CAP_SYS_RESOURCE), and never the 1024 a base spec sets.
-	var own unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &own); err != nil {
-		t.Fatal(err)
-	}
-	c.Nofile = min(own.Max, 54321)
-	if c.Nofile == 1024 {
-		c.Nofile = 1000
-	}
-	lim := unix.Rlimit{Cur: c.Nofile, Max: c.Nofile}
-	if err := unix.Prlimit(c.proc.Cmd.Process.Pid, unix.RLIMIT_NOFILE, &lim, nil); err != nil {
-		t.Fatalf("containerd's file limit: %v", err)
-	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if _, err := c.Crictl("info"); err == nil {
-			break
-		}
-		if time.Now().After(deadline) || c.proc.Done() {
-			_, stderr := c.proc.Output()
-			t.Fatalf("containerd did not answer within 20 s:\n%s", tail([]byte(stderr), 4000))
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	c.conf = confPath
+	c.run(t)
 	t.Cleanup(c.stop)
 	c.importImages(t)
 	return c
@@ -286,6 +262,50 @@ func (c *Containerd) containerConfig(t testing.TB, p Pod, name string) map[strin
 		ctrCfg["envs"] = []any{map[string]any{"key": "FAKEGPU_SOCKET", "value": "/gpu/" + filepath.Base(p.GPU.Socket)}}
 	}
 	return ctrCfg
+}
+
+// run starts containerd and waits until it answers.
+func (c *Containerd) run(t testing.TB) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(c.bin, "containerd"), "--config", c.conf)
+	// Its shim is the one beside it.
+	cmd.Env = append(os.Environ(), "PATH="+c.bin+":"+os.Getenv("PATH"))
+	c.proc = Start(c.owner, nil, cmd)
+	// A file limit of its own that its pods inherit unless a base
+	// runtime spec sets one: below the test's (raising it needs
+	// CAP_SYS_RESOURCE), and never the 1024 a base spec sets.
+	var own unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &own); err != nil {
+		t.Fatal(err)
+	}
+	c.Nofile = min(own.Max, 54321)
+	if c.Nofile == 1024 {
+		c.Nofile = 1000
+	}
+	lim := unix.Rlimit{Cur: c.Nofile, Max: c.Nofile}
+	if err := unix.Prlimit(c.proc.Cmd.Process.Pid, unix.RLIMIT_NOFILE, &lim, nil); err != nil {
+		t.Fatalf("containerd's file limit: %v", err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, err := c.Crictl("info"); err == nil {
+			break
+		}
+		if time.Now().After(deadline) || c.proc.Done() {
+			_, stderr := c.proc.Output()
+			t.Fatalf("containerd did not answer within 20 s:\n%s", tail([]byte(stderr), 4000))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// Restart stops containerd (SIGINT, as systemd's stop) and starts it
+// again, as an upgrade does: its containers keep running (their shims
+// outlive it), and its NRI plugins must connect again.
+func (c *Containerd) Restart(t testing.TB) {
+	t.Helper()
+	c.proc.Interrupt(10 * time.Second)
+	c.run(t)
 }
 
 // stop removes every pod left and ends containerd.
