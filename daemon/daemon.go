@@ -143,7 +143,7 @@ type Daemon struct {
 	// policySum is the policy file's content at the last look of
 	// watchPolicy (the sampling goroutine's alone).
 	policySum [32]byte
-	policyErr  string
+	policyErr string
 	// pidStarts pins each pid tenant to its process: the start time of
 	// the process its pid named when it was attached or first appeared
 	// in the policy. A pid reused by another process is not the tenant's.
