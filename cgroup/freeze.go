@@ -237,6 +237,10 @@ func (g *V1Gate) Thaw() error {
 // Target implements Gate.
 func (g *V1Gate) Target() Target { return Target{Kind: KindV1, Path: g.dir} }
 
+// ErrHoldsGpuarb marks a cgroup CheckFreezable refuses because gpuarb's
+// own processes are in it.
+var ErrHoldsGpuarb = errors.New("it contains gpuarb itself")
+
 // CheckFreezable refuses cgroups whose freezing would stop the host or
 // gpuarb itself: the root, top-level system slices, and own (gpuarb's
 // cgroup in the same hierarchy, "" when unknown) and its ancestors.
@@ -249,7 +253,7 @@ func CheckFreezable(rel, own string) error {
 	if own != "" {
 		own = "/" + strings.Trim(own, "/")
 		if own == rel || strings.HasPrefix(own+"/", rel+"/") {
-			return fmt.Errorf("refusing to freeze %s: it contains gpuarb itself (%s)", rel, own)
+			return fmt.Errorf("refusing to freeze %s: %w (%s)", rel, ErrHoldsGpuarb, own)
 		}
 	}
 	return nil

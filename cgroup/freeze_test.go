@@ -201,11 +201,14 @@ func TestRefusals(t *testing.T) {
 			t.Errorf("%s accepted", rel)
 		}
 	}
-	if err := cgroup.CheckFreezable("/a/b", "/a/b/c"); err == nil {
-		t.Error("an ancestor of gpuarb's own cgroup accepted")
+	if err := cgroup.CheckFreezable("/a/b", "/a/b/c"); !errors.Is(err, cgroup.ErrHoldsGpuarb) {
+		t.Errorf("an ancestor of gpuarb's own cgroup: %v", err)
 	}
-	if err := cgroup.CheckFreezable("/a/b", "/a/b"); err == nil {
-		t.Error("gpuarb's own cgroup accepted")
+	if err := cgroup.CheckFreezable("/a/b", "/a/b"); !errors.Is(err, cgroup.ErrHoldsGpuarb) {
+		t.Errorf("gpuarb's own cgroup: %v", err)
+	}
+	if err := cgroup.CheckFreezable("/", ""); errors.Is(err, cgroup.ErrHoldsGpuarb) {
+		t.Errorf("the root refused as gpuarb's own: %v", err)
 	}
 	if err := cgroup.CheckFreezable("/a/bc", "/a/b"); err != nil {
 		t.Errorf("a sibling refused: %v", err)

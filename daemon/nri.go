@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/gpuarb/gpuarb/api"
+	"github.com/gpuarb/gpuarb/cgroup"
 	nriplugin "github.com/gpuarb/gpuarb/nri-plugin"
 	"github.com/gpuarb/gpuarb/policy"
 )
@@ -17,8 +18,11 @@ var _ nriplugin.Registry = nriRegistry{}
 
 func (r nriRegistry) Attach(t policy.Tenant, owner string) (api.AttachResult, error) {
 	res, err := r.d.attachVia(t, owner, viaNRI)
-	if errors.Is(err, errNameTaken) {
+	switch {
+	case errors.Is(err, errNameTaken):
 		err = fmt.Errorf("%w: %v", api.ErrConflict, err)
+	case errors.Is(err, cgroup.ErrHoldsGpuarb):
+		err = fmt.Errorf("%w: %v", nriplugin.ErrOwnContainer, err)
 	}
 	return res, err
 }

@@ -52,12 +52,17 @@ const (
 	maxRetry = 10 * time.Second
 )
 
+// ErrOwnContainer is what Registry.Attach answers for a container gpuarb
+// itself runs in (the DaemonSet's): never a tenant, and no error.
+var ErrOwnContainer = errors.New("gpuarb's own container")
+
 // Registry is what the plugin needs of the daemon: registrations as the
 // API makes a workload's (admission rules, name ownership), marked as the
 // plugin's so that reconciliation touches no other.
 type Registry interface {
 	// Attach registers t for owner; an error wrapping api.ErrConflict
-	// means the name is another's.
+	// means the name is another's, one wrapping ErrOwnContainer that t is
+	// gpuarb's own.
 	Attach(t policy.Tenant, owner string) (api.AttachResult, error)
 	// Detach removes the tenant name that owner attached; found is false
 	// when owner has none of that name.
@@ -375,6 +380,10 @@ func (p *Plugin) register(pod *nriapi.PodSandbox, c *nriapi.Container) error {
 		}
 	}
 	_, err = p.reg.Attach(t, owner)
+	if errors.Is(err, ErrOwnContainer) {
+		p.o.Log.Debug("NRI: not registering gpuarb's own container", "pod", podName(pod), "container", c.GetId())
+		return nil
+	}
 	if errors.Is(err, api.ErrConflict) && t.Name != fallback {
 		p.o.Log.Warn("NRI: the name is another's; registered under "+fallback, "pod", podName(pod), "container", c.GetId(), "why", err)
 		t.Name = fallback

@@ -26,6 +26,7 @@ type registry struct {
 	mu       sync.Mutex
 	tenants  map[string]policy.Tenant // by owner
 	names    map[string]string        // owner by name, as the daemon refuses another's name
+	own      string                   // the cgroup gpuarb runs in: refused as the daemon does
 	attachIn time.Duration
 }
 
@@ -40,6 +41,9 @@ func (r *registry) Attach(t policy.Tenant, owner string) (api.AttachResult, erro
 	time.Sleep(slow)
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if t.Cgroup == r.own {
+		return api.AttachResult{}, fmt.Errorf("%w: tenant %s: refusing to freeze %s", ErrOwnContainer, t.Name, t.Cgroup)
+	}
 	if o, ok := r.names[t.Name]; ok && o != owner {
 		return api.AttachResult{}, fmt.Errorf("%w: %q is attached by %s", api.ErrConflict, t.Name, o)
 	}
@@ -72,6 +76,24 @@ func (r *registry) snapshot() map[string]policy.Tenant {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return maps.Clone(r.tenants)
+}
+
+// lockedBuffer is a log destination for several goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // runtime is the runtime side of NRI (the library containerd and CRI-O
@@ -152,7 +174,9 @@ func startPlugin(t *testing.T, reg Registry, socket string) *Plugin {
 
 func startPluginWith(t *testing.T, reg Registry, o Options) *Plugin {
 	t.Helper()
-	o.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	if o.Log == nil {
+		o.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
 	p := New(reg, o)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -211,9 +235,12 @@ func TestPluginFollowsTheRuntime(t *testing.T) {
 	socket := filepath.Join(t.TempDir(), "nri.sock")
 	reg := newRegistry()
 	reg.tenants["container gone"], reg.names["gone"] = policy.Tenant{Name: "gone"}, "container gone"
+	reg.own = "/kubepods/pod1/gpuarb" // the DaemonSet's container: no tenant, no error
 	rt := startRuntime(t, socket, []*nri.PodSandbox{pod},
-		[]*nri.Container{container("run", nri.ContainerState_CONTAINER_RUNNING), container("stopped", nri.ContainerState_CONTAINER_STOPPED)})
-	p := startPlugin(t, reg, socket)
+		[]*nri.Container{container("run", nri.ContainerState_CONTAINER_RUNNING), container("stopped", nri.ContainerState_CONTAINER_STOPPED),
+			container("gpuarb", nri.ContainerState_CONTAINER_RUNNING)})
+	var warnings lockedBuffer
+	p := startPluginWith(t, reg, Options{Socket: socket, Log: slog.New(slog.NewTextHandler(&warnings, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	waitFor(t, "registration at synchronize", func() bool { _, ok := reg.snapshot()["container run"]; return ok })
 	got := reg.snapshot()
 	if want := (policy.Tenant{Name: "web", Selector: policy.Selector{Cgroup: "/kubepods/pod1/run"}, Rules: policy.Rules{Weight: 200}}); len(got) != 1 || got["container run"] != want {
@@ -221,6 +248,9 @@ func TestPluginFollowsTheRuntime(t *testing.T) {
 	}
 	if st := p.Status(); !st.Connected || st.Runtime != "test-runtime" || st.Registered != 1 {
 		t.Errorf("status %+v", st)
+	}
+	if w := warnings.String(); strings.Contains(w, "own container") {
+		t.Errorf("gpuarb's own container is warned about:\n%s", w)
 	}
 
 	// A second container of the pod: the pod's name is the first's, so it
