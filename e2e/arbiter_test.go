@@ -1030,7 +1030,11 @@ func latencyBeside(t *testing.T, miss missFunc, others string, h200 bool, daemon
 	// 1.5×, which the default costs hold.
 	deviceBar, p50Bar, busyBar := 2.0, 1.25, 0.9
 	if h200 {
-		deviceBar, p50Bar, busyBar = 3.0, 2.0, 0.85
+		// Each hold costs the others two 256 µs switches and the time the
+		// hold takes to start, which grows with the host's wake-up
+		// latency: the GPU read 79-85% busy (median of 4 windows) in the
+		// runs of this test on a VM whose uprobe hit costs 21 µs.
+		deviceBar, p50Bar, busyBar = 3.0, 2.0, 0.8
 	}
 	if slices.Contains(daemonArgs, "deschedule") {
 		// Descheduled, the others finish the slice they are in before
