@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -61,20 +62,10 @@ func podsRegisteredThroughNRI(t *testing.T, ctrd *testutil.Containerd, mode ...s
 	before := waitNRI(t, d).Since
 	restarted := time.Now()
 	ctrd.Restart(t)
-	for {
-		st, err := d.Status(t.Context())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if st.NRI != nil && st.NRI.Connected && st.NRI.Since.After(before) {
-			t.Logf("connected again %v after containerd's restart began", time.Since(restarted).Round(time.Millisecond))
-			break
-		}
-		if time.Since(restarted) > 20*time.Second {
-			t.Fatalf("NRI not connected again 20 s after containerd's restart: %+v", st.NRI)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitStatus(t, d, 20*time.Second, "NRI connected again after containerd's restart", func(st api.Status) bool {
+		return st.NRI != nil && st.NRI.Connected && st.NRI.Since.After(before)
+	})
+	t.Logf("connected again %v after containerd's restart began", time.Since(restarted).Round(time.Millisecond))
 	waitTenant(t, d, steadyID, true)
 	_, afterID, err := ctrd.RunPod(t, testutil.Pod{Name: "after-restart", CgroupParent: parent.Rel, Args: []string{"/bin/sleep", "60"}})
 	if err != nil {
@@ -106,45 +97,41 @@ func podsRegisteredThroughNRI(t *testing.T, ctrd *testutil.Containerd, mode ...s
 	}
 }
 
-// waitNRI waits up to 10 s for the daemon's NRI plugin to be connected
-// and returns its status.
-func waitNRI(t *testing.T, d runningDaemon) api.NRIStatus {
+// waitStatus polls the daemon's status until cond holds, failing after
+// within with what was awaited.
+func waitStatus(t *testing.T, d runningDaemon, within time.Duration, what string, cond func(api.Status) bool) api.Status {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(within)
 	for {
 		st, err := d.Status(t.Context())
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.NRI != nil && st.NRI.Connected {
-			return *st.NRI
+		if cond(st) {
+			return st
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("NRI plugin not connected within 10 s: %+v", st.NRI)
+			t.Fatalf("%s: not within %v; NRI %+v, tenants %+v", what, within, st.NRI, st.Tenants)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// waitNRI waits up to 10 s for the daemon's NRI plugin to be connected
+// and returns its status.
+func waitNRI(t *testing.T, d runningDaemon) api.NRIStatus {
+	t.Helper()
+	st := waitStatus(t, d, 10*time.Second, "NRI plugin connected", func(st api.Status) bool { return st.NRI != nil && st.NRI.Connected })
+	return *st.NRI
 }
 
 // waitTenant waits up to 10 s for the daemon's policy to have (or, with
 // present false, no longer have) a tenant of that name.
 func waitTenant(t *testing.T, d runningDaemon, name string, present bool) *api.Tenant {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		st, err := d.Status(t.Context())
-		if err != nil {
-			t.Fatal(err)
-		}
-		tn := tenantByName(st, name)
-		if (tn != nil) == present {
-			return tn
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("tenant %s: present=%v after 10 s, want %v; tenants %+v", name, tn != nil, present, st.Tenants)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	st := waitStatus(t, d, 10*time.Second, fmt.Sprintf("tenant %s present=%v", name, present),
+		func(st api.Status) bool { return (tenantByName(st, name) != nil) == present })
+	return tenantByName(st, name)
 }
 
 // Per-pod tenancy (--nri-tenancy pod): a pod of two GPU containers is one
