@@ -1,9 +1,9 @@
 package meter
 
 import (
+	"cmp"
 	"math"
 	"slices"
-	"sort"
 	"time"
 )
 
@@ -437,42 +437,70 @@ func (c *gpuContext) toBoundary() float64 {
 // launch gate, paused, or its cgroup frozen: frozen). The evidence of
 // waits and stops does not depend on the modeled queue.
 func (c *gpuContext) wantedIn(from, to uint64, frozen []span) float64 {
-	var all []span
-	for _, list := range [][]span{c.held, c.waited, c.waitedFor, c.stopped, c.pausedFor, frozen} {
-		for _, sp := range list {
-			if s, e := max(sp.start, from), min(sp.end, to); e > s {
-				all = append(all, span{s, e})
-			}
-		}
-	}
+	var open []span
 	for _, w := range c.waits {
-		if s := max(w.since, from); to > s {
-			all = append(all, span{s, to})
-		}
+		open = append(open, span{w.since, to})
 	}
 	if c.paused && len(c.pausedFor) == 0 {
-		all = append(all, span{from, to})
+		open = append(open, span{from, to})
 	}
-	return unionLength(all)
+	slices.SortFunc(open, byStart)
+	return unionLength(from, to, c.held, c.waited, c.waitedFor, c.stopped, c.pausedFor, frozen, open)
 }
 
-// unionLength is the length of the union of spans.
-func unionLength(spans []span) float64 {
-	sort.Slice(spans, func(i, j int) bool { return spans[i].start < spans[j].start })
-	var total float64
-	var cur span
-	for i, sp := range spans {
-		switch {
-		case i == 0:
-			cur = sp
-		case sp.start <= cur.end:
-			cur.end = max(cur.end, sp.end)
-		default:
-			total += float64(cur.end - cur.start)
-			cur = sp
+func byStart(a, b span) int { return cmp.Compare(a.start, b.start) }
+
+// unionLength is the length within [from, to) of the union of the spans
+// of lists. A list in time order (each span starting at or after the one
+// before: the replay appends them as it advances) is merged as it stands,
+// in one pass over all lists; otherwise the spans are copied and sorted.
+// The replay's list of a launch-bound context holds a span per kernel,
+// hundreds of thousands a second.
+func unionLength(from, to uint64, lists ...[]span) float64 {
+	for _, l := range lists {
+		if !slices.IsSortedFunc(l, byStart) {
+			var all []span
+			for _, l := range lists {
+				all = append(all, l...)
+			}
+			slices.SortFunc(all, byStart)
+			return unionLength(from, to, all)
 		}
 	}
-	if len(spans) > 0 {
+	next := make([]int, len(lists))
+	var total float64
+	var cur span
+	started := false
+	for {
+		// The list whose next span within [from, to) starts first.
+		best, bestSpan := -1, span{}
+		for i, l := range lists {
+			for next[i] < len(l) {
+				sp := l[next[i]]
+				if s, e := max(sp.start, from), min(sp.end, to); e > s {
+					if best < 0 || s < bestSpan.start {
+						best, bestSpan = i, span{s, e}
+					}
+					break
+				}
+				next[i]++
+			}
+		}
+		if best < 0 {
+			break
+		}
+		next[best]++
+		switch {
+		case !started:
+			cur, started = bestSpan, true
+		case bestSpan.start <= cur.end:
+			cur.end = max(cur.end, bestSpan.end)
+		default:
+			total += float64(cur.end - cur.start)
+			cur = bestSpan
+		}
+	}
+	if started {
 		total += float64(cur.end - cur.start)
 	}
 	return total
