@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/cilium/ebpf/ringbuf"
 	"golang.org/x/sys/unix"
@@ -249,8 +250,10 @@ func TestLostEventsAreCounted(t *testing.T) {
 			}
 			t.Fatal(err)
 		}
-		if len(rec.RawSample) >= 52 && binary.LittleEndian.Uint32(rec.RawSample[32:]) == 1 && // type EV_IOCTL
-			binary.LittleEndian.Uint32(rec.RawSample[44:]) == 1 && binary.LittleEndian.Uint32(rec.RawSample[48:]) == 11 {
+		var r IoctlRecord
+		b, typ, major, minor := rec.RawSample, unsafe.Offsetof(r.H.Type), unsafe.Offsetof(r.DevMajor), unsafe.Offsetof(r.DevMinor)
+		if len(b) >= int(unsafe.Sizeof(r)) && binary.LittleEndian.Uint32(b[typ:]) == RecordIoctl &&
+			binary.LittleEndian.Uint32(b[major:]) == 1 && binary.LittleEndian.Uint32(b[minor:]) == 11 {
 			delivered++
 		}
 	}

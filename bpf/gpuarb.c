@@ -426,11 +426,11 @@ static __always_inline int urgent_cgroup(void)
 	return 0;
 }
 
-static __always_inline __u64 wakeup_flag(const struct event *e)
+static __always_inline __u64 wakeup_flag(const struct record_header *h)
 {
-	if (e->flags & EVF_HELD)
+	if (h->flags & EVF_HELD)
 		return BPF_RB_FORCE_WAKEUP;
-	if (urgent_members && bpf_map_lookup_elem(&gpuarb_urgent, &e->tgid))
+	if (urgent_members && bpf_map_lookup_elem(&gpuarb_urgent, &h->tgid))
 		return BPF_RB_FORCE_WAKEUP;
 	if (urgent_cgroup_members && urgent_cgroup())
 		return BPF_RB_FORCE_WAKEUP;
@@ -438,9 +438,12 @@ static __always_inline __u64 wakeup_flag(const struct event *e)
 										    : BPF_RB_NO_WAKEUP;
 }
 
-/* Keep the record type and the enums Go shares in the object's BTF for
+/* Keep the record types and the enums Go shares in the object's BTF for
  * bpf2go, which generates their Go constants: nothing is mirrored by hand. */
-const struct event *unused_event __attribute__((unused));
+const struct record_header *unused_record_header __attribute__((unused));
+const struct ioctl_record *unused_ioctl_record __attribute__((unused));
+const struct call_record *unused_call_record __attribute__((unused));
+const struct launch_record *unused_launch_record __attribute__((unused));
 const enum cuda_func *unused_cuda_func __attribute__((unused));
 const enum dev_kind *unused_dev_kind __attribute__((unused));
 const enum event_type *unused_event_type __attribute__((unused));
@@ -488,21 +491,25 @@ static __always_inline void note_process(__u32 tgid, __u64 cgid, __u64 now)
 		bpf_map_update_elem(&gpuarb_procs, &tgid, &p, BPF_NOEXIST);
 }
 
-static __always_inline struct event *event_reserve(__u32 type, __u64 pid_tgid, __u64 cgid)
-{
-	struct event *e = bpf_ringbuf_reserve(&gpuarb_events, sizeof(*e), 0);
+/* Reserves a record of type T on the ring, zeroed, its header filled; NULL
+ * (counted as lost) when the ring is full. */
+#define RECORD_RESERVE(T, type, pid_tgid, cgid) ((T *)record_reserve(sizeof(T), type, pid_tgid, cgid))
 
-	if (!e) {
+static __always_inline void *record_reserve(__u32 size, __u32 type, __u64 pid_tgid, __u64 cgid)
+{
+	struct record_header *h = bpf_ringbuf_reserve(&gpuarb_events, size, 0);
+
+	if (!h) {
 		count_lost();
 		return NULL;
 	}
-	__builtin_memset(e, 0, sizeof(*e));
-	e->type = type;
-	e->tgid = pid_tgid >> 32;
-	e->tid = (__u32)pid_tgid;
-	e->cgroup_id = cgid;
-	bpf_get_current_comm(e->comm, sizeof(e->comm));
-	return e;
+	__builtin_memset(h, 0, size);
+	h->type = type;
+	h->tgid = pid_tgid >> 32;
+	h->tid = (__u32)pid_tgid;
+	h->cgroup_id = cgid;
+	bpf_get_current_comm(h->comm, sizeof(h->comm));
+	return h;
 }
 
 /* Copies up to GPUARB_PAYLOAD bytes of user memory; returns the count copied. */
@@ -804,10 +811,10 @@ static __always_inline __u64 current_start_ns(void)
  * dies before it returns to user space, and its exit frees what the driver
  * allocated) and the record says so. The check and the charge are one
  * atomic add, so racing allocations of a tenant never both pass. */
-static __always_inline void charge_memory(struct event *e, __u32 handle, __u64 bytes, __u32 gpu, __u32 device)
+static __always_inline void charge_memory(struct ioctl_record *e, __u32 handle, __u64 bytes, __u32 gpu, __u32 device)
 {
-	struct mem_obj_key ok = { .tgid = e->tgid, .handle = handle };
-	struct mem_obj_key dk = { .tgid = e->tgid, .handle = device };
+	struct mem_obj_key ok = { .tgid = e->h.tgid, .handle = handle };
+	struct mem_obj_key dk = { .tgid = e->h.tgid, .handle = device };
 	struct mem_obj obj = { .bytes = bytes, .gpu = gpu, .device = device };
 	struct mem_dev dfresh, *dev;
 	struct mem_proc fresh, *p;
@@ -818,7 +825,7 @@ static __always_inline void charge_memory(struct event *e, __u32 handle, __u64 b
 	__u32 default_slot = MEM_SLOTS;
 	__u64 default_limit = mem_default_limit;
 
-	slot = mem_members ? member_slot(&gpuarb_mem_keys, e->tgid) : NULL;
+	slot = mem_members ? member_slot(&gpuarb_mem_keys, e->h.tgid) : NULL;
 	if (slot) {
 		limit = bpf_map_lookup_elem(&gpuarb_mem_limit, slot);
 		u = bpf_map_lookup_elem(&gpuarb_mem_usage, slot);
@@ -827,13 +834,13 @@ static __always_inline void charge_memory(struct event *e, __u32 handle, __u64 b
 
 		slot = &default_slot;
 		limit = &default_limit;
-		u = bpf_map_lookup_elem(&gpuarb_mem_cgroups, &e->cgroup_id);
+		u = bpf_map_lookup_elem(&gpuarb_mem_cgroups, &e->h.cgroup_id);
 		if (!u) {
 			__builtin_memset(&zero, 0, sizeof(zero));
 			zero.gen = mem_cgroup_gen;
 			/* Full: this cgroup is not held (counted below). */
-			bpf_map_update_elem(&gpuarb_mem_cgroups, &e->cgroup_id, &zero, BPF_NOEXIST);
-			u = bpf_map_lookup_elem(&gpuarb_mem_cgroups, &e->cgroup_id);
+			bpf_map_update_elem(&gpuarb_mem_cgroups, &e->h.cgroup_id, &zero, BPF_NOEXIST);
+			u = bpf_map_lookup_elem(&gpuarb_mem_cgroups, &e->h.cgroup_id);
 		}
 	} else {
 		return;
@@ -848,22 +855,22 @@ static __always_inline void charge_memory(struct event *e, __u32 handle, __u64 b
 		__sync_fetch_and_add(&u->charged[gpu], -bytes);
 		if (!bpf_send_signal(SIGKILL)) {
 			__sync_fetch_and_add(&u->kills[gpu], 1);
-			e->flags |= EVF_OOM_KILL;
+			e->h.flags |= EVF_OOM_KILL;
 		}
 		return;
 	}
 	obj.start_ns = current_start_ns();
-	p = bpf_map_lookup_elem(&gpuarb_mem_procs, &e->tgid);
+	p = bpf_map_lookup_elem(&gpuarb_mem_procs, &e->h.tgid);
 	if (!p || p->start_ns != obj.start_ns || p->slot != *slot || p->gen != u->gen ||
-	    (*slot == MEM_SLOTS && p->cgroup != e->cgroup_id)) {
+	    (*slot == MEM_SLOTS && p->cgroup != e->h.cgroup_id)) {
 		__builtin_memset(&fresh, 0, sizeof(fresh));
 		fresh.start_ns = obj.start_ns;
 		fresh.slot = *slot;
 		fresh.gen = u->gen;
-		fresh.cgroup = e->cgroup_id;
+		fresh.cgroup = e->h.cgroup_id;
 		/* Full: the charge stays with the slot until the daemon resets it. */
-		bpf_map_update_elem(&gpuarb_mem_procs, &e->tgid, &fresh, BPF_ANY);
-		p = bpf_map_lookup_elem(&gpuarb_mem_procs, &e->tgid);
+		bpf_map_update_elem(&gpuarb_mem_procs, &e->h.tgid, &fresh, BPF_ANY);
+		p = bpf_map_lookup_elem(&gpuarb_mem_procs, &e->h.tgid);
 	}
 	if (p)
 		__sync_fetch_and_add(&p->charged[gpu], bytes);
@@ -948,7 +955,7 @@ static __always_inline void exit_memory(__u32 tgid)
  * charge was, args[4] the limit, args[5] the slot). The size charged is the
  * larger of the request read at entry and the driver's at exit: a thread
  * that rewrites the parameters in between does not shrink it. */
-static __always_inline void note_memory(struct event *e, struct ioctl_stash *st)
+static __always_inline void note_memory(struct ioctl_record *e, struct ioctl_stash *st)
 {
 	struct mem_req m = {};
 	__u32 gpu, device;
@@ -957,7 +964,7 @@ static __always_inline void note_memory(struct event *e, struct ioctl_stash *st)
 	if (!mem_request(st->cmd, st->arg, &m))
 		return;
 	bytes = m.bytes > st->mem_bytes ? m.bytes : st->mem_bytes;
-	gpu = gpu_of(e->tgid, m.parent, &device);
+	gpu = gpu_of(e->h.tgid, m.parent, &device);
 	e->args[1] = bytes;
 	e->args[2] = gpu;
 	if (m.status || (e->ret && e->ret != -ENOTTY) || m.host) /* not made (ENOTTY: the simulator's node), or host memory */
@@ -1028,7 +1035,7 @@ static __always_inline void untrack_object(__u32 tgid, __u32 kind, __u64 handle)
 	bpf_map_delete_elem(&gpuarb_ctxs, &k);
 }
 
-static __always_inline void decode_nvidia(struct event *e, struct ioctl_stash *st)
+static __always_inline void decode_nvidia(struct ioctl_record *e, struct ioctl_stash *st)
 {
 	__u32 cmd = st->cmd;
 	__u32 nr = cmd & 0xff;
@@ -1075,15 +1082,15 @@ static __always_inline void decode_nvidia(struct event *e, struct ioctl_stash *s
 		if (!params_size)
 			params_size = cls == NV_TSG_CLASS ? NV_TSG_PARAMS_SIZE : GPUARB_PAYLOAD;
 		if (e->ret == 0 && (cls == NV_TSG_CLASS || (cls & 0xff) == 0x6f))
-			track_object(e->tgid, DEV_NVIDIA_CTL, hnew, e->cgroup_id, e->ts_exit, cls, hparent);
+			track_object(e->h.tgid, DEV_NVIDIA_CTL, hnew, e->h.cgroup_id, e->h.ts_exit, cls, hparent);
 		devices = cls == NV_DEVICE_CLASS || cls == NV_SUBDEVICE_CLASS;
 	} else if (nr == NV_ESC_RM_CONTROL && e->arg_len >= 32) {
 		params = *(__u64 *)&e->arg[16];
 		params_size = *(__u32 *)&e->arg[24];
 	} else if (nr == NV_ESC_RM_FREE && e->arg_len >= 16) {
-		untrack_object(e->tgid, DEV_NVIDIA_CTL, *(__u32 *)&e->arg[8]);
+		untrack_object(e->h.tgid, DEV_NVIDIA_CTL, *(__u32 *)&e->arg[8]);
 		if (memory_limited() && *(__u32 *)&e->arg[12] == 0)
-			free_memory(e->tgid, *(__u32 *)&e->arg[8]);
+			free_memory(e->h.tgid, *(__u32 *)&e->arg[8]);
 	}
 	if (params)
 		e->params_len = copy_user(e->params, params, params_size);
@@ -1099,11 +1106,11 @@ static __always_inline void decode_nvidia(struct event *e, struct ioctl_stash *s
 				return;
 			parent = *(__u32 *)&e->params[0];
 		}
-		track_object(e->tgid, DEV_NVIDIA_CTL, *(__u32 *)&e->arg[8], e->cgroup_id, e->ts_exit, cls, parent);
+		track_object(e->h.tgid, DEV_NVIDIA_CTL, *(__u32 *)&e->arg[8], e->h.cgroup_id, e->h.ts_exit, cls, parent);
 	}
 }
 
-static __always_inline void decode_drm(struct event *e, struct ioctl_stash *st,
+static __always_inline void decode_drm(struct ioctl_record *e, struct ioctl_stash *st,
 				       struct cgroup_stats *s)
 {
 	__u32 cmd = st->cmd;
@@ -1118,24 +1125,24 @@ static __always_inline void decode_drm(struct event *e, struct ioctl_stash *st,
 	case NOUVEAU_GEM_PUSHBUF:
 		if (s)
 			__sync_fetch_and_add(&s->submissions, 1);
-		if (e->ret == 0 && gate_pass(((__u64)e->tgid << 32) | e->tid, e->ts_exit, 1))
-			e->flags |= EVF_HELD;
+		if (e->ret == 0 && gate_pass(((__u64)e->h.tgid << 32) | e->h.tid, e->h.ts_exit, 1))
+			e->h.flags |= EVF_HELD;
 		break;
 	case NOUVEAU_GEM_CPU_PREP:
 	case DRM_SYNCOBJ_WAIT:
 	case DRM_SYNCOBJ_TIMELINE_WAIT:
 		if (s) {
 			__sync_fetch_and_add(&s->syncs, 1);
-			__sync_fetch_and_add(&s->sync_wait_ns, e->ts_exit - e->ts_enter);
+			__sync_fetch_and_add(&s->sync_wait_ns, e->h.ts_exit - e->h.ts_enter);
 		}
 		break;
 	case NOUVEAU_CHANNEL_ALLOC:
 		if (e->ret == 0 && e->arg_len >= 12)
-			track_object(e->tgid, DEV_DRM, *(__u32 *)&e->arg[8], e->cgroup_id, e->ts_exit, 0, 0);
+			track_object(e->h.tgid, DEV_DRM, *(__u32 *)&e->arg[8], e->h.cgroup_id, e->h.ts_exit, 0, 0);
 		break;
 	case NOUVEAU_CHANNEL_FREE:
 		if (e->arg_len >= 4)
-			untrack_object(e->tgid, DEV_DRM, *(__u32 *)&e->arg[0]);
+			untrack_object(e->h.tgid, DEV_DRM, *(__u32 *)&e->arg[0]);
 		break;
 	}
 }
@@ -1147,7 +1154,7 @@ int gpuarb_ioctl_exit(struct sys_exit_ctx *ctx)
 	struct ioctl_stash *pending = bpf_map_lookup_elem(&gpuarb_pend_io, &id);
 	struct ioctl_stash st;
 	struct cgroup_stats *s;
-	struct event *e;
+	struct ioctl_record *e;
 	__u64 now, cgid;
 
 	if (!pending)
@@ -1162,11 +1169,11 @@ int gpuarb_ioctl_exit(struct sys_exit_ctx *ctx)
 		__sync_fetch_and_add(&s->gpu_ioctls, 1);
 	note_process(id >> 32, cgid, now);
 
-	e = event_reserve(EV_IOCTL, id, cgid);
+	e = RECORD_RESERVE(struct ioctl_record, EV_IOCTL, id, cgid);
 	if (!e)
 		return 0;
-	e->ts_enter = st.ts;
-	e->ts_exit = now;
+	e->h.ts_enter = st.ts;
+	e->h.ts_exit = now;
 	e->ret = ctx->ret;
 	e->dev_major = st.major;
 	e->dev_minor = st.minor;
@@ -1191,7 +1198,7 @@ int gpuarb_ioctl_exit(struct sys_exit_ctx *ctx)
 		decode_drm(e, &st, s);
 		break;
 	}
-	bpf_ringbuf_submit(e, wakeup_flag(e));
+	bpf_ringbuf_submit(e, wakeup_flag(&e->h));
 	return 0;
 }
 
@@ -1201,20 +1208,54 @@ int gpuarb_ioctl_exit(struct sys_exit_ctx *ctx)
  * (plain, _ptsz, _ptds, _v2 ...) with the variant's enum cuda_func as the
  * cookie. Launches trap once: no uretprobe on a launch path. */
 
-static __always_inline struct event *cuda_event(__u32 func, __u64 now, struct cgroup_stats **sp)
+/* Counts a libcuda call of the current process: its cgroup's statistics
+ * (returned in *sp) and the process. */
+static __always_inline __u64 note_call(__u64 id, __u64 now, struct cgroup_stats **sp)
 {
-	__u64 id = bpf_get_current_pid_tgid();
 	__u64 cgid = bpf_get_current_cgroup_id();
-	struct event *e;
 
 	*sp = cgroup_stats_of(cgid, now);
 	note_process(id >> 32, cgid, now);
-	e = event_reserve(EV_CUDA, id, cgid);
+	return cgid;
+}
+
+/* A record of a libcuda call at now. */
+static __always_inline struct call_record *call_event(__u32 func, __u64 now, struct cgroup_stats **sp)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u64 cgid = note_call(id, now, sp);
+	struct call_record *e = RECORD_RESERVE(struct call_record, EV_CUDA, id, cgid);
+
 	if (!e)
 		return NULL;
 	e->func = func;
-	e->ts_enter = now;
-	e->ts_exit = now;
+	e->h.ts_enter = now;
+	e->h.ts_exit = now;
+	return e;
+}
+
+/* A record of a launch at now, passed through the process's launch gate
+ * first (EVF_HELD where it holds the process), and counted. */
+static __always_inline struct launch_record *launch_event(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid(), now = bpf_ktime_get_ns();
+	int held = gate_pass(id, now, 0);
+	struct cgroup_stats *s;
+	__u64 cgid = note_call(id, now, &s);
+	struct launch_record *e;
+
+	if (s) {
+		__sync_fetch_and_add(&s->launches, 1);
+		__sync_fetch_and_add(&s->submissions, 1);
+	}
+	e = RECORD_RESERVE(struct launch_record, EV_LAUNCH, id, cgid);
+	if (!e)
+		return NULL;
+	e->func = COOKIE_FUNC(bpf_get_attach_cookie(ctx));
+	e->h.ts_enter = now;
+	e->h.ts_exit = now;
+	if (held)
+		e->h.flags |= EVF_HELD;
 	return e;
 }
 
@@ -1242,38 +1283,28 @@ static __always_inline __u64 arg_n(struct pt_regs *ctx, __u32 n)
 	return v;
 }
 
-static __always_inline void count_launch(struct cgroup_stats *s)
-{
-	if (s) {
-		__sync_fetch_and_add(&s->launches, 1);
-		__sync_fetch_and_add(&s->submissions, 1);
-	}
-}
-
 /* cuLaunchKernel / cuLaunchCooperativeKernel (and _ptsz): (f, gx, gy, gz,
- * bx, by, bz, shmem, stream, ...) */
+ * bx, by, bz, shmem, stream, ...); bz, shmem and stream, above the return
+ * address, are read in one copy. */
 SEC("uprobe/cuLaunchKernel")
 int gpuarb_cu_launch(struct pt_regs *ctx)
 {
-	__u64 now = bpf_ktime_get_ns();
-	int held = gate_pass(bpf_get_current_pid_tgid(), now, 0);
-	struct cgroup_stats *s;
-	struct event *e = cuda_event(COOKIE_FUNC(bpf_get_attach_cookie(ctx)), now, &s);
+	struct launch_record *e = launch_event(ctx);
+	__u64 stacked[3]; /* bz, shmem, stream */
 
-	count_launch(s);
 	if (!e)
 		return 0;
-	if (held)
-		e->flags |= EVF_HELD;
-	e->args[0] = PT_REGS_PARM1(ctx);
-	e->args[1] = (__u32)PT_REGS_PARM2(ctx);
-	e->args[2] = (__u32)PT_REGS_PARM3(ctx);
-	e->args[3] = (__u32)PT_REGS_PARM4(ctx);
-	e->args[4] = (__u32)PT_REGS_PARM5(ctx);
-	e->args[5] = (__u32)ctx->r9;
-	e->args[6] = (__u32)arg_n(ctx, 7);
-	e->args[7] = arg_n(ctx, 9);
-	bpf_ringbuf_submit(e, wakeup_flag(e));
+	e->function = PT_REGS_PARM1(ctx);
+	e->grid[0] = (__u32)PT_REGS_PARM2(ctx);
+	e->grid[1] = (__u32)PT_REGS_PARM3(ctx);
+	e->grid[2] = (__u32)PT_REGS_PARM4(ctx);
+	e->block[0] = (__u32)PT_REGS_PARM5(ctx);
+	e->block[1] = (__u32)ctx->r9;
+	if (bpf_probe_read_user(stacked, sizeof(stacked), (const void *)(PT_REGS_SP(ctx) + 8)) == 0) {
+		e->block[2] = (__u32)stacked[0];
+		e->stream = stacked[2];
+	}
+	bpf_ringbuf_submit(e, wakeup_flag(&e->h));
 	return 0;
 }
 
@@ -1289,27 +1320,21 @@ int gpuarb_cu_launch_ex(struct pt_regs *ctx)
 		__u32 pad;
 		__u64 stream;
 	} cfg;
-	__u64 now = bpf_ktime_get_ns();
-	int held = gate_pass(bpf_get_current_pid_tgid(), now, 0);
-	struct cgroup_stats *s;
-	struct event *e = cuda_event(COOKIE_FUNC(bpf_get_attach_cookie(ctx)), now, &s);
+	struct launch_record *e = launch_event(ctx);
 
-	count_launch(s);
 	if (!e)
 		return 0;
-	if (held)
-		e->flags |= EVF_HELD;
-	e->args[0] = PT_REGS_PARM2(ctx);
+	e->function = PT_REGS_PARM2(ctx);
 	if (bpf_probe_read_user(&cfg, sizeof(cfg), (const void *)PT_REGS_PARM1(ctx)) == 0) {
-		e->args[1] = cfg.grid[0];
-		e->args[2] = cfg.grid[1];
-		e->args[3] = cfg.grid[2];
-		e->args[4] = cfg.block[0];
-		e->args[5] = cfg.block[1];
-		e->args[6] = cfg.block[2];
-		e->args[7] = cfg.stream;
+		e->grid[0] = cfg.grid[0];
+		e->grid[1] = cfg.grid[1];
+		e->grid[2] = cfg.grid[2];
+		e->block[0] = cfg.block[0];
+		e->block[1] = cfg.block[1];
+		e->block[2] = cfg.block[2];
+		e->stream = cfg.stream;
 	}
-	bpf_ringbuf_submit(e, wakeup_flag(e));
+	bpf_ringbuf_submit(e, wakeup_flag(&e->h));
 	return 0;
 }
 
@@ -1317,19 +1342,13 @@ int gpuarb_cu_launch_ex(struct pt_regs *ctx)
 SEC("uprobe/cuGraphLaunch")
 int gpuarb_cu_graph_launch(struct pt_regs *ctx)
 {
-	__u64 now = bpf_ktime_get_ns();
-	int held = gate_pass(bpf_get_current_pid_tgid(), now, 0);
-	struct cgroup_stats *s;
-	struct event *e = cuda_event(COOKIE_FUNC(bpf_get_attach_cookie(ctx)), now, &s);
+	struct launch_record *e = launch_event(ctx);
 
-	count_launch(s);
 	if (!e)
 		return 0;
-	if (held)
-		e->flags |= EVF_HELD;
-	e->args[0] = PT_REGS_PARM1(ctx);
-	e->args[7] = PT_REGS_PARM2(ctx);
-	bpf_ringbuf_submit(e, wakeup_flag(e));
+	e->function = PT_REGS_PARM1(ctx);
+	e->stream = PT_REGS_PARM2(ctx);
+	bpf_ringbuf_submit(e, wakeup_flag(&e->h));
 	return 0;
 }
 
@@ -1345,15 +1364,15 @@ SEC("uprobe/cuEventRecord")
 int gpuarb_cu_two_args(struct pt_regs *ctx)
 {
 	struct cgroup_stats *s;
-	struct event *e = cuda_event(COOKIE_FUNC(bpf_get_attach_cookie(ctx)), bpf_ktime_get_ns(), &s);
+	struct call_record *e = call_event(COOKIE_FUNC(bpf_get_attach_cookie(ctx)), bpf_ktime_get_ns(), &s);
 
 	if (!e)
 		return 0;
 	e->args[0] = PT_REGS_PARM1(ctx);
 	e->args[1] = PT_REGS_PARM2(ctx);
 	if (e->func == CU_CTX_DESTROY)
-		untrack_object(e->tgid, 0, e->args[0]);
-	bpf_ringbuf_submit(e, wakeup_flag(e));
+		untrack_object(e->h.tgid, 0, e->args[0]);
+	bpf_ringbuf_submit(e, wakeup_flag(&e->h));
 	return 0;
 }
 
@@ -1364,7 +1383,7 @@ int gpuarb_cu_copy(struct pt_regs *ctx)
 {
 	__u64 cookie = bpf_get_attach_cookie(ctx);
 	struct cgroup_stats *s;
-	struct event *e = cuda_event(COOKIE_FUNC(cookie), bpf_ktime_get_ns(), &s);
+	struct call_record *e = call_event(COOKIE_FUNC(cookie), bpf_ktime_get_ns(), &s);
 	__u64 bytes = arg_n(ctx, COOKIE_BYTES_ARG(cookie)) << COOKIE_BYTES_SHIFT(cookie);
 
 	if (s) {
@@ -1377,8 +1396,8 @@ int gpuarb_cu_copy(struct pt_regs *ctx)
 	e->args[1] = PT_REGS_PARM2(ctx);
 	e->args[2] = bytes;
 	if (COOKIE_STREAM_ARG(cookie))
-		e->args[7] = arg_n(ctx, COOKIE_STREAM_ARG(cookie));
-	bpf_ringbuf_submit(e, wakeup_flag(e));
+		e->args[3] = arg_n(ctx, COOKIE_STREAM_ARG(cookie));
+	bpf_ringbuf_submit(e, wakeup_flag(&e->h));
 	return 0;
 }
 
@@ -1391,22 +1410,22 @@ static __always_inline void stash_entry(__u32 func, __u64 now, __u64 a0, __u64 a
 	bpf_map_update_elem(&gpuarb_pend_cu, &k, &v, BPF_ANY);
 }
 
-static __always_inline struct event *finish_call(struct pt_regs *ctx, __u32 func, struct cuda_stash *out,
+static __always_inline struct call_record *finish_call(struct pt_regs *ctx, __u32 func, struct cuda_stash *out,
 						 struct cgroup_stats **sp)
 {
 	struct cuda_key k = { .pid_tgid = bpf_get_current_pid_tgid(), .func = func };
 	struct cuda_stash *st = bpf_map_lookup_elem(&gpuarb_pend_cu, &k);
 	__u64 now = bpf_ktime_get_ns();
-	struct event *e;
+	struct call_record *e;
 
 	if (!st)
 		return NULL;
 	*out = *st;
 	bpf_map_delete_elem(&gpuarb_pend_cu, &k);
-	e = cuda_event(func, now, sp);
+	e = call_event(func, now, sp);
 	if (!e)
 		return NULL;
-	e->ts_enter = out->ts;
+	e->h.ts_enter = out->ts;
 	e->ret = (__s32)PT_REGS_RC(ctx);
 	return e;
 }
@@ -1450,16 +1469,16 @@ int gpuarb_cu_sync(struct pt_regs *ctx)
 	__u64 handle = func == CU_CTX_SYNC ? 0 : PT_REGS_PARM1(ctx);
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
 	struct cgroup_stats *s;
-	struct event *e;
+	struct call_record *e;
 
 	stash_entry(func, now, handle, 0, 0);
 	bpf_map_update_elem(&gpuarb_sync_wakes, &tid, &zero, BPF_ANY);
-	e = cuda_event(func, now, &s);
+	e = call_event(func, now, &s);
 	if (!e)
 		return 0;
-	e->flags |= EVF_BEGIN;
+	e->h.flags |= EVF_BEGIN;
 	e->args[0] = handle;
-	bpf_ringbuf_submit(e, wakeup_flag(e));
+	bpf_ringbuf_submit(e, wakeup_flag(&e->h));
 	return 0;
 }
 
@@ -1471,7 +1490,7 @@ int gpuarb_cu_sync_ret(struct pt_regs *ctx)
 	__u64 *wp = bpf_map_lookup_elem(&gpuarb_sync_wakes, &tid), woken = wp ? *wp : 0;
 	struct cuda_stash st;
 	struct cgroup_stats *s = NULL;
-	struct event *e;
+	struct call_record *e;
 
 	if (wp)
 		bpf_map_delete_elem(&gpuarb_sync_wakes, &tid);
@@ -1484,7 +1503,7 @@ int gpuarb_cu_sync_ret(struct pt_regs *ctx)
 		return 0;
 	e->args[0] = st.args[0];
 	e->args[1] = woken;
-	bpf_ringbuf_submit(e, wakeup_flag(e));
+	bpf_ringbuf_submit(e, wakeup_flag(&e->h));
 	return 0;
 }
 
@@ -1536,7 +1555,7 @@ int gpuarb_cu_query_ret(struct pt_regs *ctx)
 	struct poll_key k = { .tgid = id >> 32 };
 	struct poll_state *ps, fresh = {};
 	struct cgroup_stats *s;
-	struct event *e;
+	struct call_record *e;
 	__s32 ret = (__s32)PT_REGS_RC(ctx);
 	__u64 begin = now, not_done = 0;
 	__u32 flags = 0;
@@ -1570,15 +1589,15 @@ int gpuarb_cu_query_ret(struct pt_regs *ctx)
 	} else {
 		return 0; /* an error: no evidence */
 	}
-	e = cuda_event(func, now, &s);
+	e = call_event(func, now, &s);
 	if (!e)
 		return 0;
-	e->flags |= flags;
-	e->ts_enter = begin;
+	e->h.flags |= flags;
+	e->h.ts_enter = begin;
 	e->ret = ret;
 	e->args[0] = k.handle;
 	e->args[1] = not_done;
-	bpf_ringbuf_submit(e, wakeup_flag(e));
+	bpf_ringbuf_submit(e, wakeup_flag(&e->h));
 	return 0;
 }
 
@@ -1600,7 +1619,7 @@ int gpuarb_cu_ctx_create_ret(struct pt_regs *ctx)
 {
 	struct cuda_stash st;
 	struct cgroup_stats *s;
-	struct event *e = finish_call(ctx, COOKIE_FUNC(bpf_get_attach_cookie(ctx)), &st, &s);
+	struct call_record *e = finish_call(ctx, COOKIE_FUNC(bpf_get_attach_cookie(ctx)), &st, &s);
 	__u64 handle = 0;
 
 	if (!e)
@@ -1609,8 +1628,8 @@ int gpuarb_cu_ctx_create_ret(struct pt_regs *ctx)
 	e->args[0] = handle;
 	e->args[2] = (__u32)st.args[2];
 	if (e->ret == 0)
-		track_object(e->tgid, 0, handle, e->cgroup_id, e->ts_exit, 0, (__u32)st.args[2]);
-	bpf_ringbuf_submit(e, wakeup_flag(e));
+		track_object(e->h.tgid, 0, handle, e->h.cgroup_id, e->h.ts_exit, 0, (__u32)st.args[2]);
+	bpf_ringbuf_submit(e, wakeup_flag(&e->h));
 	return 0;
 }
 
@@ -1629,7 +1648,7 @@ int gpuarb_cu_mem_alloc_ret(struct pt_regs *ctx)
 {
 	struct cuda_stash st;
 	struct cgroup_stats *s = NULL;
-	struct event *e = finish_call(ctx, COOKIE_FUNC(bpf_get_attach_cookie(ctx)), &st, &s);
+	struct call_record *e = finish_call(ctx, COOKIE_FUNC(bpf_get_attach_cookie(ctx)), &st, &s);
 	struct alloc_key k = {};
 	struct alloc_info v = { .bytes = st.args[1] };
 	__u64 dptr = 0;
@@ -1640,13 +1659,13 @@ int gpuarb_cu_mem_alloc_ret(struct pt_regs *ctx)
 	e->args[0] = dptr;
 	e->args[2] = st.args[1];
 	if (e->ret == 0 && dptr) {
-		k.tgid = e->tgid;
+		k.tgid = e->h.tgid;
 		k.dptr = dptr;
 		bpf_map_update_elem(&gpuarb_allocs, &k, &v, BPF_ANY);
 		if (s)
 			__sync_fetch_and_add(&s->bytes_alloc, st.args[1]);
 	}
-	bpf_ringbuf_submit(e, wakeup_flag(e));
+	bpf_ringbuf_submit(e, wakeup_flag(&e->h));
 	return 0;
 }
 
@@ -1656,7 +1675,7 @@ SEC("uprobe/cuMemFree_v2")
 int gpuarb_cu_mem_free(struct pt_regs *ctx)
 {
 	struct cgroup_stats *s;
-	struct event *e = cuda_event(COOKIE_FUNC(bpf_get_attach_cookie(ctx)), bpf_ktime_get_ns(), &s);
+	struct call_record *e = call_event(COOKIE_FUNC(bpf_get_attach_cookie(ctx)), bpf_ktime_get_ns(), &s);
 	struct alloc_key k = { .tgid = bpf_get_current_pid_tgid() >> 32, .dptr = PT_REGS_PARM1(ctx) };
 	struct alloc_info *a = bpf_map_lookup_elem(&gpuarb_allocs, &k);
 	__u64 bytes = 0;
@@ -1671,7 +1690,7 @@ int gpuarb_cu_mem_free(struct pt_regs *ctx)
 		return 0;
 	e->args[0] = k.dptr;
 	e->args[2] = bytes;
-	bpf_ringbuf_submit(e, wakeup_flag(e));
+	bpf_ringbuf_submit(e, wakeup_flag(&e->h));
 	return 0;
 }
 
@@ -1683,7 +1702,7 @@ int gpuarb_process_exit(void *ctx)
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32;
 	struct proc_info *p;
-	struct event *e;
+	struct record_header *e;
 
 	if (tgid != (__u32)id)
 		return 0;
@@ -1694,7 +1713,7 @@ int gpuarb_process_exit(void *ctx)
 	p = bpf_map_lookup_elem(&gpuarb_procs, &tgid);
 	if (!p)
 		return 0;
-	e = event_reserve(EV_EXIT, id, p->cgroup_id);
+	e = RECORD_RESERVE(struct record_header, EV_EXIT, id, p->cgroup_id);
 	bpf_map_delete_elem(&gpuarb_procs, &tgid);
 	if (!e)
 		return 0;

@@ -19,6 +19,7 @@ enum event_type {
 	EV_IOCTL = 1,
 	EV_CUDA = 2,
 	EV_EXIT = 3,
+	EV_LAUNCH = 4,
 };
 
 /* libcuda entry points gpuarb probes, one number per exported variant. The
@@ -296,33 +297,66 @@ struct mem_dev {
 	__u32 pad;
 };
 
-/* One record on the ring buffer. bpf2go generates its Go layout (bpf.Record),
- * from which ioctlspy takes its offsets. */
-struct event {
+/* Ring-buffer records: a common header, then the body its type names.
+ * bpf2go generates their Go layouts (bpf.RecordHeader, bpf.IoctlRecord,
+ * bpf.CallRecord, bpf.LaunchRecord), from which ioctlspy takes its
+ * offsets. A launch, the most frequent record, carries only what it needs. */
+struct record_header {
 	__u64 ts_enter;
 	__u64 ts_exit;
 	__u64 cgroup_id;
-	__s64 ret;
-	__u32 type;
+	__u32 type;  /* enum event_type: the body that follows */
 	__u32 tgid;
 	__u32 tid;
+	__u32 flags; /* enum event_flags */
+	char comm[16];
+};
+
+/* EV_IOCTL: an ioctl on a GPU device node, its argument struct and an RM
+ * call's parameters as read at exit. */
+struct ioctl_record {
+	struct record_header h;
+	__s64 ret;
 	__u32 dev_major;
 	__u32 dev_minor;
 	__u32 dev_kind;
 	__u32 cmd;
 	__u32 esc;
-	__u32 func;
 	__u16 arg_len;
 	__u16 params_len;
-	__u32 flags; /* enum event_flags */
-	__u32 pad;
-	char comm[16];
-	__u64 args[8];
+	/* [0] the descriptor; a device memory allocation's [1] bytes, [2] GPU
+	 * and, for a limited tenant, [3] its GPU's charge before it, [4] the
+	 * limit, [5] the limit's slot */
+	__u64 args[6];
 	__u8 arg[GPUARB_PAYLOAD];
 	__u8 params[GPUARB_PAYLOAD];
-	__u64 file_ino; /* an ioctl's file: its inode and filesystem (kernel dev_t) */
+	__u64 file_ino; /* the ioctl's file: its inode and filesystem (kernel dev_t) */
 	__u32 file_dev;
-	__u32 pad2;
+	__u32 pad;
 };
+
+/* EV_CUDA: a libcuda call other than a launch; its arguments by the
+ * call's class (bpf.EntryPoint.Class), a copy's stream in args[3]. */
+struct call_record {
+	struct record_header h;
+	__s64 ret;
+	__u32 func; /* enum cuda_func */
+	__u32 pad;
+	__u64 args[4];
+};
+
+/* EV_LAUNCH: a kernel launch, or a graph launch (function is then its
+ * CUgraphExec, grid and block 0). */
+struct launch_record {
+	struct record_header h;
+	__u64 function;
+	__u64 stream;
+	__u32 func; /* enum cuda_func */
+	__u32 grid[3];
+	__u32 block[3];
+	__u32 pad;
+};
+
+/* EV_EXIT: a process that used a GPU exited; the header alone. */
 
 #endif

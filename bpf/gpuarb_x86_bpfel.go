@@ -25,6 +25,15 @@ type gpuarbAllocKey struct {
 	Dptr uint64
 }
 
+type gpuarbCallRecord struct {
+	_    structs.HostLayout
+	H    gpuarbRecordHeader
+	Ret  int64
+	Func uint32
+	Pad  uint32
+	Args [4]uint64
+}
+
 type gpuarbCgroupStats struct {
 	_           structs.HostLayout
 	GpuIoctls   uint64
@@ -167,34 +176,6 @@ const (
 	gpuarbDevKindDEV_DRM        gpuarbDevKind = 4
 )
 
-type gpuarbEvent struct {
-	_         structs.HostLayout
-	TsEnter   uint64
-	TsExit    uint64
-	CgroupId  uint64
-	Ret       int64
-	Type      uint32
-	Tgid      uint32
-	Tid       uint32
-	DevMajor  uint32
-	DevMinor  uint32
-	DevKind   uint32
-	Cmd       uint32
-	Esc       uint32
-	Func      uint32
-	ArgLen    uint16
-	ParamsLen uint16
-	Flags     uint32
-	Pad       uint32
-	Comm      [16]int8
-	Args      [8]uint64
-	Arg       [64]uint8
-	Params    [64]uint8
-	FileIno   uint64
-	FileDev   uint32
-	Pad2      uint32
-}
-
 type gpuarbEventFlags uint32
 
 const (
@@ -206,9 +187,10 @@ const (
 type gpuarbEventType uint32
 
 const (
-	gpuarbEventTypeEV_IOCTL gpuarbEventType = 1
-	gpuarbEventTypeEV_CUDA  gpuarbEventType = 2
-	gpuarbEventTypeEV_EXIT  gpuarbEventType = 3
+	gpuarbEventTypeEV_IOCTL  gpuarbEventType = 1
+	gpuarbEventTypeEV_CUDA   gpuarbEventType = 2
+	gpuarbEventTypeEV_EXIT   gpuarbEventType = 3
+	gpuarbEventTypeEV_LAUNCH gpuarbEventType = 4
 )
 
 type gpuarbGate struct {
@@ -250,6 +232,25 @@ type gpuarbHeldProc struct {
 	ContSeq  uint64
 }
 
+type gpuarbIoctlRecord struct {
+	_         structs.HostLayout
+	H         gpuarbRecordHeader
+	Ret       int64
+	DevMajor  uint32
+	DevMinor  uint32
+	DevKind   uint32
+	Cmd       uint32
+	Esc       uint32
+	ArgLen    uint16
+	ParamsLen uint16
+	Args      [6]uint64
+	Arg       [64]uint8
+	Params    [64]uint8
+	FileIno   uint64
+	FileDev   uint32
+	Pad       uint32
+}
+
 type gpuarbIoctlStash struct {
 	_        structs.HostLayout
 	Ts       uint64
@@ -262,6 +263,17 @@ type gpuarbIoctlStash struct {
 	Fd       uint32
 	Sdev     uint32
 	MemBytes uint64
+}
+
+type gpuarbLaunchRecord struct {
+	_        structs.HostLayout
+	H        gpuarbRecordHeader
+	Function uint64
+	Stream   uint64
+	Func     uint32
+	Grid     [3]uint32
+	Block    [3]uint32
+	Pad      uint32
 }
 
 type gpuarbLostCounter struct {
@@ -331,6 +343,18 @@ type gpuarbProcInfo struct {
 	FirstSeenNs uint64
 }
 
+type gpuarbRecordHeader struct {
+	_        structs.HostLayout
+	TsEnter  uint64
+	TsExit   uint64
+	CgroupId uint64
+	Type     uint32
+	Tgid     uint32
+	Tid      uint32
+	Flags    uint32
+	Comm     [16]int8
+}
+
 type gpuarbReleaseNote struct {
 	_           structs.HostLayout
 	SinceNs     uint64
@@ -398,18 +422,21 @@ const (
 	gpuarbVarMemDevSeq             = "mem_dev_seq"
 	gpuarbVarMemMembers            = "mem_members"
 	gpuarbVarSignalSeq             = "signal_seq"
+	gpuarbVarUnusedCallRecord      = "unused_call_record"
 	gpuarbVarUnusedCudaFunc        = "unused_cuda_func"
 	gpuarbVarUnusedDevKind         = "unused_dev_kind"
-	gpuarbVarUnusedEvent           = "unused_event"
 	gpuarbVarUnusedEventFlags      = "unused_event_flags"
 	gpuarbVarUnusedEventType       = "unused_event_type"
 	gpuarbVarUnusedGateKind        = "unused_gate_kind"
 	gpuarbVarUnusedGateLease       = "unused_gate_lease"
+	gpuarbVarUnusedIoctlRecord     = "unused_ioctl_record"
+	gpuarbVarUnusedLaunchRecord    = "unused_launch_record"
 	gpuarbVarUnusedMemDev          = "unused_mem_dev"
 	gpuarbVarUnusedMemObj          = "unused_mem_obj"
 	gpuarbVarUnusedMemObjKey       = "unused_mem_obj_key"
 	gpuarbVarUnusedMemProc         = "unused_mem_proc"
 	gpuarbVarUnusedMemUsage        = "unused_mem_usage"
+	gpuarbVarUnusedRecordHeader    = "unused_record_header"
 	gpuarbVarUnusedReleaseNote     = "unused_release_note"
 	gpuarbVarUrgentCgroupMembers   = "urgent_cgroup_members"
 	gpuarbVarUrgentMembers         = "urgent_members"
@@ -524,18 +551,21 @@ type gpuarbVariableSpecs struct {
 	MemDevSeq           *ebpf.VariableSpec `ebpf:"mem_dev_seq"`
 	MemMembers          *ebpf.VariableSpec `ebpf:"mem_members"`
 	SignalSeq           *ebpf.VariableSpec `ebpf:"signal_seq"`
+	UnusedCallRecord    *ebpf.VariableSpec `ebpf:"unused_call_record"`
 	UnusedCudaFunc      *ebpf.VariableSpec `ebpf:"unused_cuda_func"`
 	UnusedDevKind       *ebpf.VariableSpec `ebpf:"unused_dev_kind"`
-	UnusedEvent         *ebpf.VariableSpec `ebpf:"unused_event"`
 	UnusedEventFlags    *ebpf.VariableSpec `ebpf:"unused_event_flags"`
 	UnusedEventType     *ebpf.VariableSpec `ebpf:"unused_event_type"`
 	UnusedGateKind      *ebpf.VariableSpec `ebpf:"unused_gate_kind"`
 	UnusedGateLease     *ebpf.VariableSpec `ebpf:"unused_gate_lease"`
+	UnusedIoctlRecord   *ebpf.VariableSpec `ebpf:"unused_ioctl_record"`
+	UnusedLaunchRecord  *ebpf.VariableSpec `ebpf:"unused_launch_record"`
 	UnusedMemDev        *ebpf.VariableSpec `ebpf:"unused_mem_dev"`
 	UnusedMemObj        *ebpf.VariableSpec `ebpf:"unused_mem_obj"`
 	UnusedMemObjKey     *ebpf.VariableSpec `ebpf:"unused_mem_obj_key"`
 	UnusedMemProc       *ebpf.VariableSpec `ebpf:"unused_mem_proc"`
 	UnusedMemUsage      *ebpf.VariableSpec `ebpf:"unused_mem_usage"`
+	UnusedRecordHeader  *ebpf.VariableSpec `ebpf:"unused_record_header"`
 	UnusedReleaseNote   *ebpf.VariableSpec `ebpf:"unused_release_note"`
 	UrgentCgroupMembers *ebpf.VariableSpec `ebpf:"urgent_cgroup_members"`
 	UrgentMembers       *ebpf.VariableSpec `ebpf:"urgent_members"`
@@ -635,18 +665,21 @@ type gpuarbVariables struct {
 	MemDevSeq           *ebpf.Variable `ebpf:"mem_dev_seq"`
 	MemMembers          *ebpf.Variable `ebpf:"mem_members"`
 	SignalSeq           *ebpf.Variable `ebpf:"signal_seq"`
+	UnusedCallRecord    *ebpf.Variable `ebpf:"unused_call_record"`
 	UnusedCudaFunc      *ebpf.Variable `ebpf:"unused_cuda_func"`
 	UnusedDevKind       *ebpf.Variable `ebpf:"unused_dev_kind"`
-	UnusedEvent         *ebpf.Variable `ebpf:"unused_event"`
 	UnusedEventFlags    *ebpf.Variable `ebpf:"unused_event_flags"`
 	UnusedEventType     *ebpf.Variable `ebpf:"unused_event_type"`
 	UnusedGateKind      *ebpf.Variable `ebpf:"unused_gate_kind"`
 	UnusedGateLease     *ebpf.Variable `ebpf:"unused_gate_lease"`
+	UnusedIoctlRecord   *ebpf.Variable `ebpf:"unused_ioctl_record"`
+	UnusedLaunchRecord  *ebpf.Variable `ebpf:"unused_launch_record"`
 	UnusedMemDev        *ebpf.Variable `ebpf:"unused_mem_dev"`
 	UnusedMemObj        *ebpf.Variable `ebpf:"unused_mem_obj"`
 	UnusedMemObjKey     *ebpf.Variable `ebpf:"unused_mem_obj_key"`
 	UnusedMemProc       *ebpf.Variable `ebpf:"unused_mem_proc"`
 	UnusedMemUsage      *ebpf.Variable `ebpf:"unused_mem_usage"`
+	UnusedRecordHeader  *ebpf.Variable `ebpf:"unused_record_header"`
 	UnusedReleaseNote   *ebpf.Variable `ebpf:"unused_release_note"`
 	UrgentCgroupMembers *ebpf.Variable `ebpf:"urgent_cgroup_members"`
 	UrgentMembers       *ebpf.Variable `ebpf:"urgent_members"`

@@ -1,14 +1,26 @@
 package bpf
 
-// Record is the layout of one ring-buffer record: struct event in
-// gpuarb.h, as bpf2go generates it. Decoders take their offsets from it.
-type Record = gpuarbEvent
+// Ring-buffer records: a common header, then the body its type names
+// (struct record_header and the records in gpuarb.h, as bpf2go generates
+// them). Decoders take their offsets from these layouts.
+type (
+	// RecordHeader begins every record.
+	RecordHeader = gpuarbRecordHeader
+	// IoctlRecord is an ioctl on a GPU device node (RecordIoctl).
+	IoctlRecord = gpuarbIoctlRecord
+	// CallRecord is a libcuda call other than a launch (RecordCuda).
+	CallRecord = gpuarbCallRecord
+	// LaunchRecord is a kernel or graph launch (RecordLaunch).
+	LaunchRecord = gpuarbLaunchRecord
+)
 
-// Record types: enum event_type in gpuarb.h.
+// Record types: enum event_type in gpuarb.h. A RecordExit is the header
+// alone.
 const (
-	RecordIoctl = uint32(gpuarbEventTypeEV_IOCTL)
-	RecordCuda  = uint32(gpuarbEventTypeEV_CUDA)
-	RecordExit  = uint32(gpuarbEventTypeEV_EXIT)
+	RecordIoctl  = uint32(gpuarbEventTypeEV_IOCTL)
+	RecordCuda   = uint32(gpuarbEventTypeEV_CUDA)
+	RecordExit   = uint32(gpuarbEventTypeEV_EXIT)
+	RecordLaunch = uint32(gpuarbEventTypeEV_LAUNCH)
 )
 
 // Record flags: enum event_flags in gpuarb.h. FlagHeld: the launch gate

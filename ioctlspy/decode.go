@@ -27,7 +27,7 @@ func DecodeRecord(r Record) (Event, error) {
 	switch r.Type {
 	case recIoctl:
 		ev = decodeIoctl(h, r)
-	case recCuda:
+	case recCuda, recLaunch:
 		var err error
 		if ev, err = decodeCuda(h, r); err != nil {
 			return nil, err
@@ -353,16 +353,17 @@ func decodeCuda(h Header, r Record) (Event, error) {
 	}
 	name := e.Symbol
 	a := r.Args
+	if launched := e.Class == bpf.ClassLaunch || e.Class == bpf.ClassGraphLaunch; launched != (r.Type == recLaunch) {
+		return nil, fmt.Errorf("cuda record: %s in a record of type %d", name, r.Type)
+	}
 	switch e.Class {
 	case bpf.ClassLaunch:
-		return &Launch{Header: h, Func: name, Function: a[0],
-			Grid:   [3]uint32{uint32(a[1]), uint32(a[2]), uint32(a[3])},
-			Block:  [3]uint32{uint32(a[4]), uint32(a[5]), uint32(a[6])},
-			Stream: streamKey(a[7], e.PerThread, h.TID)}, nil
+		return &Launch{Header: h, Func: name, Function: r.Function, Grid: r.Grid, Block: r.Block,
+			Stream: streamKey(r.Stream, e.PerThread, h.TID)}, nil
 	case bpf.ClassGraphLaunch:
-		return &GraphLaunch{Header: h, Func: name, Exec: a[0], Stream: streamKey(a[7], e.PerThread, h.TID)}, nil
+		return &GraphLaunch{Header: h, Func: name, Exec: r.Function, Stream: streamKey(r.Stream, e.PerThread, h.TID)}, nil
 	case bpf.ClassCopy:
-		return &Copy{Header: h, Func: name, Dst: a[0], Src: a[1], Bytes: a[2], Stream: streamKey(a[7], e.PerThread, h.TID),
+		return &Copy{Header: h, Func: name, Dst: a[0], Src: a[1], Bytes: a[2], Stream: streamKey(a[3], e.PerThread, h.TID),
 			Async: strings.Contains(name, "Async")}, nil
 	case bpf.ClassEventRecord:
 		return &EventRecord{Header: h, Func: name, Event: a[0], Stream: streamKey(a[1], e.PerThread, h.TID)}, nil

@@ -11,31 +11,48 @@ import (
 	"github.com/gpuarb/gpuarb/bpf"
 )
 
-// encodeRecord lays a Record out as the probes do (the inverse of ParseRecord).
+// encodeRecord lays a Record out as the probes do: its header, then the
+// body its type names (the inverse of ParseRecord).
 func encodeRecord(r Record) []byte {
-	b := make([]byte, RecordSize)
+	b := make([]byte, recordSize(r.Type))
 	le := binary.LittleEndian
 	le.PutUint64(b[offTsEnter:], r.TsEnter)
 	le.PutUint64(b[offTsExit:], r.TsExit)
 	le.PutUint64(b[offCgroupID:], r.CgroupID)
-	le.PutUint64(b[offRet:], uint64(r.Ret))
 	le.PutUint32(b[offType:], r.Type)
 	le.PutUint32(b[offTgid:], r.PID)
 	le.PutUint32(b[offTid:], r.TID)
-	le.PutUint32(b[offDevMajor:], r.DevMajor)
-	le.PutUint32(b[offDevMinor:], r.DevMinor)
-	le.PutUint32(b[offDevKind:], r.DevKind)
-	le.PutUint32(b[offCmd:], r.Cmd)
-	le.PutUint32(b[offEsc:], r.Esc)
-	le.PutUint32(b[offFunc:], r.Func)
 	le.PutUint32(b[offFlags:], r.Flags)
-	le.PutUint16(b[offArgLen:], uint16(copy(b[offArg:offArg+payloadLen], r.Arg)))
-	le.PutUint16(b[offParamsLen:], uint16(copy(b[offParams:offParams+payloadLen], r.Params)))
 	copy(b[offComm:offComm+commLen-1], r.Comm)
-	le.PutUint64(b[offFileIno:], r.File.Ino)
-	le.PutUint32(b[offFileDev:], uint32(unix.Major(r.File.Dev))<<20|uint32(unix.Minor(r.File.Dev)))
-	for i, a := range r.Args {
-		le.PutUint64(b[offArgs+8*i:], a)
+	switch r.Type {
+	case recIoctl:
+		le.PutUint64(b[offIoctlRet:], uint64(r.Ret))
+		le.PutUint32(b[offDevMajor:], r.DevMajor)
+		le.PutUint32(b[offDevMinor:], r.DevMinor)
+		le.PutUint32(b[offDevKind:], r.DevKind)
+		le.PutUint32(b[offCmd:], r.Cmd)
+		le.PutUint32(b[offEsc:], r.Esc)
+		le.PutUint16(b[offArgLen:], uint16(copy(b[offArg:offArg+payloadLen], r.Arg)))
+		le.PutUint16(b[offParamsLen:], uint16(copy(b[offParams:offParams+payloadLen], r.Params)))
+		le.PutUint64(b[offFileIno:], r.File.Ino)
+		le.PutUint32(b[offFileDev:], uint32(unix.Major(r.File.Dev))<<20|uint32(unix.Minor(r.File.Dev)))
+		for i, a := range r.Args[:ioctlArgs] {
+			le.PutUint64(b[offIoctlArgs+8*i:], a)
+		}
+	case recCuda:
+		le.PutUint64(b[offCallRet:], uint64(r.Ret))
+		le.PutUint32(b[offCallFunc:], r.Func)
+		for i, a := range r.Args[:callArgs] {
+			le.PutUint64(b[offCallArgs+8*i:], a)
+		}
+	case recLaunch:
+		le.PutUint32(b[offLaunchFunc:], r.Func)
+		le.PutUint64(b[offFunction:], r.Function)
+		le.PutUint64(b[offStream:], r.Stream)
+		for i := range 3 {
+			le.PutUint32(b[offGrid+4*i:], r.Grid[i])
+			le.PutUint32(b[offBlock+4*i:], r.Block[i])
+		}
 	}
 	return b
 }
@@ -108,7 +125,7 @@ func TestDecode(t *testing.T) {
 		}},
 		{"device memory past a limit", func() Record {
 			r := nvIoctl(EscRMAlloc, words(0xc1d00001, 0x5c000002, 0x5c000021, ClassMemoryLocalUser, uint64(0x7000), uint64(0), 0, 0, 0, 0), nil)
-			r.Args = [8]uint64{3, 64 << 20, 0, 1000 << 20, 1 << 30, 7}
+			r.Args = [numArgs]uint64{3, 64 << 20, 0, 1000 << 20, 1 << 30, 7}
 			r.Flags = flagOOMKill
 			return r
 		}(), func(t *testing.T, ev Event) {
@@ -203,73 +220,73 @@ func TestDecode(t *testing.T) {
 				t.Errorf("%+v", e)
 			}
 		}},
-		{"launch", Record{Type: recCuda, Func: fn("cuLaunchKernel"), Args: [8]uint64{0xf00, 10, 2, 1, 128, 1, 1, 0x5000}}, func(t *testing.T, ev Event) {
+		{"launch", Record{Type: recLaunch, Func: fn("cuLaunchKernel"), Function: 0xf00, Grid: [3]uint32{10, 2, 1}, Block: [3]uint32{128, 1, 1}, Stream: 0x5000}, func(t *testing.T, ev Event) {
 			e := ev.(*Launch)
 			if e.Grid != [3]uint32{10, 2, 1} || e.Block != [3]uint32{128, 1, 1} || e.Stream != 0x5000 || e.Blocks() != 20 || e.Func != "cuLaunchKernel" || e.Held {
 				t.Errorf("%+v", e)
 			}
 		}},
-		{"held launch", Record{Type: recCuda, Func: fn("cuLaunchKernel"), Flags: flagHeld, Args: [8]uint64{0xf00, 1, 1, 1, 1, 1, 1, 0x5000}}, func(t *testing.T, ev Event) {
+		{"held launch", Record{Type: recLaunch, Func: fn("cuLaunchKernel"), Flags: flagHeld, Function: 0xf00, Stream: 0x5000}, func(t *testing.T, ev Event) {
 			if e := ev.(*Launch); !e.Held {
 				t.Errorf("held flag lost: %+v", e)
 			}
 		}},
-		{"per-thread launch on the NULL stream", Record{Type: recCuda, TID: 77, Func: fn("cuLaunchKernelEx_ptsz"), Args: [8]uint64{0xf00, 1, 1, 1, 1, 1, 1, 0}}, func(t *testing.T, ev Event) {
+		{"per-thread launch on the NULL stream", Record{Type: recLaunch, TID: 77, Func: fn("cuLaunchKernelEx_ptsz"), Function: 0xf00}, func(t *testing.T, ev Event) {
 			if e := ev.(*Launch); e.Stream != PerThreadStream(77) || e.Func != "cuLaunchKernelEx_ptsz" {
 				t.Errorf("%+v", e)
 			}
 		}},
-		{"legacy launch on CU_STREAM_PER_THREAD", Record{Type: recCuda, TID: 78, Func: fn("cuLaunchKernel"), Args: [8]uint64{0xf00, 1, 1, 1, 1, 1, 1, 2}}, func(t *testing.T, ev Event) {
+		{"legacy launch on CU_STREAM_PER_THREAD", Record{Type: recLaunch, TID: 78, Func: fn("cuLaunchKernel"), Function: 0xf00, Stream: 2}, func(t *testing.T, ev Event) {
 			if e := ev.(*Launch); e.Stream != PerThreadStream(78) {
 				t.Errorf("%+v", e)
 			}
 		}},
-		{"per-thread launch on CU_STREAM_LEGACY", Record{Type: recCuda, TID: 78, Func: fn("cuLaunchKernel_ptsz"), Args: [8]uint64{0xf00, 1, 1, 1, 1, 1, 1, 1}}, func(t *testing.T, ev Event) {
+		{"per-thread launch on CU_STREAM_LEGACY", Record{Type: recLaunch, TID: 78, Func: fn("cuLaunchKernel_ptsz"), Function: 0xf00, Stream: 1}, func(t *testing.T, ev Event) {
 			if e := ev.(*Launch); e.Stream != 0 {
 				t.Errorf("%+v", e)
 			}
 		}},
-		{"graph launch", Record{Type: recCuda, Func: fn("cuGraphLaunch"), Args: [8]uint64{0xe0, 0, 0, 0, 0, 0, 0, 0x5000}}, func(t *testing.T, ev Event) {
+		{"graph launch", Record{Type: recLaunch, Func: fn("cuGraphLaunch"), Function: 0xe0, Stream: 0x5000}, func(t *testing.T, ev Event) {
 			if e := ev.(*GraphLaunch); e.Exec != 0xe0 || e.Stream != 0x5000 {
 				t.Errorf("%+v", e)
 			}
 		}},
-		{"event record", Record{Type: recCuda, Func: fn("cuEventRecordWithFlags_ptsz"), TID: 9, Args: [8]uint64{0xe7, 0}}, func(t *testing.T, ev Event) {
+		{"event record", Record{Type: recCuda, Func: fn("cuEventRecordWithFlags_ptsz"), TID: 9, Args: [numArgs]uint64{0xe7, 0}}, func(t *testing.T, ev Event) {
 			if e := ev.(*EventRecord); e.Event != 0xe7 || e.Stream != PerThreadStream(9) || e.Func != "cuEventRecordWithFlags_ptsz" {
 				t.Errorf("%+v", e)
 			}
 		}},
-		{"stream wait event", Record{Type: recCuda, Func: fn("cuStreamWaitEvent"), Args: [8]uint64{0x5000, 0xe7}}, func(t *testing.T, ev Event) {
+		{"stream wait event", Record{Type: recCuda, Func: fn("cuStreamWaitEvent"), Args: [numArgs]uint64{0x5000, 0xe7}}, func(t *testing.T, ev Event) {
 			if e := ev.(*StreamWaitEvent); e.Event != 0xe7 || e.Stream != 0x5000 {
 				t.Errorf("%+v", e)
 			}
 		}},
-		{"capture begins", Record{Type: recCuda, Func: fn("cuStreamBeginCapture_v2_ptsz"), TID: 9, Args: [8]uint64{0, 1}}, func(t *testing.T, ev Event) {
+		{"capture begins", Record{Type: recCuda, Func: fn("cuStreamBeginCapture_v2_ptsz"), TID: 9, Args: [numArgs]uint64{0, 1}}, func(t *testing.T, ev Event) {
 			if e := ev.(*StreamCapture); !e.Begin || e.Stream != PerThreadStream(9) {
 				t.Errorf("%+v", e)
 			}
 		}},
-		{"capture into a graph begins", Record{Type: recCuda, Func: fn("cuStreamBeginCaptureToGraph"), Args: [8]uint64{0x5000, 0x7ff0}}, func(t *testing.T, ev Event) {
+		{"capture into a graph begins", Record{Type: recCuda, Func: fn("cuStreamBeginCaptureToGraph"), Args: [numArgs]uint64{0x5000, 0x7ff0}}, func(t *testing.T, ev Event) {
 			if e := ev.(*StreamCapture); !e.Begin || e.Stream != 0x5000 {
 				t.Errorf("%+v", e)
 			}
 		}},
-		{"capture ends", Record{Type: recCuda, Func: fn("cuStreamEndCapture"), Args: [8]uint64{0x5000, 0x7ff0}}, func(t *testing.T, ev Event) {
+		{"capture ends", Record{Type: recCuda, Func: fn("cuStreamEndCapture"), Args: [numArgs]uint64{0x5000, 0x7ff0}}, func(t *testing.T, ev Event) {
 			if e := ev.(*StreamCapture); e.Begin || e.Stream != 0x5000 {
 				t.Errorf("%+v", e)
 			}
 		}},
-		{"async copy", Record{Type: recCuda, Func: fn("cuMemcpyHtoDAsync_v2"), Args: [8]uint64{0xd000, 0x7000, 4096, 0, 0, 0, 0, 0x5000}}, func(t *testing.T, ev Event) {
+		{"async copy", Record{Type: recCuda, Func: fn("cuMemcpyHtoDAsync_v2"), Args: [numArgs]uint64{0xd000, 0x7000, 4096, 0x5000}}, func(t *testing.T, ev Event) {
 			if e := ev.(*Copy); e.Bytes != 4096 || !e.Async || e.Stream != 0x5000 {
 				t.Errorf("%+v", e)
 			}
 		}},
-		{"stream sync", Record{Type: recCuda, Func: fn("cuStreamSynchronize"), TsEnter: 1000, TsExit: 9000, Args: [8]uint64{0x5000, 8500}}, func(t *testing.T, ev Event) {
+		{"stream sync", Record{Type: recCuda, Func: fn("cuStreamSynchronize"), TsEnter: 1000, TsExit: 9000, Args: [numArgs]uint64{0x5000, 8500}}, func(t *testing.T, ev Event) {
 			if e := ev.(*Sync); e.DurationNS != 8000 || e.Handle != 0x5000 || e.Of != "stream" || e.Polled || e.Woken != 8500 {
 				t.Errorf("%+v", e)
 			}
 		}},
-		{"sync woken outside the call", Record{Type: recCuda, Func: fn("cuStreamSynchronize"), TsEnter: 1000, TsExit: 9000, Args: [8]uint64{0x5000, 9001}}, func(t *testing.T, ev Event) {
+		{"sync woken outside the call", Record{Type: recCuda, Func: fn("cuStreamSynchronize"), TsEnter: 1000, TsExit: 9000, Args: [numArgs]uint64{0x5000, 9001}}, func(t *testing.T, ev Event) {
 			if e := ev.(*Sync); e.Woken != 0 {
 				t.Errorf("a wake time after the return was kept: %+v", e)
 			}
@@ -284,27 +301,27 @@ func TestDecode(t *testing.T) {
 				t.Errorf("%+v", e)
 			}
 		}},
-		{"poll ends", Record{Type: recCuda, Func: fn("cuEventQuery"), TsEnter: 1000, TsExit: 5000, Args: [8]uint64{0xe7, 4800}}, func(t *testing.T, ev Event) {
+		{"poll ends", Record{Type: recCuda, Func: fn("cuEventQuery"), TsEnter: 1000, TsExit: 5000, Args: [numArgs]uint64{0xe7, 4800}}, func(t *testing.T, ev Event) {
 			if e := ev.(*Sync); e.Of != "event" || e.Handle != 0xe7 || !e.Polled || e.DurationNS != 4000 || e.NotDoneAt != 4800 || e.Woken != 0 {
 				t.Errorf("%+v", e)
 			}
 		}},
-		{"poll done at its first query", Record{Type: recCuda, Func: fn("cuStreamQuery"), TsEnter: 5000, TsExit: 5000, Args: [8]uint64{0x5000}}, func(t *testing.T, ev Event) {
+		{"poll done at its first query", Record{Type: recCuda, Func: fn("cuStreamQuery"), TsEnter: 5000, TsExit: 5000, Args: [numArgs]uint64{0x5000}}, func(t *testing.T, ev Event) {
 			if e := ev.(*Sync); e.Of != "stream" || !e.Polled || e.NotDoneAt != 0 {
 				t.Errorf("%+v", e)
 			}
 		}},
-		{"mem alloc", Record{Type: recCuda, Func: fn("cuMemAllocAsync_ptsz"), Args: [8]uint64{0xd000, 0, 1 << 20}}, func(t *testing.T, ev Event) {
+		{"mem alloc", Record{Type: recCuda, Func: fn("cuMemAllocAsync_ptsz"), Args: [numArgs]uint64{0xd000, 0, 1 << 20}}, func(t *testing.T, ev Event) {
 			if e := ev.(*MemAlloc); e.DPtr != 0xd000 || e.Bytes != 1<<20 {
 				t.Errorf("%+v", e)
 			}
 		}},
-		{"mem free", Record{Type: recCuda, Func: fn("cuMemFreeAsync"), Args: [8]uint64{0xd000, 0, 1 << 20}}, func(t *testing.T, ev Event) {
+		{"mem free", Record{Type: recCuda, Func: fn("cuMemFreeAsync"), Args: [numArgs]uint64{0xd000, 0, 1 << 20}}, func(t *testing.T, ev Event) {
 			if e := ev.(*MemFree); e.DPtr != 0xd000 || e.Bytes != 1<<20 {
 				t.Errorf("%+v", e)
 			}
 		}},
-		{"primary ctx", Record{Type: recCuda, Func: fn("cuDevicePrimaryCtxRetain"), Args: [8]uint64{0xc7, 0, 1}}, func(t *testing.T, ev Event) {
+		{"primary ctx", Record{Type: recCuda, Func: fn("cuDevicePrimaryCtxRetain"), Args: [numArgs]uint64{0xc7, 0, 1}}, func(t *testing.T, ev Event) {
 			if e := ev.(*ContextCreated); e.Ctx != 0xc7 || e.Device != 1 {
 				t.Errorf("%+v", e)
 			}
@@ -337,8 +354,22 @@ func fn(symbol string) uint32 {
 }
 
 func TestDecodeErrors(t *testing.T) {
-	if _, err := Decode(make([]byte, RecordSize-1)); !errors.Is(err, ErrShortRecord) {
-		t.Errorf("short record: %v", err)
+	if _, err := Decode(make([]byte, headerSize-1)); !errors.Is(err, ErrShortRecord) {
+		t.Errorf("short header: %v", err)
+	}
+	for _, typ := range []uint32{recIoctl, recCuda, recLaunch} {
+		b := encodeRecord(Record{Type: typ, Func: fn("cuLaunchKernel")})
+		if _, err := Decode(b[:len(b)-1]); !errors.Is(err, ErrShortRecord) {
+			t.Errorf("short record of type %d: %v", typ, err)
+		}
+	}
+	// A launch's entry point in a call record, or a call's in a launch
+	// record, is refused: the body is not the one the entry point has.
+	if _, err := Decode(encodeRecord(Record{Type: recCuda, Func: fn("cuLaunchKernel")})); err == nil {
+		t.Error("launch decoded from a call record")
+	}
+	if _, err := Decode(encodeRecord(Record{Type: recLaunch, Func: fn("cuMemFree_v2")})); err == nil {
+		t.Error("call decoded from a launch record")
 	}
 	if _, err := Decode(encodeRecord(Record{Type: recCuda, Func: 999})); err == nil {
 		t.Error("unknown cuda function decoded")
@@ -386,8 +417,8 @@ func TestTable(t *testing.T) {
 	apply(enotty)
 	failed := nvIoctl(EscRMAlloc, words(1, 10, 13, 0xC86F, uint64(0), 0, 0x1f), nil)
 	apply(failed)
-	apply(Record{Type: recCuda, PID: 42, Func: fn("cuCtxCreate_v2"), Args: [8]uint64{0xc7, 0, 0}})
-	apply(Record{Type: recCuda, PID: 42, Func: fn("cuLaunchKernel"), Args: [8]uint64{1, 1, 1, 1, 1, 1, 1}})
+	apply(Record{Type: recCuda, PID: 42, Func: fn("cuCtxCreate_v2"), Args: [numArgs]uint64{0xc7, 0, 0}})
+	apply(Record{Type: recLaunch, PID: 42, Func: fn("cuLaunchKernel"), Function: 1, Grid: [3]uint32{1, 1, 1}, Block: [3]uint32{1, 1, 1}})
 	ps := tbl.Processes()
 	if len(ps) != 1 {
 		t.Fatalf("%d processes", len(ps))
@@ -447,8 +478,9 @@ func FuzzDecode(f *testing.F) {
 		drmIoctl(NouveauExec, words(3, 2, 0, 0)),
 		drmIoctl(NouveauGemPushbuf, words(4, 1, uint64(0), 0, 5)),
 		{Type: recIoctl, DevKind: uint32(bpf.KindNvidiaUVM), Esc: UVMRegisterChannel, Arg: make([]byte, 48)},
-		{Type: recCuda, Func: fn("cuLaunchKernel"), Args: [8]uint64{1, 2, 3, 4, 5, 6, 7, 8}},
-		{Type: recCuda, Func: fn("cuMemFree_v2"), Args: [8]uint64{1, 0, 3}},
+		{Type: recLaunch, Func: fn("cuLaunchKernel"), Function: 1, Grid: [3]uint32{2, 3, 4}, Block: [3]uint32{5, 6, 7}, Stream: 8},
+		{Type: recCuda, Func: fn("cuMemcpyHtoDAsync_v2"), Args: [numArgs]uint64{1, 2, 3, 4}},
+		{Type: recCuda, Func: fn("cuMemFree_v2"), Args: [numArgs]uint64{1, 0, 3}},
 	}
 	for _, s := range seeds {
 		f.Add(encodeRecord(s))

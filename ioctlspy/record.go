@@ -18,76 +18,111 @@ import (
 	"github.com/gpuarb/gpuarb/bpf"
 )
 
-// rec gives the record layout: struct event in bpf/gpuarb.h, as bpf2go
-// generates it (nothing mirrored by hand).
-var rec bpf.Record
-
-// Record layout.
-const (
-	offTsEnter   = int(unsafe.Offsetof(rec.TsEnter))
-	offTsExit    = int(unsafe.Offsetof(rec.TsExit))
-	offCgroupID  = int(unsafe.Offsetof(rec.CgroupId))
-	offRet       = int(unsafe.Offsetof(rec.Ret))
-	offType      = int(unsafe.Offsetof(rec.Type))
-	offTgid      = int(unsafe.Offsetof(rec.Tgid))
-	offTid       = int(unsafe.Offsetof(rec.Tid))
-	offDevMajor  = int(unsafe.Offsetof(rec.DevMajor))
-	offDevMinor  = int(unsafe.Offsetof(rec.DevMinor))
-	offDevKind   = int(unsafe.Offsetof(rec.DevKind))
-	offCmd       = int(unsafe.Offsetof(rec.Cmd))
-	offEsc       = int(unsafe.Offsetof(rec.Esc))
-	offFunc      = int(unsafe.Offsetof(rec.Func))
-	offArgLen    = int(unsafe.Offsetof(rec.ArgLen))
-	offParamsLen = int(unsafe.Offsetof(rec.ParamsLen))
-	offFlags     = int(unsafe.Offsetof(rec.Flags))
-	offComm      = int(unsafe.Offsetof(rec.Comm))
-	offArgs      = int(unsafe.Offsetof(rec.Args))
-	offArg       = int(unsafe.Offsetof(rec.Arg))
-	offParams    = int(unsafe.Offsetof(rec.Params))
-	offFileIno   = int(unsafe.Offsetof(rec.FileIno))
-	offFileDev   = int(unsafe.Offsetof(rec.FileDev))
-
-	commLen    = len(rec.Comm)
-	numArgs    = len(rec.Args)
-	payloadLen = len(rec.Arg)
-
-	// RecordSize is the size of one raw record.
-	RecordSize = int(unsafe.Sizeof(rec))
+// The record layouts: struct record_header and the records in
+// bpf/gpuarb.h, as bpf2go generates them (nothing mirrored by hand).
+var (
+	hdr    bpf.RecordHeader
+	ioctlR bpf.IoctlRecord
+	callR  bpf.CallRecord
+	launch bpf.LaunchRecord
 )
+
+// Header layout, at the start of every record.
+const (
+	offTsEnter  = int(unsafe.Offsetof(hdr.TsEnter))
+	offTsExit   = int(unsafe.Offsetof(hdr.TsExit))
+	offCgroupID = int(unsafe.Offsetof(hdr.CgroupId))
+	offType     = int(unsafe.Offsetof(hdr.Type))
+	offTgid     = int(unsafe.Offsetof(hdr.Tgid))
+	offTid      = int(unsafe.Offsetof(hdr.Tid))
+	offFlags    = int(unsafe.Offsetof(hdr.Flags))
+	offComm     = int(unsafe.Offsetof(hdr.Comm))
+	commLen     = len(hdr.Comm)
+	headerSize  = int(unsafe.Sizeof(hdr))
+)
+
+// Body layouts, from the start of the record.
+const (
+	offIoctlRet  = int(unsafe.Offsetof(ioctlR.Ret))
+	offDevMajor  = int(unsafe.Offsetof(ioctlR.DevMajor))
+	offDevMinor  = int(unsafe.Offsetof(ioctlR.DevMinor))
+	offDevKind   = int(unsafe.Offsetof(ioctlR.DevKind))
+	offCmd       = int(unsafe.Offsetof(ioctlR.Cmd))
+	offEsc       = int(unsafe.Offsetof(ioctlR.Esc))
+	offArgLen    = int(unsafe.Offsetof(ioctlR.ArgLen))
+	offParamsLen = int(unsafe.Offsetof(ioctlR.ParamsLen))
+	offIoctlArgs = int(unsafe.Offsetof(ioctlR.Args))
+	offArg       = int(unsafe.Offsetof(ioctlR.Arg))
+	offParams    = int(unsafe.Offsetof(ioctlR.Params))
+	offFileIno   = int(unsafe.Offsetof(ioctlR.FileIno))
+	offFileDev   = int(unsafe.Offsetof(ioctlR.FileDev))
+	ioctlArgs    = len(ioctlR.Args)
+	payloadLen   = len(ioctlR.Arg)
+	ioctlSize    = int(unsafe.Sizeof(ioctlR))
+
+	offCallRet  = int(unsafe.Offsetof(callR.Ret))
+	offCallFunc = int(unsafe.Offsetof(callR.Func))
+	offCallArgs = int(unsafe.Offsetof(callR.Args))
+	callArgs    = len(callR.Args)
+	callSize    = int(unsafe.Sizeof(callR))
+
+	offFunction   = int(unsafe.Offsetof(launch.Function))
+	offStream     = int(unsafe.Offsetof(launch.Stream))
+	offLaunchFunc = int(unsafe.Offsetof(launch.Func))
+	offGrid       = int(unsafe.Offsetof(launch.Grid))
+	offBlock      = int(unsafe.Offsetof(launch.Block))
+	launchSize    = int(unsafe.Sizeof(launch))
+
+	// RingBytesPerLaunch is what one launch takes of the ring buffer: its
+	// record and the ring's 8-byte header, rounded up to 8 bytes.
+	RingBytesPerLaunch = (launchSize + 8 + 7) &^ 7
+)
+
+// numArgs is the most arguments a record body carries.
+const numArgs = max(ioctlArgs, callArgs)
 
 // Record types and flags: enum event_type and enum event_flags.
 const (
 	recIoctl    = bpf.RecordIoctl
 	recCuda     = bpf.RecordCuda
+	recLaunch   = bpf.RecordLaunch
 	recExit     = bpf.RecordExit
 	flagHeld    = bpf.FlagHeld
 	flagBegin   = bpf.FlagBegin
 	flagOOMKill = bpf.FlagOOMKill
 )
 
-// ErrShortRecord is returned for a record smaller than RecordSize.
+// ErrShortRecord is returned for a record smaller than its type's layout.
 var ErrShortRecord = errors.New("short record")
 
-// Record is one raw probe record with its payloads cut to their lengths.
+// Record is one raw probe record, its header and body, with its payloads
+// cut to their lengths.
 type Record struct {
 	TsEnter, TsExit uint64
 	CgroupID        uint64
-	Ret             int64
 	Type            uint32
 	PID, TID        uint32
-	DevMajor        uint32
-	DevMinor        uint32
-	DevKind         uint32
-	Cmd             uint32
-	Esc             uint32
-	Func            uint32
 	Flags           uint32
 	Comm            string
-	Args            [numArgs]uint64
-	Arg             []byte // primary ioctl struct as read at exit
-	Params          []byte // secondary buffer (RM alloc/control params)
+
+	Ret      int64  // an ioctl's or a call's return value
+	Func     uint32 // a call's or a launch's entry point (bpf.EntryPoint)
+	DevMajor uint32 // an ioctl's device, its kind, command and RM escape
+	DevMinor uint32
+	DevKind  uint32
+	Cmd      uint32
+	Esc      uint32
+	// Args are an ioctl's or a call's arguments, as its body has them.
+	Args   [numArgs]uint64
+	Arg    []byte // an ioctl's primary struct as read at exit
+	Params []byte // an ioctl's secondary buffer (RM alloc/control params)
 	// File is an ioctl's open file: its inode and filesystem.
 	File FileID
+
+	// A launch's function (a graph launch's CUgraphExec), stream, grid and
+	// block.
+	Function, Stream uint64
+	Grid, Block      [3]uint32
 }
 
 // FileID is a file by its filesystem (the device as stat's st_dev has it)
@@ -98,38 +133,72 @@ type FileID struct {
 	Ino uint64 `json:"ino"`
 }
 
-// ParseRecord parses a raw record. Payload lengths beyond the record's
-// buffers are clamped, never trusted.
+// recordSize is the layout's size of a record of type t; a type not known
+// is read as its header.
+func recordSize(t uint32) int {
+	switch t {
+	case recIoctl:
+		return ioctlSize
+	case recCuda:
+		return callSize
+	case recLaunch:
+		return launchSize
+	}
+	return headerSize
+}
+
+// ParseRecord parses a raw record: its header, then the body its type
+// names. Payload lengths beyond the record's buffers are clamped, never
+// trusted.
 func ParseRecord(b []byte) (Record, error) {
-	if len(b) < RecordSize {
-		return Record{}, fmt.Errorf("%w: %d bytes, want %d", ErrShortRecord, len(b), RecordSize)
+	if len(b) < headerSize {
+		return Record{}, fmt.Errorf("%w: %d bytes, want a %d-byte header", ErrShortRecord, len(b), headerSize)
 	}
 	le := binary.LittleEndian
 	r := Record{
 		TsEnter:  le.Uint64(b[offTsEnter:]),
 		TsExit:   le.Uint64(b[offTsExit:]),
 		CgroupID: le.Uint64(b[offCgroupID:]),
-		Ret:      int64(le.Uint64(b[offRet:])),
 		Type:     le.Uint32(b[offType:]),
 		PID:      le.Uint32(b[offTgid:]),
 		TID:      le.Uint32(b[offTid:]),
-		DevMajor: le.Uint32(b[offDevMajor:]),
-		DevMinor: le.Uint32(b[offDevMinor:]),
-		DevKind:  le.Uint32(b[offDevKind:]),
-		Cmd:      le.Uint32(b[offCmd:]),
-		Esc:      le.Uint32(b[offEsc:]),
-		Func:     le.Uint32(b[offFunc:]),
 		Flags:    le.Uint32(b[offFlags:]),
 		Comm:     cString(b[offComm : offComm+commLen]),
-		File:     FileID{Dev: kernelDev(le.Uint32(b[offFileDev:])), Ino: le.Uint64(b[offFileIno:])},
 	}
-	for i := range r.Args {
-		r.Args[i] = le.Uint64(b[offArgs+8*i:])
+	if want := recordSize(r.Type); len(b) < want {
+		return Record{}, fmt.Errorf("%w: record type %d of %d bytes, want %d", ErrShortRecord, r.Type, len(b), want)
 	}
-	argLen := min(int(le.Uint16(b[offArgLen:])), payloadLen)
-	paramsLen := min(int(le.Uint16(b[offParamsLen:])), payloadLen)
-	r.Arg = append([]byte(nil), b[offArg:offArg+argLen]...)
-	r.Params = append([]byte(nil), b[offParams:offParams+paramsLen]...)
+	switch r.Type {
+	case recIoctl:
+		r.Ret = int64(le.Uint64(b[offIoctlRet:]))
+		r.DevMajor = le.Uint32(b[offDevMajor:])
+		r.DevMinor = le.Uint32(b[offDevMinor:])
+		r.DevKind = le.Uint32(b[offDevKind:])
+		r.Cmd = le.Uint32(b[offCmd:])
+		r.Esc = le.Uint32(b[offEsc:])
+		r.File = FileID{Dev: kernelDev(le.Uint32(b[offFileDev:])), Ino: le.Uint64(b[offFileIno:])}
+		for i := range ioctlArgs {
+			r.Args[i] = le.Uint64(b[offIoctlArgs+8*i:])
+		}
+		argLen := min(int(le.Uint16(b[offArgLen:])), payloadLen)
+		paramsLen := min(int(le.Uint16(b[offParamsLen:])), payloadLen)
+		r.Arg = append([]byte(nil), b[offArg:offArg+argLen]...)
+		r.Params = append([]byte(nil), b[offParams:offParams+paramsLen]...)
+	case recCuda:
+		r.Ret = int64(le.Uint64(b[offCallRet:]))
+		r.Func = le.Uint32(b[offCallFunc:])
+		for i := range callArgs {
+			r.Args[i] = le.Uint64(b[offCallArgs+8*i:])
+		}
+	case recLaunch:
+		r.Func = le.Uint32(b[offLaunchFunc:])
+		r.Function = le.Uint64(b[offFunction:])
+		r.Stream = le.Uint64(b[offStream:])
+		for i := range 3 {
+			r.Grid[i] = le.Uint32(b[offGrid+4*i:])
+			r.Block[i] = le.Uint32(b[offBlock+4*i:])
+		}
+	}
 	return r, nil
 }
 

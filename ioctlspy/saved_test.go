@@ -16,8 +16,8 @@ func TestTableSavedAndRestored(t *testing.T) {
 	mem := nvIoctl(EscRMAlloc, words(1, 2, 20, ClassMemoryLocalUser, uint64(0x7000), uint64(0), 0, 0, 0, 0), nil)
 	mem.Args[1], mem.Args[2] = 2<<20, 3
 	apply(mem)
-	apply(Record{Type: recCuda, PID: 42, TID: 42, Func: fn("cuCtxCreate_v2"), Args: [8]uint64{0xc7, 0, 0}})
-	apply(Record{Type: recCuda, PID: 42, TID: 45, Func: fn("cuCtxCreate_v2"), Args: [8]uint64{0xc8, 0, 0}})
+	apply(Record{Type: recCuda, PID: 42, TID: 42, Func: fn("cuCtxCreate_v2"), Args: [numArgs]uint64{0xc7, 0, 0}})
+	apply(Record{Type: recCuda, PID: 42, TID: 45, Func: fn("cuCtxCreate_v2"), Args: [numArgs]uint64{0xc8, 0, 0}})
 	other := nvIoctl(EscRMAlloc, words(5, 0, 5, ClassRoot, uint64(0), 0, 0), nil)
 	other.PID = 43
 	apply(other)
