@@ -59,7 +59,7 @@ func (l launchGate) Release(h Held) (bool, error) {
 		return cgroup.ContinueProcess(hp.PID, hp.StartTicks)
 	})
 	if released {
-		l.meter.Released(uint32(hp.PID), hp.Since, meter.MonotonicNow())
+		l.meter.Observe(meter.Release(uint32(hp.PID), hp.Since, meter.MonotonicNow()))
 	}
 	return released, err
 }

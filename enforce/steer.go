@@ -413,7 +413,7 @@ func (s *Steering) applySlices(picks []sliceChange, groups map[groupKey]gpusched
 	s.mu.Unlock()
 	for i, c := range changes {
 		if failed[i] == nil {
-			s.meter.SetTimeslice(c.Group.PID, c.Timeslice)
+			s.meter.Observe(meter.Timeslice(c.Group.PID, c.Timeslice))
 		}
 	}
 	return err
@@ -539,9 +539,9 @@ func (s *Steering) Pause(groups []gpusched.Group, by pauser, off, keepRunning bo
 		switch {
 		case failed[i] != nil:
 		case c.KeepRunning:
-			s.meter.SetDescheduled(c.Group.PID, now)
+			s.meter.Observe(meter.Deschedule(c.Group.PID, now))
 		default:
-			s.meter.SetPaused(c.Group.PID, *c.Pause, now)
+			s.meter.Observe(meter.Pause(c.Group.PID, *c.Pause, now))
 		}
 	}
 	return errors.Join(append(errs, err)...)
@@ -625,8 +625,8 @@ func (s *Steering) restore(all []*steered) error {
 			// The meter follows: a group it still thought paused would get
 			// no GPU in its replay, and a later resume of the group,
 			// tracked afresh as running, would never tell it.
-			s.meter.SetTimeslice(rec.Group.PID, rec.Original)
-			s.meter.SetPaused(rec.Group.PID, false, now)
+			s.meter.Observe(meter.Timeslice(rec.Group.PID, rec.Original))
+			s.meter.Observe(meter.Pause(rec.Group.PID, false, now))
 			done = append(done, rec)
 		}
 	}

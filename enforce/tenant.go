@@ -229,7 +229,7 @@ func (t *Tenant) startGate(ctx context.Context, period time.Duration, gates Gate
 			e = mono - uint64(time.Since(to))
 		}
 		for _, id := range ids {
-			env.Meter.Paused(id, f, e)
+			env.Meter.Observe(meter.Freeze(id, f, e))
 		}
 	}
 	t.gater.OnError = func(err error) {

@@ -203,7 +203,7 @@ type gpuContext struct {
 	exited         bool
 	total          Totals // since the context appeared in its cgroup and on its GPU
 	// Launches the launch gate held: they reach the GPU when the process
-	// is released (Released, or its next event), not when they were seen.
+	// is released (HoldReleased, or its next event), not when they were seen.
 	since uint64 // its first event
 	// tsgAt is when its first channel group was allocated (0: not seen):
 	// its place on the GPU's runlist.

@@ -33,8 +33,8 @@
 // the streams take turns kernel by kernel, one kernel running at a time,
 // as the GPU runs one group's channels. Each context's
 // timeslice is its own where one was set (its own SET_TIMESLICE the
-// probes saw, or SetTimeslice when gpuarb steers it), else the GPU's; a
-// context gpuarb paused (SetPaused) takes no turn. The time each context
+// probes saw, or the TimesliceSet gpuarb observes when it steers), else the GPU's; a
+// context gpuarb paused (GroupPaused) takes no turn. The time each context
 // holds the GPU in the replay is its GPU time.
 //
 // # Learning costs
@@ -98,12 +98,12 @@
 // whether their kernels take 20 and 2 ms or 11 ms each.
 //
 // A launch the arbiter's launch gate held (its process stopped before the
-// launch ran) enters the replay when the process is released (Released),
-// or at its next event; Released and Paused (a frozen cgroup) also mark
+// launch ran) enters the replay when the process is released (HoldReleased),
+// or at its next event; HoldReleased and CgroupFrozen also mark
 // the stop, so syncs across it teach nothing (they return at the resume).
-// A channel group paused by SetPaused is no stop: the replay keeps it off
+// A channel group paused (GroupPaused) is no stop: the replay keeps it off
 // the GPU as the GPU does, and syncs across the pause teach as any other.
-// One descheduled (SetDescheduled) while the replay runs it keeps the GPU
+// One descheduled (GroupDescheduled) while the replay runs it keeps the GPU
 // to the end of its slice first, as the driver lets it.
 //
 // # Demand evidence

@@ -65,11 +65,11 @@ func checkEventStream(t *testing.T, data []byte) {
 		case 9:
 			m.Observe(&ioctlspy.ContextCreated{Header: h, Ctx: handle, Device: int32(b[5] % 2)})
 		case 10:
-			m.Paused(cg, clk.t, clk.t+uint64(arg)*uint64(time.Microsecond))
+			m.Observe(Freeze(cg, clk.t, clk.t+uint64(arg)*uint64(time.Microsecond)))
 		case 11:
-			m.Released(pid, clk.t-min(clk.t, uint64(arg)*uint64(time.Microsecond)), clk.t)
+			m.Observe(Release(pid, clk.t-min(clk.t, uint64(arg)*uint64(time.Microsecond)), clk.t))
 		case 12:
-			m.SetPaused(pid, b[5]&1 == 1, clk.t)
+			m.Observe(Pause(pid, b[5]&1 == 1, clk.t))
 		case 13:
 			m.SetUnprobed(pid, cg, int(b[5]%2), clk.t)
 		case 14:

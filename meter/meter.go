@@ -21,7 +21,7 @@ type Config struct {
 	HalfLife time.Duration
 	// Timeslice is the GPUs' default channel-group timeslice the replay
 	// uses (default 1024µs, as Volta and later); SetScheduling sets it per
-	// GPU, a context's own SET_TIMESLICE and SetTimeslice per context.
+	// GPU, a context's own SET_TIMESLICE and a TimesliceSet per context.
 	Timeslice time.Duration
 	// Lag keeps the replay this far behind the clock so that events still
 	// in the ring buffer land before their time is settled (the daemon
@@ -151,60 +151,12 @@ func (m *Meter) SetScheduling(sched func(gpu int) (timeslice time.Duration, pree
 	}
 }
 
-// SetTimeslice tells the meter the timeslice gpuarb gave a process's
-// channel group (0: the GPU's default again): the replay uses it.
-func (m *Meter) SetTimeslice(pid uint32, d time.Duration) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.rec.put(recordLine{Op: opTimeslice, PID: pid, NS: int64(d)})
-	for _, c := range m.contextsOf(pid) {
-		c.timeslice = d
-	}
-}
-
-// SetPaused tells the meter that gpuarb took a process's channel group off
-// the GPU (paused) or put it back, at t (CLOCK_MONOTONIC ns): its queued
-// work waits in the replay, and its syncs across the pause teach nothing.
-func (m *Meter) SetPaused(pid uint32, paused bool, t uint64) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.rec.put(recordLine{Op: opPaused, PID: pid, On: paused, From: t})
-	for _, c := range m.contextsOf(pid) {
-		if c.paused == paused && c.pauseAt == 0 {
-			continue
-		}
-		m.at(c, t) // may begin a pending deschedule's pause
-		c.setPaused(paused, t)
-	}
-}
-
-// SetDescheduled tells the meter that gpuarb stopped scheduling a
-// process's channel group at t (gpusched.Change.KeepRunning): one the
-// replay runs then keeps the GPU to the end of its slice, then it is
-// paused as SetPaused pauses it; SetPaused(pid, false, ...) puts it back.
-func (m *Meter) SetDescheduled(pid uint32, t uint64) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.rec.put(recordLine{Op: opDescheduled, PID: pid, From: t})
-	for _, c := range m.contextsOf(pid) {
-		if c.paused || c.pauseAt != 0 {
-			continue
-		}
-		at := m.at(c, t)
-		if r := m.replayOf(c.gpu); r.holder == c && r.sliceEnd > at && c.left() > 0 {
-			c.pauseAt = r.sliceEnd
-			continue
-		}
-		c.setPaused(true, at)
-	}
-}
-
 // SetUnprobed tells the meter, at t (CLOCK_MONOTONIC ns), that a process
 // of cgroupID has GPU channels on gpu but maps no probed libcuda
 // (ioctlspy.Spy.Unprobed): its launches and syncs are unseen. Nothing says
 // when it has work, so the replay models it as a hog whenever it may run
-// — its channel group not paused (SetPaused), its cgroup not frozen
-// (Paused) — taking its turns beside the others, and as drained while
+// — its channel group not paused (GroupPaused), its cgroup not frozen
+// (CgroupFrozen) — taking its turns beside the others, and as drained while
 // frozen: an upper bound on what it takes between freezes, short of what
 // a deep queue it left behind still runs. Calling it again is a no-op; a
 // process that exited stays ended.
@@ -377,7 +329,7 @@ func (m *Meter) launch(c *gpuContext, h *ioctlspy.Header, l heldLaunch) {
 // resumed notes that a process the launch gate held runs again, seen by
 // an event of it that was not held and ended after the hold (another
 // thread's event that ended before it, delivered after it, proves
-// nothing): released by the arbiter, its Released still to come, or by
+// nothing): released by the arbiter, its HoldReleased still to come, or by
 // someone else (a sibling's SIGCONT) at an unknown time since the hold.
 // The held launches run from the event in the replay, maybe later than
 // they did; the whole process was stopped, so syncs across the span in
@@ -410,41 +362,6 @@ func (m *Meter) launchDeferred(c *gpuContext, t uint64) {
 		m.enqueue(c, l, t)
 	}
 	c.deferred = c.deferred[:0]
-}
-
-// Released records that the arbiter continued at t a process the launch
-// gate held since `since` (CLOCK_MONOTONIC ns): its held launch runs from
-// t, and its syncs across the stop teach nothing.
-func (m *Meter) Released(pid uint32, since, t uint64) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.rec.put(recordLine{Op: opReleased, PID: pid, From: since, To: t})
-	for _, c := range m.contextsOf(pid) {
-		c.releasedAt = t
-		c.stopped = appendSpan(c.stopped, since, t)
-		if len(c.deferred) > 0 {
-			m.launchDeferred(c, t)
-		}
-	}
-}
-
-// Paused records that the arbiter froze a cgroup's processes during
-// [from, to) (CLOCK_MONOTONIC ns): their syncs then teach nothing.
-// A freeze still in progress is reported with to = math.MaxUint64 and
-// again with its end once it ends.
-func (m *Meter) Paused(cgroupID, from, to uint64) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.rec.put(recordLine{Op: opFrozen, Cgroup: cgroupID, From: from, To: to})
-	if m.unprobed > 0 {
-		m.freezeUnprobed(cgroupID, from, to)
-	}
-	ps := m.frozen[cgroupID]
-	if n := len(ps); n > 0 && ps[n-1].start == from {
-		ps[n-1].end = to
-		return
-	}
-	m.frozen[cgroupID] = append(ps, span{from, to})
 }
 
 // freezeUnprobed stops or resumes, in the replay, the unprobed contexts of
@@ -491,11 +408,16 @@ const nouveauStream = ^uint64(0)
 // kernel.
 var submissionKey = costKey{handle: ^uint64(0)}
 
-// Observe feeds one event to the meter.
+// Observe feeds one input to the meter: an event the probes saw, or an
+// actuator's effect on the GPU's schedule (TimesliceSet, GroupPaused,
+// GroupDescheduled, HoldReleased, CgroupFrozen).
 func (m *Meter) Observe(ev ioctlspy.Event) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.rec.observe(ev)
+	if m.observeEffect(ev) {
+		return
+	}
 	h := ev.Hdr()
 	if !h.Held {
 		m.resumed(h)

@@ -350,11 +350,11 @@ func TestHeldLaunchRunsFromRelease(t *testing.T) {
 	}{
 		{"released", func(m *Meter) {
 			m.Observe(heldLaunchEv(1, 100, base, 7))
-			m.Released(1, base, base+600*ms)
+			m.Observe(Release(1, base, base+600*ms))
 		}},
 		{"release reported first", func(m *Meter) {
 			m.Observe(&ioctlspy.ContextCreated{Header: hdr(1, 100, base-ms, base-ms)})
-			m.Released(1, base, base+600*ms)
+			m.Observe(Release(1, base, base+600*ms))
 			m.Observe(heldLaunchEv(1, 100, base, 7))
 		}},
 		{"next event", func(m *Meter) {
@@ -622,7 +622,7 @@ func replaySim(steps []simStep, end uint64, preemptive bool) *Meter {
 	for _, s := range steps {
 		if s.ev == nil {
 			clk.t = s.freeAt
-			m.Released(s.pid, s.heldSince, s.freeAt)
+			m.Observe(Release(s.pid, s.heldSince, s.freeAt))
 			continue
 		}
 		clk.t = s.ev.Hdr().End
@@ -776,9 +776,9 @@ func TestWantedFromWaits(t *testing.T) {
 	}
 	// Paused by gpuarb counts too.
 	m.Observe(syncEv(1, 100, "cuStreamSynchronize", 7, clk.t-500*ms, clk.t))
-	m.SetPaused(1, true, clk.t)
+	m.Observe(Pause(1, true, clk.t))
 	clk.t += 300 * ms
-	m.SetPaused(1, false, clk.t)
+	m.Observe(Pause(1, false, clk.t))
 	_, cs = m.Contexts(300 * time.Millisecond)
 	if float64(cs[0].WantNS) < 0.99*float64(300*ms) {
 		t.Errorf("paused: wanted %d ns of 300 ms", cs[0].WantNS)
@@ -869,7 +869,7 @@ func twoBacklogged(clk *clock, slice time.Duration) *Meter {
 		c.costs[costKey{}] = &cost{ns: float64(ms), learned: true}
 		c.learned = true
 		if slice > 0 {
-			m.SetTimeslice(pid, slice)
+			m.Observe(Timeslice(pid, slice))
 		}
 		for i := 0; i < 2000; i++ {
 			m.Observe(launchFn(pid, 100*uint64(pid), clk.t, 7, 0, 1))
@@ -884,19 +884,19 @@ func TestTimeslicesAndPauses(t *testing.T) {
 	base := 10 * 1000 * ms
 	clk := &clock{t: base}
 	m := twoBacklogged(clk, 0)
-	m.SetTimeslice(1, 3*time.Millisecond)
+	m.Observe(Timeslice(1, 3*time.Millisecond))
 	clk.t = base + 1000*ms
 	got := byCgroup(m.Snapshot())
 	if math.Abs(got[100].Share-0.75) > 0.01 || math.Abs(got[200].Share-0.25) > 0.01 {
 		t.Errorf("3:1 timeslices: %.3f / %.3f, want 0.75 / 0.25", got[100].Share, got[200].Share)
 	}
-	m.SetPaused(1, true, clk.t)
+	m.Observe(Pause(1, true, clk.t))
 	clk.t += 1000 * ms
 	got = byCgroup(m.Snapshot())
 	if got[100].Share != 0 || math.Abs(got[200].Share-1) > 0.01 {
 		t.Errorf("first paused: %.3f / %.3f, want 0 / 1", got[100].Share, got[200].Share)
 	}
-	m.SetPaused(1, false, clk.t)
+	m.Observe(Pause(1, false, clk.t))
 	clk.t += 1000 * ms
 	if got = byCgroup(m.Snapshot()); math.Abs(got[100].Share-0.75) > 0.01 {
 		t.Errorf("resumed: %.3f, want 0.75", got[100].Share)
@@ -941,7 +941,7 @@ func TestPausedEveryPeriodStillLearns(t *testing.T) {
 				pause bool
 			}{{p, false}, {p + run, true}} {
 				if ev.at <= upTo && ev.at >= clk.t && paused != ev.pause {
-					m.SetPaused(1, ev.pause, ev.at)
+					m.Observe(Pause(1, ev.pause, ev.at))
 					paused = ev.pause
 				}
 			}
@@ -1073,8 +1073,8 @@ func TestUnprobedProcessIsABusyContext(t *testing.T) {
 		t.Errorf("beside a hog: %.3f / %.3f (busy %v), want 0.5 / 0.5, busy", got[100].Share, got[200].Share, got[200].Busy)
 	}
 	// Frozen for the first 600 ms of the next second: the hog alone.
-	m.Paused(200, clk.t, math.MaxUint64)
-	m.Paused(200, clk.t, clk.t+600*ms)
+	m.Observe(Freeze(200, clk.t, math.MaxUint64))
+	m.Observe(Freeze(200, clk.t, clk.t+600*ms))
 	clk.t += 1000 * ms
 	got = byCgroup(m.Snapshot())
 	if !near(got[100].Share, 0.8) || !near(got[200].Share, 0.2) {
@@ -1086,14 +1086,14 @@ func TestUnprobedProcessIsABusyContext(t *testing.T) {
 			t.Errorf("unprobed context wanted %v of the second, want all of it (frozen counts)", time.Duration(cs.WantNS))
 		}
 	}
-	m.SetPaused(2, true, clk.t)
+	m.Observe(Pause(2, true, clk.t))
 	clk.t += 1000 * ms
 	if got = byCgroup(m.Snapshot()); got[200].Share != 0 || !near(got[100].Share, 1) {
 		t.Errorf("paused: %.3f / %.3f, want 0 / 1", got[100].Share, got[200].Share)
 	}
 	m.Observe(&ioctlspy.ProcessExit{Header: hdr(2, 200, clk.t, clk.t)})
 	m.SetUnprobed(2, 200, 0, clk.t) // a late report of an exited process
-	m.SetPaused(2, false, clk.t)
+	m.Observe(Pause(2, false, clk.t))
 	clk.t += 1000 * ms
 	if got = byCgroup(m.Snapshot()); got[200].Share != 0 {
 		t.Errorf("after its exit: %.3f, want 0", got[200].Share)
@@ -1424,7 +1424,7 @@ func feedWithPauses(m *Meter, clk *clock, procs []simProc, evs []ioctlspy.Event)
 		for ; next <= ev.Hdr().End; next += 100 * us {
 			for i, p := range procs {
 				if now := simPaused(p, next); now != paused[i] {
-					m.SetPaused(uint32(i+1), now, next)
+					m.Observe(Pause(uint32(i+1), now, next))
 					paused[i] = now
 				}
 			}
@@ -1612,7 +1612,7 @@ func TestLoopsBesideHogsStayInPhase(t *testing.T) {
 				clk.t = ev.Hdr().End
 				m.Observe(ev)
 				if pid := ev.Hdr().PID; procs[pid-1].slice > 0 {
-					m.SetTimeslice(pid, procs[pid-1].slice) // as gpuarb's steering tells it
+					m.Observe(Timeslice(pid, procs[pid-1].slice)) // as gpuarb's steering tells it
 				}
 			}
 			clk.t = end
@@ -1646,9 +1646,9 @@ func TestEarlyDrainCountsTheContextsTurnPart(t *testing.T) {
 			m.Observe(launchFn(pid, 100*uint64(pid), clk.t, 7, 0, 1))
 		}
 	}
-	m.SetTimeslice(1, 9*time.Millisecond)
-	m.SetTimeslice(2, time.Millisecond)
-	m.SetTimeslice(3, time.Millisecond)
+	m.Observe(Timeslice(1, 9*time.Millisecond))
+	m.Observe(Timeslice(2, time.Millisecond))
+	m.Observe(Timeslice(3, time.Millisecond))
 	early := float64(10 * ms)
 	for i, want := range []float64{-0.9 * early, -0.1 * early, -early / 11} {
 		// The third has no work: it takes no turn, and an early drain of
@@ -1657,7 +1657,7 @@ func TestEarlyDrainCountsTheContextsTurnPart(t *testing.T) {
 			t.Errorf("context %d: an early drain of 10 ms counts %.0f ns, want %.0f", i+1, got, want)
 		}
 	}
-	m.SetPaused(2, true, clk.t)
+	m.Observe(Pause(2, true, clk.t))
 	if got := m.lateness(cs[0], 0, early); got != -early {
 		t.Errorf("beside a paused context: %.0f ns, want the whole %.0f", got, -early)
 	}
@@ -1782,10 +1782,10 @@ func TestDescheduledFinishesItsSlice(t *testing.T) {
 		m := twoBacklogged(clk, 10*time.Millisecond)
 		clk.t = base + 2*ms
 		if tc.deschedule {
-			m.SetDescheduled(1, clk.t)
-			m.SetDescheduled(2, clk.t) // not on the GPU: off at once
+			m.Observe(Deschedule(1, clk.t))
+			m.Observe(Deschedule(2, clk.t)) // not on the GPU: off at once
 		} else {
-			m.SetPaused(1, true, clk.t)
+			m.Observe(Pause(1, true, clk.t))
 		}
 		if r := m.replayOf(0); r.t != clk.t || r.holder == nil || r.holder.pid != 1 {
 			t.Fatalf("%s: the replay at %d ms runs %+v, want the first context", tc.name, (r.t-base)/ms, r.holder)
@@ -1798,8 +1798,8 @@ func TestDescheduledFinishesItsSlice(t *testing.T) {
 		if tc.deschedule && got[200].Share > 0.001 {
 			t.Errorf("the second context, descheduled while the first ran: %.4f of the second, want 0", got[200].Share)
 		}
-		m.SetPaused(1, false, clk.t)
-		m.SetPaused(2, false, clk.t)
+		m.Observe(Pause(1, false, clk.t))
+		m.Observe(Pause(2, false, clk.t))
 		clk.t += 1000 * ms
 		if got = byCgroup(m.Snapshot()); math.Abs(got[100].Share-0.5) > 0.01 {
 			t.Errorf("%s, then resumed: %.3f, want 0.5", tc.name, got[100].Share)
@@ -1843,7 +1843,7 @@ func TestContextPerThreadTakesATurnPerContext(t *testing.T) {
 	if n := len(cs); n != 5 {
 		t.Errorf("%d contexts listed, want 5 (four of pid 1, one of pid 2)", n)
 	}
-	m.SetTimeslice(1, 256*time.Microsecond)
+	m.Observe(Timeslice(1, 256*time.Microsecond))
 	clk.t += 1000 * ms
 	if got = byCgroup(m.Snapshot()); math.Abs(got[100].Share-0.5) > 0.01 {
 		t.Errorf("four contexts at a quarter of the other's slice: %.3f, want 0.5", got[100].Share)

@@ -42,7 +42,10 @@ type recordLine struct {
 	Config *Config `json:"config,omitempty"`
 }
 
-// The operations of a recording.
+// The operations of a recording. An actuator's effect is an observe line
+// of its kind; recordings made before that have the effects' own
+// operations (timeslice, paused, descheduled, released, frozen), which
+// still play.
 const (
 	opConfig      = "config"
 	opObserve     = "observe"
@@ -68,7 +71,8 @@ func init() {
 	for _, ev := range []ioctlspy.Event{&ioctlspy.Launch{}, &ioctlspy.GraphLaunch{}, &ioctlspy.EventRecord{},
 		&ioctlspy.StreamCapture{}, &ioctlspy.StreamWaitEvent{}, &ioctlspy.Submission{}, &ioctlspy.WaitBegin{},
 		&ioctlspy.Sync{}, &ioctlspy.TSGControl{}, &ioctlspy.TSGAllocated{}, &ioctlspy.ContextCreated{},
-		&ioctlspy.MemAlloc{}, &ioctlspy.MemFree{}, &ioctlspy.ProcessExit{}} {
+		&ioctlspy.MemAlloc{}, &ioctlspy.MemFree{}, &ioctlspy.ProcessExit{},
+		&TimesliceSet{}, &GroupPaused{}, &GroupDescheduled{}, &HoldReleased{}, &CgroupFrozen{}} {
 		t := reflect.TypeOf(ev).Elem()
 		recordedKinds[t.Name()] = func() ioctlspy.Event { return reflect.New(t).Interface().(ioctlspy.Event) }
 	}
@@ -224,18 +228,18 @@ func playLine(m *Meter, clock *uint64, sched map[int]recordLine, l recordLine, o
 			return err
 		}
 		m.Observe(ev)
-	case opTimeslice:
-		m.SetTimeslice(l.PID, time.Duration(l.NS))
+	case opTimeslice: // recordings made before effects were observed
+		m.Observe(Timeslice(l.PID, time.Duration(l.NS)))
 	case opPaused:
-		m.SetPaused(l.PID, l.On, l.From)
+		m.Observe(Pause(l.PID, l.On, l.From))
 	case opDescheduled:
-		m.SetDescheduled(l.PID, l.From)
+		m.Observe(Deschedule(l.PID, l.From))
+	case opReleased:
+		m.Observe(Release(l.PID, l.From, l.To))
+	case opFrozen:
+		m.Observe(Freeze(l.Cgroup, l.From, l.To))
 	case opUnprobed:
 		m.SetUnprobed(l.PID, l.Cgroup, l.GPU, l.From)
-	case opReleased:
-		m.Released(l.PID, l.From, l.To)
-	case opFrozen:
-		m.Paused(l.Cgroup, l.From, l.To)
 	case opPreexisting:
 		m.SetPreexisting(l.PIDs)
 	case opReconcile:

@@ -2,6 +2,7 @@ package meter
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -44,13 +45,13 @@ func TestRecordingPlaysBackTheSameFigures(t *testing.T) {
 			next += 100 * ms
 		}
 		if i == len(evs)/2 {
-			m.SetTimeslice(4, 3*time.Millisecond)
+			m.Observe(Timeslice(4, 3*time.Millisecond))
 		}
 		if p := simPaused(procs[0], ev.Hdr().End); p != paused {
 			if p && i > len(evs)/2 { // the second half's pauses deschedule
-				m.SetDescheduled(1, ev.Hdr().End)
+				m.Observe(Deschedule(1, ev.Hdr().End))
 			} else {
-				m.SetPaused(1, p, ev.Hdr().End)
+				m.Observe(Pause(1, p, ev.Hdr().End))
 			}
 			paused = p
 		}
@@ -65,18 +66,69 @@ func TestRecordingPlaysBackTheSameFigures(t *testing.T) {
 	}
 	t.Logf("recording of %d events: %d bytes, %d lines; last figures %s", len(evs), rec.Len(), bytes.Count(rec.Bytes(), []byte("\n")), want[len(want)-1])
 
-	var got []string
-	if _, err := Play(&rec, PlayOptions{Settled: func(p *Meter, _ uint64) { got = append(got, figures(p)) }}); err != nil {
-		t.Fatal(err)
-	}
-	if len(got) != len(want) {
-		t.Fatalf("played back %d answers, recorded %d", len(got), len(want))
-	}
-	for i := range want {
-		if got[i] != want[i] {
-			t.Fatalf("answer %d played back: %s; recorded: %s", i+1, got[i], want[i])
+	// The recording as a meter before effects were observed wrote it: each
+	// effect an operation of its own. It plays back the same.
+	old := withEffectOperations(t, rec.Bytes())
+	for name, r := range map[string][]byte{"recording": rec.Bytes(), "recording with effect operations": old} {
+		var got []string
+		if _, err := Play(bytes.NewReader(r), PlayOptions{Settled: func(p *Meter, _ uint64) { got = append(got, figures(p)) }}); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if len(got) != len(want) {
+			t.Fatalf("%s played back %d answers, recorded %d", name, len(got), len(want))
+		}
+		for i := range want {
+			if got[i] != want[i] {
+				t.Fatalf("%s: answer %d played back: %s; recorded: %s", name, i+1, got[i], want[i])
+			}
 		}
 	}
+}
+
+// withEffectOperations rewrites a recording's observed effects as the
+// operations recordings had for them before (timeslice, paused,
+// descheduled, released, frozen); it fails the test if there are none.
+func withEffectOperations(t *testing.T, rec []byte) []byte {
+	t.Helper()
+	var out bytes.Buffer
+	enc, rewritten := json.NewEncoder(&out), 0
+	dec := json.NewDecoder(bytes.NewReader(rec))
+	for dec.More() {
+		var l recordLine
+		if err := dec.Decode(&l); err != nil {
+			t.Fatal(err)
+		}
+		if l.Op == opObserve && recordedKinds[l.Kind] != nil {
+			ev, err := decodeEvent(l)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h, was := ev.Hdr(), l
+			switch e := ev.(type) {
+			case *TimesliceSet:
+				l = recordLine{Op: opTimeslice, PID: h.PID, NS: int64(e.Timeslice)}
+			case *GroupPaused:
+				l = recordLine{Op: opPaused, PID: h.PID, On: e.Paused, From: h.Start}
+			case *GroupDescheduled:
+				l = recordLine{Op: opDescheduled, PID: h.PID, From: h.Start}
+			case *HoldReleased:
+				l = recordLine{Op: opReleased, PID: h.PID, From: h.Start, To: h.End}
+			case *CgroupFrozen:
+				l = recordLine{Op: opFrozen, Cgroup: h.CgroupID, From: h.Start, To: h.End}
+			}
+			if l.Op != opObserve {
+				l.Now = was.Now
+				rewritten++
+			}
+		}
+		if err := enc.Encode(l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if rewritten == 0 {
+		t.Fatal("the recording has no effects to rewrite")
+	}
+	return out.Bytes()
 }
 
 // A recording that is not one is refused with the line it broke on.

@@ -1,0 +1,150 @@
+package meter
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/gpuarb/gpuarb/ioctlspy"
+)
+
+// Effects are what an actuator did to the GPU's schedule, delivered to the
+// meter through Observe as the probes' events are: the replay models them
+// from their time on. Their header names the process (PID) or the cgroup
+// (CgroupID) and the time (Start, End; CLOCK_MONOTONIC ns).
+
+// TimesliceSet: gpuarb gave a process's channel groups Timeslice (0: the
+// GPU's default again).
+type TimesliceSet struct {
+	ioctlspy.Header
+	Timeslice time.Duration `json:"timeslice_ns"`
+}
+
+// GroupPaused: gpuarb took a process's channel groups off the GPU (Paused)
+// or put them back, at Start: queued work waits in the replay, and syncs
+// across the pause teach nothing.
+type GroupPaused struct {
+	ioctlspy.Header
+	Paused bool `json:"paused"`
+}
+
+// GroupDescheduled: gpuarb stopped scheduling a process's channel groups
+// at Start (gpusched.Change.KeepRunning): one the replay runs then keeps
+// the GPU to the end of its slice, then is paused as by GroupPaused; a
+// GroupPaused that is not Paused puts it back.
+type GroupDescheduled struct {
+	ioctlspy.Header
+}
+
+// HoldReleased: gpuarb continued at End a process its launch gate held
+// since Start: the held launch runs from End, and syncs across the stop
+// teach nothing.
+type HoldReleased struct {
+	ioctlspy.Header
+}
+
+// CgroupFrozen: gpuarb froze a cgroup's processes (CgroupID) during
+// [Start, End): their syncs then teach nothing. A freeze in progress has
+// End math.MaxUint64, and comes again with its end once it ends.
+type CgroupFrozen struct {
+	ioctlspy.Header
+}
+
+// Timeslice is the effect of setting a process's channel groups' timeslice.
+func Timeslice(pid uint32, d time.Duration) *TimesliceSet {
+	return &TimesliceSet{Header: ioctlspy.Header{Type: "timeslice_set", PID: pid}, Timeslice: d}
+}
+
+// Pause is the effect of pausing (or resuming) a process's channel groups at t.
+func Pause(pid uint32, paused bool, t uint64) *GroupPaused {
+	return &GroupPaused{Header: ioctlspy.Header{Type: "group_paused", PID: pid, Start: t, End: t}, Paused: paused}
+}
+
+// Deschedule is the effect of descheduling a process's channel groups at t.
+func Deschedule(pid uint32, t uint64) *GroupDescheduled {
+	return &GroupDescheduled{Header: ioctlspy.Header{Type: "group_descheduled", PID: pid, Start: t, End: t}}
+}
+
+// Release is the effect of continuing at t a process held since since.
+func Release(pid uint32, since, t uint64) *HoldReleased {
+	return &HoldReleased{Header: ioctlspy.Header{Type: "hold_released", PID: pid, Start: since, End: t}}
+}
+
+// Freeze is the effect of freezing a cgroup during [from, to) (to
+// math.MaxUint64 while the freeze lasts).
+func Freeze(cgroupID, from, to uint64) *CgroupFrozen {
+	return &CgroupFrozen{Header: ioctlspy.Header{Type: "cgroup_frozen", CgroupID: cgroupID, Start: from, End: to}}
+}
+
+func (e *TimesliceSet) String() string { return fmt.Sprintf("timeslice %v", e.Timeslice) }
+
+func (e *GroupPaused) String() string {
+	if e.Paused {
+		return "channel groups paused"
+	}
+	return "channel groups resumed"
+}
+
+func (e *GroupDescheduled) String() string { return "channel groups descheduled" }
+
+func (e *HoldReleased) String() string {
+	return fmt.Sprintf("released after %v held", time.Duration(e.End-e.Start))
+}
+
+func (e *CgroupFrozen) String() string {
+	if e.End == math.MaxUint64 {
+		return "cgroup frozen"
+	}
+	return fmt.Sprintf("cgroup frozen for %v", time.Duration(e.End-e.Start))
+}
+
+// observeEffect applies an actuator's effect; it reports whether ev is one.
+func (m *Meter) observeEffect(ev ioctlspy.Event) bool {
+	switch e := ev.(type) {
+	case *TimesliceSet:
+		for _, c := range m.contextsOf(e.PID) {
+			c.timeslice = e.Timeslice
+		}
+	case *GroupPaused:
+		for _, c := range m.contextsOf(e.PID) {
+			if c.paused == e.Paused && c.pauseAt == 0 {
+				continue
+			}
+			m.at(c, e.Start) // may begin a pending deschedule's pause
+			c.setPaused(e.Paused, e.Start)
+		}
+	case *GroupDescheduled:
+		for _, c := range m.contextsOf(e.PID) {
+			if c.paused || c.pauseAt != 0 {
+				continue
+			}
+			at := m.at(c, e.Start)
+			if r := m.replayOf(c.gpu); r.holder == c && r.sliceEnd > at && c.left() > 0 {
+				c.pauseAt = r.sliceEnd
+				continue
+			}
+			c.setPaused(true, at)
+		}
+	case *HoldReleased:
+		for _, c := range m.contextsOf(e.PID) {
+			c.releasedAt = e.End
+			c.stopped = appendSpan(c.stopped, e.Start, e.End)
+			if len(c.deferred) > 0 {
+				m.launchDeferred(c, e.End)
+			}
+		}
+	case *CgroupFrozen:
+		if m.unprobed > 0 {
+			m.freezeUnprobed(e.CgroupID, e.Start, e.End)
+		}
+		ps := m.frozen[e.CgroupID]
+		if n := len(ps); n > 0 && ps[n-1].start == e.Start {
+			ps[n-1].end = e.End
+			return true
+		}
+		m.frozen[e.CgroupID] = append(ps, span{e.Start, e.End})
+	default:
+		return false
+	}
+	return true
+}
