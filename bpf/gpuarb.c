@@ -63,36 +63,8 @@ struct sys_exit_ctx {
 	long ret;
 };
 
-/* nvidia escapes and classes (docs/driver.md §3, open-gpu-kernel-modules). */
-#define NV_MAGIC 'F'
-#define NV_ESC_RM_FREE 0x29
-#define NV_ESC_RM_CONTROL 0x2A
-#define NV_ESC_RM_ALLOC 0x2B
-#define NV_ESC_IOCTL_XFER_CMD 211
-#define NV_ESC_RM_VID_HEAP_CONTROL 0x4A
-#define NV_TSG_CLASS 0xA06C
-#define NV_DEVICE_CLASS 0x80    /* NV01_DEVICE_0: params begin with its deviceId */
-#define NV_SUBDEVICE_CLASS 0x2080
-/* Video memory classes (docs/memory.md §1): NV01_MEMORY_LOCAL_USER and
- * _PRIVILEGED, their NV_MEMORY_ALLOCATION_PARAMS' size at byte 64. */
-#define NV_MEM_LOCAL_USER 0x40
-#define NV_MEM_LOCAL_PRIVILEGED 0x3F
-/* NV01_MEMORY_SYSTEM: pinned host memory (cuMemHostAlloc), the same
- * parameters; recorded, never charged. */
-#define NV_MEM_SYSTEM 0x3E
-#define NV_MEM_SIZE_OFFSET 64
-/* NVOS32_PARAMETERS (RM_VID_HEAP_CONTROL): function, status, hMemory and
- * the size of ALLOC_SIZE and of ALLOC_SIZE_RANGE. */
-#define NVOS32_MIN_SIZE 96
-#define NVOS32_FUNCTION_ALLOC_SIZE 2
-#define NVOS32_FUNCTION_ALLOC_SIZE_RANGE 14
-#define NVOS32_HMEMORY_OFFSET 44
-#define NVOS32_SIZE_OFFSET 88
-#define NVOS32_RANGE_SIZE_OFFSET 80
 #define ENOTTY 25
 #define SIGKILL 9
-/* sizeof(NV_CHANNEL_GROUP_ALLOCATION_PARAMETERS): three handles, engineType, a bool. */
-#define NV_TSG_PARAMS_SIZE 20
 #define UVM_REGISTER_CHANNEL 27
 #define UVM_REGISTER_CHANNEL_SIZE 48
 
@@ -446,6 +418,7 @@ const struct call_record *unused_call_record __attribute__((unused));
 const struct launch_record *unused_launch_record __attribute__((unused));
 const enum cuda_func *unused_cuda_func __attribute__((unused));
 const enum dev_kind *unused_dev_kind __attribute__((unused));
+const enum nv_rm *unused_nv_rm __attribute__((unused));
 const enum event_type *unused_event_type __attribute__((unused));
 const enum event_flags *unused_event_flags __attribute__((unused));
 const enum gate_kind *unused_gate_kind __attribute__((unused));
@@ -1081,7 +1054,7 @@ static __always_inline void decode_nvidia(struct ioctl_record *e, struct ioctl_s
 		 * read the prefix the decoder needs. */
 		if (!params_size)
 			params_size = cls == NV_TSG_CLASS ? NV_TSG_PARAMS_SIZE : GPUARB_PAYLOAD;
-		if (e->ret == 0 && (cls == NV_TSG_CLASS || (cls & 0xff) == 0x6f))
+		if (e->ret == 0 && (cls == NV_TSG_CLASS || (cls & NV_CHANNEL_CLASS_MASK) == NV_CHANNEL_CLASS_LOW))
 			track_object(e->h.tgid, DEV_NVIDIA_CTL, hnew, e->h.cgroup_id, e->h.ts_exit, cls, hparent);
 		devices = cls == NV_DEVICE_CLASS || cls == NV_SUBDEVICE_CLASS;
 	} else if (nr == NV_ESC_RM_CONTROL && e->arg_len >= 32) {

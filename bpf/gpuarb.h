@@ -14,6 +14,43 @@ enum dev_kind {
 	DEV_DRM = 4,
 };
 
+/* The nvidia RM vocabulary the probes read (docs/driver.md §3,
+ * docs/memory.md §1): package nvrm has the same values, and a test
+ * compares them. */
+enum nv_rm {
+	NV_MAGIC = 'F',
+	NV_ESC_RM_FREE = 0x29,
+	NV_ESC_RM_CONTROL = 0x2A,
+	NV_ESC_RM_ALLOC = 0x2B,
+	NV_ESC_RM_VID_HEAP_CONTROL = 0x4A,
+	NV_ESC_IOCTL_XFER_CMD = 211,
+	NV_TSG_CLASS = 0xA06C,
+	NV_DEVICE_CLASS = 0x80, /* NV01_DEVICE_0: params begin with its deviceId */
+	NV_SUBDEVICE_CLASS = 0x2080,
+	/* Every GPFIFO channel class ends in 0x6F. */
+	NV_CHANNEL_CLASS_MASK = 0xFF,
+	NV_CHANNEL_CLASS_LOW = 0x6F,
+	/* Video memory: NV01_MEMORY_LOCAL_USER and _PRIVILEGED, their
+	 * NV_MEMORY_ALLOCATION_PARAMS' size at byte 64; NV01_MEMORY_SYSTEM,
+	 * pinned host memory with the same parameters, recorded, never
+	 * charged. */
+	NV_MEM_LOCAL_USER = 0x40,
+	NV_MEM_LOCAL_PRIVILEGED = 0x3F,
+	NV_MEM_SYSTEM = 0x3E,
+	NV_MEM_SIZE_OFFSET = 64,
+	/* NVOS32_PARAMETERS (RM_VID_HEAP_CONTROL): its least size, the
+	 * functions ALLOC_SIZE and ALLOC_SIZE_RANGE, hMemory and their sizes. */
+	NVOS32_MIN_SIZE = 96,
+	NVOS32_FUNCTION_ALLOC_SIZE = 2,
+	NVOS32_FUNCTION_ALLOC_SIZE_RANGE = 14,
+	NVOS32_HMEMORY_OFFSET = 44,
+	NVOS32_SIZE_OFFSET = 88,
+	NVOS32_RANGE_SIZE_OFFSET = 80,
+	/* sizeof(NV_CHANNEL_GROUP_ALLOCATION_PARAMETERS): three handles,
+	 * engineType, a bool. */
+	NV_TSG_PARAMS_SIZE = 20,
+};
+
 /* Event types on the ring buffer. */
 enum event_type {
 	EV_IOCTL = 1,

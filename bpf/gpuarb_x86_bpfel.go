@@ -322,6 +322,33 @@ type gpuarbMemUsage struct {
 	Gen     uint64
 }
 
+type gpuarbNvRm uint32
+
+const (
+	gpuarbNvRmNV_MAGIC                        gpuarbNvRm = 70
+	gpuarbNvRmNV_ESC_RM_FREE                  gpuarbNvRm = 41
+	gpuarbNvRmNV_ESC_RM_CONTROL               gpuarbNvRm = 42
+	gpuarbNvRmNV_ESC_RM_ALLOC                 gpuarbNvRm = 43
+	gpuarbNvRmNV_ESC_RM_VID_HEAP_CONTROL      gpuarbNvRm = 74
+	gpuarbNvRmNV_ESC_IOCTL_XFER_CMD           gpuarbNvRm = 211
+	gpuarbNvRmNV_TSG_CLASS                    gpuarbNvRm = 41068
+	gpuarbNvRmNV_DEVICE_CLASS                 gpuarbNvRm = 128
+	gpuarbNvRmNV_SUBDEVICE_CLASS              gpuarbNvRm = 8320
+	gpuarbNvRmNV_CHANNEL_CLASS_MASK           gpuarbNvRm = 255
+	gpuarbNvRmNV_CHANNEL_CLASS_LOW            gpuarbNvRm = 111
+	gpuarbNvRmNV_MEM_LOCAL_USER               gpuarbNvRm = 64
+	gpuarbNvRmNV_MEM_LOCAL_PRIVILEGED         gpuarbNvRm = 63
+	gpuarbNvRmNV_MEM_SYSTEM                   gpuarbNvRm = 62
+	gpuarbNvRmNV_MEM_SIZE_OFFSET              gpuarbNvRm = 64
+	gpuarbNvRmNVOS32MIN_SIZE                  gpuarbNvRm = 96
+	gpuarbNvRmNVOS32FUNCTION_ALLOC_SIZE       gpuarbNvRm = 2
+	gpuarbNvRmNVOS32FUNCTION_ALLOC_SIZE_RANGE gpuarbNvRm = 14
+	gpuarbNvRmNVOS32HMEMORY_OFFSET            gpuarbNvRm = 44
+	gpuarbNvRmNVOS32SIZE_OFFSET               gpuarbNvRm = 88
+	gpuarbNvRmNVOS32RANGE_SIZE_OFFSET         gpuarbNvRm = 80
+	gpuarbNvRmNV_TSG_PARAMS_SIZE              gpuarbNvRm = 20
+)
+
 type gpuarbPollKey struct {
 	_      structs.HostLayout
 	Tgid   uint32
@@ -436,6 +463,7 @@ const (
 	gpuarbVarUnusedMemObjKey       = "unused_mem_obj_key"
 	gpuarbVarUnusedMemProc         = "unused_mem_proc"
 	gpuarbVarUnusedMemUsage        = "unused_mem_usage"
+	gpuarbVarUnusedNvRm            = "unused_nv_rm"
 	gpuarbVarUnusedRecordHeader    = "unused_record_header"
 	gpuarbVarUnusedReleaseNote     = "unused_release_note"
 	gpuarbVarUrgentCgroupMembers   = "urgent_cgroup_members"
@@ -565,6 +593,7 @@ type gpuarbVariableSpecs struct {
 	UnusedMemObjKey     *ebpf.VariableSpec `ebpf:"unused_mem_obj_key"`
 	UnusedMemProc       *ebpf.VariableSpec `ebpf:"unused_mem_proc"`
 	UnusedMemUsage      *ebpf.VariableSpec `ebpf:"unused_mem_usage"`
+	UnusedNvRm          *ebpf.VariableSpec `ebpf:"unused_nv_rm"`
 	UnusedRecordHeader  *ebpf.VariableSpec `ebpf:"unused_record_header"`
 	UnusedReleaseNote   *ebpf.VariableSpec `ebpf:"unused_release_note"`
 	UrgentCgroupMembers *ebpf.VariableSpec `ebpf:"urgent_cgroup_members"`
@@ -679,6 +708,7 @@ type gpuarbVariables struct {
 	UnusedMemObjKey     *ebpf.Variable `ebpf:"unused_mem_obj_key"`
 	UnusedMemProc       *ebpf.Variable `ebpf:"unused_mem_proc"`
 	UnusedMemUsage      *ebpf.Variable `ebpf:"unused_mem_usage"`
+	UnusedNvRm          *ebpf.Variable `ebpf:"unused_nv_rm"`
 	UnusedRecordHeader  *ebpf.Variable `ebpf:"unused_record_header"`
 	UnusedReleaseNote   *ebpf.Variable `ebpf:"unused_release_note"`
 	UrgentCgroupMembers *ebpf.Variable `ebpf:"urgent_cgroup_members"`

@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpuarb/gpuarb/ioctlspy"
+	"github.com/gpuarb/gpuarb/nvrm"
 )
 
 // Group is one channel group of a process, as the probes name it.
@@ -187,7 +188,7 @@ func (a *Actuator) control(g Group, object, cmd uint32, params []byte) error {
 		switch {
 		case err != nil:
 			err = fmt.Errorf("pid %d: %w", g.PID, err)
-		case status != nvOK:
+		case status != nvrm.StatusOK:
 			err = fmt.Errorf("pid %d: %w", g.PID, &StatusError{Control: cmd, Status: status})
 		}
 	}
@@ -224,7 +225,7 @@ func pidfdExited(fd int) bool {
 // duplicated and the driver answers a harmless control (GET_INFO) through
 // it. The error says why not.
 func (a *Actuator) Probe(g Group) error {
-	return a.control(g, g.TSG, ctrlTSGGetInfo, make([]byte, 4))
+	return a.control(g, g.TSG, nvrm.CtrlTSGGetInfo, make([]byte, 4))
 }
 
 // Slices reads the timeslices group g's GPU runs channel groups well at.
@@ -243,7 +244,7 @@ func (a *Actuator) Slices(g Group) (Slices, error) {
 // Timeslice reads group g's timeslice.
 func (a *Actuator) Timeslice(g Group) (time.Duration, error) {
 	p := make([]byte, 8)
-	if err := a.control(g, g.TSG, ctrlTSGGetTimeslice, p); err != nil {
+	if err := a.control(g, g.TSG, nvrm.CtrlTSGGetTimeslice, p); err != nil {
 		return 0, err
 	}
 	return time.Duration(binary.LittleEndian.Uint64(p)) * time.Microsecond, nil
@@ -252,7 +253,7 @@ func (a *Actuator) Timeslice(g Group) (time.Duration, error) {
 // Preempt preempts group g once, waiting for it to finish: it stays
 // runnable.
 func (a *Actuator) Preempt(g Group) error {
-	return a.control(g, g.TSG, ctrlTSGPreempt, preemptParams())
+	return a.control(g, g.TSG, nvrm.CtrlTSGPreempt, preemptParams())
 }
 
 // Apply makes the changes, then restarts the runlist of every GPU they
@@ -297,7 +298,7 @@ func (a *Actuator) Apply(changes []Change) (failed []error, err error) {
 		// cannot carry it.
 		var err error
 		for _, g := range commit[gpu] {
-			if err = a.control(g, g.Channels[0], ctrlRestartRunlist, restartParams()); !errors.Is(err, ErrGone) {
+			if err = a.control(g, g.Channels[0], nvrm.CtrlRestartRunlist, restartParams()); !errors.Is(err, ErrGone) {
 				break
 			}
 		}
@@ -345,7 +346,7 @@ func (a *Actuator) change(c Change) error {
 		return fmt.Errorf("pid %d: group 0x%x has no channel", g.PID, g.TSG)
 	}
 	if c.Timeslice > 0 {
-		if err := a.control(g, g.TSG, ctrlTSGSetTimeslice, timesliceParams(c.Timeslice)); err != nil {
+		if err := a.control(g, g.TSG, nvrm.CtrlTSGSetTimeslice, timesliceParams(c.Timeslice)); err != nil {
 			return err
 		}
 	}
@@ -363,10 +364,10 @@ func (a *Actuator) disable(g Group, off, keepRunning bool) error {
 	}
 	var errs []error
 	for chunk := g.Channels; len(chunk) > 0; {
-		n := min(len(chunk), fifoDisableMax)
+		n := min(len(chunk), nvrm.FIFODisableMax)
 		p, err := disableParams(off, off && keepRunning, g.Client, chunk[:n])
 		if err == nil {
-			err = a.control(g, g.Subdevice, ctrlFIFODisableChannels, p)
+			err = a.control(g, g.Subdevice, nvrm.CtrlFIFODisableChannels, p)
 		}
 		errs = append(errs, err)
 		chunk = chunk[n:]

@@ -19,6 +19,7 @@ import (
 	"github.com/gpuarb/gpuarb/e2e/fakegpu"
 	"github.com/gpuarb/gpuarb/internal/testutil"
 	"github.com/gpuarb/gpuarb/ioctlspy"
+	"github.com/gpuarb/gpuarb/nvrm"
 )
 
 // groupOf names process pid's channel group on the simulated GPU from its
@@ -135,7 +136,7 @@ func TestTimeslicesSteerShares(t *testing.T) {
 func TestNvidiaSlices(t *testing.T) {
 	read := func(d time.Duration, err error) func(uint32, []byte) error {
 		return func(cmd uint32, p []byte) error {
-			if cmd != ctrlTSGGetTimeslice || len(p) != 8 {
+			if cmd != nvrm.CtrlTSGGetTimeslice || len(p) != 8 {
 				t.Fatalf("control 0x%x with %d bytes, want GET_TIMESLICE", cmd, len(p))
 			}
 			binary.LittleEndian.PutUint64(p, uint64(d/time.Microsecond))
@@ -229,14 +230,14 @@ func TestOwnership(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.ViaDuplicate != nvOK || o.ViaFresh != nvErrInvalidClient || o.Driver == "nvidia" ||
+	if o.ViaDuplicate != nvrm.StatusOK || o.ViaFresh != nvrm.StatusInvalidClient || o.Driver == "nvidia" ||
 		filepath.Base(o.Node) != fakegpu.NvidiaCtlNode {
 		t.Errorf("ownership %+v: want GET_INFO 0 through the duplicate, 0x23 through a fresh open of %s", o, fakegpu.NvidiaCtlNode)
 	}
 	var se *StatusError
 	bad := g
 	bad.TSG++
-	if err := a.Probe(bad); !errors.As(err, &se) || se.Status != nvErrInvalidObject {
+	if err := a.Probe(bad); !errors.As(err, &se) || se.Status != nvrm.StatusInvalidObject {
 		t.Errorf("GET_INFO on a handle that is no group: %v", err)
 	}
 	start := time.Now()
@@ -315,9 +316,9 @@ func TestNvidiaEncodingDecoded(t *testing.T) {
 		object, cmd uint32
 		size        int
 	}{
-		{g.TSG, ctrlTSGSetTimeslice, 8},
-		{g.Channels[0], ctrlRestartRunlist, 2},
-		{g.Subdevice, ctrlFIFODisableChannels, 536},
+		{g.TSG, nvrm.CtrlTSGSetTimeslice, 8},
+		{g.Channels[0], nvrm.CtrlRestartRunlist, 2},
+		{g.Subdevice, nvrm.CtrlFIFODisableChannels, 536},
 	}
 	deadline := time.After(3 * time.Second)
 	for i := 0; i < len(want); {
@@ -341,7 +342,7 @@ func TestNvidiaEncodingDecoded(t *testing.T) {
 		}
 		c := want[i]
 		if ev.CtrlCmd != c.cmd || ev.Client != g.Client || ev.Object != c.object || ev.ParamsSize != uint32(c.size) ||
-			ev.Nr != 0x2A || ev.Cmd != rmControlIoctl || ev.Ret != -int64(unix.ENOTTY) {
+			ev.Nr != nvrm.EscRMControl || ev.Cmd != uint32(rmControlIoctl) || ev.Ret != -int64(unix.ENOTTY) {
 			t.Errorf("control 0x%x decoded as %+v", c.cmd, ev)
 		}
 		i++
@@ -393,9 +394,9 @@ func nvidiaHelper(pidText string) int {
 		object, cmd uint32
 		params      []byte
 	}{
-		{0x5c000010, ctrlTSGSetTimeslice, timesliceParams(8 * time.Millisecond)},
-		{channels[0], ctrlRestartRunlist, restartParams()},
-		{0x5c000003, ctrlFIFODisableChannels, must(disableParams(true, false, client, channels))},
+		{0x5c000010, nvrm.CtrlTSGSetTimeslice, timesliceParams(8 * time.Millisecond)},
+		{channels[0], nvrm.CtrlRestartRunlist, restartParams()},
+		{0x5c000003, nvrm.CtrlFIFODisableChannels, must(disableParams(true, false, client, channels))},
 	} {
 		if _, err := (nvidia{}).control(dup, client, c.object, c.cmd, c.params); !errors.Is(err, unix.ENOTTY) {
 			fmt.Printf("control 0x%x: %v, want ENOTTY from the mem driver's node\n", c.cmd, err)

@@ -6,6 +6,8 @@ import (
 	"os"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gpuarb/gpuarb/nvrm"
 )
 
 // Ownership is what the driver's ownership rule answers for one channel
@@ -61,7 +63,7 @@ func (a *Actuator) CheckOwnership(g Group) (Ownership, error) {
 	defer via.close()
 	o.Driver = via.String()
 	info := make([]byte, 4)
-	if o.ViaDuplicate, err = via.control(dup, g.Client, g.TSG, ctrlTSGGetInfo, info); err != nil {
+	if o.ViaDuplicate, err = via.control(dup, g.Client, g.TSG, nvrm.CtrlTSGGetInfo, info); err != nil {
 		return o, fmt.Errorf("GET_INFO through the duplicate: %w", err)
 	}
 	o.TSGID = binary.LittleEndian.Uint32(info)
@@ -70,7 +72,7 @@ func (a *Actuator) CheckOwnership(g Group) (Ownership, error) {
 		return o, fmt.Errorf("open %s afresh: %w", node, err)
 	}
 	defer fresh.Close()
-	if o.ViaFresh, err = via.control(fresh, g.Client, g.TSG, ctrlTSGGetInfo, make([]byte, 4)); err != nil {
+	if o.ViaFresh, err = via.control(fresh, g.Client, g.TSG, nvrm.CtrlTSGGetInfo, make([]byte, 4)); err != nil {
 		return o, fmt.Errorf("GET_INFO through a fresh file: %w", err)
 	}
 	return o, nil

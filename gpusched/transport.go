@@ -13,6 +13,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gpuarb/gpuarb/nvrm"
 )
 
 // transport delivers an RM control to the driver through a duplicate of a
@@ -65,7 +67,7 @@ type nvidia struct{}
 // the base.
 func (nvidia) slices(control func(cmd uint32, params []byte) error) (Slices, error) {
 	p := make([]byte, 8)
-	if err := control(ctrlTSGGetTimeslice, p); err != nil {
+	if err := control(nvrm.CtrlTSGGetTimeslice, p); err != nil {
 		return Slices{}, fmt.Errorf("read the driver's timeslice: %w", err)
 	}
 	return slicesFor(nvidiaSwitch, time.Duration(binary.LittleEndian.Uint64(p))*time.Microsecond), nil
@@ -78,8 +80,9 @@ type nvos54 struct {
 	ParamsSize, Status         uint32
 }
 
-// rmControlIoctl is _IOWR('F', 0x2A, sizeof(NVOS54_PARAMETERS) = 32).
-const rmControlIoctl = 0xC020462A
+// rmControlIoctl is _IOWR('F', RM_CONTROL, sizeof(NVOS54_PARAMETERS)):
+// 0xC020462A.
+const rmControlIoctl = 3<<30 | unsafe.Sizeof(nvos54{})<<16 | nvrm.Magic<<8 | nvrm.EscRMControl
 
 func (nvidia) String() string { return "nvidia" }
 

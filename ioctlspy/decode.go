@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/gpuarb/gpuarb/bpf"
+	"github.com/gpuarb/gpuarb/nvrm"
 )
 
 // Decode turns one raw record into a typed event.
@@ -119,7 +120,7 @@ func decodeIoctl(h Header, r Record) Event {
 		if ev := decodeNvidia(h, info, r); ev != nil {
 			return ev
 		}
-		return &Ioctl{Header: h, IoctlInfo: info, Name: EscapeName(r.Esc)}
+		return &Ioctl{Header: h, IoctlInfo: info, Name: nvrm.EscapeName(r.Esc)}
 	case bpf.KindNvidiaUVM:
 		if ev := decodeUVM(h, info, r); ev != nil {
 			return ev
@@ -139,7 +140,7 @@ func decodeNvidia(h Header, info IoctlInfo, r Record) Event {
 	a := fields(r.Arg)
 	p := fields(r.Params)
 	switch r.Esc {
-	case EscRMAlloc:
+	case nvrm.EscRMAlloc:
 		client, ok1 := a.u32(0)
 		parent, ok2 := a.u32(4)
 		handle, ok3 := a.u32(8)
@@ -154,18 +155,18 @@ func decodeNvidia(h Header, info IoctlInfo, r Record) Event {
 		size, _ := a.u32(sizeOff)
 		status, _ := a.u32(statusOff)
 		obj := ObjectAllocated{Header: h, IoctlInfo: info, Client: client, Parent: parent, Handle: handle,
-			Class: class, ClassName: ClassName(class), ParamsSize: size, Status: status}
+			Class: class, ClassName: nvrm.ClassName(class), ParamsSize: size, Status: status}
 		switch {
-		case class == ClassMemoryLocalUser || class == ClassMemoryLocalPrivileged || class == ClassMemorySystem:
+		case class == nvrm.ClassMemoryLocalUser || class == nvrm.ClassMemoryLocalPrivileged || class == nvrm.ClassMemorySystem:
 			return memoryAllocated(obj, r)
-		case class == ClassDevice:
+		case class == nvrm.ClassDevice:
 			obj.DeviceID, _ = p.u32(0)
-		case class == ClassTSG:
+		case class == nvrm.ClassTSG:
 			ev := &TSGAllocated{ObjectAllocated: obj}
 			ev.VASpace, _ = p.u32(8)
 			ev.EngineType, _ = p.u32(12)
 			return ev
-		case IsChannelClass(class):
+		case nvrm.IsChannelClass(class):
 			ev := &ChannelAllocated{ObjectAllocated: obj}
 			ev.GPFIFOOffset, _ = p.u64(8)
 			ev.GPFIFOEntries, _ = p.u32(16)
@@ -174,7 +175,7 @@ func decodeNvidia(h Header, info IoctlInfo, r Record) Event {
 			return ev
 		}
 		return &obj
-	case EscRMVidHeapControl:
+	case nvrm.EscRMVidHeapControl:
 		client, ok1 := a.u32(0)
 		parent, ok2 := a.u32(4)
 		function, ok3 := a.u32(8)
@@ -184,8 +185,8 @@ func decodeNvidia(h Header, info IoctlInfo, r Record) Event {
 			return nil
 		}
 		return memoryAllocated(ObjectAllocated{Header: h, IoctlInfo: info, Client: client, Parent: parent, Handle: handle,
-			Class: ClassMemoryLocalUser, ClassName: ClassName(ClassMemoryLocalUser), Status: status}, r)
-	case EscRMFree:
+			Class: nvrm.ClassMemoryLocalUser, ClassName: nvrm.ClassName(nvrm.ClassMemoryLocalUser), Status: status}, r)
+	case nvrm.EscRMFree:
 		client, ok1 := a.u32(0)
 		parent, ok2 := a.u32(4)
 		handle, ok3 := a.u32(8)
@@ -194,7 +195,7 @@ func decodeNvidia(h Header, info IoctlInfo, r Record) Event {
 		}
 		status, _ := a.u32(12)
 		return &ObjectFreed{Header: h, IoctlInfo: info, Client: client, Parent: parent, Handle: handle, Status: status}
-	case EscRMControl:
+	case nvrm.EscRMControl:
 		client, ok1 := a.u32(0)
 		object, ok2 := a.u32(4)
 		cmd, ok3 := a.u32(8)
@@ -205,22 +206,22 @@ func decodeNvidia(h Header, info IoctlInfo, r Record) Event {
 		status, _ := a.u32(28)
 		ctl := RMControl{Header: h, IoctlInfo: info, Client: client, Object: object, CtrlCmd: cmd, ParamsSize: size, Status: status}
 		switch cmd {
-		case CtrlGetWorkSubmitToken:
+		case nvrm.CtrlGetWorkSubmitToken:
 			token, ok := p.u32(0)
 			if !ok {
 				return &ctl
 			}
 			return &WorkSubmitToken{RMControl: ctl, Channel: object, Token: token}
-		case CtrlTSGSetTimeslice:
+		case nvrm.CtrlTSGSetTimeslice:
 			ts, _ := p.u64(0)
 			return &TSGControl{RMControl: ctl, Name: "SET_TIMESLICE", TimesliceUS: ts}
-		case CtrlTSGPreempt:
+		case nvrm.CtrlTSGPreempt:
 			return &TSGControl{RMControl: ctl, Name: "PREEMPT"}
-		case CtrlTSGGetInfo:
+		case nvrm.CtrlTSGGetInfo:
 			return &TSGControl{RMControl: ctl, Name: "GET_INFO"}
 		}
 		return &ctl
-	case EscRMMapMemory:
+	case nvrm.EscRMMapMemory:
 		client, ok1 := a.u32(0)
 		dev, ok2 := a.u32(4)
 		mem, ok3 := a.u32(8)
@@ -230,14 +231,14 @@ func decodeNvidia(h Header, info IoctlInfo, r Record) Event {
 			return nil
 		}
 		return &MemoryMapped{Header: h, IoctlInfo: info, Client: client, Device: dev, Memory: mem, Offset: off, Length: length}
-	case EscAllocOSEvent, EscFreeOSEvent:
+	case nvrm.EscAllocOSEvent, nvrm.EscFreeOSEvent:
 		client, ok1 := a.u32(0)
 		dev, ok2 := a.u32(4)
 		fd, ok3 := a.u32(8)
 		if !(ok1 && ok2 && ok3) {
 			return nil
 		}
-		return &OSEvent{Header: h, IoctlInfo: info, Client: client, Device: dev, FD: fd, Freed: r.Esc == EscFreeOSEvent}
+		return &OSEvent{Header: h, IoctlInfo: info, Client: client, Device: dev, FD: fd, Freed: r.Esc == nvrm.EscFreeOSEvent}
 	}
 	return nil
 }
@@ -404,7 +405,7 @@ func decodeCuda(h Header, r Record) (Event, error) {
 // GPU, and for a limited tenant its charge and limit and whether it killed
 // the process.
 func memoryAllocated(obj ObjectAllocated, r Record) *MemoryAllocated {
-	m := &MemoryAllocated{ObjectAllocated: obj, Bytes: r.Args[1], GPU: uint32(r.Args[2]), Host: obj.Class == ClassMemorySystem,
+	m := &MemoryAllocated{ObjectAllocated: obj, Bytes: r.Args[1], GPU: uint32(r.Args[2]), Host: obj.Class == nvrm.ClassMemorySystem,
 		OOMKilled: r.Flags&flagOOMKill != 0}
 	if m.OOMKilled {
 		m.Charged, m.Limit, m.LimitSlot = r.Args[3], r.Args[4], uint32(r.Args[5])

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/gpuarb/gpuarb/bpf"
+	"github.com/gpuarb/gpuarb/nvrm"
 )
 
 // encodeRecord lays a Record out as the probes do: its header, then the
@@ -94,26 +95,26 @@ func TestDecode(t *testing.T) {
 		rec   Record
 		check func(t *testing.T, ev Event)
 	}{
-		{"TSG alloc", nvIoctl(EscRMAlloc, nvos21(ClassTSG), words(0, 0, 0x5c000005, 1)), func(t *testing.T, ev Event) {
+		{"TSG alloc", nvIoctl(nvrm.EscRMAlloc, nvos21(nvrm.ClassTSG), words(0, 0, 0x5c000005, 1)), func(t *testing.T, ev Event) {
 			e := ev.(*TSGAllocated)
 			if e.Class != 0xA06C || e.Client != 0xc1d00001 || e.Parent != 0x5c000002 || e.Handle != 0x5c000010 ||
 				e.EngineType != 1 || e.VASpace != 0x5c000005 || e.ClassName != "KEPLER_CHANNEL_GROUP_A" {
 				t.Errorf("%+v", e)
 			}
 		}},
-		{"channel alloc NVOS64", nvIoctl(EscRMAlloc, nvos64, words(0, 0, uint64(0xabc000), 1024, 0, 0, 0x5c000005)), func(t *testing.T, ev Event) {
+		{"channel alloc NVOS64", nvIoctl(nvrm.EscRMAlloc, nvos64, words(0, 0, uint64(0xabc000), 1024, 0, 0, 0x5c000005)), func(t *testing.T, ev Event) {
 			e := ev.(*ChannelAllocated)
 			if e.Class != 0xC56F || e.Parent != 0x5c000010 || e.GPFIFOEntries != 1024 || e.GPFIFOOffset != 0xabc000 || e.VASpace != 0x5c000005 {
 				t.Errorf("%+v", e)
 			}
 		}},
-		{"other alloc", nvIoctl(EscRMAlloc, nvos21(0x80), nil), func(t *testing.T, ev Event) {
+		{"other alloc", nvIoctl(nvrm.EscRMAlloc, nvos21(0x80), nil), func(t *testing.T, ev Event) {
 			if e := ev.(*ObjectAllocated); e.ClassName != "NV01_DEVICE_0" {
 				t.Errorf("%+v", e)
 			}
 		}},
 		{"device memory NVOS64", func() Record {
-			r := nvIoctl(EscRMAlloc, words(0xc1d00001, 0x5c000002, 0x5c000020, ClassMemoryLocalUser, uint64(0x7000), uint64(0), 0, 0, 0, 0), nil)
+			r := nvIoctl(nvrm.EscRMAlloc, words(0xc1d00001, 0x5c000002, 0x5c000020, nvrm.ClassMemoryLocalUser, uint64(0x7000), uint64(0), 0, 0, 0, 0), nil)
 			r.Args[1], r.Args[2] = 128<<20, 1
 			return r
 		}(), func(t *testing.T, ev Event) {
@@ -124,7 +125,7 @@ func TestDecode(t *testing.T) {
 			}
 		}},
 		{"device memory past a limit", func() Record {
-			r := nvIoctl(EscRMAlloc, words(0xc1d00001, 0x5c000002, 0x5c000021, ClassMemoryLocalUser, uint64(0x7000), uint64(0), 0, 0, 0, 0), nil)
+			r := nvIoctl(nvrm.EscRMAlloc, words(0xc1d00001, 0x5c000002, 0x5c000021, nvrm.ClassMemoryLocalUser, uint64(0x7000), uint64(0), 0, 0, 0, 0), nil)
 			r.Args = [numArgs]uint64{3, 64 << 20, 0, 1000 << 20, 1 << 30, 7}
 			r.Flags = flagOOMKill
 			return r
@@ -138,7 +139,7 @@ func TestDecode(t *testing.T) {
 			arg := make([]byte, 64)
 			copy(arg, words(0xc1d00001, 0x5c000002, 2, 0, 0, 0x51))
 			copy(arg[44:], words(0x5c000022))
-			r := nvIoctl(EscRMVidHeapControl, arg, nil)
+			r := nvIoctl(nvrm.EscRMVidHeapControl, arg, nil)
 			r.Args[1] = 2 << 20
 			return r
 		}(), func(t *testing.T, ev Event) {
@@ -147,44 +148,44 @@ func TestDecode(t *testing.T) {
 				t.Errorf("%+v: want 2 MiB refused with NV_ERR_NO_MEMORY", e)
 			}
 		}},
-		{"VID_HEAP_CONTROL that allocates nothing", nvIoctl(EscRMVidHeapControl, words(1, 2, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0), nil), func(t *testing.T, ev Event) {
+		{"VID_HEAP_CONTROL that allocates nothing", nvIoctl(nvrm.EscRMVidHeapControl, words(1, 2, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0), nil), func(t *testing.T, ev Event) {
 			if e, ok := ev.(*Ioctl); !ok {
 				t.Errorf("%T %+v, want a plain ioctl (function 3 is not an allocation)", ev, ev)
 			} else if e.Name != "RM_VID_HEAP_CONTROL" {
 				t.Errorf("named %q", e.Name)
 			}
 		}},
-		{"free", nvIoctl(EscRMFree, words(0xc1d00001, 0x5c000002, 0x5c000010, 0), nil), func(t *testing.T, ev Event) {
+		{"free", nvIoctl(nvrm.EscRMFree, words(0xc1d00001, 0x5c000002, 0x5c000010, 0), nil), func(t *testing.T, ev Event) {
 			if e := ev.(*ObjectFreed); e.Handle != 0x5c000010 || e.Parent != 0x5c000002 {
 				t.Errorf("%+v", e)
 			}
 		}},
-		{"work submit token", nvIoctl(EscRMControl, words(0xc1d00001, 0x5c000011, CtrlGetWorkSubmitToken, 0, uint64(0x7100), 4, 0), words(0x1234)), func(t *testing.T, ev Event) {
-			if e := ev.(*WorkSubmitToken); e.Token != 0x1234 || e.Channel != 0x5c000011 || e.CtrlCmd != CtrlGetWorkSubmitToken {
+		{"work submit token", nvIoctl(nvrm.EscRMControl, words(0xc1d00001, 0x5c000011, nvrm.CtrlGetWorkSubmitToken, 0, uint64(0x7100), 4, 0), words(0x1234)), func(t *testing.T, ev Event) {
+			if e := ev.(*WorkSubmitToken); e.Token != 0x1234 || e.Channel != 0x5c000011 || e.CtrlCmd != nvrm.CtrlGetWorkSubmitToken {
 				t.Errorf("%+v", e)
 			}
 		}},
-		{"token without params", nvIoctl(EscRMControl, words(0xc1d00001, 0x5c000011, CtrlGetWorkSubmitToken, 0, uint64(0), 4, 0), nil), func(t *testing.T, ev Event) {
-			if e := ev.(*RMControl); e.CtrlCmd != CtrlGetWorkSubmitToken {
+		{"token without params", nvIoctl(nvrm.EscRMControl, words(0xc1d00001, 0x5c000011, nvrm.CtrlGetWorkSubmitToken, 0, uint64(0), 4, 0), nil), func(t *testing.T, ev Event) {
+			if e := ev.(*RMControl); e.CtrlCmd != nvrm.CtrlGetWorkSubmitToken {
 				t.Errorf("%+v", e)
 			}
 		}},
-		{"set timeslice", nvIoctl(EscRMControl, words(1, 2, CtrlTSGSetTimeslice, 0, uint64(0x7100), 8, 0), words(uint64(2000))), func(t *testing.T, ev Event) {
+		{"set timeslice", nvIoctl(nvrm.EscRMControl, words(1, 2, nvrm.CtrlTSGSetTimeslice, 0, uint64(0x7100), 8, 0), words(uint64(2000))), func(t *testing.T, ev Event) {
 			if e := ev.(*TSGControl); e.Name != "SET_TIMESLICE" || e.TimesliceUS != 2000 {
 				t.Errorf("%+v", e)
 			}
 		}},
-		{"map memory", nvIoctl(EscRMMapMemory, words(1, 2, 3, 0, uint64(4096), uint64(1<<20), uint64(0), 0, 0, 5), nil), func(t *testing.T, ev Event) {
+		{"map memory", nvIoctl(nvrm.EscRMMapMemory, words(1, 2, 3, 0, uint64(4096), uint64(1<<20), uint64(0), 0, 0, 5), nil), func(t *testing.T, ev Event) {
 			if e := ev.(*MemoryMapped); e.Memory != 3 || e.Offset != 4096 || e.Length != 1<<20 {
 				t.Errorf("%+v", e)
 			}
 		}},
-		{"os event", nvIoctl(EscAllocOSEvent, words(1, 2, 9, 0), nil), func(t *testing.T, ev Event) {
+		{"os event", nvIoctl(nvrm.EscAllocOSEvent, words(1, 2, 9, 0), nil), func(t *testing.T, ev Event) {
 			if e := ev.(*OSEvent); e.FD != 9 || e.Freed {
 				t.Errorf("%+v", e)
 			}
 		}},
-		{"truncated alloc", nvIoctl(EscRMAlloc, words(1, 2), nil), func(t *testing.T, ev Event) {
+		{"truncated alloc", nvIoctl(nvrm.EscRMAlloc, words(1, 2), nil), func(t *testing.T, ev Event) {
 			if e := ev.(*Ioctl); e.Name != "RM_ALLOC" {
 				t.Errorf("%+v", e)
 			}
@@ -375,7 +376,7 @@ func TestDecodeErrors(t *testing.T) {
 		t.Error("unknown cuda function decoded")
 	}
 	// Payload lengths beyond the buffers are clamped.
-	b := encodeRecord(nvIoctl(EscRMAlloc, nil, nil))
+	b := encodeRecord(nvIoctl(nvrm.EscRMAlloc, nil, nil))
 	binary.LittleEndian.PutUint16(b[offArgLen:], 0xffff)
 	r, err := ParseRecord(b)
 	if err != nil || len(r.Arg) != payloadLen {
@@ -397,14 +398,14 @@ func steerableProcess(t *testing.T) (*Table, func(Record)) {
 		}
 		tbl.Apply(ev)
 	}
-	client := nvIoctl(EscRMAlloc, words(1, 0, 1, ClassRoot, uint64(0), 0, 0), nil)
+	client := nvIoctl(nvrm.EscRMAlloc, words(1, 0, 1, nvrm.ClassRoot, uint64(0), 0, 0), nil)
 	client.Args[0] = 9
 	apply(client)
-	apply(nvIoctl(EscRMAlloc, words(1, 1, 2, ClassDevice, uint64(0), 0, 0), words(3)))
-	apply(nvIoctl(EscRMAlloc, words(1, 2, 3, ClassSubdev, uint64(0), 0, 0), nil))
-	apply(nvIoctl(EscRMAlloc, words(1, 2, 10, ClassTSG, uint64(0), 0, 0), words(0, 0, 0, 1)))
-	apply(nvIoctl(EscRMAlloc, words(1, 10, 11, 0xC86F, uint64(0), 0, 0), nil))
-	apply(nvIoctl(EscRMControl, words(1, 11, CtrlGetWorkSubmitToken, 0, uint64(1), 4, 0), words(77)))
+	apply(nvIoctl(nvrm.EscRMAlloc, words(1, 1, 2, nvrm.ClassDevice, uint64(0), 0, 0), words(3)))
+	apply(nvIoctl(nvrm.EscRMAlloc, words(1, 2, 3, nvrm.ClassSubdevice, uint64(0), 0, 0), nil))
+	apply(nvIoctl(nvrm.EscRMAlloc, words(1, 2, 10, nvrm.ClassTSG, uint64(0), 0, 0), words(0, 0, 0, 1)))
+	apply(nvIoctl(nvrm.EscRMAlloc, words(1, 10, 11, 0xC86F, uint64(0), 0, 0), nil))
+	apply(nvIoctl(nvrm.EscRMControl, words(1, 11, nvrm.CtrlGetWorkSubmitToken, 0, uint64(1), 4, 0), words(77)))
 	return tbl, apply
 }
 
@@ -412,10 +413,10 @@ func TestTable(t *testing.T) {
 	tbl, apply := steerableProcess(t)
 	// On the simulated GPU's node every RM ioctl fails with ENOTTY; the
 	// allocation still counts (its status is 0).
-	enotty := nvIoctl(EscRMAlloc, words(1, 10, 12, 0xC86F, uint64(0), 0, 0), nil)
+	enotty := nvIoctl(nvrm.EscRMAlloc, words(1, 10, 12, 0xC86F, uint64(0), 0, 0), nil)
 	enotty.Ret = -25
 	apply(enotty)
-	failed := nvIoctl(EscRMAlloc, words(1, 10, 13, 0xC86F, uint64(0), 0, 0x1f), nil)
+	failed := nvIoctl(nvrm.EscRMAlloc, words(1, 10, 13, 0xC86F, uint64(0), 0, 0x1f), nil)
 	apply(failed)
 	apply(Record{Type: recCuda, PID: 42, Func: fn("cuCtxCreate_v2"), Args: [numArgs]uint64{0xc7, 0, 0}})
 	apply(Record{Type: recLaunch, PID: 42, Func: fn("cuLaunchKernel"), Function: 1, Grid: [3]uint32{1, 1, 1}, Block: [3]uint32{1, 1, 1}})
@@ -432,7 +433,7 @@ func TestTable(t *testing.T) {
 		t.Errorf("groups %+v", groups)
 	}
 	mem := func(handle, parent uint32, bytes, gpu uint64, status uint32, killed bool) {
-		r := nvIoctl(EscRMAlloc, words(1, parent, handle, ClassMemoryLocalUser, uint64(0x7000), uint64(0), 0, 0, status, 0), nil)
+		r := nvIoctl(nvrm.EscRMAlloc, words(1, parent, handle, nvrm.ClassMemoryLocalUser, uint64(0x7000), uint64(0), 0, 0, status, 0), nil)
 		r.Args[1], r.Args[2] = bytes, gpu
 		if killed {
 			r.Flags = flagOOMKill
@@ -444,22 +445,22 @@ func TestTable(t *testing.T) {
 	mem(22, 2, 400, 3, 0x51, false) // refused by the driver
 	mem(23, 2, 800, 3, 0, true)     // its process killed at it: not held
 	mem(24, 5, 1000, 0, 0, false)
-	host := nvIoctl(EscRMAlloc, words(1, 2, 25, ClassMemorySystem, uint64(0x7000), uint64(0), 0, 0, 0, 0), nil)
+	host := nvIoctl(nvrm.EscRMAlloc, words(1, 2, 25, nvrm.ClassMemorySystem, uint64(0x7000), uint64(0), 0, 0, 0, 0), nil)
 	host.Args[1], host.Args[2] = 4096, 3
 	apply(host)
 	if m, h := tbl.MemoryOf(42); m[3] != 300 || m[0] != 1000 || len(m) != 2 || h[3] != 4096 || len(h) != 1 {
 		t.Errorf("memory %v, host %v; want 300 B on GPU 3 and 1000 on GPU 0, 4096 B of host memory apart", m, h)
 	}
-	apply(nvIoctl(EscRMFree, words(1, 2, 21, 0x1f), nil)) // a free the driver refused
-	apply(nvIoctl(EscRMFree, words(1, 2, 20, 0), nil))
+	apply(nvIoctl(nvrm.EscRMFree, words(1, 2, 21, 0x1f), nil)) // a free the driver refused
+	apply(nvIoctl(nvrm.EscRMFree, words(1, 2, 20, 0), nil))
 	if m, _ := tbl.MemoryOf(42); m[3] != 200 {
 		t.Errorf("memory %v after freeing 100 B, want 200 on GPU 3", m)
 	}
-	apply(nvIoctl(EscRMFree, words(1, 1, 2, 0), nil)) // the device, and what was allocated under it
+	apply(nvIoctl(nvrm.EscRMFree, words(1, 1, 2, 0), nil)) // the device, and what was allocated under it
 	if m, h := tbl.MemoryOf(42); m[3] != 0 || m[0] != 1000 || h[3] != 0 {
 		t.Errorf("memory %v after freeing the device, want only GPU 0's 1000 B", m)
 	}
-	apply(nvIoctl(EscRMFree, words(1, 1, 1, 0), nil)) // freeing the client frees all under it
+	apply(nvIoctl(nvrm.EscRMFree, words(1, 1, 1, 0), nil)) // freeing the client frees all under it
 	if p := tbl.Processes()[0]; len(p.TSGs) != 0 || len(p.Channels) != 0 || len(p.Clients) != 0 || len(p.Groups()) != 0 || len(p.Memory) != 0 {
 		t.Errorf("after client free: %+v", p)
 	}
@@ -471,10 +472,10 @@ func TestTable(t *testing.T) {
 
 func FuzzDecode(f *testing.F) {
 	seeds := []Record{
-		nvIoctl(EscRMAlloc, words(1, 2, 3, ClassTSG, uint64(0), 0, 0), words(0, 0, 0, 1)),
-		nvIoctl(EscRMAlloc, words(1, 2, 3, 0xC56F, uint64(0), uint64(0), 0, 0, 0, 0), words(0, 0, uint64(0), 1024)),
-		nvIoctl(EscRMControl, words(1, 2, CtrlGetWorkSubmitToken, 0, uint64(1), 4, 0), words(5)),
-		nvIoctl(EscRMMapMemory, words(1, 2, 3, 0, uint64(1), uint64(2)), nil),
+		nvIoctl(nvrm.EscRMAlloc, words(1, 2, 3, nvrm.ClassTSG, uint64(0), 0, 0), words(0, 0, 0, 1)),
+		nvIoctl(nvrm.EscRMAlloc, words(1, 2, 3, 0xC56F, uint64(0), uint64(0), 0, 0, 0, 0), words(0, 0, uint64(0), 1024)),
+		nvIoctl(nvrm.EscRMControl, words(1, 2, nvrm.CtrlGetWorkSubmitToken, 0, uint64(1), 4, 0), words(5)),
+		nvIoctl(nvrm.EscRMMapMemory, words(1, 2, 3, 0, uint64(1), uint64(2)), nil),
 		drmIoctl(NouveauExec, words(3, 2, 0, 0)),
 		drmIoctl(NouveauGemPushbuf, words(4, 1, uint64(0), 0, 5)),
 		{Type: recIoctl, DevKind: uint32(bpf.KindNvidiaUVM), Esc: UVMRegisterChannel, Arg: make([]byte, 48)},

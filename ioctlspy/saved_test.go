@@ -5,6 +5,8 @@ import (
 	"errors"
 	"reflect"
 	"testing"
+
+	"github.com/gpuarb/gpuarb/nvrm"
 )
 
 // A table saved and restored holds the same RM objects for the same
@@ -13,12 +15,12 @@ import (
 // knows already.
 func TestTableSavedAndRestored(t *testing.T) {
 	tbl, apply := steerableProcess(t)
-	mem := nvIoctl(EscRMAlloc, words(1, 2, 20, ClassMemoryLocalUser, uint64(0x7000), uint64(0), 0, 0, 0, 0), nil)
+	mem := nvIoctl(nvrm.EscRMAlloc, words(1, 2, 20, nvrm.ClassMemoryLocalUser, uint64(0x7000), uint64(0), 0, 0, 0, 0), nil)
 	mem.Args[1], mem.Args[2] = 2<<20, 3
 	apply(mem)
 	apply(Record{Type: recCuda, PID: 42, TID: 42, Func: fn("cuCtxCreate_v2"), Args: [numArgs]uint64{0xc7, 0, 0}})
 	apply(Record{Type: recCuda, PID: 42, TID: 45, Func: fn("cuCtxCreate_v2"), Args: [numArgs]uint64{0xc8, 0, 0}})
-	other := nvIoctl(EscRMAlloc, words(5, 0, 5, ClassRoot, uint64(0), 0, 0), nil)
+	other := nvIoctl(nvrm.EscRMAlloc, words(5, 0, 5, nvrm.ClassRoot, uint64(0), 0, 0), nil)
 	other.PID = 43
 	apply(other)
 	v := tbl.Version()
@@ -37,7 +39,7 @@ func TestTableSavedAndRestored(t *testing.T) {
 	// By the restore pid 43 names another process, and pid 44 is known.
 	now := map[uint32]uint64{42: 1000, 43: 2001}
 	restored := NewTable()
-	known := nvIoctl(EscRMAlloc, words(9, 0, 9, ClassRoot, uint64(0), 0, 0), nil)
+	known := nvIoctl(nvrm.EscRMAlloc, words(9, 0, 9, nvrm.ClassRoot, uint64(0), 0, 0), nil)
 	known.PID = 44
 	ev, _ := DecodeRecord(known)
 	restored.Apply(ev)

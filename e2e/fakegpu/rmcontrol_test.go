@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/gpuarb/gpuarb/nvrm"
 )
 
 // TestControlChecks runs the simulated driver's checks of RM controls:
@@ -121,5 +123,34 @@ func TestDisableEvictsUnlessOnlyScheduling(t *testing.T) {
 			t.Errorf("bOnlyDisableScheduling %v: the group still running after the restart: %v", onlyScheduling, running)
 		}
 		g.removeContext(x)
+	}
+}
+
+// The simulated driver's controls and statuses are the real driver's
+// that gpuarb speaks (package nvrm).
+func TestSimulatedDriverSpeaksGpuarbsVocabulary(t *testing.T) {
+	for _, c := range []struct {
+		name            string
+		simulated, real uint32
+	}{
+		{"TSG SET_TIMESLICE", CtrlTSGSetTimeslice, nvrm.CtrlTSGSetTimeslice},
+		{"TSG GET_TIMESLICE", CtrlTSGGetTimeslice, nvrm.CtrlTSGGetTimeslice},
+		{"TSG PREEMPT", CtrlTSGPreempt, nvrm.CtrlTSGPreempt},
+		{"TSG GET_INFO", CtrlTSGGetInfo, nvrm.CtrlTSGGetInfo},
+		{"channel RESTART_RUNLIST", CtrlChannelRestartRunlist, nvrm.CtrlRestartRunlist},
+		{"subdevice FIFO_DISABLE_CHANNELS", CtrlSubdevFIFODisableChans, nvrm.CtrlFIFODisableChannels},
+		{"FIFO_DISABLE_CHANNELS size", uint32(controlSize[CtrlSubdevFIFODisableChans]), nvrm.FIFODisableSize},
+		{"FIFO_DISABLE_CHANNELS length", maxDisable, nvrm.FIFODisableMax},
+		{"NV_OK", nvOK, nvrm.StatusOK},
+		{"NV_ERR_INSUFFICIENT_PERMISSIONS", nvErrInsufficientPerms, nvrm.StatusInsufficientPerms},
+		{"NV_ERR_INVALID_ARGUMENT", nvErrInvalidArgument, nvrm.StatusInvalidArgument},
+		{"NV_ERR_INVALID_CLIENT", nvErrInvalidClient, nvrm.StatusInvalidClient},
+		{"NV_ERR_INVALID_COMMAND", nvErrInvalidCommand, nvrm.StatusInvalidCommand},
+		{"NV_ERR_INVALID_OBJECT_HANDLE", nvErrInvalidObject, nvrm.StatusInvalidObject},
+		{"NV_ERR_INVALID_PARAM_STRUCT", nvErrInvalidParamSize, nvrm.StatusInvalidParamSize},
+	} {
+		if c.simulated != c.real {
+			t.Errorf("%s: the simulator has %#x, gpuarb %#x", c.name, c.simulated, c.real)
+		}
 	}
 }
