@@ -335,16 +335,16 @@ func streamKey(h uint64, perThread bool, tid uint32) uint64 {
 	return h
 }
 
-// waitTarget is what a sync or query waits on: "stream", "context" or
-// "event", and the handle (a stream key for streams).
-func waitTarget(e bpf.EntryPoint, handle uint64, tid uint32) (string, uint64) {
+// waitTarget is what a sync or query waits on, and the handle (a stream
+// key for streams).
+func waitTarget(e bpf.EntryPoint, handle uint64, tid uint32) (WaitTarget, uint64) {
 	switch {
 	case strings.HasPrefix(e.Symbol, "cuStream"):
-		return "stream", streamKey(handle, e.PerThread, tid)
+		return WaitStream, streamKey(handle, e.PerThread, tid)
 	case strings.HasPrefix(e.Symbol, "cuEvent"):
-		return "event", handle
+		return WaitEvent, handle
 	}
-	return "context", handle
+	return WaitContext, handle
 }
 
 func decodeCuda(h Header, r Record) (Event, error) {

@@ -283,7 +283,7 @@ func TestDecode(t *testing.T) {
 			}
 		}},
 		{"stream sync", Record{Type: recCuda, Func: fn("cuStreamSynchronize"), TsEnter: 1000, TsExit: 9000, Args: [numArgs]uint64{0x5000, 8500}}, func(t *testing.T, ev Event) {
-			if e := ev.(*Sync); e.DurationNS != 8000 || e.Handle != 0x5000 || e.Of != "stream" || e.Polled || e.Woken != 8500 {
+			if e := ev.(*Sync); e.DurationNS != 8000 || e.Handle != 0x5000 || e.Of != WaitStream || e.Polled || e.Woken != 8500 {
 				t.Errorf("%+v", e)
 			}
 		}},
@@ -293,22 +293,22 @@ func TestDecode(t *testing.T) {
 			}
 		}},
 		{"sync begins", Record{Type: recCuda, Func: fn("cuStreamSynchronize_ptsz"), TID: 5, Flags: flagBegin}, func(t *testing.T, ev Event) {
-			if e := ev.(*WaitBegin); e.Of != "stream" || e.Handle != PerThreadStream(5) {
+			if e := ev.(*WaitBegin); e.Of != WaitStream || e.Handle != PerThreadStream(5) {
 				t.Errorf("%+v", e)
 			}
 		}},
 		{"CUDA 13 context sync", Record{Type: recCuda, Func: fn("cuCtxSynchronize_v2"), TsEnter: 1000, TsExit: 3000}, func(t *testing.T, ev Event) {
-			if e := ev.(*Sync); e.Of != "context" || e.DurationNS != 2000 {
+			if e := ev.(*Sync); e.Of != WaitContext || e.DurationNS != 2000 {
 				t.Errorf("%+v", e)
 			}
 		}},
 		{"poll ends", Record{Type: recCuda, Func: fn("cuEventQuery"), TsEnter: 1000, TsExit: 5000, Args: [numArgs]uint64{0xe7, 4800}}, func(t *testing.T, ev Event) {
-			if e := ev.(*Sync); e.Of != "event" || e.Handle != 0xe7 || !e.Polled || e.DurationNS != 4000 || e.NotDoneAt != 4800 || e.Woken != 0 {
+			if e := ev.(*Sync); e.Of != WaitEvent || e.Handle != 0xe7 || !e.Polled || e.DurationNS != 4000 || e.NotDoneAt != 4800 || e.Woken != 0 {
 				t.Errorf("%+v", e)
 			}
 		}},
 		{"poll done at its first query", Record{Type: recCuda, Func: fn("cuStreamQuery"), TsEnter: 5000, TsExit: 5000, Args: [numArgs]uint64{0x5000}}, func(t *testing.T, ev Event) {
-			if e := ev.(*Sync); e.Of != "stream" || !e.Polled || e.NotDoneAt != 0 {
+			if e := ev.(*Sync); e.Of != WaitStream || !e.Polled || e.NotDoneAt != 0 {
 				t.Errorf("%+v", e)
 			}
 		}},

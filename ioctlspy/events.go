@@ -293,14 +293,13 @@ func (e *VMBind) String() string {
 type Sync struct {
 	Header
 	Func string `json:"func"`
-	// Of is what it waited on: "stream", "context" or "event" ("" for a
-	// DRM wait); Handle names it (a stream key for streams, see
-	// PerThreadStream).
-	Of     string `json:"of,omitempty"`
-	Handle uint64 `json:"handle"`
-	Ret    int64  `json:"ret"`
-	Polled bool   `json:"polled,omitempty"`
-	Device string `json:"device,omitempty"`
+	// Of is what it waited on (none for a DRM wait); Handle names it (a
+	// stream key for streams, see PerThreadStream).
+	Of     WaitTarget `json:"of,omitempty"`
+	Handle uint64     `json:"handle"`
+	Ret    int64      `json:"ret"`
+	Polled bool       `json:"polled,omitempty"`
+	Device string     `json:"device,omitempty"`
 	// Woken is when the thread, asleep in a synchronizing call, was last
 	// woken (CLOCK_MONOTONIC ns; 0 if it never slept there): what woke it
 	// was the GPU's completion reaching it, before the scheduling delay
@@ -316,14 +315,25 @@ func (e *Sync) String() string {
 	return fmt.Sprintf("%s handle=0x%x wait=%dus ret=%d", e.Func, e.Handle, e.DurationNS/1000, e.Ret)
 }
 
+// WaitTarget is what a synchronizing call or a query waits on.
+type WaitTarget string
+
+// What a wait is on: a stream's work, an event's record, or a context's
+// whole work.
+const (
+	WaitStream  WaitTarget = "stream"
+	WaitEvent   WaitTarget = "event"
+	WaitContext WaitTarget = "context"
+)
+
 // WaitBegin is the start of a wait for the GPU: a synchronizing call
 // entered, or a polling loop's first query found the work not done. The
 // process has work outstanding until the Sync that ends it.
 type WaitBegin struct {
 	Header
-	Func   string `json:"func"`
-	Of     string `json:"of"`
-	Handle uint64 `json:"handle"`
+	Func   string     `json:"func"`
+	Of     WaitTarget `json:"of"`
+	Handle uint64     `json:"handle"`
 }
 
 func (e *WaitBegin) String() string {

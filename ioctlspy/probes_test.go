@@ -465,7 +465,7 @@ func TestRuntimeVariantsProbed(t *testing.T) {
 					seen[e.Func]++
 				case *ioctlspy.Sync:
 					seen[e.Func]++
-					if e.Polled && e.Of == "event" && e.DurationNS > 3e6 {
+					if e.Polled && e.Of == ioctlspy.WaitEvent && e.DurationNS > 3e6 {
 						seen["long poll"]++
 					}
 				case *ioctlspy.WaitBegin:

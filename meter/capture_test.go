@@ -46,7 +46,7 @@ func TestCapturedLaunchesAreNoWork(t *testing.T) {
 		}
 		m.Observe(waitBegin(1, 100, "context", 0, t0))
 		clk.t = t0 + 6*graphCost
-		m.Observe(&ioctlspy.Sync{Header: hdr(1, 100, t0, clk.t), Func: "cuCtxSynchronize", Of: "context"})
+		m.Observe(&ioctlspy.Sync{Header: hdr(1, 100, t0, clk.t), Func: "cuCtxSynchronize", Of: ioctlspy.WaitContext})
 		clk.t += think
 	}
 	// Launched outside a capture, the same stream's work counts again.

@@ -5,6 +5,8 @@ import (
 	"math"
 	"slices"
 	"time"
+
+	"github.com/gpuarb/gpuarb/ioctlspy"
 )
 
 type span struct{ start, end uint64 }
@@ -152,7 +154,7 @@ const maxMarks = 64
 // wait is a wait for the GPU in progress: a synchronizing call entered,
 // or a polling loop that found its work not done.
 type wait struct {
-	of     string
+	of     ioctlspy.WaitTarget
 	handle uint64
 	since  uint64
 }

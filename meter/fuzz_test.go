@@ -47,11 +47,11 @@ func checkEventStream(t *testing.T, data []byte) {
 		case 0:
 			m.Observe(&ioctlspy.Launch{Header: h, Function: handle, Stream: uint64(b[5] % 4), Grid: [3]uint32{uint32(arg), 1, 1}})
 		case 1:
-			m.Observe(&ioctlspy.Sync{Header: h, Func: "cuStreamSynchronize", Of: "stream", Handle: uint64(b[5] % 4)})
+			m.Observe(&ioctlspy.Sync{Header: h, Func: "cuStreamSynchronize", Of: ioctlspy.WaitStream, Handle: uint64(b[5] % 4)})
 		case 2:
-			m.Observe(&ioctlspy.Sync{Header: h, Func: "cuCtxSynchronize", Of: "context"})
+			m.Observe(&ioctlspy.Sync{Header: h, Func: "cuCtxSynchronize", Of: ioctlspy.WaitContext})
 		case 3:
-			m.Observe(&ioctlspy.Sync{Header: h, Func: "cuEventSynchronize", Of: "event", Handle: handle})
+			m.Observe(&ioctlspy.Sync{Header: h, Func: "cuEventSynchronize", Of: ioctlspy.WaitEvent, Handle: handle})
 		case 4:
 			m.Observe(&ioctlspy.EventRecord{Header: h, Event: handle, Stream: uint64(b[5] % 4)})
 		case 5:
@@ -59,7 +59,7 @@ func checkEventStream(t *testing.T, data []byte) {
 		case 6:
 			m.Observe(&ioctlspy.GraphLaunch{Header: h, Exec: handle, Stream: uint64(b[5] % 4)})
 		case 7:
-			m.Observe(&ioctlspy.WaitBegin{Header: h, Func: "cuEventQuery", Of: "event", Handle: handle})
+			m.Observe(&ioctlspy.WaitBegin{Header: h, Func: "cuEventQuery", Of: ioctlspy.WaitEvent, Handle: handle})
 		case 8:
 			m.Observe(&ioctlspy.MemAlloc{Header: h, DPtr: handle, Bytes: uint64(arg)})
 		case 9:
@@ -74,7 +74,7 @@ func checkEventStream(t *testing.T, data []byte) {
 			m.SetUnprobed(pid, cg, int(b[5]%2), clk.t)
 		case 14:
 			// A polling loop's end, its last not-done query anywhere.
-			m.Observe(&ioctlspy.Sync{Header: h, Func: "cuEventQuery", Of: "event", Handle: handle, Polled: true,
+			m.Observe(&ioctlspy.Sync{Header: h, Func: "cuEventQuery", Of: ioctlspy.WaitEvent, Handle: handle, Polled: true,
 				NotDoneAt: h.Start + uint64(b[5])*uint64(10*time.Microsecond)})
 		}
 		if b[0]%5 == 0 {

@@ -91,7 +91,7 @@ func (c *gpuContext) waitEnded(h *ioctlspy.Header, e *ioctlspy.Sync) {
 // for an event sync. ok is false while the replay still has some of that
 // work queued, or for work it never saw launched.
 func (c *gpuContext) modeledEnd(e *ioctlspy.Sync) (drained uint64, ok bool) {
-	if e.Of == "event" {
+	if e.Of == ioctlspy.WaitEvent {
 		if s, i := c.markOf(e.Handle); s != nil {
 			return s.marks[i].crossed, s.marks[i].crossed > 0
 		}
@@ -115,9 +115,9 @@ func (c *gpuContext) modeledEnd(e *ioctlspy.Sync) (drained uint64, ok bool) {
 // wait's submissions.
 func (c *gpuContext) syncedStreams(e *ioctlspy.Sync) []uint64 {
 	switch e.Of {
-	case "stream":
+	case ioctlspy.WaitStream:
 		return []uint64{e.Handle}
-	case "context":
+	case ioctlspy.WaitContext:
 		ids := make([]uint64, 0, len(c.streams))
 		for _, s := range c.streams {
 			ids = append(ids, s.id)
@@ -172,7 +172,7 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 		c.syncs = append(c.syncs, span{h.Start, h.End})
 		c.total.Syncs++
 	}
-	if e.Of == "event" {
+	if e.Of == ioctlspy.WaitEvent {
 		m.eventSync(c, h, e, now, done)
 		return
 	}
@@ -471,7 +471,7 @@ type Proof struct {
 	// At is when the work completed (the waiting thread's wake-up, or the
 	// call's return), CLOCK_MONOTONIC ns.
 	At uint64
-	Of string // what was synchronized: "stream", "context" or "event"
+	Of ioctlspy.WaitTarget // what was synchronized
 	// First is set for the context's first proof, which scales its
 	// guessed costs whole.
 	First bool

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpuarb/gpuarb/ioctlspy"
+	"github.com/gpuarb/gpuarb/nvrm"
 )
 
 // Config configures a Meter.
@@ -455,7 +456,7 @@ func (m *Meter) Observe(ev ioctlspy.Event) {
 	case *ioctlspy.TSGControl:
 		// The process's own scheduling call (libcuda sets its groups'
 		// timeslices): the replay follows it.
-		if e.Name == "SET_TIMESLICE" && e.TimesliceUS > 0 && e.Status == 0 {
+		if e.CtrlCmd == nvrm.CtrlTSGSetTimeslice && e.TimesliceUS > 0 && e.Status == nvrm.StatusOK {
 			m.noteSetup(h, 0, time.Duration(e.TimesliceUS)*time.Microsecond)
 		}
 	case *ioctlspy.TSGAllocated:

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gpuarb/gpuarb/ioctlspy"
+	"github.com/gpuarb/gpuarb/nvrm"
 )
 
 const (
@@ -29,7 +30,7 @@ func launch(pid uint32, cg, t, stream uint64) ioctlspy.Event {
 }
 
 func syncEv(pid uint32, cg uint64, fn string, handle, start, end uint64) ioctlspy.Event {
-	of := map[string]string{"cuStreamSynchronize": "stream", "cuCtxSynchronize": "context", "cuEventSynchronize": "event"}[fn]
+	of := map[string]ioctlspy.WaitTarget{"cuStreamSynchronize": ioctlspy.WaitStream, "cuCtxSynchronize": ioctlspy.WaitContext, "cuEventSynchronize": ioctlspy.WaitEvent}[fn]
 	return &ioctlspy.Sync{Header: hdr(pid, cg, start, end), Func: fn, Of: of, Handle: handle}
 }
 
@@ -666,7 +667,7 @@ func launchFn(pid uint32, cg, t, stream, fn uint64, blocks uint32) ioctlspy.Even
 	return &ioctlspy.Launch{Header: hdr(pid, cg, t, t), Stream: stream, Function: fn, Grid: [3]uint32{blocks, 1, 1}}
 }
 
-func waitBegin(pid uint32, cg uint64, of string, handle, t uint64) ioctlspy.Event {
+func waitBegin(pid uint32, cg uint64, of ioctlspy.WaitTarget, handle, t uint64) ioctlspy.Event {
 	return &ioctlspy.WaitBegin{Header: hdr(pid, cg, t, t), Of: of, Handle: handle}
 }
 
@@ -1299,8 +1300,8 @@ func TestStreamsTakeTurnsKernelByKernel(t *testing.T) {
 // guess (a stream sync) or collapsed (an event sync: what the replay ran
 // of the stream, nothing, over what it covered).
 func TestFirstProofFromALaterStream(t *testing.T) {
-	for _, of := range []string{"stream", "event"} {
-		t.Run(of, func(t *testing.T) {
+	for _, of := range []ioctlspy.WaitTarget{ioctlspy.WaitStream, ioctlspy.WaitEvent} {
+		t.Run(string(of), func(t *testing.T) {
 			clk := &clock{t: 10 * 1000 * ms}
 			m := New(Config{Now: clk.now})
 			t0 := clk.t
@@ -1323,13 +1324,13 @@ func TestFirstProofFromALaterStream(t *testing.T) {
 // proofOf is a completion proof of a stream's work, by a stream sync or by
 // a sync on the event recorded after it (of "stream" or "event"); polled:
 // by a query that found it done.
-func proofOf(of string, h ioctlspy.Header, stream, event uint64, polled bool) *ioctlspy.Sync {
-	s := &ioctlspy.Sync{Header: h, Func: "cuStreamSynchronize", Of: "stream", Handle: stream, Polled: polled}
-	if of == "event" {
-		s.Func, s.Of, s.Handle = "cuEventSynchronize", "event", event
+func proofOf(of ioctlspy.WaitTarget, h ioctlspy.Header, stream, event uint64, polled bool) *ioctlspy.Sync {
+	s := &ioctlspy.Sync{Header: h, Func: "cuStreamSynchronize", Of: ioctlspy.WaitStream, Handle: stream, Polled: polled}
+	if of == ioctlspy.WaitEvent {
+		s.Func, s.Of, s.Handle = "cuEventSynchronize", ioctlspy.WaitEvent, event
 	}
 	if polled {
-		s.Func = map[string]string{"stream": "cuStreamQuery", "event": "cuEventQuery"}[s.Of]
+		s.Func = map[ioctlspy.WaitTarget]string{ioctlspy.WaitStream: "cuStreamQuery", ioctlspy.WaitEvent: "cuEventQuery"}[s.Of]
 	}
 	return s
 }
@@ -1342,8 +1343,8 @@ func proofOf(of string, h ioctlspy.Header, stream, event uint64, polled bool) *i
 // launch, read 0% while it took 2%, and got 2% of a 12% target (fuzz
 // seed 31).
 func TestProofBeforeTheReplaysTurnTeachesNothing(t *testing.T) {
-	for _, of := range []string{"stream", "event"} {
-		t.Run(of, func(t *testing.T) {
+	for _, of := range []ioctlspy.WaitTarget{ioctlspy.WaitStream, ioctlspy.WaitEvent} {
+		t.Run(string(of), func(t *testing.T) {
 			clk := &clock{t: 10 * 1000 * ms}
 			var proofs []Proof
 			m := New(Config{Now: clk.now, Proofs: func(p Proof) { proofs = append(proofs, p) }})
@@ -1865,7 +1866,7 @@ func TestContextSetupBelongsToTheContextMade(t *testing.T) {
 	call := h(1, 11, 100, clk.t)
 	call.End = clk.t + 3*us
 	m.Observe(&ioctlspy.TSGAllocated{ObjectAllocated: ioctlspy.ObjectAllocated{Header: h(1, 11, 100, clk.t+us)}})
-	m.Observe(&ioctlspy.TSGControl{RMControl: ioctlspy.RMControl{Header: h(1, 11, 100, clk.t+2*us)}, Name: "SET_TIMESLICE", TimesliceUS: 2048})
+	m.Observe(&ioctlspy.TSGControl{RMControl: ioctlspy.RMControl{Header: h(1, 11, 100, clk.t+2*us), CtrlCmd: nvrm.CtrlTSGSetTimeslice}, Name: "SET_TIMESLICE", TimesliceUS: 2048})
 	m.Observe(&ioctlspy.ContextCreated{Header: call, Func: "cuCtxCreate_v2", Ctx: 0xc1})
 	m.context(&ioctlspy.Header{PID: 2, TID: 2, CgroupID: 200})
 	for _, c := range m.ctxs {

@@ -27,9 +27,9 @@ func TestReplayMeterPrintsTheTenantsShares(t *testing.T) {
 		t0 := 10_000*ms + uint64(i)*4*ms
 		now = t0
 		m.Observe(&ioctlspy.Launch{Header: hdr(t0, t0), Stream: 1, Function: 0xa, Grid: [3]uint32{1, 1, 1}})
-		m.Observe(&ioctlspy.WaitBegin{Header: hdr(t0, t0), Of: "stream", Handle: 1})
+		m.Observe(&ioctlspy.WaitBegin{Header: hdr(t0, t0), Of: ioctlspy.WaitStream, Handle: 1})
 		now = t0 + ms
-		m.Observe(&ioctlspy.Sync{Header: hdr(t0, t0+ms), Func: "cuStreamSynchronize", Of: "stream", Handle: 1})
+		m.Observe(&ioctlspy.Sync{Header: hdr(t0, t0+ms), Func: "cuStreamSynchronize", Of: ioctlspy.WaitStream, Handle: 1})
 		if i%25 == 24 {
 			m.Tick()
 			m.Snapshot()
