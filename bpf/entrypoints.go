@@ -56,6 +56,12 @@ type EntryPoint struct {
 	// PerThread marks the _ptsz and _ptds variants: a NULL stream is the
 	// calling thread's default stream, not the legacy one.
 	PerThread bool
+	// On is what a sync or a completion query waits on.
+	On WaitOn
+	// Async marks a copy that returns before its work is done; Begins a
+	// capture's start (its end otherwise); Frees a memory free (an
+	// allocation otherwise).
+	Async, Begins, Frees bool
 	// Where arguments that move between variants are, 1-based (0: none):
 	// a copy's byte count (shifted left by bytesShift) and stream, a
 	// context's device. They travel in the uprobe cookie.
@@ -71,6 +77,30 @@ func (e EntryPoint) cookie() uint64 {
 	return c | uint64(e.bytesArg)<<16 | uint64(e.streamArg)<<20 | uint64(e.bytesShift)<<24
 }
 
+// WaitOn is what a sync or a completion query waits on.
+type WaitOn uint8
+
+// What syncs and queries wait on: all the context's work, a stream's, or
+// an event's record.
+const (
+	OnContext WaitOn = iota
+	OnStream
+	OnEvent
+)
+
+// with sets f on each entry point of es.
+func with(es []EntryPoint, f func(*EntryPoint)) []EntryPoint {
+	for i := range es {
+		f(&es[i])
+	}
+	return es
+}
+
+func onStream(e *EntryPoint) { e.On = OnStream }
+func onEvent(e *EntryPoint)  { e.On = OnEvent }
+func begins(e *EntryPoint)   { e.Begins = true }
+func frees(e *EntryPoint)    { e.Frees = true }
+
 // copyEntry is a copy's entry point: plain, and its per-thread variant
 // (suffix _ptds for synchronous calls, _ptsz for asynchronous ones).
 func copyEntries(symbol string, plain, perThread CudaFunc, bytesArg, streamArg, shift uint8) []EntryPoint {
@@ -78,7 +108,8 @@ func copyEntries(symbol string, plain, perThread CudaFunc, bytesArg, streamArg, 
 	if streamArg != 0 {
 		suffix = "_ptsz"
 	}
-	e := EntryPoint{Symbol: symbol, Class: ClassCopy, Func: plain, bytesArg: bytesArg, streamArg: streamArg, bytesShift: shift}
+	e := EntryPoint{Symbol: symbol, Class: ClassCopy, Func: plain, bytesArg: bytesArg, streamArg: streamArg, bytesShift: shift,
+		Async: streamArg != 0}
 	p := e
 	p.Symbol, p.Func, p.PerThread = symbol+suffix, perThread, true
 	return []EntryPoint{e, p}
@@ -102,16 +133,16 @@ var EntryPoints = func() []EntryPoint {
 	add(pair("cuEventRecord", ClassEventRecord, gpuarbCudaFuncCU_EVENT_RECORD, gpuarbCudaFuncCU_EVENT_RECORD_PTSZ)...)
 	add(pair("cuEventRecordWithFlags", ClassEventRecord, gpuarbCudaFuncCU_EVENT_RECORD_WITH_FLAGS, gpuarbCudaFuncCU_EVENT_RECORD_WITH_FLAGS_PTSZ)...)
 	add(pair("cuStreamWaitEvent", ClassStreamWait, gpuarbCudaFuncCU_STREAM_WAIT_EVENT, gpuarbCudaFuncCU_STREAM_WAIT_EVENT_PTSZ)...)
-	add(pair("cuStreamBeginCapture_v2", ClassCapture, gpuarbCudaFuncCU_STREAM_BEGIN_CAPTURE, gpuarbCudaFuncCU_STREAM_BEGIN_CAPTURE_PTSZ)...)
-	add(pair("cuStreamBeginCapture", ClassCapture, gpuarbCudaFuncCU_STREAM_BEGIN_CAPTURE_V1, gpuarbCudaFuncCU_STREAM_BEGIN_CAPTURE_V1PTSZ)...)
-	add(pair("cuStreamBeginCaptureToGraph", ClassCapture, gpuarbCudaFuncCU_STREAM_BEGIN_CAPTURE_TO_GRAPH, gpuarbCudaFuncCU_STREAM_BEGIN_CAPTURE_TO_GRAPH_PTSZ)...)
+	add(with(pair("cuStreamBeginCapture_v2", ClassCapture, gpuarbCudaFuncCU_STREAM_BEGIN_CAPTURE, gpuarbCudaFuncCU_STREAM_BEGIN_CAPTURE_PTSZ), begins)...)
+	add(with(pair("cuStreamBeginCapture", ClassCapture, gpuarbCudaFuncCU_STREAM_BEGIN_CAPTURE_V1, gpuarbCudaFuncCU_STREAM_BEGIN_CAPTURE_V1PTSZ), begins)...)
+	add(with(pair("cuStreamBeginCaptureToGraph", ClassCapture, gpuarbCudaFuncCU_STREAM_BEGIN_CAPTURE_TO_GRAPH, gpuarbCudaFuncCU_STREAM_BEGIN_CAPTURE_TO_GRAPH_PTSZ), begins)...)
 	add(pair("cuStreamEndCapture", ClassCapture, gpuarbCudaFuncCU_STREAM_END_CAPTURE, gpuarbCudaFuncCU_STREAM_END_CAPTURE_PTSZ)...)
-	add(pair("cuStreamSynchronize", ClassSync, gpuarbCudaFuncCU_STREAM_SYNC, gpuarbCudaFuncCU_STREAM_SYNC_PTSZ)...)
+	add(with(pair("cuStreamSynchronize", ClassSync, gpuarbCudaFuncCU_STREAM_SYNC, gpuarbCudaFuncCU_STREAM_SYNC_PTSZ), onStream)...)
 	add(EntryPoint{Symbol: "cuCtxSynchronize", Class: ClassSync, Func: gpuarbCudaFuncCU_CTX_SYNC},
 		EntryPoint{Symbol: "cuCtxSynchronize_v2", Class: ClassSync, Func: gpuarbCudaFuncCU_CTX_SYNC_V2},
-		EntryPoint{Symbol: "cuEventSynchronize", Class: ClassSync, Func: gpuarbCudaFuncCU_EVENT_SYNC},
-		EntryPoint{Symbol: "cuEventQuery", Class: ClassQuery, Func: gpuarbCudaFuncCU_EVENT_QUERY})
-	add(pair("cuStreamQuery", ClassQuery, gpuarbCudaFuncCU_STREAM_QUERY, gpuarbCudaFuncCU_STREAM_QUERY_PTSZ)...)
+		EntryPoint{Symbol: "cuEventSynchronize", Class: ClassSync, Func: gpuarbCudaFuncCU_EVENT_SYNC, On: OnEvent},
+		EntryPoint{Symbol: "cuEventQuery", Class: ClassQuery, Func: gpuarbCudaFuncCU_EVENT_QUERY, On: OnEvent})
+	add(with(pair("cuStreamQuery", ClassQuery, gpuarbCudaFuncCU_STREAM_QUERY, gpuarbCudaFuncCU_STREAM_QUERY_PTSZ), onStream)...)
 	add(EntryPoint{Symbol: "cuCtxCreate_v2", Class: ClassContext, Func: gpuarbCudaFuncCU_CTX_CREATE_V2, deviceArg: 3},
 		EntryPoint{Symbol: "cuCtxCreate_v3", Class: ClassContext, Func: gpuarbCudaFuncCU_CTX_CREATE_V3, deviceArg: 5},
 		EntryPoint{Symbol: "cuCtxCreate_v4", Class: ClassContext, Func: gpuarbCudaFuncCU_CTX_CREATE_V4, deviceArg: 4},
@@ -122,9 +153,9 @@ var EntryPoints = func() []EntryPoint {
 		EntryPoint{Symbol: "cuDevicePrimaryCtxReset", Class: ClassContextEnd, Func: gpuarbCudaFuncCU_PRIMARY_CTX_RESET},
 		EntryPoint{Symbol: "cuDevicePrimaryCtxReset_v2", Class: ClassContextEnd, Func: gpuarbCudaFuncCU_PRIMARY_CTX_RESET_V2},
 		EntryPoint{Symbol: "cuMemAlloc_v2", Class: ClassMemory, Func: gpuarbCudaFuncCU_MEM_ALLOC},
-		EntryPoint{Symbol: "cuMemFree_v2", Class: ClassMemory, Func: gpuarbCudaFuncCU_MEM_FREE})
+		EntryPoint{Symbol: "cuMemFree_v2", Class: ClassMemory, Func: gpuarbCudaFuncCU_MEM_FREE, Frees: true})
 	add(pair("cuMemAllocAsync", ClassMemory, gpuarbCudaFuncCU_MEM_ALLOC_ASYNC, gpuarbCudaFuncCU_MEM_ALLOC_ASYNC_PTSZ)...)
-	add(pair("cuMemFreeAsync", ClassMemory, gpuarbCudaFuncCU_MEM_FREE_ASYNC, gpuarbCudaFuncCU_MEM_FREE_ASYNC_PTSZ)...)
+	add(with(pair("cuMemFreeAsync", ClassMemory, gpuarbCudaFuncCU_MEM_FREE_ASYNC, gpuarbCudaFuncCU_MEM_FREE_ASYNC_PTSZ), frees)...)
 	add(copyEntries("cuMemcpyHtoD_v2", gpuarbCudaFuncCU_MEMCPY_HTOD, gpuarbCudaFuncCU_MEMCPY_HTOD_PTDS, 3, 0, 0)...)
 	add(copyEntries("cuMemcpyDtoH_v2", gpuarbCudaFuncCU_MEMCPY_DTOH, gpuarbCudaFuncCU_MEMCPY_DTOH_PTDS, 3, 0, 0)...)
 	add(copyEntries("cuMemcpyDtoD_v2", gpuarbCudaFuncCU_MEMCPY_DTOD, gpuarbCudaFuncCU_MEMCPY_DTOD_PTDS, 3, 0, 0)...)

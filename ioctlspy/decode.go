@@ -2,7 +2,6 @@ package ioctlspy
 
 import (
 	"fmt"
-	"strings"
 
 	"github.com/gpuarb/gpuarb/bpf"
 	"github.com/gpuarb/gpuarb/nvrm"
@@ -338,10 +337,10 @@ func streamKey(h uint64, perThread bool, tid uint32) uint64 {
 // waitTarget is what a sync or query waits on, and the handle (a stream
 // key for streams).
 func waitTarget(e bpf.EntryPoint, handle uint64, tid uint32) (WaitTarget, uint64) {
-	switch {
-	case strings.HasPrefix(e.Symbol, "cuStream"):
+	switch e.On {
+	case bpf.OnStream:
 		return WaitStream, streamKey(handle, e.PerThread, tid)
-	case strings.HasPrefix(e.Symbol, "cuEvent"):
+	case bpf.OnEvent:
 		return WaitEvent, handle
 	}
 	return WaitContext, handle
@@ -365,14 +364,14 @@ func decodeCuda(h Header, r Record) (Event, error) {
 		return &GraphLaunch{Header: h, Func: name, Exec: r.Function, Stream: streamKey(r.Stream, e.PerThread, h.TID)}, nil
 	case bpf.ClassCopy:
 		return &Copy{Header: h, Func: name, Dst: a[0], Src: a[1], Bytes: a[2], Stream: streamKey(a[3], e.PerThread, h.TID),
-			Async: strings.Contains(name, "Async")}, nil
+			Async: e.Async}, nil
 	case bpf.ClassEventRecord:
 		return &EventRecord{Header: h, Func: name, Event: a[0], Stream: streamKey(a[1], e.PerThread, h.TID)}, nil
 	case bpf.ClassStreamWait:
 		return &StreamWaitEvent{Header: h, Func: name, Stream: streamKey(a[0], e.PerThread, h.TID), Event: a[1]}, nil
 	case bpf.ClassCapture:
 		return &StreamCapture{Header: h, Func: name, Stream: streamKey(a[0], e.PerThread, h.TID),
-			Begin: strings.HasPrefix(name, "cuStreamBeginCapture")}, nil
+			Begin: e.Begins}, nil
 	case bpf.ClassSync, bpf.ClassQuery:
 		of, handle := waitTarget(e, a[0], h.TID)
 		if r.Flags&flagBegin != 0 {
@@ -392,7 +391,7 @@ func decodeCuda(h Header, r Record) (Event, error) {
 	case bpf.ClassContextEnd:
 		return &ContextDestroyed{Header: h, Func: name, Ctx: a[0]}, nil
 	case bpf.ClassMemory:
-		if strings.Contains(name, "Free") {
+		if e.Frees {
 			return &MemFree{Header: h, Func: name, DPtr: a[0], Bytes: a[2]}, nil
 		}
 		return &MemAlloc{Header: h, Func: name, DPtr: a[0], Bytes: a[2], Ret: r.Ret}, nil
