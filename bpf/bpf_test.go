@@ -430,16 +430,17 @@ func parentOf(t *testing.T, pid int) int {
 	return ppid
 }
 
-// The constants Go keeps beside the generated ones match the object: the
-// gate table's size.
-func TestGateSlotsMatchTheObject(t *testing.T) {
+// The slot tables are sized as the sizes Go reads from the object's enum:
+// the gate tables by GATE_SLOTS, the memory limits by MEM_SLOTS.
+func TestSlotTablesMatchTheObject(t *testing.T) {
 	spec, err := loadGpuarb()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"gpuarb_gates", "gpuarb_gate_allow"} {
-		if n := spec.Maps[name].MaxEntries; n != GateSlots {
-			t.Errorf("%s holds %d slots, GateSlots is %d", name, n, GateSlots)
+	for name, want := range map[string]int{"gpuarb_gates": GateSlots, "gpuarb_gate_allow": GateSlots,
+		"gpuarb_mem_limit": MemorySlots, "gpuarb_mem_usage": MemorySlots} {
+		if n := spec.Maps[name].MaxEntries; int(n) != want {
+			t.Errorf("%s holds %d slots, want %d", name, n, want)
 		}
 	}
 }

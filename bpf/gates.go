@@ -32,8 +32,8 @@ const (
 	gateProcess = uint32(gpuarbGateKindGATE_PROCESS)
 )
 
-// GateSlots is the number of launch gates the probes hold.
-const GateSlots = 4096
+// GateSlots is the number of launch gates the probes hold (GATE_SLOTS).
+const GateSlots = int(gpuarbGpuarbSizesGATE_SLOTS)
 
 // ErrNoGateSlot is returned when every gate slot is in use.
 var ErrNoGateSlot = errors.New("no free launch gate slot")

@@ -291,7 +291,6 @@ static __always_inline int memory_limited(void)
 	return mem_members || mem_default_limit;
 }
 
-#define GATE_SLOTS 4096
 #define GATE_CGROUP_LEVELS 16
 #define SIGSTOP 19
 #define SIGCONT 18
@@ -419,6 +418,7 @@ const struct launch_record *unused_launch_record __attribute__((unused));
 const enum cuda_func *unused_cuda_func __attribute__((unused));
 const enum dev_kind *unused_dev_kind __attribute__((unused));
 const enum nv_rm *unused_nv_rm __attribute__((unused));
+const enum gpuarb_sizes *unused_gpuarb_sizes __attribute__((unused));
 const enum event_type *unused_event_type __attribute__((unused));
 const enum event_flags *unused_event_flags __attribute__((unused));
 const enum gate_kind *unused_gate_kind __attribute__((unused));

@@ -279,9 +279,14 @@ struct gate_lease {
  * allocation that would take a GPU's charge past the slot's limit kills
  * its process at the syscall exit, before it returns to user space. Members
  * map processes or cgroups to a slot as gate members do (gate_key). */
-#define MEM_SLOTS 4096
-/* GPUs charged apart: a device id at or past it is charged with the last. */
-#define MEM_GPUS 16
+/* Table sizes the Go side reads (bpf2go exports the enum): memory limit
+ * slots; GPUs charged apart (a device id at or past it is charged with the
+ * last); launch gate slots. */
+enum gpuarb_sizes {
+	MEM_SLOTS = 4096,
+	MEM_GPUS = 16,
+	GATE_SLOTS = 4096,
+};
 /* The default limit (mem_default_limit) holds every process that no slot
  * holds, charged by its own cgroup (the default tenant's): its usage is in
  * gpuarb_mem_cgroups, by cgroup id. */

@@ -220,6 +220,14 @@ type gpuarbGateLease struct {
 	UntilNs uint64
 }
 
+type gpuarbGpuarbSizes uint32
+
+const (
+	gpuarbGpuarbSizesMEM_SLOTS  gpuarbGpuarbSizes = 4096
+	gpuarbGpuarbSizesMEM_GPUS   gpuarbGpuarbSizes = 16
+	gpuarbGpuarbSizesGATE_SLOTS gpuarbGpuarbSizes = 4096
+)
+
 type gpuarbHeldProc struct {
 	_        structs.HostLayout
 	SinceNs  uint64
@@ -456,6 +464,7 @@ const (
 	gpuarbVarUnusedEventType       = "unused_event_type"
 	gpuarbVarUnusedGateKind        = "unused_gate_kind"
 	gpuarbVarUnusedGateLease       = "unused_gate_lease"
+	gpuarbVarUnusedGpuarbSizes     = "unused_gpuarb_sizes"
 	gpuarbVarUnusedIoctlRecord     = "unused_ioctl_record"
 	gpuarbVarUnusedLaunchRecord    = "unused_launch_record"
 	gpuarbVarUnusedMemDev          = "unused_mem_dev"
@@ -586,6 +595,7 @@ type gpuarbVariableSpecs struct {
 	UnusedEventType     *ebpf.VariableSpec `ebpf:"unused_event_type"`
 	UnusedGateKind      *ebpf.VariableSpec `ebpf:"unused_gate_kind"`
 	UnusedGateLease     *ebpf.VariableSpec `ebpf:"unused_gate_lease"`
+	UnusedGpuarbSizes   *ebpf.VariableSpec `ebpf:"unused_gpuarb_sizes"`
 	UnusedIoctlRecord   *ebpf.VariableSpec `ebpf:"unused_ioctl_record"`
 	UnusedLaunchRecord  *ebpf.VariableSpec `ebpf:"unused_launch_record"`
 	UnusedMemDev        *ebpf.VariableSpec `ebpf:"unused_mem_dev"`
@@ -701,6 +711,7 @@ type gpuarbVariables struct {
 	UnusedEventType     *ebpf.Variable `ebpf:"unused_event_type"`
 	UnusedGateKind      *ebpf.Variable `ebpf:"unused_gate_kind"`
 	UnusedGateLease     *ebpf.Variable `ebpf:"unused_gate_lease"`
+	UnusedGpuarbSizes   *ebpf.Variable `ebpf:"unused_gpuarb_sizes"`
 	UnusedIoctlRecord   *ebpf.Variable `ebpf:"unused_ioctl_record"`
 	UnusedLaunchRecord  *ebpf.Variable `ebpf:"unused_launch_record"`
 	UnusedMemDev        *ebpf.Variable `ebpf:"unused_mem_dev"`

@@ -17,13 +17,13 @@ import (
 // exit uncharges all it held. Tenants without a limit have no slot: their
 // allocations pay one counter test (mem_members).
 
-// MemorySlots is the number of memory limits the probes hold.
-const MemorySlots = 4096
+// MemorySlots is the number of memory limits the probes hold (MEM_SLOTS).
+const MemorySlots = int(gpuarbGpuarbSizesMEM_SLOTS)
 
 // MemoryGPUs is the number of GPUs a slot charges apart; an allocation on
 // a device id at or past MemoryGPUs-1, or under a device the probes did not
-// see made, is charged to GPU MemoryGPUs-1.
-const MemoryGPUs = 16
+// see made, is charged to GPU MemoryGPUs-1 (MEM_GPUS).
+const MemoryGPUs = int(gpuarbGpuarbSizesMEM_GPUS)
 
 // ErrNoMemorySlot is returned when every memory limit slot is in use.
 var ErrNoMemorySlot = errors.New("no free GPU memory limit slot")

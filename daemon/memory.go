@@ -133,7 +133,7 @@ func (d *Daemon) limitTenantMemory(t policy.Tenant) {
 func (d *Daemon) noteOOMKill(e *ioctlspy.MemoryAllocated) {
 	h := e.Hdr()
 	tenant := d.memory.Owner(e.LimitSlot)
-	if e.LimitSlot == bpf.MemorySlots {
+	if e.LimitSlot == uint32(bpf.MemorySlots) {
 		path := ""
 		if d.resolver != nil {
 			path = d.resolver.Path(h.CgroupID)
