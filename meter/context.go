@@ -213,6 +213,10 @@ type gpuContext struct {
 	deferred   []heldLaunch
 	heldAt     uint64 // when the first of deferred was held
 	releasedAt uint64
+	// releaseAt is when deferred run, a release reported ahead of the
+	// replay's present (0: none pending): the replay reaches it in time
+	// order, after the events still on their way from the probes.
+	releaseAt uint64
 	stopped    []span // when the launch gate held the process
 	// shape is its recent launches by costKey (LaunchCost prices it at
 	// the costs learned since); launchN counts the launches it has seen.

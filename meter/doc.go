@@ -139,7 +139,9 @@
 //     21–29 pp above the truth on this VM (36–43 pp before the bound).
 //   - Copies run on a separate engine and are not charged as GPU time.
 //   - Events of different CPUs can arrive slightly out of order: the replay
-//     runs Config.Lag behind the clock and applies late events at once.
+//     runs Config.Lag behind the clock and applies late events at once. A
+//     release the arbiter reports at the clock's present, ahead of events
+//     still in the ring buffer, waits until the replay reaches its time.
 //
 // On the submission-ioctl path (nouveau) the same model runs on
 // submissions and waits from ioctls.

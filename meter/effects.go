@@ -130,7 +130,7 @@ func (m *Meter) observeEffect(ev ioctlspy.Event) bool {
 			c.releasedAt = e.End
 			c.stopped = appendSpan(c.stopped, e.Start, e.End)
 			if len(c.deferred) > 0 {
-				m.launchDeferred(c, e.End)
+				m.launchReleased(c, e.End)
 			}
 		}
 	case *CgroupFrozen:

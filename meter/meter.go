@@ -73,6 +73,9 @@ type Meter struct {
 	// folded counts launches and event records that a context's bounds
 	// sent to its overflow stream or cost (Folded).
 	folded uint64
+	// releasing are the contexts whose held launches wait for a release
+	// ahead of the replay (gpuContext.releaseAt).
+	releasing []*gpuContext
 }
 
 // Folded returns how many launches and event records went to a context's
@@ -246,6 +249,7 @@ func (m *Meter) moveGPU(c *gpuContext, gpu int) {
 
 // settle advances every GPU's replay to t.
 func (m *Meter) settle(t uint64) {
+	m.releaseUntil(t)
 	for _, r := range m.gpus {
 		if r.t == 0 {
 			r.t = t
@@ -318,7 +322,8 @@ func (m *Meter) launch(c *gpuContext, h *ioctlspy.Header, l heldLaunch) {
 	case !h.Held:
 		m.enqueue(c, l, h.Start)
 	case c.releasedAt > h.Start: // the release was reported before the event
-		m.enqueue(c, l, c.releasedAt)
+		c.deferred = append(c.deferred, l)
+		m.launchReleased(c, c.releasedAt)
 	default:
 		if len(c.deferred) == 0 {
 			c.heldAt = h.Start
@@ -359,10 +364,55 @@ func (m *Meter) resumed(h *ioctlspy.Header) {
 
 // launchDeferred enqueues at t the launches held for the process.
 func (m *Meter) launchDeferred(c *gpuContext, t uint64) {
+	c.releaseAt = 0
 	for _, l := range c.deferred {
 		m.enqueue(c, l, t)
 	}
 	c.deferred = c.deferred[:0]
+}
+
+// launchReleased enqueues the held launches at t, the release the arbiter
+// reported. A release is reported at the clock's present, ahead of events
+// of other processes still in the ring buffer (read every few
+// milliseconds): settling the replay up to it would run the GPU without
+// them, and apply them late. A release ahead of the replay waits until
+// the replay reaches it (releaseUntil).
+func (m *Meter) launchReleased(c *gpuContext, t uint64) {
+	if r := m.replayOf(c.gpu); r.t != 0 && t > r.t {
+		if c.releaseAt == 0 {
+			m.releasing = append(m.releasing, c)
+		}
+		c.releaseAt = t
+		return
+	}
+	m.launchDeferred(c, t)
+}
+
+// releaseUntil enqueues, in time order, the held launches of releases due
+// by t, each with the replay settled to its time first.
+func (m *Meter) releaseUntil(t uint64) {
+	for {
+		next := -1
+		for i, c := range m.releasing {
+			if c.releaseAt != 0 && c.releaseAt <= t && (next < 0 || c.releaseAt < m.releasing[next].releaseAt) {
+				next = i
+			}
+		}
+		if next < 0 {
+			break
+		}
+		c := m.releasing[next]
+		m.releasing = slices.Delete(m.releasing, next, next+1)
+		at := c.releaseAt
+		c.releaseAt = 0
+		for _, r := range m.gpus {
+			if r.t != 0 && r.t < at {
+				r.advance(at)
+			}
+		}
+		m.launchDeferred(c, at)
+	}
+	m.releasing = slices.DeleteFunc(m.releasing, func(c *gpuContext) bool { return c.releaseAt == 0 })
 }
 
 // freezeUnprobed stops or resumes, in the replay, the unprobed contexts of
@@ -420,6 +470,7 @@ func (m *Meter) Observe(ev ioctlspy.Event) {
 		return
 	}
 	h := ev.Hdr()
+	m.releaseUntil(h.Start) // releases due before the event come first
 	if !h.Held {
 		m.resumed(h)
 	}

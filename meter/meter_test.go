@@ -1887,3 +1887,45 @@ func TestContextSetupBelongsToTheContextMade(t *testing.T) {
 		t.Errorf("2048 µs slice beside 1024 µs: %.3f, want 0.667", got[100].Share)
 	}
 }
+
+// A release the arbiter reports at the clock's present, ahead of events
+// of other processes still on their way from the probes, runs the held
+// launches at its time without running the GPU past those events: the
+// other process's launches, read after the release, run when they were
+// made (within the 12 ms before the release), not after it.
+func TestReleaseAheadOfTheReplayWaitsForItsTime(t *testing.T) {
+	base := 10 * 1000 * ms
+	clk := &clock{t: base}
+	m := New(Config{Now: clk.now})
+	for _, h := range []ioctlspy.Header{{PID: 1, TID: 1, CgroupID: 100, Start: base}, {PID: 2, TID: 2, CgroupID: 200, Start: base}} {
+		c := m.context(&h)
+		c.costs[costKey{}] = &cost{ns: float64(ms), learned: true}
+		c.learned = true
+	}
+	held := launchFn(1, 100, base, 7, 0, 10) // 10 ms, held at the launch gate
+	held.Hdr().Held = true
+	m.Observe(held)
+	m.Observe(launchFn(2, 200, base+ms, 7, 0, 1))
+	clk.t = base + 20*ms
+	m.Observe(Release(1, base, clk.t))
+	for i := uint64(2); i <= 10; i++ { // read from the ring after the release
+		m.Observe(launchFn(2, 200, base+i*ms, 7, 0, 1))
+	}
+	clk.t = base + 12*ms
+	_, cs := m.Contexts(12 * time.Millisecond)
+	got := map[uint32]float64{}
+	for _, c := range cs {
+		got[c.PID] = float64(c.GPUNS) / float64(ms)
+	}
+	if got[1] != 0 || math.Abs(got[2]-10) > 0.01 {
+		t.Errorf("GPU ms in the 12 ms before the release: held process %.2f, other %.2f; want 0 and 10", got[1], got[2])
+	}
+	clk.t = base + 40*ms
+	_, cs = m.Contexts(40 * time.Millisecond)
+	for _, c := range cs {
+		got[c.PID] = float64(c.GPUNS) / float64(ms)
+	}
+	if math.Abs(got[1]-10) > 0.01 || math.Abs(got[2]-10) > 0.01 {
+		t.Errorf("GPU ms in the 40 ms: held process %.2f, other %.2f; want 10 each", got[1], got[2])
+	}
+}
