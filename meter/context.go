@@ -217,7 +217,7 @@ type gpuContext struct {
 	// replay's present (0: none pending): the replay reaches it in time
 	// order, after the events still on their way from the probes.
 	releaseAt uint64
-	stopped    []span // when the launch gate held the process
+	stopped   []span // when the launch gate held the process
 	// shape is its recent launches by costKey (LaunchCost prices it at
 	// the costs learned since); launchN counts the launches it has seen.
 	shape   map[costKey]*keyShape
