@@ -715,15 +715,16 @@ static __always_inline int mem_request(__u32 cmd, __u64 argp, struct mem_req *m)
 	if (nr == NV_ESC_RM_ALLOC) {
 		__u64 params;
 
-		if (size != 32 && size != 48) /* NVOS21, NVOS64 */
+		if (size != 32 && size != NVOS64_SIZE) /* NVOS21, NVOS64 */
 			return 0;
 		if (bpf_probe_read_user(hdr, sizeof(hdr), (const void *)argp) < 0)
 			return 0;
 		if (hdr[3] != NV_MEM_LOCAL_USER && hdr[3] != NV_MEM_LOCAL_PRIVILEGED && hdr[3] != NV_MEM_SYSTEM)
 			return 0;
 		m->host = hdr[3] == NV_MEM_SYSTEM;
-		if (bpf_probe_read_user(&params, sizeof(params), (const void *)(argp + 16)) < 0 ||
-		    bpf_probe_read_user(&m->status, sizeof(m->status), (const void *)(argp + (size == 48 ? 40 : 28))) < 0 ||
+		if (bpf_probe_read_user(&params, sizeof(params), (const void *)(argp + NV_ALLOC_PARAMS_OFFSET)) < 0 ||
+		    bpf_probe_read_user(&m->status, sizeof(m->status),
+					(const void *)(argp + (size == NVOS64_SIZE ? NVOS64_STATUS_OFFSET : NVOS21_STATUS_OFFSET))) < 0 ||
 		    bpf_probe_read_user(&m->bytes, sizeof(m->bytes), (const void *)(params + NV_MEM_SIZE_OFFSET)) < 0)
 			return 0;
 		m->parent = hdr[1];
@@ -737,13 +738,13 @@ static __always_inline int mem_request(__u32 cmd, __u64 argp, struct mem_req *m)
 			return 0;
 		if (bpf_probe_read_user(hdr, sizeof(hdr), (const void *)argp) < 0)
 			return 0;
-		if (hdr[2] == NVOS32_FUNCTION_ALLOC_SIZE)
+		if (hdr[NVOS32_FUNCTION_OFFSET / 4] == NVOS32_FUNCTION_ALLOC_SIZE)
 			off = NVOS32_SIZE_OFFSET;
-		else if (hdr[2] == NVOS32_FUNCTION_ALLOC_SIZE_RANGE)
+		else if (hdr[NVOS32_FUNCTION_OFFSET / 4] == NVOS32_FUNCTION_ALLOC_SIZE_RANGE)
 			off = NVOS32_RANGE_SIZE_OFFSET;
 		else
 			return 0;
-		if (bpf_probe_read_user(&m->status, sizeof(m->status), (const void *)(argp + 20)) < 0 ||
+		if (bpf_probe_read_user(&m->status, sizeof(m->status), (const void *)(argp + NVOS32_STATUS_OFFSET)) < 0 ||
 		    bpf_probe_read_user(&m->handle, sizeof(m->handle), (const void *)(argp + NVOS32_HMEMORY_OFFSET)) < 0 ||
 		    bpf_probe_read_user(&m->bytes, sizeof(m->bytes), (const void *)(argp + off)) < 0)
 			return 0;
@@ -1039,15 +1040,15 @@ static __always_inline void decode_nvidia(struct ioctl_record *e, struct ioctl_s
 	e->arg_len = copy_user(e->arg, argp, size);
 
 	if (nr == NV_ESC_RM_ALLOC && e->arg_len >= 32) {
-		__u32 hparent = *(__u32 *)&e->arg[4];
-		__u32 hnew = *(__u32 *)&e->arg[8];
-		__u32 cls = *(__u32 *)&e->arg[12];
+		__u32 hparent = *(__u32 *)&e->arg[NV_ALLOC_PARENT_OFFSET];
+		__u32 hnew = *(__u32 *)&e->arg[NV_ALLOC_OBJECT_OFFSET];
+		__u32 cls = *(__u32 *)&e->arg[NV_ALLOC_CLASS_OFFSET];
 
-		params = *(__u64 *)&e->arg[16];
-		if (e->arg_len >= 48)
-			params_size = *(__u32 *)&e->arg[32]; /* NVOS64 */
+		params = *(__u64 *)&e->arg[NV_ALLOC_PARAMS_OFFSET];
+		if (e->arg_len >= NVOS64_SIZE)
+			params_size = *(__u32 *)&e->arg[NVOS64_PARAMS_SIZE_OFFSET];
 		else
-			params_size = *(__u32 *)&e->arg[24]; /* NVOS21 */
+			params_size = *(__u32 *)&e->arg[NVOS21_PARAMS_SIZE_OFFSET];
 		/* The driver sizes a fixed-size class's parameters from its
 		 * class table (rmapiGetClassAllocParamSize), and the real
 		 * libcuda leaves paramsSize 0 (real-GPU check, driver 580):
@@ -1058,28 +1059,29 @@ static __always_inline void decode_nvidia(struct ioctl_record *e, struct ioctl_s
 			track_object(e->h.tgid, DEV_NVIDIA_CTL, hnew, e->h.cgroup_id, e->h.ts_exit, cls, hparent);
 		devices = cls == NV_DEVICE_CLASS || cls == NV_SUBDEVICE_CLASS;
 	} else if (nr == NV_ESC_RM_CONTROL && e->arg_len >= 32) {
-		params = *(__u64 *)&e->arg[16];
-		params_size = *(__u32 *)&e->arg[24];
+		params = *(__u64 *)&e->arg[NV_CONTROL_PARAMS_OFFSET];
+		params_size = *(__u32 *)&e->arg[NV_CONTROL_PARAMS_SIZE_OFFSET];
 	} else if (nr == NV_ESC_RM_FREE && e->arg_len >= 16) {
-		untrack_object(e->h.tgid, DEV_NVIDIA_CTL, *(__u32 *)&e->arg[8]);
-		if (memory_limited() && *(__u32 *)&e->arg[12] == 0)
-			free_memory(e->h.tgid, *(__u32 *)&e->arg[8]);
+		untrack_object(e->h.tgid, DEV_NVIDIA_CTL, *(__u32 *)&e->arg[NV_FREE_OBJECT_OFFSET]);
+		if (memory_limited() && *(__u32 *)&e->arg[NV_FREE_STATUS_OFFSET] == 0)
+			free_memory(e->h.tgid, *(__u32 *)&e->arg[NV_FREE_OBJECT_OFFSET]);
 	}
 	if (params)
 		e->params_len = copy_user(e->params, params, params_size);
 	/* Devices and their subdevices, made: the GPU a memory allocation under
 	 * them is on (gpu_of). A device's parameters begin with its deviceId. */
 	if (devices && e->arg_len >= 32 && (e->ret == 0 || e->ret == -ENOTTY) &&
-	    *(__u32 *)&e->arg[e->arg_len >= 48 ? 40 : 28] == 0) {
-		__u32 cls = *(__u32 *)&e->arg[12];
-		__u32 parent = *(__u32 *)&e->arg[4];
+	    *(__u32 *)&e->arg[e->arg_len >= NVOS64_SIZE ? NVOS64_STATUS_OFFSET : NVOS21_STATUS_OFFSET] == 0) {
+		__u32 cls = *(__u32 *)&e->arg[NV_ALLOC_CLASS_OFFSET];
+		__u32 parent = *(__u32 *)&e->arg[NV_ALLOC_PARENT_OFFSET];
 
 		if (cls == NV_DEVICE_CLASS) {
 			if (e->params_len < 4)
 				return;
 			parent = *(__u32 *)&e->params[0];
 		}
-		track_object(e->h.tgid, DEV_NVIDIA_CTL, *(__u32 *)&e->arg[8], e->h.cgroup_id, e->h.ts_exit, cls, parent);
+		track_object(e->h.tgid, DEV_NVIDIA_CTL, *(__u32 *)&e->arg[NV_ALLOC_OBJECT_OFFSET], e->h.cgroup_id, e->h.ts_exit, cls,
+			     parent);
 	}
 }
 

@@ -41,6 +41,8 @@ enum nv_rm {
 	/* NVOS32_PARAMETERS (RM_VID_HEAP_CONTROL): its least size, the
 	 * functions ALLOC_SIZE and ALLOC_SIZE_RANGE, hMemory and their sizes. */
 	NVOS32_MIN_SIZE = 96,
+	NVOS32_FUNCTION_OFFSET = 8,
+	NVOS32_STATUS_OFFSET = 20,
 	NVOS32_FUNCTION_ALLOC_SIZE = 2,
 	NVOS32_FUNCTION_ALLOC_SIZE_RANGE = 14,
 	NVOS32_HMEMORY_OFFSET = 44,
@@ -49,6 +51,23 @@ enum nv_rm {
 	/* sizeof(NV_CHANNEL_GROUP_ALLOCATION_PARAMETERS): three handles,
 	 * engineType, a bool. */
 	NV_TSG_PARAMS_SIZE = 20,
+	/* NVOS21/NVOS64 (RM_ALLOC): parent, new object, class, params; then
+	 * their own paramsSize and status. */
+	NV_ALLOC_PARENT_OFFSET = 4,
+	NV_ALLOC_OBJECT_OFFSET = 8,
+	NV_ALLOC_CLASS_OFFSET = 12,
+	NV_ALLOC_PARAMS_OFFSET = 16,
+	NVOS21_PARAMS_SIZE_OFFSET = 24,
+	NVOS21_STATUS_OFFSET = 28,
+	NVOS64_SIZE = 48,
+	NVOS64_PARAMS_SIZE_OFFSET = 32,
+	NVOS64_STATUS_OFFSET = 40,
+	/* NVOS00 (RM_FREE): object and status. */
+	NV_FREE_OBJECT_OFFSET = 8,
+	NV_FREE_STATUS_OFFSET = 12,
+	/* NVOS54 (RM_CONTROL): params and their size. */
+	NV_CONTROL_PARAMS_OFFSET = 16,
+	NV_CONTROL_PARAMS_SIZE_OFFSET = 24,
 };
 
 /* Event types on the ring buffer. */

@@ -349,12 +349,27 @@ const (
 	gpuarbNvRmNV_MEM_SYSTEM                   gpuarbNvRm = 62
 	gpuarbNvRmNV_MEM_SIZE_OFFSET              gpuarbNvRm = 64
 	gpuarbNvRmNVOS32MIN_SIZE                  gpuarbNvRm = 96
+	gpuarbNvRmNVOS32FUNCTION_OFFSET           gpuarbNvRm = 8
+	gpuarbNvRmNVOS32STATUS_OFFSET             gpuarbNvRm = 20
 	gpuarbNvRmNVOS32FUNCTION_ALLOC_SIZE       gpuarbNvRm = 2
 	gpuarbNvRmNVOS32FUNCTION_ALLOC_SIZE_RANGE gpuarbNvRm = 14
 	gpuarbNvRmNVOS32HMEMORY_OFFSET            gpuarbNvRm = 44
 	gpuarbNvRmNVOS32SIZE_OFFSET               gpuarbNvRm = 88
 	gpuarbNvRmNVOS32RANGE_SIZE_OFFSET         gpuarbNvRm = 80
 	gpuarbNvRmNV_TSG_PARAMS_SIZE              gpuarbNvRm = 20
+	gpuarbNvRmNV_ALLOC_PARENT_OFFSET          gpuarbNvRm = 4
+	gpuarbNvRmNV_ALLOC_OBJECT_OFFSET          gpuarbNvRm = 8
+	gpuarbNvRmNV_ALLOC_CLASS_OFFSET           gpuarbNvRm = 12
+	gpuarbNvRmNV_ALLOC_PARAMS_OFFSET          gpuarbNvRm = 16
+	gpuarbNvRmNVOS21PARAMS_SIZE_OFFSET        gpuarbNvRm = 24
+	gpuarbNvRmNVOS21STATUS_OFFSET             gpuarbNvRm = 28
+	gpuarbNvRmNVOS64SIZE                      gpuarbNvRm = 48
+	gpuarbNvRmNVOS64PARAMS_SIZE_OFFSET        gpuarbNvRm = 32
+	gpuarbNvRmNVOS64STATUS_OFFSET             gpuarbNvRm = 40
+	gpuarbNvRmNV_FREE_OBJECT_OFFSET           gpuarbNvRm = 8
+	gpuarbNvRmNV_FREE_STATUS_OFFSET           gpuarbNvRm = 12
+	gpuarbNvRmNV_CONTROL_PARAMS_OFFSET        gpuarbNvRm = 16
+	gpuarbNvRmNV_CONTROL_PARAMS_SIZE_OFFSET   gpuarbNvRm = 24
 )
 
 type gpuarbPollKey struct {

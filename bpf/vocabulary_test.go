@@ -35,6 +35,21 @@ func TestProbesSpeakTheDriversVocabulary(t *testing.T) {
 		{"NVOS32_SIZE_OFFSET", gpuarbNvRmNVOS32SIZE_OFFSET, nvrm.NVOS32SizeOffset},
 		{"NVOS32_RANGE_SIZE_OFFSET", gpuarbNvRmNVOS32RANGE_SIZE_OFFSET, nvrm.NVOS32RangeSizeOffset},
 		{"NV_TSG_PARAMS_SIZE", gpuarbNvRmNV_TSG_PARAMS_SIZE, nvrm.TSGParamsSize},
+		{"NVOS32_FUNCTION_OFFSET", gpuarbNvRmNVOS32FUNCTION_OFFSET, nvrm.NVOS32FunctionOffset},
+		{"NVOS32_STATUS_OFFSET", gpuarbNvRmNVOS32STATUS_OFFSET, nvrm.NVOS32StatusOffset},
+		{"NV_ALLOC_PARENT_OFFSET", gpuarbNvRmNV_ALLOC_PARENT_OFFSET, nvrm.AllocParentOffset},
+		{"NV_ALLOC_OBJECT_OFFSET", gpuarbNvRmNV_ALLOC_OBJECT_OFFSET, nvrm.AllocObjectOffset},
+		{"NV_ALLOC_CLASS_OFFSET", gpuarbNvRmNV_ALLOC_CLASS_OFFSET, nvrm.AllocClassOffset},
+		{"NV_ALLOC_PARAMS_OFFSET", gpuarbNvRmNV_ALLOC_PARAMS_OFFSET, nvrm.AllocParamsOffset},
+		{"NVOS21_PARAMS_SIZE_OFFSET", gpuarbNvRmNVOS21PARAMS_SIZE_OFFSET, nvrm.NVOS21ParamsSizeOffset},
+		{"NVOS21_STATUS_OFFSET", gpuarbNvRmNVOS21STATUS_OFFSET, nvrm.NVOS21StatusOffset},
+		{"NVOS64_SIZE", gpuarbNvRmNVOS64SIZE, nvrm.NVOS64Size},
+		{"NVOS64_PARAMS_SIZE_OFFSET", gpuarbNvRmNVOS64PARAMS_SIZE_OFFSET, nvrm.NVOS64ParamsSizeOffset},
+		{"NVOS64_STATUS_OFFSET", gpuarbNvRmNVOS64STATUS_OFFSET, nvrm.NVOS64StatusOffset},
+		{"NV_FREE_OBJECT_OFFSET", gpuarbNvRmNV_FREE_OBJECT_OFFSET, nvrm.FreeObjectOffset},
+		{"NV_FREE_STATUS_OFFSET", gpuarbNvRmNV_FREE_STATUS_OFFSET, nvrm.FreeStatusOffset},
+		{"NV_CONTROL_PARAMS_OFFSET", gpuarbNvRmNV_CONTROL_PARAMS_OFFSET, nvrm.ControlParamsOffset},
+		{"NV_CONTROL_PARAMS_SIZE_OFFSET", gpuarbNvRmNV_CONTROL_PARAMS_SIZE_OFFSET, nvrm.ControlParamsSizeOffset},
 	} {
 		if uint32(c.probes) != c.decoders {
 			t.Errorf("%s: the probes read %#x, package nvrm says %#x", c.name, uint32(c.probes), c.decoders)

@@ -141,15 +141,15 @@ func decodeNvidia(h Header, info IoctlInfo, r Record) Event {
 	switch r.Esc {
 	case nvrm.EscRMAlloc:
 		client, ok1 := a.u32(0)
-		parent, ok2 := a.u32(4)
-		handle, ok3 := a.u32(8)
-		class, ok4 := a.u32(12)
+		parent, ok2 := a.u32(nvrm.AllocParentOffset)
+		handle, ok3 := a.u32(nvrm.AllocObjectOffset)
+		class, ok4 := a.u32(nvrm.AllocClassOffset)
 		if !(ok1 && ok2 && ok3 && ok4) {
 			return nil
 		}
-		sizeOff, statusOff := 24, 28 // NVOS21
-		if len(a) >= 48 {
-			sizeOff, statusOff = 32, 40 // NVOS64
+		sizeOff, statusOff := nvrm.NVOS21ParamsSizeOffset, nvrm.NVOS21StatusOffset
+		if len(a) >= nvrm.NVOS64Size {
+			sizeOff, statusOff = nvrm.NVOS64ParamsSizeOffset, nvrm.NVOS64StatusOffset
 		}
 		size, _ := a.u32(sizeOff)
 		status, _ := a.u32(statusOff)
@@ -176,10 +176,10 @@ func decodeNvidia(h Header, info IoctlInfo, r Record) Event {
 		return &obj
 	case nvrm.EscRMVidHeapControl:
 		client, ok1 := a.u32(0)
-		parent, ok2 := a.u32(4)
-		function, ok3 := a.u32(8)
-		status, ok4 := a.u32(20)
-		handle, ok5 := a.u32(44)
+		parent, ok2 := a.u32(nvrm.AllocParentOffset)
+		function, ok3 := a.u32(nvrm.NVOS32FunctionOffset)
+		status, ok4 := a.u32(nvrm.NVOS32StatusOffset)
+		handle, ok5 := a.u32(nvrm.NVOS32MemoryHandleOffset)
 		if _, alloc := nvos32Functions[function]; !(ok1 && ok2 && ok3 && ok4 && ok5 && alloc) {
 			return nil
 		}
@@ -187,22 +187,22 @@ func decodeNvidia(h Header, info IoctlInfo, r Record) Event {
 			Class: nvrm.ClassMemoryLocalUser, ClassName: nvrm.ClassName(nvrm.ClassMemoryLocalUser), Status: status}, r)
 	case nvrm.EscRMFree:
 		client, ok1 := a.u32(0)
-		parent, ok2 := a.u32(4)
-		handle, ok3 := a.u32(8)
+		parent, ok2 := a.u32(nvrm.AllocParentOffset)
+		handle, ok3 := a.u32(nvrm.FreeObjectOffset)
 		if !(ok1 && ok2 && ok3) {
 			return nil
 		}
-		status, _ := a.u32(12)
+		status, _ := a.u32(nvrm.FreeStatusOffset)
 		return &ObjectFreed{Header: h, IoctlInfo: info, Client: client, Parent: parent, Handle: handle, Status: status}
 	case nvrm.EscRMControl:
 		client, ok1 := a.u32(0)
 		object, ok2 := a.u32(4)
-		cmd, ok3 := a.u32(8)
+		cmd, ok3 := a.u32(nvrm.ControlCmdOffset)
 		if !(ok1 && ok2 && ok3) {
 			return nil
 		}
-		size, _ := a.u32(24)
-		status, _ := a.u32(28)
+		size, _ := a.u32(nvrm.ControlParamsSizeOffset)
+		status, _ := a.u32(nvrm.ControlStatusOffset)
 		ctl := RMControl{Header: h, IoctlInfo: info, Client: client, Object: object, CtrlCmd: cmd, ParamsSize: size, Status: status}
 		switch cmd {
 		case nvrm.CtrlGetWorkSubmitToken:

@@ -162,6 +162,36 @@ func StatusName(s uint32) string {
 	return fmt.Sprintf("NV_STATUS 0x%x", s)
 }
 
+// The escapes' argument structs, as the probes and the decoders read them
+// (little-endian u32 fields unless said).
+const (
+	// NVOS21 (RM_ALLOC, 32 bytes) and NVOS64 (RM_ALLOC with access
+	// rights, 48 bytes) begin alike: the client, the parent, the new
+	// object's handle, its class, a pointer to its parameters; then their
+	// paramsSize and status sit apart.
+	AllocParentOffset      = 4
+	AllocObjectOffset      = 8
+	AllocClassOffset       = 12
+	AllocParamsOffset      = 16 // u64
+	NVOS21ParamsSizeOffset = 24
+	NVOS21StatusOffset     = 28
+	NVOS64Size             = 48
+	NVOS64ParamsSizeOffset = 32
+	NVOS64StatusOffset     = 40
+	// NVOS00 (RM_FREE): the client, the parent, the object, the status.
+	FreeObjectOffset = 8
+	FreeStatusOffset = 12
+	// NVOS54 (RM_CONTROL): the client, the object, the command, flags, a
+	// pointer to the parameters, their size, the status.
+	ControlCmdOffset        = 8
+	ControlParamsOffset     = 16 // u64
+	ControlParamsSizeOffset = 24
+	ControlStatusOffset     = 28
+	// NVOS32 (RM_VID_HEAP_CONTROL): the function and the status.
+	NVOS32FunctionOffset = 8
+	NVOS32StatusOffset   = 20
+)
+
 // Parameter layouts the probes and the decoders read.
 const (
 	// TSGParamsSize is the channel group's allocation parameters, which
