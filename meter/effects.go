@@ -126,6 +126,7 @@ func (m *Meter) observeEffect(ev ioctlspy.Event) bool {
 			c.setPaused(true, at)
 		}
 	case *HoldReleased:
+		m.releaseUntil(e.Start) // an earlier release of the process comes first
 		for _, c := range m.contextsOf(e.PID) {
 			c.releasedAt = e.End
 			c.stopped = appendSpan(c.stopped, e.Start, e.End)

@@ -321,6 +321,10 @@ func (m *Meter) launch(c *gpuContext, h *ioctlspy.Header, l heldLaunch) {
 	switch {
 	case !h.Held:
 		m.enqueue(c, l, h.Start)
+	case c.releasedAt > h.Start && len(c.deferred) > 0 && c.releaseAt == 0:
+		// The release was reported before the event, and a later hold's
+		// launches wait: this one ran at the release.
+		m.enqueue(c, l, c.releasedAt)
 	case c.releasedAt > h.Start: // the release was reported before the event
 		c.deferred = append(c.deferred, l)
 		m.launchReleased(c, c.releasedAt)

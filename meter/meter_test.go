@@ -1929,3 +1929,27 @@ func TestReleaseAheadOfTheReplayWaitsForItsTime(t *testing.T) {
 		t.Errorf("GPU ms in the 40 ms: held process %.2f, other %.2f; want 10 each", got[1], got[2])
 	}
 }
+
+// A held launch read after its release, while a later hold's launches
+// wait, runs at its release: it does not wait with them.
+func TestLateHeldLaunchDoesNotWaitForALaterHold(t *testing.T) {
+	base := 10 * 1000 * ms
+	clk := &clock{t: base}
+	m := New(Config{Now: clk.now})
+	c := m.context(&ioctlspy.Header{PID: 1, TID: 1, CgroupID: 100, Start: base})
+	c.costs[costKey{}] = &cost{ns: float64(ms), learned: true}
+	c.learned = true
+	heldAt := func(t uint64) ioctlspy.Event {
+		ev := launchFn(1, 100, t, 7, 0, 1)
+		ev.Hdr().Held = true
+		return ev
+	}
+	m.Observe(heldAt(base))
+	m.Observe(launchFn(2, 200, base+6*ms, 7, 0, 1)) // the replay is past the release below
+	m.Observe(Release(1, base, base+5*ms))
+	m.Observe(heldAt(base + 8*ms)) // held again
+	m.Observe(heldAt(base + ms))   // the first hold's, read late
+	if len(c.deferred) != 1 {
+		t.Errorf("%d launches wait for the second hold's release, want its one", len(c.deferred))
+	}
+}
