@@ -41,11 +41,14 @@ var escNames = map[uint32]string{
 }
 
 // EscapeName names an nvidia escape.
-func EscapeName(e uint32) string {
-	if n, ok := escNames[e]; ok {
+func EscapeName(e uint32) string { return nameOf(escNames, e, "ESC_0x%02x") }
+
+// nameOf is v's name in names, else v in format.
+func nameOf(names map[uint32]string, v uint32, format string) string {
+	if n, ok := names[v]; ok {
 		return n
 	}
-	return fmt.Sprintf("ESC_0x%02x", e)
+	return fmt.Sprintf(format, v)
 }
 
 // Object classes gpuarb recognises.
@@ -107,12 +110,7 @@ var classNames = map[uint32]string{
 }
 
 // ClassName names an nvidia object class, or gives it in hex.
-func ClassName(c uint32) string {
-	if n, ok := classNames[c]; ok {
-		return n
-	}
-	return fmt.Sprintf("0x%04x", c)
-}
+func ClassName(c uint32) string { return nameOf(classNames, c, "0x%04x") }
 
 // RM controls gpuarb decodes or sends (the ctrl headers of
 // open-gpu-kernel-modules; docs/driver.md §3), with the parameter sizes the
@@ -155,12 +153,7 @@ var statusNames = map[uint32]string{
 }
 
 // StatusName names an NV_STATUS, or gives it in hex.
-func StatusName(s uint32) string {
-	if n, ok := statusNames[s]; ok {
-		return n
-	}
-	return fmt.Sprintf("NV_STATUS 0x%x", s)
-}
+func StatusName(s uint32) string { return nameOf(statusNames, s, "NV_STATUS 0x%x") }
 
 // The escapes' argument structs, as the probes and the decoders read them
 // (little-endian u32 fields unless said).
