@@ -71,7 +71,7 @@ func (d *Daemon) restoreAttachments() error {
 		d.log.Info("restored attached tenants", "tenants", len(kept), "file", a.path)
 	}
 	d.attached, d.policy = a, cfg
-	d.pinPIDs()
+	d.unfollow(d.pinPIDs(readPIDTenants(cfg).starts))
 	return nil
 }
 
@@ -88,6 +88,7 @@ func AttachedBeside(socket string) string {
 type attachments struct {
 	path    string
 	tenants []attachment // in attach order
+	changed bool         // since the file was last written (set, remove)
 }
 
 // attachment is one registered tenant, as registered (rules not filled).
@@ -139,10 +140,12 @@ func (a *attachments) set(at attachment) {
 	for i := range a.tenants {
 		if a.tenants[i].Name == at.Name {
 			a.tenants[i] = at
+			a.changed = true
 			return
 		}
 	}
 	a.tenants = append(a.tenants, at)
+	a.changed = true
 }
 
 // remove drops the named attachment; false when there is none.
@@ -150,6 +153,7 @@ func (a *attachments) remove(name string) bool {
 	for i := range a.tenants {
 		if a.tenants[i].Name == name {
 			a.tenants = append(a.tenants[:i], a.tenants[i+1:]...)
+			a.changed = true
 			return true
 		}
 	}
@@ -177,12 +181,35 @@ func (a *attachments) onto(base *policy.Config) (cfg *policy.Config, shadowed []
 
 // save writes the file atomically.
 func (a *attachments) save() error {
-	data, err := json.MarshalIndent(a.tenants, "", "  ")
+	data, err := a.encode()
 	if err != nil {
 		return err
 	}
+	return a.write(data)
+}
+
+// unsaved is the file's content if it changed since it was last written
+// (nil: unchanged), for write to write without the daemon's lock.
+func (a *attachments) unsaved() ([]byte, error) {
+	if !a.changed {
+		return nil, nil
+	}
+	a.changed = false
+	return a.encode()
+}
+
+func (a *attachments) encode() ([]byte, error) {
+	data, err := json.MarshalIndent(a.tenants, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("encode attached tenants: %w", err)
+	}
+	return append(data, '\n'), nil
+}
+
+// write replaces the file with data, atomically.
+func (a *attachments) write(data []byte) error {
 	tmp := a.path + ".tmp"
-	if err := os.WriteFile(tmp, append(data, '\n'), 0o600); err != nil {
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
 		return fmt.Errorf("save attached tenants: %w", err)
 	}
 	if err := os.Rename(tmp, a.path); err != nil {

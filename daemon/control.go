@@ -113,6 +113,7 @@ func (d *Daemon) control(ctx context.Context) {
 		res.Inputs[i].Unprobed = len(unprobedOf[res.Inputs[i].Name]) > 0
 	}
 	snap := d.meter.Snapshot()
+	latencyIDs := d.latencyCgroupIDs(cfg)
 
 	d.mu.Lock()
 	if d.policy != cfg || d.enforcing != enforcing {
@@ -123,7 +124,7 @@ func (d *Daemon) control(ctx context.Context) {
 		d.mu.Unlock()
 		return
 	}
-	var finish []func()
+	var released []func()
 	d.arb.SetWindows(int(math.Ceil(float64(window)/float64(cfg.Period))), int(math.Ceil(float64(d.cfg.Window)/float64(cfg.Period))))
 	for gpu, sl := range gpuSlices {
 		d.arb.SetSlices(gpu, arbiter.Slices(sl))
@@ -136,7 +137,7 @@ func (d *Daemon) control(ctx context.Context) {
 			// The name now stands for another cgroup or process (a policy
 			// entry pointed elsewhere before the old tenant retired): its
 			// gates still hold the old one, so it starts afresh.
-			finish = append(finish, t.act.Release())
+			released = append(released, t.act.Release())
 			t = nil
 		}
 		if t == nil {
@@ -150,7 +151,7 @@ func (d *Daemon) control(ctx context.Context) {
 		}
 		t.unprobed = unprobedOf[name]
 		for _, m := range ct.Members {
-			seen = append(seen, member{m.PID, m.CgroupID, t})
+			seen = append(seen, member{m.PID, m.CgroupID, t.act, t.cgroup != ""})
 			if !m.Exited {
 				t.anyPID = int(m.PID)
 			}
@@ -186,19 +187,18 @@ func (d *Daemon) control(ctx context.Context) {
 		d.tenants[dec.Name].decisions[dec.GPU] = dec
 	}
 	plan := map[int][]enforce.TenantGroups{}
+	var steps []tenantStep
 	for name, t := range d.tenants {
 		if now.Sub(t.lastSeen) > 2*d.cfg.Window {
-			finish = append(finish, t.act.Release())
+			released = append(released, t.act.Release())
 			delete(d.tenants, name)
 			continue
 		}
+		step := d.stepOf(t, cfg.Period)
 		if t.pid != 0 {
 			// A pid tenant's tree changes as it forks.
-			tree := slices.Collect(maps.Keys(cl.trees[t.pid]))
-			t.act.Tree.Store(&tree)
-			if err := t.act.SetTreeMembers(tree); err != nil {
-				d.log.Warn("launch gate", "tenant", name, "err", err)
-			}
+			step.tree = slices.Collect(maps.Keys(cl.trees[t.pid]))
+			t.act.Tree.Store(&step.tree)
 		}
 		duty, offset, paced, scheduled := 1.0, 0.0, true, false
 		for gpu, dec := range t.decisions {
@@ -218,12 +218,20 @@ func (d *Daemon) control(ctx context.Context) {
 			// unseen: freeze it for the rest of each period instead.
 			paced = false
 		}
-		finish = append(finish, d.actOn(ctx, t, scheduled, duty, offset, paced, cfg.Period))
+		step.decision.Scheduled, step.decision.Duty, step.decision.Offset, step.decision.Paced = scheduled, duty, offset, paced
+		steps = append(steps, step)
+	}
+	d.publish(res, snap, actuation, memory)
+	urgentCgroups := d.latencyCgroups(latencyIDs)
+	d.mu.Unlock()
+	for _, f := range released {
+		f()
+	}
+	var finish []func()
+	for _, step := range steps {
+		finish = append(finish, d.apply(ctx, step))
 	}
 	d.wakers.Store(newWakers(seen))
-	d.publish(res, snap, actuation, memory)
-	urgentCgroups := d.latencyCgroups(cfg)
-	d.mu.Unlock()
 	for _, f := range finish {
 		f()
 	}

@@ -57,7 +57,7 @@ func TestReshapedTouchesDefaultsOnlyWhenSelected(t *testing.T) {
 		{"its own entry changed", with(policy.Tenant{Name: "y", Selector: policy.Selector{Cgroup: "/ctr/y"}}), with(policy.Tenant{Name: "y", Selector: policy.Selector{Cgroup: "/ctr/y"}, Rules: policy.Rules{Weight: 3}}), &tenant{name: "y", cgroup: "/ctr/y"}, true},
 		{"another's entry changed", with(policy.Tenant{Name: "y", Selector: policy.Selector{Cgroup: "/ctr/y"}}), with(policy.Tenant{Name: "y", Selector: policy.Selector{Cgroup: "/ctr/y"}, Rules: policy.Rules{Weight: 3}}), &tenant{name: "x", cgroup: "/ctr/x"}, false},
 	} {
-		if got := reshaped(c.old, c.cfg, c.t, ""); got != c.want {
+		if got := reshaped(c.old, c.cfg, c.t, "", readPIDTenants(c.cfg).cgroups); got != c.want {
 			t.Errorf("%s: reshaped(%s) = %v, want %v", c.what, c.t.name, got, c.want)
 		}
 	}

@@ -393,7 +393,7 @@ func TestPIDTenantIsPinnedToItsProcess(t *testing.T) {
 			t.Errorf("%s: classified into %q", tc.why, name)
 		}
 		d := &Daemon{pidStarts: map[int]uint64{pid: tc.pinned}}
-		if _, err := d.gateFor(&tenant{name: "p", pid: pid, act: enforce.NewTenant("p", nil)}); (err == nil) != tc.want {
+		if _, err := d.gateFor(d.stepOf(&tenant{name: "p", pid: pid, act: enforce.NewTenant("p", nil)}, time.Second)); (err == nil) != tc.want {
 			t.Errorf("%s: gate err %v", tc.why, err)
 		}
 	}

@@ -13,31 +13,60 @@ import (
 	"github.com/gpuarb/gpuarb/policy"
 )
 
-// actOn passes a tenant's decision to its actuators: in scheduler mode a
-// pauser over its channel groups; otherwise, below duty 1, the launch gate
-// or freeze gater (a tenant with unprobed processes at a period of at
-// least unprobedPeriod). It returns what must run once the daemon's lock
-// is released. Called with d.mu held.
-func (d *Daemon) actOn(ctx context.Context, t *tenant, scheduled bool, duty, offset float64, paced bool,
-	period time.Duration) func() {
-	if !scheduled && len(t.unprobed) > 0 {
-		period = max(period, unprobedPeriod)
-	}
-	return t.act.Apply(ctx, enforce.Decision{Scheduled: scheduled, Duty: duty, Offset: offset, Paced: paced, Period: period},
-		enforce.Gates{
-			Gate:   func() (cgroup.Gate, error) { return d.gateFor(t) },
-			Launch: func() (*bpf.LaunchGate, error) { return d.newLaunchGate(t) },
-			CgroupIDs: func() []uint64 {
-				return slices.Collect(maps.Keys(t.cgroupIDs))
-			},
-		})
+// tenantStep is a control step's decision for one tenant with what its
+// actuators need of the tenant, read under the daemon's lock and applied
+// after it.
+type tenantStep struct {
+	act      *enforce.Tenant
+	name     string
+	decision enforce.Decision
+	pid      int    // a pid tenant's root
+	tree     []int  // a pid tenant's processes
+	pinned   uint64 // the start time its pid was pinned to
+	cgroup   string // a cgroup tenant's path
+	anyPID   int
+	unprobed bool // it has processes the probes do not see
+	// cgroupIDs are its cgroups, whose submitted work and freezes the
+	// meter counts.
+	cgroupIDs []uint64
 }
 
-// member is a process a control step found, with its tenant.
+// stepOf reads what tenant t's actuators need. Called with d.mu held.
+func (d *Daemon) stepOf(t *tenant, period time.Duration) tenantStep {
+	return tenantStep{act: t.act, name: t.name, decision: enforce.Decision{Period: period},
+		pid: t.pid, pinned: d.pidStarts[t.pid], cgroup: t.cgroup, anyPID: t.anyPID, unprobed: len(t.unprobed) > 0,
+		cgroupIDs: slices.Collect(maps.Keys(t.cgroupIDs))}
+}
+
+// apply passes a tenant's decision to its actuators: in scheduler mode a
+// pauser over its channel groups; otherwise, below duty 1, the launch gate
+// or freeze gater (a tenant with unprobed processes at a period of at
+// least unprobedPeriod). It returns the wait for the actuators it ended.
+// Called without d.mu: it writes the ledger and the launch gate's maps.
+func (d *Daemon) apply(ctx context.Context, s tenantStep) func() {
+	if s.pid != 0 {
+		if err := s.act.SetTreeMembers(s.tree); err != nil {
+			d.log.Warn("launch gate", "tenant", s.name, "err", err)
+		}
+	}
+	dec := s.decision
+	if !dec.Scheduled && s.unprobed {
+		dec.Period = max(dec.Period, unprobedPeriod)
+	}
+	return s.act.Apply(ctx, dec, enforce.Gates{
+		Gate:      func() (cgroup.Gate, error) { return d.gateFor(s) },
+		Launch:    func() (*bpf.LaunchGate, error) { return d.newLaunchGate(s) },
+		CgroupIDs: func() []uint64 { return s.cgroupIDs },
+	})
+}
+
+// member is a process a control step found, with its tenant's actuators.
 type member struct {
 	pid    uint32
 	cgroup uint64
-	tenant *tenant
+	act    *enforce.Tenant
+	// byCgroup: its tenant is a cgroup, which its new processes join.
+	byCgroup bool
 }
 
 // wakers finds the gater to wake when a process is held at a launch gate:
@@ -50,12 +79,12 @@ type wakers struct {
 func newWakers(seen []member) *wakers {
 	w := &wakers{byPID: map[uint32]*enforce.Gater{}, byCgroup: map[uint64]*enforce.Gater{}}
 	for _, m := range seen {
-		g := m.tenant.act.Gater()
+		g := m.act.Gater()
 		if g == nil {
 			continue
 		}
 		w.byPID[m.pid] = g
-		if m.tenant.cgroup != "" {
+		if m.byCgroup {
 			w.byCgroup[m.cgroup] = g
 		}
 	}
@@ -75,24 +104,34 @@ func (w *wakers) wake(pid uint32, cgroupID uint64) {
 
 // gateFor makes the freeze gate of a tenant, refusing what must never be
 // stopped.
-func (d *Daemon) gateFor(t *tenant) (cgroup.Gate, error) {
-	return enforce.FreezeGate(enforce.GateTarget{PID: t.pid, Attached: t.pid == 0 || pidStart(t.pid) == d.pidStarts[t.pid],
-		Tree: t.act.Tree.Load, Cgroup: t.cgroup, AnyPID: t.anyPID}, d.mode, d.mount, d.ledger)
+func (d *Daemon) gateFor(s tenantStep) (cgroup.Gate, error) {
+	return enforce.FreezeGate(enforce.GateTarget{PID: s.pid, Attached: s.pid == 0 || pidStart(s.pid) == s.pinned,
+		Tree: s.act.Tree.Load, Cgroup: s.cgroup, AnyPID: s.anyPID}, d.mode, d.mount, d.ledger)
 }
 
-// latencyCgroups are the latency tenants' cgroups, whose processes hold
-// the others at a launch before a step has seen them (holdPlan): a cgroup
-// tenant's own (while it exists), and every cgroup a latency tenant's
-// processes were seen in. Called with d.mu held.
-func (d *Daemon) latencyCgroups(cfg *policy.Config) []uint64 {
-	ids := map[uint64]bool{}
+// latencyCgroupIDs are the cgroups of the latency tenants the policy
+// names by cgroup, as far as they exist.
+func (d *Daemon) latencyCgroupIDs(cfg *policy.Config) []uint64 {
+	var ids []uint64
 	for _, t := range cfg.Tenants {
 		if t.Rules.Priority != policy.Latency || t.Cgroup == "" {
 			continue
 		}
 		if id, err := cgroup.ID(filepath.Join(d.mount, normalizeCgroup(t.Cgroup, d.mount))); err == nil {
-			ids[id] = true
+			ids = append(ids, id)
 		}
+	}
+	return ids
+}
+
+// latencyCgroups are the latency tenants' cgroups, whose processes hold
+// the others at a launch before a step has seen them (holdPlan): a cgroup
+// tenant's own (named, latencyCgroupIDs), and every cgroup a latency
+// tenant's processes were seen in. Called with d.mu held.
+func (d *Daemon) latencyCgroups(named []uint64) []uint64 {
+	ids := map[uint64]bool{}
+	for _, id := range named {
+		ids[id] = true
 	}
 	for _, t := range d.tenants {
 		if t.rules.Priority == policy.Latency {
@@ -106,12 +145,12 @@ func (d *Daemon) latencyCgroups(cfg *policy.Config) []uint64 {
 
 // newLaunchGate makes the launch gate of a tenant: its cgroup (and what is
 // below it), or the processes of its tree.
-func (d *Daemon) newLaunchGate(t *tenant) (*bpf.LaunchGate, error) {
+func (d *Daemon) newLaunchGate(s tenantStep) (*bpf.LaunchGate, error) {
 	var pids []int
-	if t.pid != 0 {
-		pids = d.pidTrees([]int{t.pid})[t.pid]
+	if s.pid != 0 {
+		pids = d.pidTrees([]int{s.pid})[s.pid]
 	}
-	return enforce.NewProbesLaunchGate(d.probes, d.mount, t.cgroup, pids)
+	return enforce.NewProbesLaunchGate(d.probes, d.mount, s.cgroup, pids)
 }
 
 // stopAllGates resumes every tenant: gaters and pausers end, timeslices

@@ -159,7 +159,22 @@ func (d *Daemon) attachVia(t policy.Tenant, owner, via string) (api.AttachResult
 	if t.Cgroup != "" {
 		t.Cgroup = normalizeCgroup(t.Cgroup, d.mount)
 	}
-	err := d.updatePolicy("attach "+t.Name, owner == "", func(cur *policy.Config) (*policy.Config, error) {
+	// A tenant the policy refuses is told so before its gates are checked.
+	d.mu.Lock()
+	admitted := t
+	if owner != "" {
+		d.policy.Admit(admitted.Cgroup, &admitted.Rules)
+	}
+	_, err := d.policy.With(admitted)
+	d.mu.Unlock()
+	if err != nil {
+		return res, err
+	}
+	var start uint64 // attached now: the process its pid names now
+	if t.PID != 0 {
+		start = pidStart(t.PID)
+	}
+	err = d.updatePolicy("attach "+t.Name, owner == "", func(cur *policy.Config) (*policy.Config, error) {
 		if owner != "" {
 			if err := d.nameFree(t.Name, owner); err != nil {
 				return nil, err
@@ -167,22 +182,15 @@ func (d *Daemon) attachVia(t policy.Tenant, owner, via string) (api.AttachResult
 			res.Adjusted = cur.Admit(t.Cgroup, &t.Rules)
 		}
 		cfg, err := cur.With(t)
-		if err == nil {
-			err = d.checkGates(t)
-		}
 		if err != nil {
 			return nil, err
 		}
 		if t.PID != 0 {
-			// Attached now: the process its pid names now.
-			d.pidStarts[t.PID] = pidStart(t.PID)
+			d.pidStarts[t.PID] = start
 		}
 		d.attached.set(attachment{Tenant: t, Owner: owner, Via: via})
-		if err := d.attached.save(); err != nil {
-			d.log.Warn("attached, but a restarted daemon will not know it", "tenant", t.Name, "err", err)
-		}
 		return cfg, nil
-	})
+	}, t)
 	for _, a := range res.Adjusted {
 		d.log.Warn("admission bounded a workload's request", "tenant", t.Name, "owner", owner, "change", a)
 	}
@@ -205,9 +213,6 @@ func (d *Daemon) detach(name, owner string) error {
 			return nil, fmt.Errorf("%w %q is attached by %s", errNoTenant, name, owner)
 		}
 		d.attached.remove(name)
-		if err := d.attached.save(); err != nil {
-			d.log.Warn("detached, but a restarted daemon would attach it again", "tenant", name, "err", err)
-		}
 		cfg, _, err := d.attached.onto(d.base)
 		return cfg, err
 	})
@@ -239,7 +244,7 @@ func (d *Daemon) checkGates(ts ...policy.Tenant) error {
 // by itself) is touched only by an entry, added or changed, that now
 // selects its processes: others come and go (containers start and stop)
 // while it stays gated.
-func reshaped(old, cfg *policy.Config, t *tenant, mount string) bool {
+func reshaped(old, cfg *policy.Config, t *tenant, mount string, pidCgroups map[int]string) bool {
 	if old.Period != cfg.Period || !reflect.DeepEqual(old.Defaults, cfg.Defaults) || !reflect.DeepEqual(old.GPUs, cfg.GPUs) {
 		return true
 	}
@@ -252,7 +257,7 @@ func reshaped(old, cfg *policy.Config, t *tenant, mount string) bool {
 		if prev, ok := old.Tenant(e.Name); ok && reflect.DeepEqual(prev, e) {
 			continue
 		}
-		if selectsDefault(e, t.cgroup, mount) {
+		if selectsDefault(e, t.cgroup, mount, pidCgroups) {
 			return true
 		}
 	}
@@ -262,9 +267,10 @@ func reshaped(old, cfg *policy.Config, t *tenant, mount string) bool {
 // selectsDefault tells whether entry e may take processes of the default
 // tenant of cgroup path cg: a cgroup entry at or above it, a container
 // entry whose id it names, a pid entry whose root runs at, above or below
-// it (its tree may be anywhere under the root's cgroup). A cgroup gpuarb
-// shows by id only (no path) is taken to be selected.
-func selectsDefault(e policy.Tenant, cg, mount string) bool {
+// it (its tree may be anywhere under the root's cgroup; pidCgroups has
+// the roots' cgroups, readPIDTenants). A cgroup gpuarb shows by id only
+// (no path), or a root whose cgroup is unknown, is taken to be selected.
+func selectsDefault(e policy.Tenant, cg, mount string, pidCgroups map[int]string) bool {
 	if !strings.HasPrefix(cg, "/") {
 		return true
 	}
@@ -274,8 +280,8 @@ func selectsDefault(e policy.Tenant, cg, mount string) bool {
 	case e.ContainerID != "":
 		return strings.Contains(cg, e.ContainerID)
 	case e.PID != 0:
-		root, err := cgroup.ProcessPath(e.PID)
-		return err != nil || under(cg, root) || under(root, cg)
+		root, ok := pidCgroups[e.PID]
+		return !ok || under(cg, root) || under(root, cg)
 	}
 	return true
 }
@@ -314,31 +320,47 @@ func checkOwner(owner string) error {
 }
 
 // updatePolicy installs the policy next derives from the one in force
-// (called with d.mu held; an error installs nothing): tenants whose rules
-// or selectors changed are re-gated from the next period. Enforcement
-// paused by thaw --all resumes when resume is set (the operator's own
-// change: a policy applied or reloaded, an attach or detach), never at a
-// workload's attach or detach: containers starting and stopping must not
-// undo the operator's pause. Updates run one at a time and between control steps, so two
-// attaches at once both count and no step acts on a policy replaced
-// under it.
-func (d *Daemon) updatePolicy(why string, resume bool, next func(cur *policy.Config) (*policy.Config, error)) error {
+// (an error installs nothing): tenants whose rules or selectors changed
+// are re-gated from the next period. Enforcement paused by thaw --all
+// resumes when resume is set (the operator's own change: a policy applied
+// or reloaded, an attach or detach), never at a workload's attach or
+// detach: containers starting and stopping must not undo the operator's
+// pause. Updates run one at a time and between control steps, so two
+// attaches at once both count and no step acts on a policy replaced under
+// it. next runs with d.mu held and must do no I/O; the gates of the
+// tenants in checked (new entries) are checked before it, and the host
+// facts the change needs (pid tenants' cgroups and start times) are read
+// between it and the change's installation, without the lock.
+func (d *Daemon) updatePolicy(why string, resume bool, next func(cur *policy.Config) (*policy.Config, error), checked ...policy.Tenant) error {
+	if err := d.checkGates(checked...); err != nil {
+		return err
+	}
 	d.stepMu.Lock()
 	defer d.stepMu.Unlock()
 	d.mu.Lock()
 	old := d.policy
 	cfg, err := next(old)
+	attached, encErr := d.attached.unsaved()
+	d.mu.Unlock()
+	if encErr == nil && attached != nil {
+		encErr = d.attached.write(attached)
+	}
+	if encErr != nil {
+		d.log.Warn("the attached tenants file is not up to date: a restarted daemon will not know this change", "change", why, "err", encErr)
+	}
 	if err != nil {
-		d.mu.Unlock()
 		return err
 	}
+	host := readPIDTenants(cfg)
+
+	d.mu.Lock()
 	// Only the tenants the change touches start afresh (their gates and
 	// pauses end, their groups go back to their own timeslices): a
 	// container that starts or stops leaves the others as they run.
 	var finish []func()
 	var groups []gpusched.Group
 	for _, t := range d.tenants {
-		if !reshaped(old, cfg, t, d.mount) {
+		if !reshaped(old, cfg, t, d.mount, host.cgroups) {
 			continue
 		}
 		finish = append(finish, t.act.Release())
@@ -347,11 +369,12 @@ func (d *Daemon) updatePolicy(why string, resume bool, next func(cur *policy.Con
 		}
 	}
 	d.policy = cfg
-	d.pinPIDs()
+	forgotten := d.pinPIDs(host.starts)
 	if resume {
 		d.enforcing = !d.cfg.ObserveOnly
 	}
 	d.mu.Unlock()
+	d.unfollow(forgotten)
 	for _, f := range finish {
 		f()
 	}
@@ -364,9 +387,32 @@ func (d *Daemon) updatePolicy(why string, resume bool, next func(cur *policy.Con
 	return nil
 }
 
+// pidTenants are what the host says of a policy's pid tenants: the cgroup
+// and start time of the process each pid names (none when it has none).
+type pidTenants struct {
+	cgroups map[int]string
+	starts  map[int]uint64
+}
+
+// readPIDTenants reads cfg's pid tenants' processes.
+func readPIDTenants(cfg *policy.Config) pidTenants {
+	host := pidTenants{cgroups: map[int]string{}, starts: map[int]uint64{}}
+	for _, t := range cfg.Tenants {
+		if t.PID == 0 {
+			continue
+		}
+		if cg, err := cgroup.ProcessPath(t.PID); err == nil {
+			host.cgroups[t.PID] = cg
+		}
+		host.starts[t.PID] = pidStart(t.PID)
+	}
+	return host
+}
+
 // pinPIDs pins the pid tenants the policy gained to the processes their
-// pids name now and forgets those it lost. Called with d.mu held.
-func (d *Daemon) pinPIDs() {
+// pids name now (starts, readPIDTenants) and forgets those it lost,
+// returning them for unfollow. Called with d.mu held.
+func (d *Daemon) pinPIDs(starts map[int]uint64) (forgotten []int) {
 	has := map[int]bool{}
 	for _, t := range d.policy.Tenants {
 		if t.PID == 0 {
@@ -374,19 +420,28 @@ func (d *Daemon) pinPIDs() {
 		}
 		has[t.PID] = true
 		if _, ok := d.pidStarts[t.PID]; !ok {
-			d.pidStarts[t.PID] = pidStart(t.PID)
+			d.pidStarts[t.PID] = starts[t.PID]
 		}
 	}
 	for pid := range d.pidStarts {
 		if !has[pid] {
 			delete(d.pidStarts, pid)
-			if d.trees != nil {
-				d.trees.Forget(pid)
-			}
-			if d.probes != nil {
-				if err := d.probes.Unfollow(pid); err != nil {
-					d.log.Warn("unfollow pid tenant", "pid", pid, "err", err)
-				}
+			forgotten = append(forgotten, pid)
+		}
+	}
+	return forgotten
+}
+
+// unfollow stops following the process trees of the pid tenants the
+// policy lost. Called under stepMu, without d.mu.
+func (d *Daemon) unfollow(pids []int) {
+	for _, pid := range pids {
+		if d.trees != nil {
+			d.trees.Forget(pid)
+		}
+		if d.probes != nil {
+			if err := d.probes.Unfollow(pid); err != nil {
+				d.log.Warn("unfollow pid tenant", "pid", pid, "err", err)
 			}
 		}
 	}
@@ -413,13 +468,14 @@ func (d *Daemon) Reload() error {
 		err = d.setBase(cfg, "reload "+d.cfg.PolicyPath)
 	}
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if err != nil {
 		d.policyErr = err.Error()
+		d.mu.Unlock()
 		d.log.Error("reload refused; keeping the last good policy", "err", err)
 		return err
 	}
 	d.policyFile, d.policyErr = cfg, ""
+	d.mu.Unlock()
 	d.keepLastGood()
 	if !found {
 		d.log.Warn("policy file missing on reload; using defaults", "path", d.cfg.PolicyPath)

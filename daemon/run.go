@@ -181,13 +181,22 @@ func (d *Daemon) sampleExact() {
 		return
 	}
 	now := time.Now()
+	// Only the run loop writes the previous sample: it reads it back
+	// without the lock, which the shares' /proc reads must not hold.
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.exactPrev != nil {
-		d.exactShares = exact.Shares(d.exactPrev, cur, uint64(now.Sub(d.exactAt)), func(pid uint32) string {
+	prev, at := d.exactPrev, d.exactAt
+	d.mu.Unlock()
+	var shares map[string]float64
+	if prev != nil {
+		shares = exact.Shares(prev, cur, uint64(now.Sub(at)), func(pid uint32) string {
 			p, _ := cgroup.ProcessPath(int(pid))
 			return p
 		})
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if prev != nil {
+		d.exactShares = shares
 	}
 	d.exactPrev, d.exactAt = cur, now
 }

@@ -28,10 +28,13 @@ type Env struct {
 // Tenant holds one tenant to the control step's decision: in scheduler
 // mode by its pauser (a window gater over its channel groups, paused for
 // the rest of each period below duty 1), otherwise by its gater (the
-// launch gate, or freezing its cgroup or process tree). Its methods are
-// called from the control step (the daemon's lock held): they start and
-// steer actuators, never wait for one, and return what must run once that
-// lock is released.
+// launch gate, or freezing its cgroup or process tree). Apply, Release
+// and SetTreeMembers are called one at a time (the daemon's control steps
+// and policy changes are serialized), never under the daemon's lock: they
+// write the ledger and BPF maps. They start and steer actuators, never
+// wait for one, and return the wait for those they end. The readers
+// (Gater, Pauser, AtLaunchGate, HeldSince, Errors) may be called from any
+// goroutine.
 type Tenant struct {
 	name string
 	env  *Env
@@ -45,11 +48,14 @@ type Tenant struct {
 	LaunchCost atomic.Uint64
 
 	pauser      *Gater
+	pauserSeen  atomic.Pointer[Gater] // pauser, for the readers
 	pauseCancel context.CancelFunc
 	pauseDone   chan struct{}
 
 	gater      *Gater
-	launches   *bpf.LaunchGate // nil: paced by freezing
+	gaterSeen  atomic.Pointer[Gater] // gater, for the readers
+	launches   *bpf.LaunchGate       // nil: paced by freezing
+	atLaunches atomic.Bool           // launches != nil, for the readers
 	gatePeriod time.Duration
 	cancel     context.CancelFunc
 	done       chan struct{}
@@ -93,6 +99,7 @@ type Gates struct {
 // whose period changed ends now, and its successor starts at the next
 // Apply, once the ended one has left the ledger.
 func (t *Tenant) Apply(ctx context.Context, d Decision, g Gates) func() {
+	defer t.publish()
 	var finish []func()
 	switch {
 	case d.Scheduled:
@@ -126,25 +133,34 @@ func (t *Tenant) Apply(ctx context.Context, d Decision, g Gates) func() {
 // tenant be tried again; it returns the wait for the actuators to end
 // (each resumes what it held).
 func (t *Tenant) Release() func() {
+	defer t.publish()
 	t.refused = false
 	return joined([]func(){t.stopGater(), t.stopPauser()})
+}
+
+// publish shows the readers the actuators Apply or Release left running.
+func (t *Tenant) publish() {
+	t.gaterSeen.Store(t.gater)
+	t.pauserSeen.Store(t.pauser)
+	t.atLaunches.Store(t.launches != nil)
 }
 
 // HeldSince tells whether an actuator held the tenant back (launch gate,
 // freeze or pause) at any time since since.
 func (t *Tenant) HeldSince(since time.Time) bool {
-	return (t.gater != nil && t.gater.HeldSince(since)) || (t.pauser != nil && t.pauser.HeldSince(since))
+	g, p := t.Gater(), t.Pauser()
+	return (g != nil && g.HeldSince(since)) || (p != nil && p.HeldSince(since))
 }
 
 // Gater is its launch-gate or freeze gater, nil when none runs.
-func (t *Tenant) Gater() *Gater { return t.gater }
+func (t *Tenant) Gater() *Gater { return t.gaterSeen.Load() }
 
 // Pauser is its window gater over its channel groups, nil when none runs.
-func (t *Tenant) Pauser() *Gater { return t.pauser }
+func (t *Tenant) Pauser() *Gater { return t.pauserSeen.Load() }
 
 // AtLaunchGate tells whether its gater paces it at a launch gate (not by
 // freezing).
-func (t *Tenant) AtLaunchGate() bool { return t.launches != nil }
+func (t *Tenant) AtLaunchGate() bool { return t.atLaunches.Load() }
 
 // Errors returns how many operations holding it back failed, and the last.
 func (t *Tenant) Errors() (uint64, string) { return t.errors.get() }
