@@ -3,7 +3,6 @@ package arbiter
 import (
 	"math"
 	"sort"
-	"time"
 
 	"github.com/gpuarb/gpuarb/policy"
 )
@@ -132,7 +131,7 @@ type Decision struct {
 	Weight    float64
 	// Timeslice is each of its channel groups' timeslice (scheduler mode);
 	// 0 leaves them as they are (a tenant without work takes no turn).
-	Timeslice time.Duration
+	Timeslice Nanoseconds
 	// SLOMissed is set on latency tenants whose SLO is not held.
 	SLOMissed bool
 	// Reason explains the duty in a few words.

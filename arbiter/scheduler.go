@@ -4,9 +4,22 @@ import (
 	"cmp"
 	"math"
 	"slices"
-	"time"
 
 	"github.com/gpuarb/gpuarb/policy"
+)
+
+// Nanoseconds is a span of GPU time. The arbiter reads no clock: its
+// spans are plain numbers, converted at its edges (time.Duration has the
+// same unit).
+type Nanoseconds int64
+
+// Microseconds is n in whole microseconds.
+func (n Nanoseconds) Microseconds() int64 { return int64(n / Microsecond) }
+
+// Units of Nanoseconds.
+const (
+	Microsecond Nanoseconds = 1000
+	Millisecond             = 1000 * Microsecond
 )
 
 // Scheduler-mode constants.
@@ -15,18 +28,18 @@ const (
 	// same, on a GPU whose own (SetSlices) gpuarb does not know: the
 	// simulated GPU's default. The nvidia driver's is 2048 µs, 8 of its
 	// switches (gpusched.Slices, e2e/realgpu).
-	BaseSlice = 1024 * time.Microsecond
+	BaseSlice = 1024 * Microsecond
 	// MinSlice is the shortest timeslice gpuarb gives a group on such a
 	// GPU: a context switch costs the simulated GPU 20 µs, and shorter
 	// slices would spend it on switches. 50 µs gained the fuzzer's
 	// latency-held loops nothing there (docs/benchmark-history.md §10).
 	// A switch costs a real H200 about 256 µs: its floor is 1024 µs
 	// (gpusched.Slices).
-	MinSlice = 100 * time.Microsecond
+	MinSlice = 100 * Microsecond
 	// MaxSlice bounds one group's timeslice, and maxRotation the round of
 	// all of a GPU's busy groups: the longest a group with work waits.
-	MaxSlice    = 50 * time.Millisecond
-	maxRotation = 100 * time.Millisecond
+	MaxSlice    = 50 * Millisecond
+	maxRotation = 100 * Millisecond
 	// feedbackGain is how much of the log-ratio target/share one control
 	// window's correction takes (spread over the window's periods):
 	// half, because the share lags the slices by that window and a whole
@@ -66,7 +79,7 @@ const (
 // when every group weighs the same, Min the shortest. They follow the
 // GPU's driver (gpusched.Actuator.Slices); DefaultSlices are the
 // simulated GPU's.
-type Slices struct{ Base, Min time.Duration }
+type Slices struct{ Base, Min Nanoseconds }
 
 // DefaultSlices are the slices of a GPU SetSlices has not named.
 var DefaultSlices = Slices{Base: BaseSlice, Min: MinSlice}
@@ -74,7 +87,7 @@ var DefaultSlices = Slices{Base: BaseSlice, Min: MinSlice}
 // SetSlices sets GPU gpu's slices: Min at least 1 µs, Base within
 // [Min, MaxSlice].
 func (a *Arbiter) SetSlices(gpu int, s Slices) {
-	s.Min = min(max(s.Min, time.Microsecond), MaxSlice)
+	s.Min = min(max(s.Min, Microsecond), MaxSlice)
 	s.Base = min(max(s.Base, s.Min), MaxSlice)
 	a.slices[gpu] = s
 }
@@ -298,7 +311,7 @@ func timeslices(ts []Input, out []Decision, turnBound []bool, maxWait, lightDema
 	}
 	for i, t := range ts {
 		if t.Busy && !t.Unsteered {
-			d := time.Duration(scale * perGroup(i))
+			d := Nanoseconds(scale * perGroup(i))
 			switch {
 			case lightDemand[i] > 0:
 				d = max(d, burstSlice(t.BurstNS, sl.Base))
@@ -309,7 +322,7 @@ func timeslices(ts []Input, out []Decision, turnBound []bool, maxWait, lightDema
 				// cut every longer burst, and the rest waited a rotation
 				// (a loop of 2 ms bursts in 1.9 ms slices read 49.5% for
 				// a target of 55.8%).
-				d = max(d, time.Duration(burstCover*t.BurstNS))
+				d = max(d, Nanoseconds(burstCover*t.BurstNS))
 			}
 			out[i].Timeslice = min(max(d, sl.Min), MaxSlice)
 		}
@@ -322,7 +335,7 @@ func timeslices(ts []Input, out []Decision, turnBound []bool, maxWait, lightDema
 // steers from one that only winds up. A closed loop's slice (turnBound)
 // and a light tenant's hold their bursts whatever their weights; a
 // larger weight only shrinks the others' slices, and not below floor.
-func recordSlices(ts []Input, out []Decision, states []*schedState, turnBound []bool, lightDemand []float64, floor time.Duration) {
+func recordSlices(ts []Input, out []Decision, states []*schedState, turnBound []bool, lightDemand []float64, floor Nanoseconds) {
 	steeredBusy := func(t Input) bool { return t.Busy && !t.Unsteered && t.Rules.Priority != policy.Latency }
 	aboveFloor := 0
 	for i, t := range ts {
@@ -354,7 +367,7 @@ func recordSlices(ts []Input, out []Decision, states []*schedState, turnBound []
 // no more than it needs. Rounded up to the GPU's base slice times a power
 // of two, or every wobble of the burst's estimate would cost a control; 0
 // when it never ran out of work (BurstNS 0).
-func burstSlice(burstNS float64, base time.Duration) time.Duration {
+func burstSlice(burstNS float64, base Nanoseconds) Nanoseconds {
 	if burstNS <= 0 {
 		return 0
 	}

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"testing"
-	"time"
 
 	"github.com/gpuarb/gpuarb/policy"
 )
@@ -58,7 +57,7 @@ func TestSlicesFollowTargets(t *testing.T) {
 // 1024 µs where the simulated GPU's would go to 1/19 of the heavy one's.
 func TestSlicesFollowTheGPU(t *testing.T) {
 	a := New(Params{})
-	h200 := Slices{Base: 2048 * time.Microsecond, Min: 1024 * time.Microsecond}
+	h200 := Slices{Base: 2048 * Microsecond, Min: 1024 * Microsecond}
 	a.SetSlices(1, h200)
 	on := func(gpu int, in Input) Input { in.GPU = gpu; return in }
 	ds := a.Step([]Input{on(0, schedHog("a", 100, 0.5, 1)), on(0, schedHog("b", 100, 0.5, 1)),
@@ -83,8 +82,8 @@ func TestSlicesFollowTheGPU(t *testing.T) {
 	if got := a.SlicesOf(1); got != h200 {
 		t.Errorf("SlicesOf(1) = %+v, want %+v", got, h200)
 	}
-	a.SetSlices(2, Slices{Base: 50 * time.Microsecond, Min: 200 * time.Microsecond})
-	if got := a.SlicesOf(2); got.Base != 200*time.Microsecond || got.Min != 200*time.Microsecond {
+	a.SetSlices(2, Slices{Base: 50 * Microsecond, Min: 200 * Microsecond})
+	if got := a.SlicesOf(2); got.Base != 200*Microsecond || got.Min != 200*Microsecond {
 		t.Errorf("a base below the floor: %+v, want both 200µs", got)
 	}
 }
@@ -95,20 +94,20 @@ func TestSlicesFollowTheGPU(t *testing.T) {
 func TestClosedLoopBurstShrinksTheRotation(t *testing.T) {
 	a := New(Params{})
 	loop := schedHog("loop", 100, 0.5, 1)
-	loop.BurstNS = float64(200 * time.Microsecond)
+	loop.BurstNS = float64(200 * Microsecond)
 	ds := a.Step([]Input{loop, schedHog("hog", 100, 0.5, 1)}, steered)
 	dl, dh := decisionOf(t, ds, "loop"), decisionOf(t, ds, "hog")
-	if dl.Timeslice != 250*time.Microsecond || dh.Timeslice != 200*time.Microsecond {
+	if dl.Timeslice != 250*Microsecond || dh.Timeslice != 200*Microsecond {
 		t.Errorf("timeslices loop %v hog %v, want 250µs (the loop's burst, covered) and 200µs (equal weights)", dl.Timeslice, dh.Timeslice)
 	}
 	// A slice of a weight that nearly fits the burst holds it too.
-	loop.BurstNS = float64(1100 * time.Microsecond)
+	loop.BurstNS = float64(1100 * Microsecond)
 	ds = New(Params{}).Step([]Input{loop, schedHog("hog", 100, 0.5, 1)}, steered)
-	if dl, dh := decisionOf(t, ds, "loop"), decisionOf(t, ds, "hog"); dl.Timeslice != 1375*time.Microsecond || dh.Timeslice != BaseSlice {
+	if dl, dh := decisionOf(t, ds, "loop"), decisionOf(t, ds, "hog"); dl.Timeslice != 1375*Microsecond || dh.Timeslice != BaseSlice {
 		t.Errorf("burst of 1.1 ms: timeslices loop %v hog %v, want 1.375ms and %v", dl.Timeslice, dh.Timeslice, BaseSlice)
 	}
 	// A burst longer than the even split changes nothing.
-	loop.BurstNS = float64(5 * time.Millisecond)
+	loop.BurstNS = float64(5 * Millisecond)
 	ds = New(Params{}).Step([]Input{loop, schedHog("hog", 100, 0.5, 1)}, steered)
 	if dl := decisionOf(t, ds, "loop"); dl.Timeslice != BaseSlice {
 		t.Errorf("long burst: timeslice %v, want %v", dl.Timeslice, BaseSlice)
@@ -121,7 +120,7 @@ func TestClosedLoopBurstShrinksTheRotation(t *testing.T) {
 func TestPausesWhereSlicesCannot(t *testing.T) {
 	a := New(Params{})
 	loop := schedHog("loop", 100, 0.2, 1)
-	loop.BurstNS = float64(50 * time.Microsecond)
+	loop.BurstNS = float64(50 * Microsecond)
 	in := []Input{loop, schedHog("hog", 100, 0.8, 1)}
 	var last float64 = 1
 	for i := 0; i < 3; i++ {
@@ -266,12 +265,12 @@ func TestLightServedFirst(t *testing.T) {
 // (with 1000 tenants they moved by a third each step, each move a control
 // per group).
 func TestManyLightTenantsLeaveTheSlicesAlone(t *testing.T) {
-	slice := func(lights int) time.Duration {
+	slice := func(lights int) Nanoseconds {
 		in := []Input{schedHog("h1", 100, 0.35, 1), schedHog("h2", 100, 0.35, 1)}
 		for i := 0; i < lights; i++ {
 			l := schedHog(fmt.Sprintf("l%d", i), 100, 0.0003, 1)
 			l.Backlogged, l.Demand, l.SettledShare = false, 0.0003, 0.0003
-			l.BurstNS = float64(270 * time.Microsecond)
+			l.BurstNS = float64(270 * Microsecond)
 			in = append(in, l)
 		}
 		ds := New(Params{}).Step(in, steered)
@@ -281,7 +280,7 @@ func TestManyLightTenantsLeaveTheSlicesAlone(t *testing.T) {
 		return decisionOf(t, ds, "h1").Timeslice
 	}
 	few, many, more := slice(10), slice(330), slice(370)
-	near := func(a, b time.Duration) bool { return math.Abs(float64(a-b)) <= 0.01*float64(b) }
+	near := func(a, b Nanoseconds) bool { return math.Abs(float64(a-b)) <= 0.01*float64(b) }
 	if !near(few, BaseSlice) || !near(many, BaseSlice) || !near(more, BaseSlice) {
 		t.Errorf("hog's slice beside 10, 330 and 370 busy light tenants: %v, %v, %v; want the same, near %v", few, many, more, BaseSlice)
 	}
@@ -330,12 +329,12 @@ func TestSchedulerLatency(t *testing.T) {
 func TestLightClosedLoopWaitsLittle(t *testing.T) {
 	light := schedHog("light", 900, 0.163, 1)
 	light.Backlogged, light.Demand, light.SettledShare = false, 0.163, 0.163
-	light.BurstNS = float64(time.Millisecond)
+	light.BurstNS = float64(Millisecond)
 	hog := schedHog("hog", 100, 0.837, 1)
 	ds := New(Params{}).Step([]Input{light, hog}, steered)
 	want := 1e6 * 0.01 / (0.163 * 0.153) // ns: 401 µs
 	if dh := decisionOf(t, ds, "hog"); math.Abs(float64(dh.Timeslice)-want) > 1e3 {
-		t.Errorf("hog's timeslice %v beside a light loop of 1 ms bursts at 16.3%%, want %v", dh.Timeslice, time.Duration(want))
+		t.Errorf("hog's timeslice %v beside a light loop of 1 ms bursts at 16.3%%, want %v", dh.Timeslice, Nanoseconds(want))
 	}
 }
 
@@ -348,10 +347,10 @@ func TestLightWaitStretchesForAShortLoop(t *testing.T) {
 	scale := func(demand, short float64) float64 {
 		light := schedHog("light", 358, 0.25, 1)
 		light.Backlogged, light.Demand, light.SettledShare = false, 0.25, 0.25
-		light.BurstNS = float64(12400 * time.Microsecond)
+		light.BurstNS = float64(12400 * Microsecond)
 		loop := schedHog("loop", 300, 0.3, 1)
 		loop.Backlogged, loop.Demand = false, demand
-		loop.BurstNS = float64(19600 * time.Microsecond)
+		loop.BurstNS = float64(19600 * Microsecond)
 		in := []Input{light, loop, schedHog("h1", 400, 0.4, 4), schedHog("h2", 9, 0.05, 4)}
 		target := decisionOf(t, New(Params{}).Step(in, steered), "loop").Target
 		setShare(&in[1], target-short)
@@ -380,12 +379,12 @@ func TestLightWaitStretchesForAShortLoop(t *testing.T) {
 // a demand of 51% in 1 ms slices).
 func TestLightSliceCoversItsBurst(t *testing.T) {
 	for _, c := range []struct {
-		burst, want time.Duration
+		burst, want Nanoseconds
 	}{
-		{500 * time.Microsecond, BaseSlice},
-		{12600 * time.Microsecond, 16 * BaseSlice},
-		{14 * time.Millisecond, 32 * BaseSlice}, // 1.25 × 14 ms > 16 × 1024 µs
-		{200 * time.Millisecond, MaxSlice},
+		{500 * Microsecond, BaseSlice},
+		{12600 * Microsecond, 16 * BaseSlice},
+		{14 * Millisecond, 32 * BaseSlice}, // 1.25 × 14 ms > 16 × 1024 µs
+		{200 * Millisecond, MaxSlice},
 	} {
 		light := schedHog("light", 358, 0.41, 1)
 		light.Backlogged, light.Demand, light.SettledShare = false, 0.5, 0.41
@@ -410,7 +409,7 @@ func TestLightSliceCoversItsBurst(t *testing.T) {
 // loopBesideHogs steps, three periods, a loop of weight 1700 at 50% of
 // the GPU beside hogs of weights 300 and 100 (37% and 13%), and returns
 // the hogs' decisions.
-func loopBesideHogs(t *testing.T, backlogged bool, demand, waited float64, burst time.Duration) (h1, h2 Decision) {
+func loopBesideHogs(t *testing.T, backlogged bool, demand, waited float64, burst Nanoseconds) (h1, h2 Decision) {
 	t.Helper()
 	a := New(Params{})
 	loop := schedHog("loop", 1700, 0.5, 1)
@@ -430,7 +429,7 @@ func TestOwnPaceIsNotDeprivation(t *testing.T) {
 		waited float64
 		held   bool
 	}{{0.003, false}, {0.2, true}} {
-		h1, h2 := loopBesideHogs(t, false, 0.57, c.waited, 8*time.Millisecond)
+		h1, h2 := loopBesideHogs(t, false, 0.57, c.waited, 8*Millisecond)
 		if (h2.Duty < 1) != c.held || (h1.Reason == "above target: takes the slack") == c.held {
 			t.Errorf("loop waiting %.1f%% of the window: h1 %s, h2 run fraction %.2f (%s); want them held back %v",
 				100*c.waited, h1.Reason, h2.Duty, h2.Reason, c.held)
@@ -445,7 +444,7 @@ func TestOwnPaceIsNotDeprivation(t *testing.T) {
 // give way, where its settled demand alone let them take its share.
 func TestBackloggedPhaseWantsMore(t *testing.T) {
 	for _, backlogged := range []bool{false, true} {
-		h1, h2 := loopBesideHogs(t, backlogged, 0.5, 0.2, 60*time.Millisecond)
+		h1, h2 := loopBesideHogs(t, backlogged, 0.5, 0.2, 60*Millisecond)
 		if held := h2.Duty < 1 && h1.Reason == "above target"; held != backlogged {
 			t.Errorf("loop backlogged %v at 50%% for a settled demand of 50%%: h1 %s, h2 run fraction %.2f (%s); want them held back %v",
 				backlogged, h1.Reason, h2.Duty, h2.Reason, backlogged)
@@ -465,7 +464,7 @@ func TestFeedbackDoesNotWindUpAcrossPhases(t *testing.T) {
 	loop := schedHog("loop", 100, 0.2, 1)
 	// Equal weights give the hogs the loop's burst as slices at first:
 	// 10% above MinSlice, all that feedback can take from them.
-	loop.BurstNS = float64(110 * time.Microsecond)
+	loop.BurstNS = float64(110 * Microsecond)
 	in := []Input{loop, schedHog("h1", 100, 0.4, 1), schedHog("h2", 100, 0.4, 1)}
 	var ds []Decision
 	for i := 0; i < 60; i++ {
@@ -496,7 +495,7 @@ func hogPausedForLoop(t *testing.T, periods int) (*Arbiter, []Input, float64) {
 	t.Helper()
 	a := New(Params{})
 	loop := schedHog("loop", 100, 0.2, 1)
-	loop.BurstNS = float64(50 * time.Microsecond)
+	loop.BurstNS = float64(50 * Microsecond)
 	in := []Input{loop, schedHog("hog", 100, 0.8, 1)}
 	var paused float64
 	for i := 0; i < periods; i++ {
@@ -567,7 +566,7 @@ func TestShortfallShared(t *testing.T) {
 	}{{0.33, 0.33, true, 0.9}, {0.33, 0.43, false, 0}} {
 		a := New(Params{})
 		loop := schedHog("loop", 100, 0.23, 1)
-		loop.BurstNS = float64(50 * time.Microsecond)
+		loop.BurstNS = float64(50 * Microsecond)
 		in := []Input{loop, schedHog("b", 100, c.b, 1), schedHog("c", 100, c.c, 1)}
 		var db, dc Decision
 		for i := 0; i < 3; i++ {
@@ -597,14 +596,14 @@ func TestShortfallShared(t *testing.T) {
 // to its target.
 func TestPausesReleasedWhileAnotherOverruns(t *testing.T) {
 	for _, c := range []struct {
-		loop, hog float64       // their shares after the pauses (targets 50% each)
-		burst     time.Duration // the loop's burst after the pauses
+		loop, hog float64     // their shares after the pauses (targets 50% each)
+		burst     Nanoseconds // the loop's burst after the pauses
 		once      bool
 	}{
-		{0.60, 0.38, 50 * time.Millisecond, true},
-		{0.56, 0.42, 50 * time.Millisecond, true},
-		{0.52, 0.40, 50 * time.Millisecond, false},
-		{0.60, 0.38, 50 * time.Microsecond, false},
+		{0.60, 0.38, 50 * Millisecond, true},
+		{0.56, 0.42, 50 * Millisecond, true},
+		{0.52, 0.40, 50 * Millisecond, false},
+		{0.60, 0.38, 50 * Microsecond, false},
 	} {
 		a, in, paused := hogPausedForLoop(t, 3)
 		in[0].BurstNS = float64(c.burst)
@@ -629,7 +628,7 @@ func TestReleasedPauseRemembered(t *testing.T) {
 	}{{6, true}, {pauseMemory*3 + 1, false}} {
 		a, in, paused := hogPausedForLoop(t, 6)
 		short := in[0].BurstNS
-		in[0].BurstNS = float64(50 * time.Millisecond)
+		in[0].BurstNS = float64(50 * Millisecond)
 		setShare(&in[0], 0.6)
 		setShare(&in[1], 0.4)
 		for i := 0; i < c.between; i++ {

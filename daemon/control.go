@@ -127,7 +127,7 @@ func (d *Daemon) control(ctx context.Context) {
 	var released []func()
 	d.arb.SetWindows(int(math.Ceil(float64(window)/float64(cfg.Period))), int(math.Ceil(float64(d.cfg.Window)/float64(cfg.Period))))
 	for gpu, sl := range gpuSlices {
-		d.arb.SetSlices(gpu, arbiter.Slices(sl))
+		d.arb.SetSlices(gpu, arbiter.Slices{Base: arbiter.Nanoseconds(sl.Base), Min: arbiter.Nanoseconds(sl.Min)})
 	}
 	decisions := d.arb.Step(res.Inputs, func(gpu int) arbiter.Actuation { return actuation[gpu] })
 	var seen []member

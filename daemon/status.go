@@ -48,7 +48,7 @@ func (d *Daemon) publish(res control.Result, snap meter.Snapshot, actuation map[
 			if dec, ok := t.decisions[gpu]; ok {
 				row.TargetShare, row.Duty, row.Reason, row.SLOMissed = dec.Target, dec.Duty, dec.Reason, dec.SLOMissed
 				if dec.Scheduled {
-					row.TimesliceUS = dec.Timeslice.Microseconds()
+					row.TimesliceUS = time.Duration(dec.Timeslice).Microseconds()
 				}
 			}
 			row.BurstNS = in.BurstNS
@@ -130,7 +130,7 @@ func (d *Daemon) Status() api.Status {
 		if t == nil {
 			continue
 		}
-		row.State, row.ThrottledNS = liveState(row, t, d.enforcing, d.arb.SlicesOf(row.GPU).Base)
+		row.State, row.ThrottledNS = liveState(row, t, d.enforcing, time.Duration(d.arb.SlicesOf(row.GPU).Base))
 		if g := t.act.Gater(); g != nil {
 			row.GateEscapes, _ = g.Escapes()
 		}

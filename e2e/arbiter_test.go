@@ -312,7 +312,7 @@ func TestThawAllLeavesNothingSteered(t *testing.T) {
 					continue
 				}
 				live++
-				if x.TimesliceUS != uint64(arbiter.BaseSlice/time.Microsecond) || x.Disabled > 0 {
+				if x.TimesliceUS != uint64(arbiter.BaseSlice.Microseconds()) || x.Disabled > 0 {
 					changed = append(changed, fmt.Sprintf("%s: %d µs, %d channel(s) off", filepath.Base(x.Cgroup), x.TimesliceUS, x.Disabled))
 				}
 			}

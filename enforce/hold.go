@@ -185,7 +185,7 @@ func PlanHolds(enforcing bool, actuation map[int]arbiter.Actuation, bounds map[i
 			return cmp.Or(cmp.Compare(a.PID, b.PID), cmp.Compare(a.Client, b.Client), cmp.Compare(a.TSG, b.TSG))
 		})
 		p.others[gpu] = others
-		floor := arbiter.DefaultSlices.Min
+		floor := time.Duration(arbiter.DefaultSlices.Min)
 		if sl, ok := bounds[gpu]; ok {
 			floor = sl.Min
 		}

@@ -350,7 +350,7 @@ func (s *Steering) Apply(plan map[int][]TenantGroups) {
 				continue
 			}
 			for _, g := range t.Groups {
-				want[keyOf(g)] = sliceWant{Slice: t.Decision.Timeslice, Target: t.Decision.Target}
+				want[keyOf(g)] = sliceWant{Slice: time.Duration(t.Decision.Timeslice), Target: t.Decision.Target}
 			}
 		}
 		if err := s.setSlices(want, byKey); err != nil && !isRefusal(err) { // refusals are logged as noted
