@@ -7,8 +7,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -97,4 +99,51 @@ func Unspool(dir, owner string) error {
 		return fmt.Errorf("spool: %w", err)
 	}
 	return nil
+}
+
+// DrainSpool hands each registration in the spool at dir to handle, with
+// the error that kept it from being read (err != nil: s is empty), and
+// removes its file: at most MaxSpool files, each read up to MaxSpooled
+// bytes. A missing spool holds nothing; one that is not a directory only
+// root may write is not read (an error), since whoever could write it
+// could register tenants.
+func DrainSpool(dir string, handle func(path string, s Spooled, err error)) error {
+	var st unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil {
+		return nil // no spool: nothing was spooled
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR || st.Uid != 0 || st.Mode&0o022 != 0 {
+		return errors.New("not a directory only root may write")
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("read the spool: %w", err)
+	}
+	for i, e := range entries {
+		if i == MaxSpool {
+			break
+		}
+		if !strings.HasSuffix(e.Name(), ".json") || !e.Type().IsRegular() {
+			continue
+		}
+		path := filepath.Join(dir, e.Name())
+		s, err := readSpooled(path)
+		handle(path, s, err)
+		_ = os.Remove(path)
+	}
+	return nil
+}
+
+// readSpooled reads one spooled registration, refusing a link.
+func readSpooled(path string) (Spooled, error) {
+	var s Spooled
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return s, err
+	}
+	defer f.Close()
+	if err := json.NewDecoder(io.LimitReader(f, MaxSpooled)).Decode(&s); err != nil {
+		return Spooled{}, fmt.Errorf("unreadable: %w", err)
+	}
+	return s, nil
 }

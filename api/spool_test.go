@@ -54,3 +54,38 @@ func TestSpoolKeepsOneRegistrationPerOwner(t *testing.T) {
 		t.Error("spooled through a symbolic link")
 	}
 }
+
+// DrainSpool hands over every registration once, reports the file that
+// does not parse, and leaves nothing behind; a spool others may write is
+// not read at all.
+func TestDrainSpoolReadsEachOnceAndRefusesAnOpenSpool(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "spool")
+	for _, owner := range []string{"container x", "container y"} {
+		if err := Spool(dir, Spooled{Owner: owner, Tenant: json.RawMessage(`{"name":"n"}`)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "bad.json"), []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	owners, bad := map[string]bool{}, 0
+	err := DrainSpool(dir, func(_ string, s Spooled, err error) {
+		if err != nil {
+			bad++
+			return
+		}
+		owners[s.Owner] = true
+	})
+	if err != nil || len(owners) != 2 || bad != 1 {
+		t.Fatalf("drained %v with %d unreadable, err %v", owners, bad, err)
+	}
+	if left, _ := os.ReadDir(dir); len(left) != 0 {
+		t.Errorf("%d files left in the spool", len(left))
+	}
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := DrainSpool(dir, func(string, Spooled, error) { t.Error("read an open spool") }); err == nil {
+		t.Error("an open spool: no error")
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gpuarb/gpuarb/arbiter"
+	"github.com/gpuarb/gpuarb/classify"
 	"github.com/gpuarb/gpuarb/control"
 	"github.com/gpuarb/gpuarb/enforce"
 	"github.com/gpuarb/gpuarb/gpusched"
@@ -78,11 +79,11 @@ func (d *Daemon) control(ctx context.Context) {
 		}
 	}
 	trees := d.pidTrees(roots)
-	cl := newClassifier(cfg, d.mount, d.resolver, pidStarts, func(root int) []int { return trees[root] })
+	cl := classify.New(cfg, d.mount, d.resolver, pidStarts, func(root int) []int { return trees[root] })
 	unprobed := d.meterUnprobed()
 	_, short := d.meter.Contexts(window)
 	_, long := d.meter.Contexts(d.cfg.Window)
-	res := control.Step(control.Input{Window: window, Settled: d.cfg.Window, Short: short, Long: long, Assign: cl.assign,
+	res := control.Step(control.Input{Window: window, Settled: d.cfg.Window, Short: short, Long: long, Assign: cl.Assign,
 		HeldBack: func(name string) bool { return heldBack[name] }})
 	memory := d.syncMemory(cfg, trees, res.Tenants)
 	groups, refused := d.groupsOf(res)
@@ -197,7 +198,7 @@ func (d *Daemon) control(ctx context.Context) {
 		step := d.stepOf(t, cfg.Period)
 		if t.pid != 0 {
 			// A pid tenant's tree changes as it forks.
-			step.tree = slices.Collect(maps.Keys(cl.trees[t.pid]))
+			step.tree = slices.Collect(maps.Keys(cl.Trees[t.pid]))
 			t.act.Tree.Store(&step.tree)
 		}
 		duty, offset, paced, scheduled := 1.0, 0.0, true, false

@@ -23,6 +23,7 @@ import (
 	"github.com/gpuarb/gpuarb/arbiter"
 	"github.com/gpuarb/gpuarb/bpf"
 	"github.com/gpuarb/gpuarb/cgroup"
+	"github.com/gpuarb/gpuarb/classify"
 	"github.com/gpuarb/gpuarb/enforce"
 	"github.com/gpuarb/gpuarb/exact"
 	"github.com/gpuarb/gpuarb/gpusched"
@@ -30,6 +31,7 @@ import (
 	"github.com/gpuarb/gpuarb/meter"
 	nriplugin "github.com/gpuarb/gpuarb/nri-plugin"
 	"github.com/gpuarb/gpuarb/policy"
+	"github.com/gpuarb/gpuarb/registry"
 )
 
 // Config configures the daemon.
@@ -134,7 +136,7 @@ type Daemon struct {
 	// last `policy apply`) with the attached tenants
 	policy   *policy.Config
 	base     *policy.Config
-	attached *attachments
+	attached *registry.Registry
 	// policyFile is the policy file's part as last read (or the last good
 	// copy, or the defaults, at a start on a file that could not be read);
 	// policyErr why the file was refused the last time it was read ("":
@@ -206,7 +208,7 @@ type Daemon struct {
 func (d *Daemon) reconcileExits() {
 	starts := make(map[uint32]uint64, len(d.meteredStarts))
 	n := d.meter.Reconcile(func(pid uint32) bool {
-		start := pidStart(int(pid))
+		start := classify.PIDStart(int(pid))
 		if was, ok := d.meteredStarts[pid]; start == 0 || ok && was != start {
 			return false
 		}

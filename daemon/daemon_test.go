@@ -17,6 +17,7 @@ import (
 	"github.com/gpuarb/gpuarb/api"
 	"github.com/gpuarb/gpuarb/bpf"
 	"github.com/gpuarb/gpuarb/cgroup"
+	"github.com/gpuarb/gpuarb/classify"
 	"github.com/gpuarb/gpuarb/enforce"
 	"github.com/gpuarb/gpuarb/exact"
 	"github.com/gpuarb/gpuarb/internal/testutil"
@@ -24,40 +25,6 @@ import (
 	"github.com/gpuarb/gpuarb/meter"
 	"github.com/gpuarb/gpuarb/policy"
 )
-
-func TestLabel(t *testing.T) {
-	id := "4f3c2b1a0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a"
-	for in, want := range map[string]string{
-		"/docker/" + id:                         "4f3c2b1a0d9e",
-		"/system.slice/docker-" + id + ".scope": "4f3c2b1a0d9e",
-		"/kubepods.slice/kubepods-pod1.slice/cri-containerd-" + id + ".scope": "4f3c2b1a0d9e",
-		"/machine.slice/libpod-" + id + ".scope":                              "4f3c2b1a0d9e",
-		"/kubepods/besteffort/pod1/" + id:                                     "4f3c2b1a0d9e",
-		"/user.slice/user-1000.slice/session-2.scope":                         "session-2.scope",
-		"/gpuarb-test/a": "/gpuarb-test/a",
-		"/":              "/",
-		"":               "?",
-	} {
-		if got := Label(in); got != want {
-			t.Errorf("Label(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
-
-func TestPodCgroup(t *testing.T) {
-	for in, want := range map[string]bool{
-		"/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice/cri-containerd-abc.scope": true,
-		"/kubepods/burstable/pod1/abc":                true,
-		"/kubepods/pod1/abc":                          true,
-		"/system.slice/docker-abc.scope":              false,
-		"/gpuarb-test/kubepods-like/x":                false,
-		"/user.slice/user-1000.slice/session-2.scope": false,
-	} {
-		if got := podCgroup(in); got != want {
-			t.Errorf("podCgroup(%q) = %v, want %v", in, got, want)
-		}
-	}
-}
 
 func TestLifecycle(t *testing.T) {
 	testutil.Privileged(t)
@@ -371,7 +338,7 @@ func TestPIDTenantIsPinnedToItsProcess(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = child.Process.Kill(); _ = child.Wait() })
 	pid := child.Process.Pid
-	start := pidStart(pid)
+	start := classify.PIDStart(pid)
 	if start == 0 {
 		t.Fatal("no start time for the child")
 	}
@@ -388,7 +355,7 @@ func TestPIDTenantIsPinnedToItsProcess(t *testing.T) {
 		{start + 1, false, "another process under the same pid"},
 		{0, false, "no process when attached"},
 	} {
-		name, _, _, _ := newClassifier(cfg, "", nil, map[int]uint64{pid: tc.pinned}, cgroup.Descendants).classify(uint32(pid), 0)
+		name, _, _, _ := classify.New(cfg, "", nil, map[int]uint64{pid: tc.pinned}, cgroup.Descendants).Classify(uint32(pid), 0)
 		if (name == "p") != tc.want {
 			t.Errorf("%s: classified into %q", tc.why, name)
 		}
@@ -414,7 +381,7 @@ func TestReconcileEndsAReusedPID(t *testing.T) {
 	d := &Daemon{log: slog.New(slog.DiscardHandler), meter: meter.New(meter.Config{Now: func() uint64 { return clk }})}
 	d.meter.Observe(&ioctlspy.Launch{Header: ioctlspy.Header{PID: pid, CgroupID: 100, Start: clk, End: clk}, Grid: [3]uint32{1, 1, 1}})
 	d.reconcileExits()
-	if n := d.exitsReconciled.Load(); n != 0 || d.meteredStarts[pid] != pidStart(int(pid)) {
+	if n := d.exitsReconciled.Load(); n != 0 || d.meteredStarts[pid] != classify.PIDStart(int(pid)) {
 		t.Fatalf("first pass: %d ended, start %d recorded; want none ended, the start recorded", n, d.meteredStarts[pid])
 	}
 	d.reconcileExits()

@@ -9,6 +9,7 @@ import (
 
 	"github.com/gpuarb/gpuarb/bpf"
 	"github.com/gpuarb/gpuarb/cgroup"
+	"github.com/gpuarb/gpuarb/classify"
 	"github.com/gpuarb/gpuarb/enforce"
 	"github.com/gpuarb/gpuarb/policy"
 )
@@ -105,7 +106,7 @@ func (w *wakers) wake(pid uint32, cgroupID uint64) {
 // gateFor makes the freeze gate of a tenant, refusing what must never be
 // stopped.
 func (d *Daemon) gateFor(s tenantStep) (cgroup.Gate, error) {
-	return enforce.FreezeGate(enforce.GateTarget{PID: s.pid, Attached: s.pid == 0 || pidStart(s.pid) == s.pinned,
+	return enforce.FreezeGate(enforce.GateTarget{PID: s.pid, Attached: s.pid == 0 || classify.PIDStart(s.pid) == s.pinned,
 		Tree: s.act.Tree.Load, Cgroup: s.cgroup, AnyPID: s.anyPID}, d.mode, d.mount, d.ledger)
 }
 
@@ -117,7 +118,7 @@ func (d *Daemon) latencyCgroupIDs(cfg *policy.Config) []uint64 {
 		if t.Rules.Priority != policy.Latency || t.Cgroup == "" {
 			continue
 		}
-		if id, err := cgroup.ID(filepath.Join(d.mount, normalizeCgroup(t.Cgroup, d.mount))); err == nil {
+		if id, err := cgroup.ID(filepath.Join(d.mount, classify.NormalizeCgroup(t.Cgroup, d.mount))); err == nil {
 			ids = append(ids, id)
 		}
 	}

@@ -18,8 +18,10 @@ import (
 
 	"github.com/gpuarb/gpuarb/api"
 	"github.com/gpuarb/gpuarb/cgroup"
+	"github.com/gpuarb/gpuarb/classify"
 	"github.com/gpuarb/gpuarb/gpusched"
 	"github.com/gpuarb/gpuarb/policy"
+	"github.com/gpuarb/gpuarb/registry"
 )
 
 type credKey struct{}
@@ -149,7 +151,7 @@ func (d *Daemon) attach(t policy.Tenant, owner string) (api.AttachResult, error)
 	return d.attachVia(t, owner, "")
 }
 
-// attachVia is attach, recording the integration that made it (viaNRI or
+// attachVia is attach, recording the integration that made it (registry.ViaNRI or
 // "" for the API): reconciliation with a runtime touches its own alone.
 func (d *Daemon) attachVia(t policy.Tenant, owner, via string) (api.AttachResult, error) {
 	var res api.AttachResult
@@ -157,7 +159,7 @@ func (d *Daemon) attachVia(t policy.Tenant, owner, via string) (api.AttachResult
 		return res, err
 	}
 	if t.Cgroup != "" {
-		t.Cgroup = normalizeCgroup(t.Cgroup, d.mount)
+		t.Cgroup = classify.NormalizeCgroup(t.Cgroup, d.mount)
 	}
 	// A tenant the policy refuses is told so before its gates are checked.
 	d.mu.Lock()
@@ -172,7 +174,7 @@ func (d *Daemon) attachVia(t policy.Tenant, owner, via string) (api.AttachResult
 	}
 	var start uint64 // attached now: the process its pid names now
 	if t.PID != 0 {
-		start = pidStart(t.PID)
+		start = classify.PIDStart(t.PID)
 	}
 	err = d.updatePolicy("attach "+t.Name, owner == "", func(cur *policy.Config) (*policy.Config, error) {
 		if owner != "" {
@@ -188,7 +190,7 @@ func (d *Daemon) attachVia(t policy.Tenant, owner, via string) (api.AttachResult
 		if t.PID != 0 {
 			d.pidStarts[t.PID] = start
 		}
-		d.attached.set(attachment{Tenant: t, Owner: owner, Via: via})
+		d.attached.Set(registry.Entry{Tenant: t, Owner: owner, Via: via})
 		return cfg, nil
 	}, t)
 	for _, a := range res.Adjusted {
@@ -202,7 +204,7 @@ func (d *Daemon) attachVia(t policy.Tenant, owner, via string) (api.AttachResult
 // wrapping errNoTenant means owner has no attached tenant of that name.
 func (d *Daemon) detach(name, owner string) error {
 	return d.updatePolicy("detach "+name, owner == "", func(*policy.Config) (*policy.Config, error) {
-		at, ok := d.attached.get(name)
+		at, ok := d.attached.Get(name)
 		_, inFile := d.base.Tenant(name)
 		switch {
 		case !ok && inFile && owner == "":
@@ -212,8 +214,8 @@ func (d *Daemon) detach(name, owner string) error {
 		case owner != "" && at.Owner != owner:
 			return nil, fmt.Errorf("%w %q is attached by %s", errNoTenant, name, owner)
 		}
-		d.attached.remove(name)
-		cfg, _, err := d.attached.onto(d.base)
+		d.attached.Remove(name)
+		cfg, _, err := d.attached.Onto(d.base)
 		return cfg, err
 	})
 }
@@ -230,7 +232,7 @@ func (d *Daemon) checkGates(ts ...policy.Tenant) error {
 			}
 		case t.Cgroup != "":
 			own, _ := cgroup.ProcessPath(os.Getpid())
-			if err := cgroup.CheckFreezable(normalizeCgroup(t.Cgroup, d.mount), own); err != nil {
+			if err := cgroup.CheckFreezable(classify.NormalizeCgroup(t.Cgroup, d.mount), own); err != nil {
 				errs = append(errs, fmt.Errorf("tenant %s: %w", t.Name, err))
 			}
 		}
@@ -276,12 +278,12 @@ func selectsDefault(e policy.Tenant, cg, mount string, pidCgroups map[int]string
 	}
 	switch {
 	case e.Cgroup != "":
-		return under(cg, normalizeCgroup(e.Cgroup, mount))
+		return classify.Under(cg, classify.NormalizeCgroup(e.Cgroup, mount))
 	case e.ContainerID != "":
 		return strings.Contains(cg, e.ContainerID)
 	case e.PID != 0:
 		root, ok := pidCgroups[e.PID]
-		return !ok || under(cg, root) || under(root, cg)
+		return !ok || classify.Under(cg, root) || classify.Under(root, cg)
 	}
 	return true
 }
@@ -301,7 +303,7 @@ func (d *Daemon) nameFree(name, owner string) error {
 	if _, inFile := d.base.Tenant(name); inFile {
 		return fmt.Errorf("%w: %q is a tenant of the policy file %s", errNameTaken, name, d.cfg.PolicyPath)
 	}
-	if at, ok := d.attached.get(name); ok && at.Owner != owner {
+	if at, ok := d.attached.Get(name); ok && at.Owner != owner {
 		by := at.Owner
 		if by == "" {
 			by = "the operator"
@@ -340,10 +342,10 @@ func (d *Daemon) updatePolicy(why string, resume bool, next func(cur *policy.Con
 	d.mu.Lock()
 	old := d.policy
 	cfg, err := next(old)
-	attached, encErr := d.attached.unsaved()
+	attached, encErr := d.attached.Unsaved()
 	d.mu.Unlock()
 	if encErr == nil && attached != nil {
-		encErr = d.attached.write(attached)
+		encErr = d.attached.Write(attached)
 	}
 	if encErr != nil {
 		d.log.Warn("the attached tenants file is not up to date: a restarted daemon will not know this change", "change", why, "err", encErr)
@@ -404,7 +406,7 @@ func readPIDTenants(cfg *policy.Config) pidTenants {
 		if cg, err := cgroup.ProcessPath(t.PID); err == nil {
 			host.cgroups[t.PID] = cg
 		}
-		host.starts[t.PID] = pidStart(t.PID)
+		host.starts[t.PID] = classify.PIDStart(t.PID)
 	}
 	return host
 }
@@ -447,16 +449,6 @@ func (d *Daemon) unfollow(pids []int) {
 	}
 }
 
-// pidStart is the start time of the process pid names, 0 (no process
-// starts at 0) when there is none.
-func pidStart(pid int) uint64 {
-	start, err := cgroup.StartTime(pid)
-	if err != nil {
-		return 0
-	}
-	return start
-}
-
 // Reload re-reads the policy file; a bad file keeps the policy in force,
 // and status shows why until a reload succeeds.
 func (d *Daemon) Reload() error {
@@ -487,7 +479,7 @@ func (d *Daemon) Reload() error {
 // tenants stay.
 func (d *Daemon) setBase(base *policy.Config, why string) error {
 	return d.updatePolicy(why, true, func(*policy.Config) (*policy.Config, error) {
-		cfg, shadowed, err := d.attached.onto(base)
+		cfg, shadowed, err := d.attached.Onto(base)
 		if err != nil {
 			return nil, err
 		}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/gpuarb/gpuarb/bpf"
 	"github.com/gpuarb/gpuarb/cgroup"
+	"github.com/gpuarb/gpuarb/classify"
 	"github.com/gpuarb/gpuarb/control"
 	"github.com/gpuarb/gpuarb/enforce"
 	"github.com/gpuarb/gpuarb/ioctlspy"
@@ -28,7 +29,7 @@ func (d *Daemon) memoryTarget(t policy.Tenant, tree []int, seen []uint64) (enfor
 		target.PIDs = tree
 	default:
 		if t.Cgroup != "" && d.mount != "" {
-			if id, err := cgroup.ID(filepath.Join(d.mount, normalizeCgroup(t.Cgroup, d.mount))); err == nil {
+			if id, err := cgroup.ID(filepath.Join(d.mount, classify.NormalizeCgroup(t.Cgroup, d.mount))); err == nil {
 				target.Cgroups = append(target.Cgroups, id)
 			}
 		}
@@ -138,7 +139,7 @@ func (d *Daemon) noteOOMKill(e *ioctlspy.MemoryAllocated) {
 		if d.resolver != nil {
 			path = d.resolver.Path(h.CgroupID)
 		}
-		tenant = DefaultName(path, h.CgroupID)
+		tenant = classify.DefaultName(path, h.CgroupID)
 	}
 	d.log.Warn("GPU memory limit: process killed at an allocation past it", "tenant", tenant,
 		"pid", h.PID, "comm", h.Comm, "gpu", e.GPU, "bytes", e.Bytes, "charged", e.Charged, "limit", e.Limit)

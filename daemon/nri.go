@@ -8,16 +8,17 @@ import (
 	"github.com/gpuarb/gpuarb/cgroup"
 	nriplugin "github.com/gpuarb/gpuarb/nri-plugin"
 	"github.com/gpuarb/gpuarb/policy"
+	"github.com/gpuarb/gpuarb/registry"
 )
 
 // nriRegistry is the daemon as the NRI plugin's registry: attachments
-// made as a workload's through the API are, marked viaNRI.
+// made as a workload's through the API are, marked registry.ViaNRI.
 type nriRegistry struct{ d *Daemon }
 
 var _ nriplugin.Registry = nriRegistry{}
 
 func (r nriRegistry) Attach(t policy.Tenant, owner string) (api.AttachResult, error) {
-	res, err := r.d.attachVia(t, owner, viaNRI)
+	res, err := r.d.attachVia(t, owner, registry.ViaNRI)
 	switch {
 	case errors.Is(err, errNameTaken):
 		err = fmt.Errorf("%w: %v", api.ErrConflict, err)
@@ -39,8 +40,8 @@ func (r nriRegistry) Attached() map[string]string {
 	r.d.mu.Lock()
 	defer r.d.mu.Unlock()
 	out := map[string]string{}
-	for _, at := range r.d.attached.tenants {
-		if at.Via == viaNRI {
+	for _, at := range r.d.attached.Entries() {
+		if at.Via == registry.ViaNRI {
 			out[at.Owner] = at.Name
 		}
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/gpuarb/gpuarb/api"
 	"github.com/gpuarb/gpuarb/arbiter"
+	"github.com/gpuarb/gpuarb/classify"
 	"github.com/gpuarb/gpuarb/control"
 	"github.com/gpuarb/gpuarb/enforce"
 	"github.com/gpuarb/gpuarb/meter"
@@ -57,8 +58,8 @@ func (d *Daemon) publish(res control.Result, snap meter.Snapshot, actuation map[
 				row.MemoryLimit, row.OOMKills = mu.Limit, mu.Kills[gpu]
 			}
 			if name == ct.Cgroup {
-				row.Label = Label(ct.Cgroup)
-				row.Unregistered = podCgroup(ct.Cgroup)
+				row.Label = classify.Label(ct.Cgroup)
+				row.Unregistered = classify.PodCgroup(ct.Cgroup)
 			}
 			row.UnprobedPIDs = t.unprobed
 			row.Actuator = actuatorName(actuation[gpu], t)
