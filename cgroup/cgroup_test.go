@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"testing"
 
@@ -76,5 +77,14 @@ func TestDetectMode(t *testing.T) {
 		}
 	default:
 		t.Errorf("mode %q", m.Name)
+	}
+}
+
+// RunningPIDs lists this process and its parent, and nothing that is no
+// pid.
+func TestRunningPIDsListsThisProcess(t *testing.T) {
+	pids := cgroup.RunningPIDs()
+	if !slices.Contains(pids, uint32(os.Getpid())) || !slices.Contains(pids, uint32(os.Getppid())) || slices.Contains(pids, 0) {
+		t.Errorf("%d pids, this process or its parent missing, or pid 0 listed", len(pids))
 	}
 }

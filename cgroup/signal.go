@@ -243,6 +243,18 @@ func Descendants(pid int) []int {
 	return out
 }
 
+// RunningPIDs lists the processes running now.
+func RunningPIDs() []uint32 {
+	entries, _ := os.ReadDir("/proc")
+	var pids []uint32
+	for _, e := range entries {
+		if pid, err := strconv.ParseUint(e.Name(), 10, 32); err == nil {
+			pids = append(pids, uint32(pid))
+		}
+	}
+	return pids
+}
+
 // Stopped tells whether a process is in the stopped state.
 func Stopped(pid int) bool {
 	st, err := readStat(pid)

@@ -7,7 +7,10 @@ package classify
 import (
 	"fmt"
 	"path"
+	"path/filepath"
+	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/gpuarb/gpuarb/cgroup"
@@ -141,4 +144,96 @@ func Label(cgroupPath string) string {
 func PodCgroup(cgroupPath string) bool {
 	first, _, _ := strings.Cut(strings.TrimPrefix(cgroupPath, "/"), "/")
 	return first == "kubepods" || first == "kubepods.slice"
+}
+
+// Reshaped tells whether a policy change touches the tenant name (of
+// cgroup path cg, for a default tenant): its entry was
+// added, removed or changed, or what applies to every tenant changed
+// (period, defaults, GPUs). A tenant no entry names (a cgroup gpuarb found
+// by itself) is touched only by an entry, added or changed, that now
+// selects its processes: others come and go (containers start and stop)
+// while it stays gated.
+func Reshaped(old, cfg *policy.Config, name, cg, mount string, pidCgroups map[int]string) bool {
+	if old.Period != cfg.Period || !reflect.DeepEqual(old.Defaults, cfg.Defaults) || !reflect.DeepEqual(old.GPUs, cfg.GPUs) {
+		return true
+	}
+	was, inOld := old.Tenant(name)
+	is, inNew := cfg.Tenant(name)
+	if inOld || inNew {
+		return inOld != inNew || !reflect.DeepEqual(was, is)
+	}
+	for _, e := range cfg.Tenants {
+		if prev, ok := old.Tenant(e.Name); ok && reflect.DeepEqual(prev, e) {
+			continue
+		}
+		if selectsDefault(e, cg, mount, pidCgroups) {
+			return true
+		}
+	}
+	return false
+}
+
+// selectsDefault tells whether entry e may take processes of the default
+// tenant of cgroup path cg: a cgroup entry at or above it, a container
+// entry whose id it names, a pid entry whose root runs at, above or below
+// it (its tree may be anywhere under the root's cgroup; pidCgroups has
+// the roots' cgroups, ReadPIDTenants). A cgroup gpuarb shows by id only
+// (no path), or a root whose cgroup is unknown, is taken to be selected.
+func selectsDefault(e policy.Tenant, cg, mount string, pidCgroups map[int]string) bool {
+	if !strings.HasPrefix(cg, "/") {
+		return true
+	}
+	switch {
+	case e.Cgroup != "":
+		return Under(cg, NormalizeCgroup(e.Cgroup, mount))
+	case e.ContainerID != "":
+		return strings.Contains(cg, e.ContainerID)
+	case e.PID != 0:
+		root, ok := pidCgroups[e.PID]
+		return !ok || Under(cg, root) || Under(root, cg)
+	}
+	return true
+}
+
+// PIDTenants are what the host says of a policy's pid tenants: the cgroup
+// and start time of the process each pid names (none when it has none).
+type PIDTenants struct {
+	Cgroups map[int]string
+	Starts  map[int]uint64
+}
+
+// ReadPIDTenants reads cfg's pid tenants' processes.
+func ReadPIDTenants(cfg *policy.Config) PIDTenants {
+	host := PIDTenants{Cgroups: map[int]string{}, Starts: map[int]uint64{}}
+	for _, t := range cfg.Tenants {
+		if t.PID == 0 {
+			continue
+		}
+		if cg, err := cgroup.ProcessPath(t.PID); err == nil {
+			host.Cgroups[t.PID] = cg
+		}
+		host.Starts[t.PID] = PIDStart(t.PID)
+	}
+	return host
+}
+
+// Selected are the processes or cgroups a policy entry holds: a pid
+// tenant's tree; a cgroup tenant's cgroup (with what is below it, while it
+// exists) and the cgroups its processes were seen in (seen: a container
+// tenant's, found by its id).
+func Selected(t policy.Tenant, tree []int, seen []uint64, mount string) (pids []int, cgroups []uint64) {
+	if t.PID != 0 {
+		return tree, nil
+	}
+	if t.Cgroup != "" && mount != "" {
+		if id, err := cgroup.ID(filepath.Join(mount, NormalizeCgroup(t.Cgroup, mount))); err == nil {
+			cgroups = append(cgroups, id)
+		}
+	}
+	for _, id := range seen {
+		if !slices.Contains(cgroups, id) {
+			cgroups = append(cgroups, id)
+		}
+	}
+	return nil, cgroups
 }

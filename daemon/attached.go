@@ -65,7 +65,7 @@ func (d *Daemon) restoreAttachments() error {
 		d.log.Info("restored attached tenants", "tenants", len(kept), "file", a.Path())
 	}
 	d.attached, d.policy = a, cfg
-	d.unfollow(d.pinPIDs(readPIDTenants(cfg).starts))
+	d.unfollow(d.pinPIDs(classify.ReadPIDTenants(cfg).Starts))
 	return nil
 }
 

@@ -131,7 +131,7 @@ func (d *Daemon) control(ctx context.Context) {
 		d.arb.SetSlices(gpu, arbiter.Slices{Base: arbiter.Nanoseconds(sl.Base), Min: arbiter.Nanoseconds(sl.Min)})
 	}
 	decisions := d.arb.Step(res.Inputs, func(gpu int) arbiter.Actuation { return actuation[gpu] })
-	var seen []member
+	var seen []enforce.Member
 	for name, ct := range res.Tenants {
 		t := d.tenants[name]
 		if t != nil && (t.pid != ct.PID || ct.PID == 0 && t.cgroup != ct.Cgroup) {
@@ -152,7 +152,7 @@ func (d *Daemon) control(ctx context.Context) {
 		}
 		t.unprobed = unprobedOf[name]
 		for _, m := range ct.Members {
-			seen = append(seen, member{m.PID, m.CgroupID, t.act, t.cgroup != ""})
+			seen = append(seen, enforce.Member{PID: m.PID, Cgroup: m.CgroupID, Tenant: t.act, ByCgroup: t.cgroup != ""})
 			if !m.Exited {
 				t.anyPID = int(m.PID)
 			}
@@ -232,7 +232,7 @@ func (d *Daemon) control(ctx context.Context) {
 	for _, step := range steps {
 		finish = append(finish, d.apply(ctx, step))
 	}
-	d.wakers.Store(newWakers(seen))
+	d.wakers.Store(enforce.NewWakers(seen))
 	for _, f := range finish {
 		f()
 	}

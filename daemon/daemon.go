@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,7 +18,6 @@ import (
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
-	"github.com/gpuarb/gpuarb/api"
 	"github.com/gpuarb/gpuarb/arbiter"
 	"github.com/gpuarb/gpuarb/bpf"
 	"github.com/gpuarb/gpuarb/cgroup"
@@ -33,70 +31,6 @@ import (
 	"github.com/gpuarb/gpuarb/policy"
 	"github.com/gpuarb/gpuarb/registry"
 )
-
-// Config configures the daemon.
-type Config struct {
-	Socket   string        // API socket (default api.DefaultSocket)
-	PinPath  string        // where maps are pinned (default bpf.DefaultPinPath)
-	Devices  []bpf.Device  // the device table
-	Libcudas []string      // libcuda copies to probe besides the ones found
-	Window   time.Duration // the meter's window (default 1s)
-	// RingSize is the probes' ring buffer in bytes (0: bpf.DefaultRingSize);
-	// tests make it small to lose events for real.
-	RingSize uint32
-	Version  string
-	// PolicyPath is the policy file (default policy.DefaultPath; missing:
-	// default policy). Reload re-reads it.
-	PolicyPath string
-	// Ledger records what the arbiter may stop (default: gated.json beside
-	// the socket).
-	Ledger string
-	// Attached keeps the tenants registered through the API across
-	// restarts (default: attached.json beside the socket).
-	Attached string
-	// GuardianCgroup is the cgroup v2 path (below the unified mount) the
-	// guardian runs in, made if missing, so that what kills the daemon's
-	// cgroup does not kill it; "" runs it in the daemon's cgroup.
-	GuardianCgroup string
-	// Guardian is the command line of the thaw guardian (`gpuarb guardian
-	// --ledger PATH`); nil runs none.
-	Guardian []string
-	// ObserveOnly measures without throttling anyone.
-	ObserveOnly bool
-	// NoGPUScheduler keeps gpuarb off the GPUs' own schedulers: tenants are
-	// paced at the launch gate (or frozen) everywhere. The channel groups
-	// gpuarb changed are recorded in steered.json beside the Ledger
-	// (SteerLedgerBeside).
-	NoGPUScheduler bool
-	// FakeGPUSocket is the simulated GPU's socket (--fakegpu-socket): where
-	// the scheduling controls of a control file that is no nvidia node go.
-	// Only the operator names it; "" steers the nvidia driver alone.
-	FakeGPUSocket string
-	// LatencyHolds is how a latency tenant's launch takes the other
-	// tenants' channel groups off a GPU whose scheduler gpuarb steers.
-	LatencyHolds enforce.HoldMode
-	// MetricsAddr, when set, serves Prometheus metrics over HTTP there (a
-	// bare port listens on 127.0.0.1 only).
-	MetricsAddr string
-	// RecordMeter, when set, is a file the meter records its every input
-	// to (meter.Config.Record), for meter.Play to replay a misreading at
-	// will; about 0.3 KB an event. It is created, or truncated.
-	RecordMeter string
-	Log         *slog.Logger
-	// Exact is an exact per-process GPU time source to report beside the
-	// estimate; nil picks DRM fdinfo when a DRM client exists at start.
-	Exact exact.Source
-	// NRISocket is the container runtime's NRI socket, where the daemon
-	// connects as a plugin to register the runtime's pods (nriplugin);
-	// "" runs no plugin.
-	NRISocket string
-	// WatchPolicy reloads the policy file whenever its content changes
-	// (checked once a window), besides at SIGHUP and Reload.
-	WatchPolicy bool
-	// NRIPerPod makes each pod one tenant, where each container is one by
-	// default (nriplugin.Options.PerPod).
-	NRIPerPod bool
-}
 
 // LedgerBeside is the thaw ledger's path for a daemon socket.
 func LedgerBeside(socket string) string { return filepath.Join(filepath.Dir(socket), "gated.json") }
@@ -178,7 +112,7 @@ type Daemon struct {
 
 	controlTimes []time.Duration // the control steps of the last window, under mu
 	// wakers, as the last control step left them, read by the event reader
-	wakers atomic.Pointer[wakers]
+	wakers atomic.Pointer[enforce.Wakers]
 	// steer is the hold on the GPUs' own schedulers; steerWhy, under mu,
 	// says per GPU why the last step could not use it.
 	steer    *enforce.Steering
@@ -219,31 +153,6 @@ func (d *Daemon) reconcileExits() {
 	if n > 0 {
 		d.exitsReconciled.Add(uint64(n))
 		d.log.Info("ended processes whose exit events were lost", "processes", n)
-	}
-}
-
-func (c *Config) setDefaults() {
-	if c.Socket == "" {
-		c.Socket = api.DefaultSocket
-	}
-	if c.PinPath == "" {
-		c.PinPath = bpf.DefaultPinPath
-	}
-	if c.Window <= 0 {
-		c.Window = time.Second
-	}
-	if c.PolicyPath == "" {
-		c.PolicyPath = policy.DefaultPath
-	}
-	if c.Ledger == "" {
-		c.Ledger = LedgerBeside(c.Socket)
-	}
-
-	if c.Attached == "" {
-		c.Attached = AttachedBeside(c.Socket)
-	}
-	if c.Log == nil {
-		c.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
 }
 
@@ -290,7 +199,7 @@ func Start(cfg Config) (_ *Daemon, err error) {
 	} else if len(done) > 0 {
 		d.log.Info("resumed what an earlier daemon left", "targets", len(done))
 	}
-	d.policySum = policyFileSum(cfg.PolicyPath)
+	d.policySum = policy.FileSum(cfg.PolicyPath)
 	d.loadPolicy()
 	d.policy, d.base = d.policyFile, d.policyFile
 	d.meter.SetScheduling(d.policy.Scheduling)
@@ -422,7 +331,7 @@ func lockFile(f *os.File, path string) error {
 // the linker cache and those running processes map, and tells the meter
 // which processes ran before the probes could see them.
 func (d *Daemon) attachLibcudas() {
-	defer d.meter.SetPreexisting(runningPIDs())
+	defer d.meter.SetPreexisting(cgroup.RunningPIDs())
 	for _, p := range d.cfg.Libcudas {
 		if _, err := d.probes.AttachLibcuda(p); err != nil {
 			d.log.Warn("libcuda", "path", p, "err", err)
@@ -431,18 +340,6 @@ func (d *Daemon) attachLibcudas() {
 	if err := d.probes.AttachHost(); err != nil {
 		d.log.Warn("libcuda", "err", err)
 	}
-}
-
-// runningPIDs lists the processes running now.
-func runningPIDs() []uint32 {
-	entries, _ := os.ReadDir("/proc")
-	var pids []uint32
-	for _, e := range entries {
-		if pid, err := strconv.ParseUint(e.Name(), 10, 32); err == nil {
-			pids = append(pids, uint32(pid))
-		}
-	}
-	return pids
 }
 
 // Stop shuts the API down, detaches the probes, removes the pins, the

@@ -61,48 +61,6 @@ func (d *Daemon) apply(ctx context.Context, s tenantStep) func() {
 	})
 }
 
-// member is a process a control step found, with its tenant's actuators.
-type member struct {
-	pid    uint32
-	cgroup uint64
-	act    *enforce.Tenant
-	// byCgroup: its tenant is a cgroup, which its new processes join.
-	byCgroup bool
-}
-
-// wakers finds the gater to wake when a process is held at a launch gate:
-// by its pid, or (a process the meter has not seen yet) by its cgroup.
-type wakers struct {
-	byPID    map[uint32]*enforce.Gater
-	byCgroup map[uint64]*enforce.Gater
-}
-
-func newWakers(seen []member) *wakers {
-	w := &wakers{byPID: map[uint32]*enforce.Gater{}, byCgroup: map[uint64]*enforce.Gater{}}
-	for _, m := range seen {
-		g := m.act.Gater()
-		if g == nil {
-			continue
-		}
-		w.byPID[m.pid] = g
-		if m.byCgroup {
-			w.byCgroup[m.cgroup] = g
-		}
-	}
-	return w
-}
-
-// wake wakes the gater of a process just held.
-func (w *wakers) wake(pid uint32, cgroupID uint64) {
-	g := w.byPID[pid]
-	if g == nil {
-		g = w.byCgroup[cgroupID]
-	}
-	if g != nil {
-		g.Wake()
-	}
-}
-
 // gateFor makes the freeze gate of a tenant, refusing what must never be
 // stopped.
 func (d *Daemon) gateFor(s tenantStep) (cgroup.Gate, error) {

@@ -1,20 +1,15 @@
 package daemon
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
-	"reflect"
 	"strings"
 	"unicode"
 	"unicode/utf8"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/gpuarb/gpuarb/api"
 	"github.com/gpuarb/gpuarb/cgroup"
@@ -23,41 +18,6 @@ import (
 	"github.com/gpuarb/gpuarb/policy"
 	"github.com/gpuarb/gpuarb/registry"
 )
-
-type credKey struct{}
-
-// peerCred stores the connecting process's credentials (SO_PEERCRED) in
-// the request context.
-func peerCred(ctx context.Context, c net.Conn) context.Context {
-	uc, ok := c.(*net.UnixConn)
-	if !ok {
-		return ctx
-	}
-	raw, err := uc.SyscallConn()
-	if err != nil {
-		return ctx
-	}
-	var cred *unix.Ucred
-	_ = raw.Control(func(fd uintptr) {
-		cred, _ = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	})
-	if cred == nil {
-		return ctx
-	}
-	return context.WithValue(ctx, credKey{}, cred)
-}
-
-// rootOnly refuses requests from processes not running as root.
-func rootOnly(h http.HandlerFunc) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		cred, _ := r.Context().Value(credKey{}).(*unix.Ucred)
-		if cred == nil || cred.Uid != 0 {
-			http.Error(w, "changes require root", http.StatusForbidden)
-			return
-		}
-		h(w, r)
-	}
-}
 
 const maxBody = 1 << 20
 
@@ -79,7 +39,7 @@ func (d *Daemon) routes(mux *http.ServeMux) {
 		w.Header().Set("Content-Type", "application/yaml")
 		_, _ = w.Write(out)
 	})
-	mux.HandleFunc("PUT "+api.PolicyPath, rootOnly(func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("PUT "+api.PolicyPath, api.RootOnly(func(w http.ResponseWriter, r *http.Request) {
 		body, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
@@ -96,7 +56,7 @@ func (d *Daemon) routes(mux *http.ServeMux) {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 		}
 	}))
-	mux.HandleFunc("POST "+api.TenantsPath, rootOnly(func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("POST "+api.TenantsPath, api.RootOnly(func(w http.ResponseWriter, r *http.Request) {
 		var t policy.Tenant
 		dec := json.NewDecoder(io.LimitReader(r.Body, maxBody))
 		dec.DisallowUnknownFields()
@@ -117,7 +77,7 @@ func (d *Daemon) routes(mux *http.ServeMux) {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(res)
 	}))
-	mux.HandleFunc("DELETE "+api.TenantsPath+"/{name}", rootOnly(func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("DELETE "+api.TenantsPath+"/{name}", api.RootOnly(func(w http.ResponseWriter, r *http.Request) {
 		err := d.detach(r.PathValue("name"), r.URL.Query().Get(api.OwnerParam))
 		switch {
 		case errors.Is(err, errNoTenant):
@@ -128,7 +88,7 @@ func (d *Daemon) routes(mux *http.ServeMux) {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 		}
 	}))
-	mux.HandleFunc("POST "+api.ThawPath, rootOnly(func(w http.ResponseWriter, _ *http.Request) {
+	mux.HandleFunc("POST "+api.ThawPath, api.RootOnly(func(w http.ResponseWriter, _ *http.Request) {
 		d.stepMu.Lock()
 		defer d.stepMu.Unlock()
 		d.mu.Lock()
@@ -240,54 +200,6 @@ func (d *Daemon) checkGates(ts ...policy.Tenant) error {
 	return errors.Join(errs...)
 }
 
-// reshaped tells whether a policy change touches tenant t: its entry was
-// added, removed or changed, or what applies to every tenant changed
-// (period, defaults, GPUs). A tenant no entry names (a cgroup gpuarb found
-// by itself) is touched only by an entry, added or changed, that now
-// selects its processes: others come and go (containers start and stop)
-// while it stays gated.
-func reshaped(old, cfg *policy.Config, t *tenant, mount string, pidCgroups map[int]string) bool {
-	if old.Period != cfg.Period || !reflect.DeepEqual(old.Defaults, cfg.Defaults) || !reflect.DeepEqual(old.GPUs, cfg.GPUs) {
-		return true
-	}
-	was, inOld := old.Tenant(t.name)
-	is, inNew := cfg.Tenant(t.name)
-	if inOld || inNew {
-		return inOld != inNew || !reflect.DeepEqual(was, is)
-	}
-	for _, e := range cfg.Tenants {
-		if prev, ok := old.Tenant(e.Name); ok && reflect.DeepEqual(prev, e) {
-			continue
-		}
-		if selectsDefault(e, t.cgroup, mount, pidCgroups) {
-			return true
-		}
-	}
-	return false
-}
-
-// selectsDefault tells whether entry e may take processes of the default
-// tenant of cgroup path cg: a cgroup entry at or above it, a container
-// entry whose id it names, a pid entry whose root runs at, above or below
-// it (its tree may be anywhere under the root's cgroup; pidCgroups has
-// the roots' cgroups, readPIDTenants). A cgroup gpuarb shows by id only
-// (no path), or a root whose cgroup is unknown, is taken to be selected.
-func selectsDefault(e policy.Tenant, cg, mount string, pidCgroups map[int]string) bool {
-	if !strings.HasPrefix(cg, "/") {
-		return true
-	}
-	switch {
-	case e.Cgroup != "":
-		return classify.Under(cg, classify.NormalizeCgroup(e.Cgroup, mount))
-	case e.ContainerID != "":
-		return strings.Contains(cg, e.ContainerID)
-	case e.PID != 0:
-		root, ok := pidCgroups[e.PID]
-		return !ok || classify.Under(cg, root) || classify.Under(root, cg)
-	}
-	return true
-}
-
 // errNoTenant is a detach of a tenant that is not attached (by its owner).
 var errNoTenant = errors.New("no tenant")
 
@@ -353,7 +265,7 @@ func (d *Daemon) updatePolicy(why string, resume bool, next func(cur *policy.Con
 	if err != nil {
 		return err
 	}
-	host := readPIDTenants(cfg)
+	host := classify.ReadPIDTenants(cfg)
 
 	d.mu.Lock()
 	// Only the tenants the change touches start afresh (their gates and
@@ -362,7 +274,7 @@ func (d *Daemon) updatePolicy(why string, resume bool, next func(cur *policy.Con
 	var finish []func()
 	var groups []gpusched.Group
 	for _, t := range d.tenants {
-		if !reshaped(old, cfg, t, d.mount, host.cgroups) {
+		if !classify.Reshaped(old, cfg, t.name, t.cgroup, d.mount, host.Cgroups) {
 			continue
 		}
 		finish = append(finish, t.act.Release())
@@ -371,7 +283,7 @@ func (d *Daemon) updatePolicy(why string, resume bool, next func(cur *policy.Con
 		}
 	}
 	d.policy = cfg
-	forgotten := d.pinPIDs(host.starts)
+	forgotten := d.pinPIDs(host.Starts)
 	if resume {
 		d.enforcing = !d.cfg.ObserveOnly
 	}
@@ -389,30 +301,8 @@ func (d *Daemon) updatePolicy(why string, resume bool, next func(cur *policy.Con
 	return nil
 }
 
-// pidTenants are what the host says of a policy's pid tenants: the cgroup
-// and start time of the process each pid names (none when it has none).
-type pidTenants struct {
-	cgroups map[int]string
-	starts  map[int]uint64
-}
-
-// readPIDTenants reads cfg's pid tenants' processes.
-func readPIDTenants(cfg *policy.Config) pidTenants {
-	host := pidTenants{cgroups: map[int]string{}, starts: map[int]uint64{}}
-	for _, t := range cfg.Tenants {
-		if t.PID == 0 {
-			continue
-		}
-		if cg, err := cgroup.ProcessPath(t.PID); err == nil {
-			host.cgroups[t.PID] = cg
-		}
-		host.starts[t.PID] = classify.PIDStart(t.PID)
-	}
-	return host
-}
-
 // pinPIDs pins the pid tenants the policy gained to the processes their
-// pids name now (starts, readPIDTenants) and forgets those it lost,
+// pids name now (starts, classify.ReadPIDTenants) and forgets those it lost,
 // returning them for unfollow. Called with d.mu held.
 func (d *Daemon) pinPIDs(starts map[int]uint64) (forgotten []int) {
 	has := map[int]bool{}

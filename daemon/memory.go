@@ -1,11 +1,7 @@
 package daemon
 
 import (
-	"path/filepath"
-	"slices"
-
 	"github.com/gpuarb/gpuarb/bpf"
-	"github.com/gpuarb/gpuarb/cgroup"
 	"github.com/gpuarb/gpuarb/classify"
 	"github.com/gpuarb/gpuarb/control"
 	"github.com/gpuarb/gpuarb/enforce"
@@ -13,33 +9,16 @@ import (
 	"github.com/gpuarb/gpuarb/policy"
 )
 
-// memoryTarget is where a policy tenant's GPU memory limit applies: a pid
-// tenant's tree, a cgroup tenant's cgroup (with what is below it), and
-// the cgroups its processes were seen in (a container tenant's, found by
-// its id). ok is false for a tenant without a limit, or one none of whose
-// processes can be named yet. Reads the cgroup filesystem: called without
-// d.mu.
+// memoryTarget is where a policy tenant's GPU memory limit applies
+// (classify.Selected); ok is false for a tenant without a limit, or one
+// none of whose processes can be named yet. Reads the cgroup filesystem:
+// called without d.mu.
 func (d *Daemon) memoryTarget(t policy.Tenant, tree []int, seen []uint64) (enforce.MemoryTarget, bool) {
 	if t.MemoryLimit == 0 {
 		return enforce.MemoryTarget{}, false
 	}
-	target := enforce.MemoryTarget{Limit: uint64(t.MemoryLimit)}
-	switch {
-	case t.PID != 0:
-		target.PIDs = tree
-	default:
-		if t.Cgroup != "" && d.mount != "" {
-			if id, err := cgroup.ID(filepath.Join(d.mount, classify.NormalizeCgroup(t.Cgroup, d.mount))); err == nil {
-				target.Cgroups = append(target.Cgroups, id)
-			}
-		}
-		for _, id := range seen {
-			if !slices.Contains(target.Cgroups, id) {
-				target.Cgroups = append(target.Cgroups, id)
-			}
-		}
-	}
-	return target, len(target.PIDs)+len(target.Cgroups) > 0
+	pids, cgroups := classify.Selected(t, tree, seen, d.mount)
+	return enforce.MemoryTarget{Limit: uint64(t.MemoryLimit), PIDs: pids, Cgroups: cgroups}, len(pids)+len(cgroups) > 0
 }
 
 // syncMemory holds exactly the policy's limited tenants to their GPU

@@ -3,7 +3,6 @@ package daemon
 import (
 	"cmp"
 	"maps"
-	"os"
 	"path/filepath"
 	"slices"
 
@@ -32,18 +31,12 @@ func processStart(pid uint32) (uint64, error) { return cgroup.StartTime(int(pid)
 // the events are read.
 func (d *Daemon) restoreObjects() {
 	path := objectsBeside(d.cfg.Ledger)
-	f, err := os.Open(path)
-	if os.IsNotExist(err) {
-		return
-	}
+	pids, err := d.spy.Table().RestoreFile(path, processStart)
 	if err != nil {
 		d.log.Warn("the RM objects of running processes are unknown", "path", path, "err", err)
 		return
 	}
-	defer f.Close()
-	pids, err := d.spy.Table().Restore(f, processStart)
-	if err != nil {
-		d.log.Warn("the RM objects of running processes are unknown", "path", path, "err", err)
+	if len(pids) == 0 {
 		return
 	}
 	for _, pid := range pids {
@@ -90,17 +83,7 @@ func (d *Daemon) saveObjects() {
 		return
 	}
 	path := objectsBeside(d.cfg.Ledger)
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err == nil {
-		err = tbl.Save(f, processStart)
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
+	err := tbl.SaveFile(path, processStart)
 	if err != nil {
 		if !d.objectsUnsaved {
 			d.log.Warn("a restarted daemon will not know the RM objects of running processes", "path", path, "err", err)

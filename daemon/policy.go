@@ -1,8 +1,6 @@
 package daemon
 
 import (
-	"crypto/sha256"
-	"os"
 	"path/filepath"
 
 	"github.com/gpuarb/gpuarb/policy"
@@ -47,27 +45,9 @@ func (d *Daemon) loadPolicy() {
 
 // keepLastGood copies the policy file, just read, beside the socket.
 func (d *Daemon) keepLastGood() {
-	data, err := os.ReadFile(d.cfg.PolicyPath)
-	if err != nil {
-		return // missing: the defaults apply, nothing to keep
-	}
-	tmp := LastGoodBeside(d.cfg.Socket) + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err == nil {
-		err = os.Rename(tmp, LastGoodBeside(d.cfg.Socket))
-	}
-	if err != nil {
+	if err := policy.KeepCopy(d.cfg.PolicyPath, LastGoodBeside(d.cfg.Socket)); err != nil {
 		d.log.Warn("keeping a copy of the last good policy", "err", err)
 	}
-}
-
-// policyFileSum is the policy file's content as watchPolicy compares it:
-// its SHA-256, zero when it cannot be read (missing).
-func policyFileSum(path string) [sha256.Size]byte {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return [sha256.Size]byte{}
-	}
-	return sha256.Sum256(data)
 }
 
 // watchPolicy reloads the policy file, as SIGHUP does, when its content is
@@ -76,7 +56,7 @@ func policyFileSum(path string) [sha256.Size]byte {
 // a file caught half-written is refused and the last good policy stays
 // until the next change.
 func (d *Daemon) watchPolicy() {
-	sum := policyFileSum(d.cfg.PolicyPath)
+	sum := policy.FileSum(d.cfg.PolicyPath)
 	if sum == d.policySum {
 		return
 	}

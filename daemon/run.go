@@ -24,7 +24,7 @@ func (d *Daemon) observe(ev ioctlspy.Event) {
 	}
 	if h := ev.Hdr(); h.Held {
 		if w := d.wakers.Load(); w != nil {
-			w.wake(h.PID, h.CgroupID)
+			w.Wake(h.PID, h.CgroupID)
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/gpuarb/gpuarb/api"
 	"github.com/gpuarb/gpuarb/metrics"
 )
 
@@ -26,7 +27,7 @@ func (d *Daemon) listen() error {
 	mux := http.NewServeMux()
 	d.routes(mux)
 	d.server = boundedServer(mux)
-	d.server.ConnContext = peerCred
+	d.server.ConnContext = api.PeerCred
 	return nil
 }
 

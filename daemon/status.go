@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"math"
 	"sort"
 	"time"
 
@@ -98,16 +97,8 @@ func actuatorName(a arbiter.Actuation, t *tenant) string {
 	case arbiter.Windows:
 		return "freeze windows"
 	}
-	if t != nil && len(t.unprobed) > 0 {
-		return "freeze (launches unseen)"
-	}
-	if t != nil && t.act.Gater() != nil && !t.act.AtLaunchGate() {
-		return "freeze"
-	}
-	if t != nil && t.act.Gater() != nil {
-		if _, escalated := t.act.Gater().Escapes(); escalated {
-			return "freeze (launch gate escaped)"
-		}
+	if t != nil {
+		return t.act.PacedBy(len(t.unprobed) > 0)
 	}
 	return "launch gate"
 }
@@ -131,7 +122,9 @@ func (d *Daemon) Status() api.Status {
 		if t == nil {
 			continue
 		}
-		row.State, row.ThrottledNS = liveState(row, t, d.enforcing, time.Duration(d.arb.SlicesOf(row.GPU).Base))
+		row.State, row.ThrottledNS = t.act.LiveState(enforce.Shown{State: row.State, Duty: row.Duty, Enforcing: d.enforcing,
+			OnScheduler: row.Actuator == "gpu scheduler", SteeredAway: steeredAway(row, time.Duration(d.arb.SlicesOf(row.GPU).Base)),
+			Unprobed: len(t.unprobed) > 0})
 		if g := t.act.Gater(); g != nil {
 			row.GateEscapes, _ = g.Escapes()
 		}
@@ -198,45 +191,6 @@ func (d *Daemon) Status() api.Status {
 	}
 	st.Probes.PinPath = d.cfg.PinPath
 	return st
-}
-
-// liveState names what gpuarb does to a tenant now, with the time it has
-// held it back so far; base is its GPU's base timeslice. Called with d.mu
-// held.
-func liveState(row *api.Tenant, t *tenant, enforcing bool, base time.Duration) (string, uint64) {
-	state := row.State
-	var throttled time.Duration
-	pauser, gater := t.act.Pauser(), t.act.Gater()
-	switch {
-	case pauser != nil:
-		var paused bool
-		paused, throttled = pauser.State()
-		if row.State == "running" && steeredAway(row, base) {
-			state = "steered"
-		}
-		if paused {
-			state = "paused"
-		}
-	case gater != nil:
-		var stopped bool
-		stopped, throttled = gater.State()
-		_, escalated := gater.Escapes()
-		// Escalated, or with unprobed processes, it is frozen in windows.
-		atGate := t.act.AtLaunchGate() && !escalated && len(t.unprobed) == 0
-		switch {
-		case stopped && atGate:
-			state = "held" // a process held at the launch gate
-		case stopped:
-			state = "frozen"
-		case row.Duty < 1 && enforcing && atGate:
-			state = "paced"
-		case row.Duty < 1 && enforcing:
-			state = "throttled"
-		}
-	case row.Actuator == "gpu scheduler" && row.State == "running" && enforcing && steeredAway(row, base):
-		state = "steered"
-	}
-	return state, uint64(math.Max(0, float64(throttled)))
 }
 
 // steeredAway tells whether gpuarb runs a tenant's channel groups other

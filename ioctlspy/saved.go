@@ -2,9 +2,12 @@ package ioctlspy
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"maps"
+	"os"
 	"slices"
 )
 
@@ -154,4 +157,39 @@ func restoreProcess(s savedProcess) *Process {
 		p.Nouveau[ch] = true
 	}
 	return p
+}
+
+// SaveFile saves the table (Save) to path, atomically: a file beside it,
+// renamed over it.
+func (t *Table) SaveFile(path string, start func(pid uint32) (uint64, error)) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	err = t.Save(f, start)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+	}
+	return err
+}
+
+// RestoreFile restores the table saved at path (Restore); a missing file
+// restores nothing.
+func (t *Table) RestoreFile(path string, start func(pid uint32) (uint64, error)) ([]uint32, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return t.Restore(f, start)
 }

@@ -3,7 +3,11 @@ package ioctlspy
 import (
 	"bytes"
 	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/gpuarb/gpuarb/nvrm"
@@ -67,5 +71,29 @@ func TestTableSavedAndRestored(t *testing.T) {
 	}
 	if _, err := NewTable().Restore(bytes.NewReader([]byte("{not json")), nil); err == nil {
 		t.Error("a corrupt saved table was accepted")
+	}
+}
+
+// SaveFile replaces its file whole and leaves no temporary beside it;
+// RestoreFile of a missing file restores nothing, without an error.
+func TestTableSavedToAFile(t *testing.T) {
+	tbl, _ := steerableProcess(t)
+	path := filepath.Join(t.TempDir(), "objects.json")
+	start := func(uint32) (uint64, error) { return 1000, nil }
+	if err := os.WriteFile(path, []byte("an older, longer file than the table's"+strings.Repeat(" ", 4096)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := tbl.SaveFile(path, start); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(path + ".tmp"); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("temporary file left: %v", err)
+	}
+	pids, err := NewTable().RestoreFile(path, start)
+	if err != nil || len(pids) != 1 || pids[0] != 42 {
+		t.Errorf("restored %v (%v), want pid 42", pids, err)
+	}
+	if pids, err := NewTable().RestoreFile(path+".missing", start); err != nil || len(pids) != 0 {
+		t.Errorf("a missing file restored %v (%v)", pids, err)
 	}
 }

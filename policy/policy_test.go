@@ -2,6 +2,7 @@ package policy
 
 import (
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -259,4 +260,36 @@ func normalized(c *Config) Config {
 		n.Admission = nil
 	}
 	return n
+}
+
+// KeepCopy copies a policy file whole, and a missing one is nothing to
+// keep; FileSum tells two contents apart and reads a missing file as zero.
+func TestKeepCopyAndFileSum(t *testing.T) {
+	dir := t.TempDir()
+	src, dst := filepath.Join(dir, "policy.yaml"), filepath.Join(dir, "last-good.yaml")
+	if err := KeepCopy(src, dst); err != nil {
+		t.Fatalf("missing file: %v", err)
+	}
+	if _, err := os.Stat(dst); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("a copy of a missing file: %v", err)
+	}
+	if FileSum(src) != [32]byte{} {
+		t.Error("a missing file sums to non-zero")
+	}
+	if err := os.WriteFile(src, []byte("period: 100ms\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	before := FileSum(src)
+	if err := KeepCopy(src, dst); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(dst); string(got) != "period: 100ms\n" {
+		t.Errorf("copy holds %q", got)
+	}
+	if err := os.WriteFile(src, []byte("period: 200ms\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if FileSum(src) == before {
+		t.Error("two contents sum the same")
+	}
 }
