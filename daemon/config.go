@@ -10,6 +10,7 @@ import (
 	"github.com/gpuarb/gpuarb/enforce"
 	"github.com/gpuarb/gpuarb/exact"
 	"github.com/gpuarb/gpuarb/policy"
+	"github.com/gpuarb/gpuarb/tuning"
 )
 
 // Config configures the daemon.
@@ -71,6 +72,9 @@ type Config struct {
 	// WatchPolicy reloads the policy file whenever its content changes
 	// (checked once a window), besides at SIGHUP and Reload.
 	WatchPolicy bool
+	// Tuning are the control constants an operator may change (zero
+	// fields: their defaults).
+	Tuning tuning.Tunables
 	// NRIPerPod makes each pod one tenant, where each container is one by
 	// default (nriplugin.Options.PerPod).
 	NRIPerPod bool
@@ -96,6 +100,7 @@ func (c *Config) setDefaults() {
 	if c.Attached == "" {
 		c.Attached = AttachedBeside(c.Socket)
 	}
+	c.Tuning = c.Tuning.Filled()
 	if c.Log == nil {
 		c.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}

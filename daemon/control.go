@@ -37,17 +37,12 @@ type tenant struct {
 	unprobed []int
 }
 
-// minControlWindow is the shortest control window: three periods of
-// 100 ms. Windows of one and two periods scored no better over the fuzz
-// seeds (docs/benchmark-history.md §6).
-const minControlWindow = 300 * time.Millisecond
-
 // controlWindow is the span of the shares the arbiter steers by: long
 // enough to average over a hog's deep queue and a closed loop's bursts,
 // short enough to react within a second, and never longer than the meter
-// keeps.
+// keeps (tuning: min-control-window).
 func (d *Daemon) controlWindow() time.Duration {
-	return min(max(3*d.period(), minControlWindow), d.cfg.Window)
+	return min(max(3*d.period(), d.cfg.Tuning.MinControlWindow), d.cfg.Window)
 }
 
 func (d *Daemon) period() time.Duration {
@@ -290,7 +285,7 @@ func (d *Daemon) groupsOf(res control.Result) (_ map[string]map[int][]gpusched.G
 // when this host and the GPU allow it and the policy does not declare the
 // GPU non-preemptive, else pacing at the launch gate. A tenant with work
 // on a steered GPU whose channel groups gpuarb has not seen for
-// ungroupedGrace (a process that set up its GPU before the daemon
+// the ungrouped-grace tunable (a process that set up its GPU before the daemon
 // started) is unsteered: paced at the launch gate, the others steered
 // (so is one whose process's controls the driver refused: the caller
 // adds those, groupsOf names them). bounds are the steered GPUs'
@@ -353,23 +348,6 @@ func (d *Daemon) actuations(cfg *policy.Config, res control.Result, groups map[s
 	return out, bounds, unsteered
 }
 
-// unprobedPeriod is the least period of the freeze windows of a tenant
-// with unprobed processes on a GPU gpuarb cannot steer. A freeze reaches
-// only what it has not submitted yet: the work it queued before runs on
-// within the freeze, unseen, so freezes must be long beside its queue,
-// yet the meter's window (1 s) must hold several periods or the share it
-// steers by swings with their phase. At 500 ms a hog of 1 ms kernels 8 to
-// 16 deep gets 26% for 25 (TestUnprobedGPUProcessIsHeld); one of 20 ms
-// kernels 16 deep keeps its unarbitrated 50% whatever the duty. The GPU's own
-// scheduler, where it can be steered, reaches queued work.
-const unprobedPeriod = 500 * time.Millisecond
-
-// ungroupedGrace is how long a busy tenant may go without a channel group
-// the probes saw before it is paced at the launch gate instead of steered:
-// a process that has just set up its GPU may not be in the table at the
-// next control step.
-const ungroupedGrace = time.Second
-
 // tenantGPU names a tenant on one GPU.
 type tenantGPU struct {
 	name string
@@ -377,7 +355,7 @@ type tenantGPU struct {
 }
 
 // ungrouped notes in seen that a tenant is busy on a GPU without a known
-// channel group and tells whether that has lasted ungroupedGrace.
+// channel group and tells whether that has lasted the ungrouped grace.
 func (d *Daemon) ungrouped(k tenantGPU, now time.Time, seen map[tenantGPU]bool) bool {
 	seen[k] = true
 	since, ok := d.ungroupedSince[k]
@@ -385,5 +363,5 @@ func (d *Daemon) ungrouped(k tenantGPU, now time.Time, seen map[tenantGPU]bool) 
 		d.ungroupedSince[k] = now
 		return false
 	}
-	return now.Sub(since) >= ungroupedGrace
+	return now.Sub(since) >= d.cfg.Tuning.UngroupedGrace
 }

@@ -160,7 +160,7 @@ func (d *Daemon) reconcileExits() {
 // serving. Stop (or Run's context) undoes all of it.
 func Start(cfg Config) (_ *Daemon, err error) {
 	cfg.setDefaults()
-	mcfg := meter.Config{Window: cfg.Window, Lag: 20 * time.Millisecond}
+	mcfg := meter.Config{Window: cfg.Window, Lag: cfg.Tuning.MeterLag}
 	var recording *os.File
 	if cfg.RecordMeter != "" {
 		if recording, err = os.Create(cfg.RecordMeter); err != nil {
@@ -211,6 +211,7 @@ func Start(cfg Config) (_ *Daemon, err error) {
 	if d.steer, err = enforce.NewSteering(cfg.NoGPUScheduler || cfg.ObserveOnly, cfg.FakeGPUSocket, enforce.SteerLedgerBeside(cfg.Ledger), d.meter, d.log); err != nil {
 		return nil, err
 	}
+	d.steer.Reprobe = cfg.Tuning.SteerReprobe
 	if d.steer.Off != "" {
 		d.log.Info("not steering the GPUs' own schedulers: pacing at the launch gate", "why", d.steer.Off)
 	}
@@ -274,6 +275,7 @@ func Start(cfg Config) (_ *Daemon, err error) {
 	deschedule := cfg.LatencyHolds == enforce.HoldDeschedule
 	d.hold = enforce.NewLatencyHold(func(gs []gpusched.Group, off bool) error { return steer.Pause(gs, enforce.ByHold, off, deschedule) },
 		d.probes.SetUrgent, deschedule, d.log)
+	d.hold.MaxHold = cfg.Tuning.MaxHold
 	if err := d.listen(); err != nil {
 		return nil, err
 	}

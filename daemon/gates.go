@@ -42,7 +42,8 @@ func (d *Daemon) stepOf(t *tenant, period time.Duration) tenantStep {
 // apply passes a tenant's decision to its actuators: in scheduler mode a
 // pauser over its channel groups; otherwise, below duty 1, the launch gate
 // or freeze gater (a tenant with unprobed processes at a period of at
-// least unprobedPeriod). It returns the wait for the actuators it ended.
+// least the unprobed-period tunable: a freeze reaches only what it has not
+// submitted yet, so its periods must be long beside its queue). It returns the wait for the actuators it ended.
 // Called without d.mu: it writes the ledger and the launch gate's maps.
 func (d *Daemon) apply(ctx context.Context, s tenantStep) func() {
 	if s.pid != 0 {
@@ -52,7 +53,7 @@ func (d *Daemon) apply(ctx context.Context, s tenantStep) func() {
 	}
 	dec := s.decision
 	if !dec.Scheduled && s.unprobed {
-		dec.Period = max(dec.Period, unprobedPeriod)
+		dec.Period = max(dec.Period, d.cfg.Tuning.UnprobedPeriod)
 	}
 	return s.act.Apply(ctx, dec, enforce.Gates{
 		Gate:      func() (cgroup.Gate, error) { return d.gateFor(s) },

@@ -41,14 +41,15 @@ import (
 // wait the slices bound, the others' groups times the GPU's shortest
 // slice; where they are off, one hold a second measures them again.
 const (
-	// maxHold bounds one hold: a latency tenant that launches and does not
-	// wait (or whose wait gpuarb does not see) lets the others run again
-	// after it, for holdRest before it can hold them again.
-	maxHold  = 20 * time.Millisecond
-	holdRest = 5 * time.Millisecond
+	// defaultMaxHold bounds one hold (LatencyHold.MaxHold): a latency
+	// tenant that launches and does not wait (or whose wait gpuarb does
+	// not see) lets the others run again after it, for holdRest before it
+	// can hold them again.
+	defaultMaxHold = 20 * time.Millisecond
+	holdRest       = 5 * time.Millisecond
 	// holdSignals is how many launches and waits the event reader may
 	// queue for the hold loop before it drops them (a dropped launch costs
-	// one request its hold, a dropped wait ends a hold at maxHold).
+	// one request its hold, a dropped wait ends a hold at MaxHold).
 	holdSignals = 1024
 	// holdRetry spaces the tries to resume the others where the driver
 	// refused it.
@@ -232,7 +233,7 @@ type holdSignal struct {
 // HoldStats counts one GPU's latency holds.
 type HoldStats struct {
 	Holds uint64        // holds started
-	Cut   uint64        // holds ended by maxHold, not by the wait's end
+	Cut   uint64        // holds ended by MaxHold, not by the wait's end
 	Held  time.Duration // the others' time off the GPU
 	// Start is how long a hold takes to start, from the latency tenant's
 	// launch to the others off the GPU (the median of the last
@@ -263,9 +264,11 @@ type LatencyHold struct {
 	// everyLaunch holds at every launch, however slowly holds start
 	// (HoldDeschedule: such a hold never lengthens the wait).
 	everyLaunch bool
-	log         *slog.Logger
-	plan        atomic.Pointer[HoldPlan]
-	signals     chan holdSignal
+	// MaxHold bounds one hold (0: 20 ms); set before Run.
+	MaxHold time.Duration
+	log     *slog.Logger
+	plan    atomic.Pointer[HoldPlan]
+	signals chan holdSignal
 
 	mu    sync.Mutex
 	stats map[int]HoldStats
@@ -358,7 +361,7 @@ func (h *LatencyHold) Run(ctx context.Context) {
 			if g.held == nil {
 				continue
 			}
-			left := maxHold - now.Sub(g.since)
+			left := h.maxHold() - now.Sub(g.since)
 			if left <= 0 {
 				h.release(gpu, g, true)
 				continue
@@ -371,7 +374,7 @@ func (h *LatencyHold) Run(ctx context.Context) {
 
 // signal starts GPU gpu's hold at a latency tenant's launch, and ends it
 // when no latency tenant there has work pending. None starts while the
-// GPU rests after a hold cut at maxHold, nor, unless everyLaunch, while
+// GPU rests after a hold cut at MaxHold, nor, unless everyLaunch, while
 // holds take longer to start than the slices bound the wait (but one a
 // holdProbe).
 func (h *LatencyHold) signal(gpu int, g *gpuHold, s holdSignal, others []gpusched.Group, bound time.Duration) {
@@ -406,14 +409,17 @@ func (h *LatencyHold) signal(gpu int, g *gpuHold, s holdSignal, others []gpusche
 	h.mu.Unlock()
 }
 
-// release ends GPU gpu's hold; cut says maxHold ended it, which lets the
+// maxHold is MaxHold, or its default.
+func (h *LatencyHold) maxHold() time.Duration { return cmp.Or(h.MaxHold, defaultMaxHold) }
+
+// release ends GPU gpu's hold; cut says MaxHold ended it, which lets the
 // others run for holdRest before the next.
 func (h *LatencyHold) release(gpu int, g *gpuHold, cut bool) {
 	now := time.Now()
 	if err := h.pause(g.held, false); err != nil && !onlyGone(err) {
 		// Still held: the run loop tries again in holdRetry.
 		h.log.Warn("latency hold: resume the others", "gpu", gpu, "err", err)
-		g.since = now.Add(holdRetry - maxHold)
+		g.since = now.Add(holdRetry - h.maxHold())
 		return
 	}
 	h.mu.Lock()

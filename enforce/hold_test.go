@@ -145,12 +145,13 @@ func (l *heldLog) String() string {
 
 // A latency tenant's launch starts a hold and the end of its wait ends
 // it; launches within a hold start none, nor do other tenants'. A hold
-// whose wait gpuarb does not see is cut at maxHold, and the GPU rests
+// whose wait gpuarb does not see is cut at MaxHold, and the GPU rests
 // holdRest. A refused resume is tried again in holdRetry. Once the loop
 // ends, holds are released and none starts.
 func TestLatencyHoldLifecycle(t *testing.T) {
 	var log heldLog
 	h := NewLatencyHold(log.pause, func([]uint32, []uint64) error { return nil }, false, slog.New(slog.DiscardHandler))
+	h.MaxHold = 2 * defaultMaxHold // the operator's bound (--tune max-hold), not the default
 	others := []gpusched.Group{{PID: 20, Client: 20, TSG: 1}}
 	h.SetPlan(&HoldPlan{gpusOf: map[uint32][]int{10: {0}}, cgroups: map[uint64][]int{},
 		others: map[int][]gpusched.Group{0: others}, mates: map[uint32]bool{20: true},
@@ -184,14 +185,14 @@ func TestLatencyHoldLifecycle(t *testing.T) {
 	wait(10)
 	want("the wait's end", "pause 20, resume 20")
 
-	launch(10) // its wait never seen: cut at maxHold
+	launch(10) // its wait never seen: cut at MaxHold
 	began := time.Now()
 	want("cut", "pause 20, resume 20, pause 20, resume 20")
-	if cut := time.Since(began); cut < maxHold {
-		t.Fatalf("cut after %v, want at maxHold %v", cut, maxHold)
+	if cut := time.Since(began); cut < h.MaxHold {
+		t.Fatalf("cut after %v, want at MaxHold %v", cut, h.MaxHold)
 	}
-	if st := h.Stats()[0]; st.Holds != 2 || st.Cut != 1 || st.Held < maxHold {
-		t.Errorf("stats %+v, want 2 holds, 1 cut, held ≥ %v", st, maxHold)
+	if st := h.Stats()[0]; st.Holds != 2 || st.Cut != 1 || st.Held < h.MaxHold {
+		t.Errorf("stats %+v, want 2 holds, 1 cut, held ≥ %v", st, h.MaxHold)
 	}
 
 	time.Sleep(holdRest)

@@ -53,6 +53,9 @@ type Steering struct {
 	meter      *meter.Meter
 	log        *slog.Logger
 	Off        string // why this host cannot be steered ("": it can)
+	// Reprobe is how long a GPU counts as not steerable before it is
+	// probed again (0: defaultReprobe); set before the first step.
+	Reprobe time.Duration
 
 	pauseMu sync.Mutex // serializes pause
 	mu      sync.Mutex
@@ -153,14 +156,14 @@ type gpuVerdict struct {
 	at  time.Time
 }
 
-// reprobeAfter is how long a GPU counts as not steerable before it is
-// probed again, through the group of a process the driver has not
-// refused: a quorum of one tenant's processes must not keep every other
-// tenant off the GPU's scheduler for good.
-const reprobeAfter = 10 * time.Second
+// defaultReprobe is how long a GPU counts as not steerable before it is
+// probed again (Steering.Reprobe), through the group of a process the
+// driver has not refused: a quorum of one tenant's processes must not keep
+// every other tenant off the GPU's scheduler for good.
+const defaultReprobe = 10 * time.Second
 
 // GPUState says whether a GPU can be steered, probing it through one of its
-// groups the first time, and again reprobeAfter after it found it could
+// groups the first time, and again Reprobe after it found it could
 // not: "" when it can, else why not. Only the driver can make a GPU
 // unsteerable (it refused a quorum of processes, accepted none); any other
 // failure of the probe (a process's descriptor no longer its control
@@ -174,7 +177,7 @@ func (s *Steering) GPUState(gpu int, probe gpusched.Group) string {
 	v, known := s.gpus[gpu]
 	_, refusedProbe := s.refused.pids[probe.PID]
 	s.mu.Unlock()
-	if known && (v.why == "" || time.Since(v.at) < reprobeAfter || refusedProbe) {
+	if known && (v.why == "" || time.Since(v.at) < cmp.Or(s.Reprobe, defaultReprobe) || refusedProbe) {
 		return v.why
 	}
 	err := s.act.Probe(probe)

@@ -18,6 +18,7 @@ import (
 	"github.com/gpuarb/gpuarb/enforce"
 	nriplugin "github.com/gpuarb/gpuarb/nri-plugin"
 	"github.com/gpuarb/gpuarb/policy"
+	"github.com/gpuarb/gpuarb/tuning"
 )
 
 // ledgerPath is --ledger, or the ledger beside --socket.
@@ -108,9 +109,20 @@ restored; pins, socket and lock removed).`,
 			&cli.StringFlag{Name: "record-meter", Usage: "record every input of the meter (events, pauses, timeslices) to `FILE`, JSON lines of about 0.3 KB an event, for a misreading to be replayed offline (gpuarb-lab replay-meter)"},
 			&cli.StringFlag{Name: "nri-socket", Value: nriplugin.DefaultSocket, Usage: "register the pods of the container runtime (containerd ≥ 2.0, CRI-O ≥ 1.30) as an NRI plugin on its socket `PATH`, from their gpuarb.io/* annotations, connecting whenever the runtime is there; empty: no plugin (use the OCI hooks)"},
 			&cli.StringFlag{Name: "nri-tenancy", Value: "container", Usage: "what one tenant is among the pods NRI registers: each `container`, or each pod (its cgroup, named by gpuarb.io/name, else NAMESPACE:POD)"},
+			&cli.StringSliceFlag{Name: "tune", Usage: "set one of the control constants that are not policy, `NAME=DURATION` (repeatable); --tune help lists them with their defaults, bounds and why"},
 			&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics on `ADDR` (e.g. :9400, which listens on 127.0.0.1 only; give a host to listen elsewhere); off when empty"},
 		},
 		Action: func(c *cli.Context) error {
+			var tunables tuning.Tunables
+			for _, spec := range c.StringSlice("tune") {
+				if spec == "help" {
+					fmt.Fprint(c.App.Writer, tuning.Help())
+					return nil
+				}
+				if err := tunables.Set(spec); err != nil {
+					return fmt.Errorf("--tune: %w", err)
+				}
+			}
 			devices, err := deviceTable(c.StringSlice("device"), !c.Bool("no-host-devices"))
 			if err != nil {
 				return err
@@ -144,6 +156,7 @@ restored; pins, socket and lock removed).`,
 				NRISocket:      c.String("nri-socket"),
 				NRIPerPod:      tenancy == "pod",
 				WatchPolicy:    c.Bool("watch-policy"),
+				Tuning:         tunables,
 			})
 			if errors.Is(err, daemon.ErrAlreadyRunning) {
 				return cli.Exit("gpuarb: "+err.Error(), 3)
