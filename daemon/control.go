@@ -304,7 +304,7 @@ func (d *Daemon) actuations(cfg *policy.Config, res control.Result, groups map[s
 		}
 		_, preemptive := cfg.Scheduling(gpu)
 		switch {
-		case cfg.ModeOf(gpu) == policy.ModeTimeslice:
+		case cfg.ModeOf(gpu) == policy.ModeWindows:
 			out[gpu] = arbiter.Windows
 		case !preemptive:
 			out[gpu], why[gpu] = arbiter.Pacing, "the policy declares the GPU non-preemptive: a running kernel outlasts any timeslice"

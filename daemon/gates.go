@@ -55,7 +55,7 @@ func (d *Daemon) apply(ctx context.Context, s tenantStep) func() {
 	if !dec.Scheduled && s.unprobed {
 		dec.Period = max(dec.Period, d.cfg.Tuning.UnprobedPeriod)
 	}
-	return s.act.Apply(ctx, dec, enforce.Gates{
+	return s.act.Apply(ctx, dec, enforce.GateMakers{
 		Gate:      func() (cgroup.Gate, error) { return d.gateFor(s) },
 		Launch:    func() (*bpf.LaunchGate, error) { return d.newLaunchGate(s) },
 		CgroupIDs: func() []uint64 { return s.cgroupIDs },

@@ -301,7 +301,7 @@ func TestUnconfirmedFreezeIsUndoneAndShown(t *testing.T) {
 	testutil.Start(t, cgs["a"], gpu.Workload(t, "hog", "--kernel-ms", "2", "--duration", "20"))
 	testutil.StartUnfreezable(t, cgs["a"])
 	testutil.Start(t, cgs["b"], gpu.Workload(t, "hog", "--kernel-ms", "2", "--duration", "20"))
-	pol := "gpus:\n  - {index: 0, mode: timeslice}\ntenants:\n  - {name: a, cgroup: " + cgs["a"].Rel + "}\n  - {name: b, cgroup: " + cgs["b"].Rel + "}\n"
+	pol := "gpus:\n  - {index: 0, mode: windows}\ntenants:\n  - {name: a, cgroup: " + cgs["a"].Rel + "}\n  - {name: b, cgroup: " + cgs["b"].Rel + "}\n"
 	if err := d.ApplyPolicy(t.Context(), []byte(pol)); err != nil {
 		t.Fatal(err)
 	}

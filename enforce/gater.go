@@ -22,7 +22,7 @@ import (
 // Queued work cannot be recalled, so a window gate is blind to a deep
 // queue (a tenant frozen for less than its queue takes to drain loses
 // nothing); pacing admissions holds the long-run share whatever the queue
-// depth. With a LaunchGate the pacing is exact to the launch: credit is
+// depth. With an Admitter the pacing is exact to the launch: credit is
 // turned into an allowance of launches, the launch beyond it holds its
 // process, and held processes are released oldest first as credit comes
 // in. Without one, the tenant is frozen while its account is in debt,
@@ -31,13 +31,13 @@ type Gater struct {
 	gate   cgroup.Gate
 	period time.Duration
 	epoch  time.Time
-	// Launches, when set, paces a rate at the launch itself.
-	Launches LaunchGate
+	// Admitter, when set, paces a rate at the launch itself.
+	Admitter Admitter
 	// LaunchCost returns the GPU ns one launch of the tenant costs, as the
-	// meter models it. Needed with Launches.
+	// meter models it. Needed with Admitter.
 	LaunchCost func() float64
 	// Submitted returns the GPU ns the tenant has submitted so far, as the
-	// meter estimates it (cumulative). Needed by SetRate without Launches.
+	// meter estimates it (cumulative). Needed by SetRate without Admitter.
 	Submitted func() float64
 	// OnFreeze is told each frozen interval when it begins (to is zero)
 	// and again when it ends: the meter discounts sync waits that overlap
@@ -62,9 +62,9 @@ type Gater struct {
 	wake     chan struct{}
 }
 
-// LaunchGate admits a tenant's launches up to an allowance; the launch
+// Admitter admits a tenant's launches up to an allowance; the launch
 // beyond it holds its process until Release.
-type LaunchGate interface {
+type Admitter interface {
 	// Counts returns the launches admitted, the processes held and the
 	// holds someone else ended, the held launch running then (a sibling's
 	// SIGCONT), so far (all cumulative; an escaped launch counts in
@@ -193,7 +193,7 @@ func (g *Gater) Run(ctx context.Context) {
 		paced, escalated := g.paced, g.escalated
 		g.mu.Unlock()
 		switch {
-		case paced && g.Launches != nil && !escalated:
+		case paced && g.Admitter != nil && !escalated:
 			g.runAdmission(ctx)
 		case paced:
 			g.runPaced(ctx)
@@ -269,7 +269,7 @@ func (g *Gater) runAdmission(ctx context.Context) {
 	defer tick.Stop()
 	defer g.openGate()
 	acct := account{last: time.Now()}
-	admitted, holds, escaped, err := g.Launches.Counts()
+	admitted, holds, escaped, err := g.Admitter.Counts()
 	g.report(err)
 	released := holds
 	allowed, wrote := uint64(0), false
@@ -280,7 +280,7 @@ func (g *Gater) runAdmission(ctx context.Context) {
 			return
 		}
 		now := time.Now()
-		n, h, e, err := g.Launches.Counts()
+		n, h, e, err := g.Admitter.Counts()
 		if err != nil {
 			g.report(err)
 			continue
@@ -305,12 +305,12 @@ func (g *Gater) runAdmission(ctx context.Context) {
 		admitted = n
 		var held []Held
 		if h != released || g.holding() {
-			held, err = g.Launches.Held()
+			held, err = g.Admitter.Held()
 			g.report(err)
 			released = h
 		}
 		for len(held) > 0 && (rate >= 1 || acct.balance >= 0) {
-			released, err := g.Launches.Release(held[0])
+			released, err := g.Admitter.Release(held[0])
 			g.report(err)
 			if released {
 				acct.charge(cost*float64(max(held[0].Launches, 1)), rate)
@@ -325,7 +325,7 @@ func (g *Gater) runAdmission(ctx context.Context) {
 			}
 		}
 		if !wrote || allow != allowed {
-			g.report(g.Launches.Allow(allow))
+			g.report(g.Admitter.Allow(allow))
 			allowed, wrote = allow, true
 		}
 		g.noteHeld(len(held) > 0, now)
@@ -361,11 +361,11 @@ func (g *Gater) await(ctx context.Context, tick *time.Ticker) (rate float64, ok 
 
 // openGate lets every launch through and releases whoever is held.
 func (g *Gater) openGate() {
-	g.report(g.Launches.Allow(math.MaxUint64))
-	held, err := g.Launches.Held()
+	g.report(g.Admitter.Allow(math.MaxUint64))
+	held, err := g.Admitter.Held()
 	g.report(err)
 	for _, h := range held {
-		_, err := g.Launches.Release(h)
+		_, err := g.Admitter.Release(h)
 		g.report(err)
 	}
 	g.noteHeld(false, time.Now())

@@ -95,7 +95,7 @@ func (nopGate) Target() cgroup.Target { return cgroup.Target{} }
 func startPacer(period time.Duration, rate, cost float64) (f *fakeLaunches, g *Gater, end func()) {
 	f = &fakeLaunches{allowed: math.MaxUint64}
 	g = NewGater(nopGate{}, period, time.Now())
-	g.Launches = f
+	g.Admitter = f
 	g.LaunchCost = func() float64 { return cost }
 	g.SetRate(rate)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -246,7 +246,7 @@ func TestEscapesFromTheLaunchGateEscalateToFreezing(t *testing.T) {
 	f := &fakeLaunches{allowed: math.MaxUint64}
 	gate := &countingGate{}
 	g := NewGater(gate, 100*time.Millisecond, time.Now())
-	g.Launches = f
+	g.Admitter = f
 	g.LaunchCost = func() float64 { return cost }
 	g.Submitted = func() float64 {
 		f.mu.Lock()

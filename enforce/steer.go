@@ -27,17 +27,17 @@ type steered struct {
 	rec   gpusched.Steered
 	slice time.Duration // 0: untouched
 	// pausedBy says who has the group off the GPU (none: it runs).
-	pausedBy pauser
+	pausedBy pauseCause
 }
 
-// pauser is who takes a channel group off the GPU; the group runs again
-// when none of them holds it.
-type pauser uint8
+// pauseCause is who takes a channel group off the GPU; the group runs
+// again when none of them holds it.
+type pauseCause uint8
 
 const (
 	// byDuty: its tenant's window gater, for the rest of each period its
 	// decision's run fraction leaves.
-	byDuty pauser = 1 << iota
+	byDuty pauseCause = 1 << iota
 	// ByHold: a latency tenant's hold, while its work is pending.
 	ByHold
 )
@@ -485,18 +485,18 @@ func (s *Steering) track(gs []gpusched.Group) ([]*steered, []error) {
 }
 
 // Pause takes groups off the GPU for by (off), or lets them go for by,
-// at once. A group runs while no pauser holds it: a latency tenant's hold
+// at once. A group runs while no pauseCause holds it: a latency tenant's hold
 // ending does not resume a group its tenant's gater has paused, nor the
 // other way round. Calls are serialized, so that two pausers' changes to
 // one group do not cross between their decision and the driver's answer.
 // With keepRunning a Pause leaves what runs of a group now to finish its
 // slice (gpusched.Change.KeepRunning).
-func (s *Steering) Pause(groups []gpusched.Group, by pauser, off, keepRunning bool) error {
+func (s *Steering) Pause(groups []gpusched.Group, by pauseCause, off, keepRunning bool) error {
 	s.pauseMu.Lock()
 	defer s.pauseMu.Unlock()
 	var changes []gpusched.Change
 	var changed []*steered // beside changes; forget may drop them from s.groups meanwhile
-	var masks []pauser     // beside changed: who holds each after the change
+	var masks []pauseCause     // beside changed: who holds each after the change
 	var sts []*steered
 	var errs []error
 	if off {

@@ -84,8 +84,8 @@ type Decision struct {
 	Period       time.Duration
 }
 
-// Gates makes what a tenant's gater acts through, when one starts.
-type Gates struct {
+// GateMakers make what a tenant's gater acts through, when one starts.
+type GateMakers struct {
 	// Gate makes its freeze gate, refusing what must never be stopped.
 	Gate func() (cgroup.Gate, error)
 	// Launch makes its launch gate (an error: it is paced by freezing).
@@ -98,7 +98,7 @@ type Gates struct {
 // Apply starts, steers or stops the tenant's actuators for d. A gater
 // whose period changed ends now, and its successor starts at the next
 // Apply, once the ended one has left the ledger.
-func (t *Tenant) Apply(ctx context.Context, d Decision, g Gates) func() {
+func (t *Tenant) Apply(ctx context.Context, d Decision, g GateMakers) func() {
 	defer t.publish()
 	var finish []func()
 	switch {
@@ -210,7 +210,7 @@ func (t *Tenant) stopPauser() func() {
 // and starts its gater. A tenant that must never be stopped is refused
 // until Release; one whose ledger entry cannot be written (a full /run)
 // is tried again at the next Apply, and logged once until it succeeds.
-func (t *Tenant) startGate(ctx context.Context, period time.Duration, gates Gates) {
+func (t *Tenant) startGate(ctx context.Context, period time.Duration, gates GateMakers) {
 	env := t.env
 	g, err := gates.Gate()
 	if err != nil {
@@ -235,7 +235,7 @@ func (t *Tenant) startGate(ctx context.Context, period time.Duration, gates Gate
 		env.Log.Warn("no launch gate: the tenant is paced by freezing", "tenant", t.name, "err", err)
 	} else {
 		t.launches = lg
-		t.gater.Launches = newLaunchGate(lg, env.Meter)
+		t.gater.Admitter = newProbesAdmitter(lg, env.Meter)
 		t.gater.LaunchCost = func() float64 { return math.Float64frombits(t.LaunchCost.Load()) }
 	}
 	t.gater.OnFreeze = func(from, to time.Time) {

@@ -41,9 +41,13 @@ const (
 	// ModeShare is weighted max-min fair sharing among tenants with work,
 	// work conserving.
 	ModeShare Mode = "share"
-	// ModeTimeslice gives tenants with work exclusive rotating slots sized
-	// by weight.
-	ModeTimeslice Mode = "timeslice"
+	// ModeWindows gives tenants with work exclusive rotating freeze
+	// windows sized by weight (not the GPU's own timeslices, which the
+	// GPU's timeslice field and steering set).
+	ModeWindows Mode = "windows"
+	// modeWindowsFormerName is ModeWindows' name before 2026-12; a file
+	// that uses it still loads.
+	modeWindowsFormerName Mode = "timeslice"
 )
 
 // MinMemoryLimit is the smallest GPU memory limit: a CUDA context's own
@@ -313,8 +317,11 @@ func (c *Config) fill() {
 	}
 	c.Defaults.fillFrom(Rules{Weight: DefaultWeight, Priority: Normal})
 	for i := range c.GPUs {
-		if c.GPUs[i].Mode == "" {
+		switch c.GPUs[i].Mode {
+		case "":
 			c.GPUs[i].Mode = ModeShare
+		case modeWindowsFormerName:
+			c.GPUs[i].Mode = ModeWindows
 		}
 		if c.GPUs[i].Timeslice == 0 {
 			c.GPUs[i].Timeslice = DefaultTimeslice
@@ -351,8 +358,8 @@ func (c *Config) Validate() error {
 			errs = append(errs, &FieldError{f + ".index", fmt.Sprintf("GPU %d listed twice", g.Index)})
 		}
 		seen[g.Index] = true
-		if g.Mode != ModeShare && g.Mode != ModeTimeslice {
-			errs = append(errs, &FieldError{f + ".mode", fmt.Sprintf("%q is not share or timeslice", g.Mode)})
+		if g.Mode != ModeShare && g.Mode != ModeWindows {
+			errs = append(errs, &FieldError{f + ".mode", fmt.Sprintf("%q is not share or windows", g.Mode)})
 		}
 		if g.Timeslice < 100*time.Microsecond || g.Timeslice > time.Second {
 			errs = append(errs, &FieldError{f + ".timeslice", fmt.Sprintf("%v out of range 100µs–1s", g.Timeslice)})

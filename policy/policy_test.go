@@ -16,7 +16,7 @@ func TestParse(t *testing.T) {
 period: 200ms
 defaults: {weight: 50, priority: batch}
 gpus:
-  - {index: 1, mode: timeslice}
+  - {index: 1, mode: windows}
   - {index: 2, preemptive: false, timeslice: 4ms}
 tenants:
   - name: train
@@ -34,7 +34,7 @@ tenants:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Period != 200*time.Millisecond || c.ModeOf(1) != ModeTimeslice || c.ModeOf(0) != ModeShare {
+	if c.Period != 200*time.Millisecond || c.ModeOf(1) != ModeWindows || c.ModeOf(0) != ModeShare {
 		t.Errorf("period %v modes %v %v", c.Period, c.ModeOf(0), c.ModeOf(1))
 	}
 	for gpu, want := range map[int]struct {
@@ -291,5 +291,24 @@ func TestKeepCopyAndFileSum(t *testing.T) {
 	}
 	if FileSum(src) == before {
 		t.Error("two contents sum the same")
+	}
+}
+
+// The freeze-window mode's former name, "timeslice" (which the GPU's own
+// timeslice field also names), still loads as "windows"; any other mode
+// is refused naming both.
+func TestFormerWindowsModeNameStillLoads(t *testing.T) {
+	c, err := Parse([]byte("gpus:\n  - {index: 0, mode: timeslice, timeslice: 4ms}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.ModeOf(0) != ModeWindows {
+		t.Errorf("mode %q, want %q", c.ModeOf(0), ModeWindows)
+	}
+	if slice, _ := c.Scheduling(0); slice != 4*time.Millisecond {
+		t.Errorf("the GPU's timeslice %v, want 4ms", slice)
+	}
+	if _, err := Parse([]byte("gpus:\n  - {index: 0, mode: slices}\n")); err == nil || !strings.Contains(err.Error(), "share or windows") {
+		t.Errorf("an unknown mode: %v", err)
 	}
 }

@@ -12,26 +12,26 @@ import (
 	"github.com/gpuarb/gpuarb/meter"
 )
 
-// launchGate is a probes' launch gate as the arbiter's gater uses it: held
+// probesAdmitter is a probes' launch gate as the arbiter's gater uses it: held
 // processes are continued by pid and start time, and the meter learns when
 // their held launch ran.
-type launchGate struct {
+type probesAdmitter struct {
 	gate  *bpf.LaunchGate
 	meter *meter.Meter
 }
 
-// newLaunchGate wraps a probes' launch gate for a gater; m learns when
+// newProbesAdmitter wraps a probes' launch gate for a gater; m learns when
 // each held launch ran.
-func newLaunchGate(g *bpf.LaunchGate, m *meter.Meter) launchGate {
-	return launchGate{gate: g, meter: m}
+func newProbesAdmitter(g *bpf.LaunchGate, m *meter.Meter) probesAdmitter {
+	return probesAdmitter{gate: g, meter: m}
 }
 
-// Counts implements LaunchGate.
-func (l launchGate) Counts() (admitted, holds, escapes uint64, err error) { return l.gate.Counts() }
+// Counts implements Admitter.
+func (l probesAdmitter) Counts() (admitted, holds, escapes uint64, err error) { return l.gate.Counts() }
 
-func (l launchGate) Allow(n uint64) error { return l.gate.Allow(n) }
+func (l probesAdmitter) Allow(n uint64) error { return l.gate.Allow(n) }
 
-func (l launchGate) Held() ([]Held, error) {
+func (l probesAdmitter) Held() ([]Held, error) {
 	held, err := l.gate.Held()
 	if err != nil {
 		return nil, err
@@ -48,7 +48,7 @@ func (l launchGate) Held() ([]Held, error) {
 	return out, nil
 }
 
-func (l launchGate) Release(h Held) (bool, error) {
+func (l probesAdmitter) Release(h Held) (bool, error) {
 	hp, ok := h.Token.(bpf.HeldProcess)
 	if !ok {
 		return false, fmt.Errorf("release pid %d: not held by a launch gate", h.PID)
