@@ -496,7 +496,7 @@ func (s *Steering) Pause(groups []gpusched.Group, by pauseCause, off, keepRunnin
 	defer s.pauseMu.Unlock()
 	var changes []gpusched.Change
 	var changed []*steered // beside changes; forget may drop them from s.groups meanwhile
-	var masks []pauseCause     // beside changed: who holds each after the change
+	var masks []pauseCause // beside changed: who holds each after the change
 	var sts []*steered
 	var errs []error
 	if off {
