@@ -1,15 +1,12 @@
 package cgroup
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
-	"path/filepath"
-	"sort"
 	"strings"
-	"sync"
+
+	"github.com/gpuarb/gpuarb/ledger"
 )
 
 // Target kinds.
@@ -82,153 +79,44 @@ func splitMount(dir string) (mount, rel string, ok bool) {
 	return m, rel, ok
 }
 
-// Ledger is the file, on tmpfs beside the socket, that lists every target
-// the daemon may stop. It is rewritten (atomically) whenever the set
-// changes, before the first freeze of a new target, so whoever finds it —
-// the guardian when the daemon dies, a restarted daemon, `gpuarb thaw
-// --all` — can resume them all.
-type Ledger struct {
-	path string
+// targets is the thaw ledger's file: {"targets": [...]}.
+var targets = ledger.Format[Target]{Field: "targets", Key: func(t Target) string {
+	return fmt.Sprintf("%s %s %d %d", t.Kind, t.Path, t.PID, t.Start)
+}}
 
-	mu      sync.Mutex
-	targets map[Target]bool
-}
+// Ledger is the thaw ledger: the file, on tmpfs beside the socket, that
+// lists every target the daemon may stop. It is rewritten (atomically)
+// whenever the set changes, before the first freeze of a new target, so
+// whoever finds it — the guardian when the daemon dies, a restarted
+// daemon, `gpuarb thaw --all` — can resume them all.
+type Ledger struct{ set *ledger.Set[Target] }
 
 // OpenLedger returns the ledger at path, with the targets it lists; one
 // whose file was unreadable, and set aside, comes empty with an error
-// wrapping ErrBadLedger.
+// wrapping ledger.ErrUnreadable.
 func OpenLedger(path string) (*Ledger, error) {
-	l := &Ledger{path: path, targets: map[Target]bool{}}
-	ts, err := ReadLedger(path)
-	if errors.Is(err, ErrBadLedger) {
-		return l, err
-	}
-	if err != nil {
+	set, err := ledger.Open(path, targets)
+	if set == nil {
 		return nil, err
 	}
-	for _, t := range ts {
-		l.targets[t] = true
-	}
-	return l, nil
-}
-
-// ErrBadLedger marks a ledger file that could not be read and was set
-// aside (renamed PATH.bad) so that it keeps nothing from starting.
-var ErrBadLedger = errors.New("unreadable ledger set aside")
-
-// SetAside renames a ledger file that cannot be read to PATH.bad (the last
-// one set aside is replaced) and returns an error saying so, wrapping
-// ErrBadLedger and why.
-func SetAside(path string, why error) error {
-	bad := path + ".bad"
-	if err := os.Rename(path, bad); err != nil {
-		return fmt.Errorf("%s: %w; setting it aside: %w", path, why, err)
-	}
-	return fmt.Errorf("%w: %s moved to %s: %w", ErrBadLedger, path, bad, why)
+	return &Ledger{set}, err
 }
 
 // ReadLedger lists the targets recorded at path (none when it is missing).
-// A file that does not parse is set aside (SetAside): what it listed may
-// stay stopped, and the error says where the file went.
-func ReadLedger(path string) ([]Target, error) {
-	f, err := os.Open(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("read ledger: %w", err)
-	}
-	defer f.Close()
-	var doc struct {
-		Targets []Target `json:"targets"`
-	}
-	if err := json.NewDecoder(f).Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
-		return nil, SetAside(path, err)
-	}
-	return doc.Targets, nil
-}
+// A file that does not parse is set aside (ledger.SetAside): what it
+// listed may stay stopped, and the error says where the file went.
+func ReadLedger(path string) ([]Target, error) { return targets.Read(path) }
 
 // Add records targets, in one write; they are on disk when Add returns
 // nil, and none is recorded when it returns an error.
-func (l *Ledger) Add(ts ...Target) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var added []Target
-	for _, t := range ts {
-		if !l.targets[t] {
-			l.targets[t] = true
-			added = append(added, t)
-		}
-	}
-	if len(added) == 0 {
-		return nil
-	}
-	if err := l.writeLocked(); err != nil {
-		for _, t := range added {
-			delete(l.targets, t)
-		}
-		return err
-	}
-	return nil
-}
+func (l *Ledger) Add(ts ...Target) error { return l.set.Add(ts...) }
 
 // Remove forgets targets (thawed for good), in one write; when the write
 // fails they stay recorded.
-func (l *Ledger) Remove(ts ...Target) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var removed []Target
-	for _, t := range ts {
-		if l.targets[t] {
-			delete(l.targets, t)
-			removed = append(removed, t)
-		}
-	}
-	if len(removed) == 0 {
-		return nil
-	}
-	if err := l.writeLocked(); err != nil {
-		for _, t := range removed {
-			l.targets[t] = true
-		}
-		return err
-	}
-	return nil
-}
+func (l *Ledger) Remove(ts ...Target) error { return l.set.Remove(ts...) }
 
 // Targets lists the recorded targets.
-func (l *Ledger) Targets() []Target {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.sortedLocked()
-}
-
-func (l *Ledger) sortedLocked() []Target {
-	out := make([]Target, 0, len(l.targets))
-	for t := range l.targets {
-		out = append(out, t)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
-	return out
-}
-
-func (l *Ledger) writeLocked() error {
-	data, err := json.Marshal(map[string][]Target{"targets": l.sortedLocked()})
-	if err != nil {
-		return err
-	}
-	if err := os.MkdirAll(filepath.Dir(l.path), 0o755); err != nil {
-		return fmt.Errorf("write ledger: %w", err)
-	}
-	tmp := l.path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return fmt.Errorf("write ledger: %w", err)
-	}
-	if err := os.Rename(tmp, l.path); err != nil {
-		return fmt.Errorf("write ledger: %w", err)
-	}
-	return nil
-}
+func (l *Ledger) Targets() []Target { return l.set.Records() }
 
 // ThawAll resumes every target of the ledger at path and returns what it
 // thawed. Targets that are gone (cgroup removed, process exited) are
@@ -258,23 +146,7 @@ func ThawAll(path string) ([]Target, error) {
 		}
 	}
 	if len(ts) > 0 {
-		errs = append(errs, keepOnly(path, failed))
+		errs = append(errs, targets.Write(path, failed))
 	}
 	return thawed, errors.Join(errs...)
-}
-
-// keepOnly rewrites the ledger at path to list only targets, or removes it
-// when there are none.
-func keepOnly(path string, targets []Target) error {
-	if len(targets) == 0 {
-		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("remove ledger: %w", err)
-		}
-		return nil
-	}
-	l := &Ledger{path: path, targets: map[Target]bool{}}
-	for _, t := range targets {
-		l.targets[t] = true
-	}
-	return l.writeLocked()
 }

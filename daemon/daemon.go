@@ -26,6 +26,7 @@ import (
 	"github.com/gpuarb/gpuarb/exact"
 	"github.com/gpuarb/gpuarb/gpusched"
 	"github.com/gpuarb/gpuarb/ioctlspy"
+	"github.com/gpuarb/gpuarb/ledger"
 	"github.com/gpuarb/gpuarb/meter"
 	nriplugin "github.com/gpuarb/gpuarb/nri-plugin"
 	"github.com/gpuarb/gpuarb/policy"
@@ -203,7 +204,7 @@ func Start(cfg Config) (_ *Daemon, err error) {
 	d.loadPolicy()
 	d.policy, d.base = d.policyFile, d.policyFile
 	d.meter.SetScheduling(d.policy.Scheduling)
-	if d.ledger, err = cgroup.OpenLedger(cfg.Ledger); errors.Is(err, cgroup.ErrBadLedger) {
+	if d.ledger, err = cgroup.OpenLedger(cfg.Ledger); errors.Is(err, ledger.ErrUnreadable) {
 		d.log.Error("the thaw ledger", "err", err)
 	} else if err != nil {
 		return nil, err

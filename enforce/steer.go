@@ -14,6 +14,7 @@ import (
 	"github.com/gpuarb/gpuarb/arbiter"
 	"github.com/gpuarb/gpuarb/cgroup"
 	"github.com/gpuarb/gpuarb/gpusched"
+	"github.com/gpuarb/gpuarb/ledger"
 	"github.com/gpuarb/gpuarb/meter"
 )
 
@@ -140,7 +141,7 @@ func NewSteering(disabled bool, fakeSocket, ledgerPath string, m *meter.Meter, l
 		}
 	}
 	l, err := gpusched.OpenLedger(ledgerPath)
-	if errors.Is(err, cgroup.ErrBadLedger) {
+	if errors.Is(err, ledger.ErrUnreadable) {
 		log.Error("the steering ledger", "err", err)
 	} else if err != nil {
 		return nil, err

@@ -1,16 +1,13 @@
 package gpusched
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
-	"sort"
-	"sync"
 	"time"
 
 	"github.com/gpuarb/gpuarb/cgroup"
+	"github.com/gpuarb/gpuarb/ledger"
 )
 
 // Steered is a channel group gpuarb changed, as the ledger records it: how
@@ -27,129 +24,42 @@ type Steered struct {
 	FakeGPU string `json:"fakegpu_socket,omitempty"`
 }
 
-func (s Steered) key() string {
+// steeredFormat is the steering ledger's file: the bare list of groups.
+var steeredFormat = ledger.Format[Steered]{Key: func(s Steered) string {
 	return fmt.Sprintf("%d/%d/%x/%x", s.Group.PID, s.Start, s.Group.Client, s.Group.TSG)
-}
+}}
 
-// Ledger is the file, beside the daemon's socket, that lists every
-// channel group gpuarb has changed. It is rewritten (atomically) before a
-// group's first change, so that whoever finds it — the guardian when the
-// daemon dies, a restarted daemon, `gpuarb thaw --all` — can put them all
-// back: resumed, their own timeslices restored.
-type Ledger struct {
-	path string
-
-	mu     sync.Mutex
-	groups map[string]Steered
-}
+// Ledger is the steering ledger: the file, beside the daemon's socket,
+// that lists every channel group gpuarb has changed. It is rewritten
+// (atomically) before a group's first change, so that whoever finds it —
+// the guardian when the daemon dies, a restarted daemon, `gpuarb thaw
+// --all` — can put them all back: resumed, their own timeslices restored.
+type Ledger struct{ set *ledger.Set[Steered] }
 
 // OpenLedger returns the ledger at path with the groups it lists; one
 // whose file was unreadable, and set aside, comes empty with an error
-// wrapping cgroup.ErrBadLedger.
+// wrapping ledger.ErrUnreadable.
 func OpenLedger(path string) (*Ledger, error) {
-	l := &Ledger{path: path, groups: map[string]Steered{}}
-	list, err := readLedger(path)
-	if errors.Is(err, cgroup.ErrBadLedger) {
-		return l, err
-	}
-	if err != nil {
+	set, err := ledger.Open(path, steeredFormat)
+	if set == nil {
 		return nil, err
 	}
-	for _, s := range list {
-		l.groups[s.key()] = s
-	}
-	return l, nil
-}
-
-func readLedger(path string) ([]Steered, error) {
-	data, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("read steering ledger: %w", err)
-	}
-	var list []Steered
-	if err := json.Unmarshal(data, &list); err != nil {
-		return nil, cgroup.SetAside(path, err)
-	}
-	return list, nil
+	return &Ledger{set}, err
 }
 
 // Add records groups before their first change, in one rewrite; none is
 // recorded when it returns an error.
-func (l *Ledger) Add(ss ...Steered) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var added []string
-	for _, s := range ss {
-		if _, ok := l.groups[s.key()]; !ok {
-			l.groups[s.key()] = s
-			added = append(added, s.key())
-		}
-	}
-	if len(added) == 0 {
-		return nil
-	}
-	if err := l.write(); err != nil {
-		for _, k := range added {
-			delete(l.groups, k)
-		}
-		return err
-	}
-	return nil
-}
+func (l *Ledger) Add(ss ...Steered) error { return l.set.Add(ss...) }
 
 // Remove forgets groups put back (or whose processes ended), in one
-// rewrite.
-func (l *Ledger) Remove(ss ...Steered) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	removed := false
-	for _, s := range ss {
-		if _, ok := l.groups[s.key()]; ok {
-			delete(l.groups, s.key())
-			removed = true
-		}
-	}
-	if !removed {
-		return nil
-	}
-	return l.write()
-}
-
-// write rewrites the file, its groups in the order of their keys (sorted
-// once: formatting a key per comparison took most of a 1000-tenant
-// daemon's CPU while it tracked new groups).
-func (l *Ledger) write() error {
-	keys := make([]string, 0, len(l.groups))
-	for k := range l.groups {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	list := make([]Steered, len(keys))
-	for i, k := range keys {
-		list[i] = l.groups[k]
-	}
-	data, err := json.Marshal(list)
-	if err != nil {
-		return err
-	}
-	tmp := filepath.Join(filepath.Dir(l.path), "."+filepath.Base(l.path)+".tmp")
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return fmt.Errorf("write steering ledger: %w", err)
-	}
-	if err := os.Rename(tmp, l.path); err != nil {
-		return fmt.Errorf("write steering ledger: %w", err)
-	}
-	return nil
-}
+// rewrite; when the write fails they stay recorded.
+func (l *Ledger) Remove(ss ...Steered) error { return l.set.Remove(ss...) }
 
 // PutBack resumes every group a ledger file lists and restores its own
 // timeslice (groups of processes that have ended are skipped), then
 // removes the file. It returns what it did.
 func PutBack(path string) ([]string, error) {
-	list, err := readLedger(path)
+	list, err := steeredFormat.Read(path)
 	if err != nil || len(list) == 0 {
 		return nil, err
 	}
