@@ -35,7 +35,7 @@ func (d *Daemon) meterUnprobed() map[uint32]bool {
 			continue
 		}
 		out[p.PID] = true
-		d.meter.SetUnprobed(p.PID, p.CgroupID, int(p.Groups()[0].GPU), now)
+		d.meter.Observe(meter.Unprobed(p.PID, p.CgroupID, int(p.Groups()[0].GPU), now))
 		if !d.unprobed[p.PID] {
 			d.log.Warn("a process uses the GPU through a driver gpuarb does not probe: it is metered as busy whenever it may run and held by pausing its channel groups or freezing it",
 				"pid", p.PID, "comm", p.Comm)

@@ -50,6 +50,26 @@ type CgroupFrozen struct {
 	ioctlspy.Header
 }
 
+// ProcessUnprobed is a finding, not an actuator's effect: at Start a
+// process (PID, CgroupID) has GPU channels on GPU but maps no probed
+// libcuda (ioctlspy.Spy.Unprobed), so its launches and syncs are unseen.
+// Nothing says when it has work, so the replay models it as a hog
+// whenever it may run — its channel group not paused (GroupPaused), its
+// cgroup not frozen (CgroupFrozen) — taking its turns beside the others,
+// and as drained while frozen: an upper bound on what it takes between
+// freezes, short of what a deep queue it left behind still runs. The same
+// finding again changes nothing; a process that exited stays ended.
+type ProcessUnprobed struct {
+	ioctlspy.Header
+	GPU int `json:"gpu"`
+}
+
+// Unprobed is the finding that process pid of cgroupID uses gpu unseen
+// since t.
+func Unprobed(pid uint32, cgroupID uint64, gpu int, t uint64) *ProcessUnprobed {
+	return &ProcessUnprobed{Header: ioctlspy.Header{Type: "process_unprobed", PID: pid, CgroupID: cgroupID, Start: t, End: t}, GPU: gpu}
+}
+
 // Timeslice is the effect of setting a process's channel groups' timeslice.
 func Timeslice(pid uint32, d time.Duration) *TimesliceSet {
 	return &TimesliceSet{Header: ioctlspy.Header{Type: "timeslice_set", PID: pid}, Timeslice: d}
@@ -87,6 +107,8 @@ func (e *GroupPaused) String() string {
 
 func (e *GroupDescheduled) String() string { return "channel groups descheduled" }
 
+func (e *ProcessUnprobed) String() string { return fmt.Sprintf("uses GPU %d unseen by the probes", e.GPU) }
+
 func (e *HoldReleased) String() string {
 	return fmt.Sprintf("released after %v held", time.Duration(e.End-e.Start))
 }
@@ -98,9 +120,12 @@ func (e *CgroupFrozen) String() string {
 	return fmt.Sprintf("cgroup frozen for %v", time.Duration(e.End-e.Start))
 }
 
-// observeEffect applies an actuator's effect; it reports whether ev is one.
+// observeEffect applies an actuator's effect (or the ProcessUnprobed
+// finding); it reports whether ev is one.
 func (m *Meter) observeEffect(ev ioctlspy.Event) bool {
 	switch e := ev.(type) {
+	case *ProcessUnprobed:
+		m.unprobedAt(e.PID, e.CgroupID, e.GPU, e.Start)
 	case *TimesliceSet:
 		for _, c := range m.contextsOf(e.PID) {
 			c.timeslice = e.Timeslice
@@ -148,4 +173,28 @@ func (m *Meter) observeEffect(ev ioctlspy.Event) bool {
 		return false
 	}
 	return true
+}
+
+// unprobedAt applies ProcessUnprobed.
+func (m *Meter) unprobedAt(pid uint32, cgroupID uint64, gpu int, t uint64) {
+	if c := m.ctxs[ctxKey{pid, 0}]; c != nil && (c.exited || c.unprobed && c.cgroup == cgroupID && c.gpu == gpu) {
+		return
+	}
+	c := m.context(&ioctlspy.Header{PID: pid, CgroupID: cgroupID, Start: t})
+	if p := m.procs[pid]; p != nil {
+		for tid, st := range p.setup { // no call of a context ever settles them
+			m.applySetup(c, st)
+			delete(p.setup, tid)
+		}
+	}
+	m.moveGPU(c, gpu)
+	m.at(c, t)
+	if !c.unprobed {
+		m.unprobed++
+	}
+	c.unprobed = true
+	c.frozenNow = false
+	if ps := m.frozen[cgroupID]; len(ps) > 0 && ps[len(ps)-1].end == math.MaxUint64 {
+		c.frozenNow = true
+	}
 }

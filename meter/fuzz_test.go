@@ -71,7 +71,7 @@ func checkEventStream(t *testing.T, data []byte) {
 		case 12:
 			m.Observe(Pause(pid, b[5]&1 == 1, clk.t))
 		case 13:
-			m.SetUnprobed(pid, cg, int(b[5]%2), clk.t)
+			m.Observe(Unprobed(pid, cg, int(b[5]%2), clk.t))
 		case 14:
 			// A polling loop's end, its last not-done query anywhere.
 			m.Observe(&ioctlspy.Sync{Header: h, Func: "cuEventQuery", Of: ioctlspy.WaitEvent, Handle: handle, Polled: true,

@@ -67,7 +67,7 @@ type Meter struct {
 	// preexisting are processes that ran before the meter could see them
 	// (SetPreexisting), until their context appears.
 	preexisting map[uint32]bool
-	// unprobed counts the contexts SetUnprobed made (Paused looks for
+	// unprobed counts the contexts ProcessUnprobed made (Paused looks for
 	// them only when there are any).
 	unprobed int
 	// folded counts launches and event records that a context's bounds
@@ -155,40 +155,6 @@ func (m *Meter) SetScheduling(sched func(gpu int) (timeslice time.Duration, pree
 	}
 }
 
-// SetUnprobed tells the meter, at t (CLOCK_MONOTONIC ns), that a process
-// of cgroupID has GPU channels on gpu but maps no probed libcuda
-// (ioctlspy.Spy.Unprobed): its launches and syncs are unseen. Nothing says
-// when it has work, so the replay models it as a hog whenever it may run
-// — its channel group not paused (GroupPaused), its cgroup not frozen
-// (CgroupFrozen) — taking its turns beside the others, and as drained while
-// frozen: an upper bound on what it takes between freezes, short of what
-// a deep queue it left behind still runs. Calling it again is a no-op; a
-// process that exited stays ended.
-func (m *Meter) SetUnprobed(pid uint32, cgroupID uint64, gpu int, t uint64) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.rec.put(recordLine{Op: opUnprobed, PID: pid, Cgroup: cgroupID, GPU: gpu, From: t})
-	if c := m.ctxs[ctxKey{pid, 0}]; c != nil && (c.exited || c.unprobed && c.cgroup == cgroupID && c.gpu == gpu) {
-		return
-	}
-	c := m.context(&ioctlspy.Header{PID: pid, CgroupID: cgroupID, Start: t})
-	if p := m.procs[pid]; p != nil {
-		for tid, st := range p.setup { // no call of a context ever settles them
-			m.applySetup(c, st)
-			delete(p.setup, tid)
-		}
-	}
-	m.moveGPU(c, gpu)
-	m.at(c, t)
-	if !c.unprobed {
-		m.unprobed++
-	}
-	c.unprobed = true
-	c.frozenNow = false
-	if ps := m.frozen[cgroupID]; len(ps) > 0 && ps[len(ps)-1].end == math.MaxUint64 {
-		c.frozenNow = true
-	}
-}
 
 func (m *Meter) context(h *ioctlspy.Header) *gpuContext {
 	p := m.processOf(h.PID)

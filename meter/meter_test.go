@@ -1053,7 +1053,7 @@ func TestFarTooLowCostRecovers(t *testing.T) {
 	}
 }
 
-// A process whose launches no probe sees (SetUnprobed) takes its turns
+// A process whose launches no probe sees (ProcessUnprobed) takes its turns
 // beside the others whenever it may run, wants the GPU all the time, and
 // runs nothing while its cgroup is frozen or its group paused.
 func TestUnprobedProcessIsABusyContext(t *testing.T) {
@@ -1066,8 +1066,8 @@ func TestUnprobedProcessIsABusyContext(t *testing.T) {
 	for i := 0; i < 3000; i++ {
 		m.Observe(launchFn(1, 100, base, 7, 0, 1))
 	}
-	m.SetUnprobed(2, 200, 0, base)
-	m.SetUnprobed(2, 200, 0, base) // again: no change
+	m.Observe(Unprobed(2, 200, 0, base))
+	m.Observe(Unprobed(2, 200, 0, base)) // again: no change
 	clk.t = base + 1000*ms
 	got := byCgroup(m.Snapshot())
 	if !near(got[100].Share, 0.5) || !near(got[200].Share, 0.5) || !got[200].Busy {
@@ -1093,7 +1093,7 @@ func TestUnprobedProcessIsABusyContext(t *testing.T) {
 		t.Errorf("paused: %.3f / %.3f, want 0 / 1", got[100].Share, got[200].Share)
 	}
 	m.Observe(&ioctlspy.ProcessExit{Header: hdr(2, 200, clk.t, clk.t)})
-	m.SetUnprobed(2, 200, 0, clk.t) // a late report of an exited process
+	m.Observe(Unprobed(2, 200, 0, clk.t)) // a late report of an exited process
 	m.Observe(Pause(2, false, clk.t))
 	clk.t += 1000 * ms
 	if got = byCgroup(m.Snapshot()); got[200].Share != 0 {

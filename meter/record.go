@@ -15,9 +15,9 @@ import (
 
 // A recording is every input a meter took, one JSON object a line in the
 // order taken (Config.Record), after the meter's configuration: each
-// event, each call of the arbiter's (SetPaused, SetTimeslice, Released,
-// Paused, SetUnprobed, SetPreexisting, the processes Reconcile ended),
-// what the GPUs' scheduling said, and each settling of the replay (Tick,
+// event Observe took (the probes' and the actuators' effects alike),
+// SetPreexisting, the processes Reconcile ended, what the GPUs'
+// scheduling said, and each settling of the replay (Tick,
 // Contexts) with the clock's reading then.
 // Play feeds one to a new meter, which then computes what the recorded
 // one did: a misreading seen once in a live run, under a mix of tenants
@@ -72,7 +72,7 @@ func init() {
 		&ioctlspy.StreamCapture{}, &ioctlspy.StreamWaitEvent{}, &ioctlspy.Submission{}, &ioctlspy.WaitBegin{},
 		&ioctlspy.Sync{}, &ioctlspy.TSGControl{}, &ioctlspy.TSGAllocated{}, &ioctlspy.ContextCreated{},
 		&ioctlspy.MemAlloc{}, &ioctlspy.MemFree{}, &ioctlspy.ProcessExit{},
-		&TimesliceSet{}, &GroupPaused{}, &GroupDescheduled{}, &HoldReleased{}, &CgroupFrozen{}} {
+		&ProcessUnprobed{}, &TimesliceSet{}, &GroupPaused{}, &GroupDescheduled{}, &HoldReleased{}, &CgroupFrozen{}} {
 		t := reflect.TypeOf(ev).Elem()
 		recordedKinds[t.Name()] = func() ioctlspy.Event { return reflect.New(t).Interface().(ioctlspy.Event) }
 	}
@@ -239,7 +239,7 @@ func playLine(m *Meter, clock *uint64, sched map[int]recordLine, l recordLine, o
 	case opFrozen:
 		m.Observe(Freeze(l.Cgroup, l.From, l.To))
 	case opUnprobed:
-		m.SetUnprobed(l.PID, l.Cgroup, l.GPU, l.From)
+		m.Observe(Unprobed(l.PID, l.Cgroup, l.GPU, l.From))
 	case opPreexisting:
 		m.SetPreexisting(l.PIDs)
 	case opReconcile:
