@@ -107,7 +107,9 @@ func (e *GroupPaused) String() string {
 
 func (e *GroupDescheduled) String() string { return "channel groups descheduled" }
 
-func (e *ProcessUnprobed) String() string { return fmt.Sprintf("uses GPU %d unseen by the probes", e.GPU) }
+func (e *ProcessUnprobed) String() string {
+	return fmt.Sprintf("uses GPU %d unseen by the probes", e.GPU)
+}
 
 func (e *HoldReleased) String() string {
 	return fmt.Sprintf("released after %v held", time.Duration(e.End-e.Start))

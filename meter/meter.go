@@ -155,7 +155,6 @@ func (m *Meter) SetScheduling(sched func(gpu int) (timeslice time.Duration, pree
 	}
 }
 
-
 func (m *Meter) context(h *ioctlspy.Header) *gpuContext {
 	p := m.processOf(h.PID)
 	k := ctxKey{h.PID, p.contextOf(h.TID)}
