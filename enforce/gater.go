@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/gpuarb/gpuarb/cgroup"
+	"github.com/gpuarb/gpuarb/ioctlspy"
+	"github.com/gpuarb/gpuarb/meter"
 )
 
 // Gater applies one tenant's duty cycle to its gate: in every period the
@@ -39,10 +41,12 @@ type Gater struct {
 	// Submitted returns the GPU ns the tenant has submitted so far, as the
 	// meter estimates it (cumulative). Needed by SetRate without Admitter.
 	Submitted func() float64
-	// OnFreeze is told each frozen interval when it begins (to is zero)
-	// and again when it ends: the meter discounts sync waits that overlap
-	// one, also those that return just after the thaw.
-	OnFreeze func(from, to time.Time)
+	// Meter, when set, is told each frozen interval of the cgroups Frozen
+	// lists as a meter.CgroupFrozen effect when it begins (its end
+	// unknown) and again when it ends: the meter discounts sync waits that
+	// overlap one, also those that return just after the thaw.
+	Meter  Observer
+	Frozen []uint64
 	// OnError reports a failed freeze, thaw or gate operation.
 	OnError func(error)
 
@@ -456,16 +460,12 @@ func (a *account) charge(ns, rate float64) {
 // confirm in time, is undone at once: the tenant runs on (nothing is left
 // half-frozen for a thaw that would never come), and the error is reported.
 func (g *Gater) freeze(from time.Time) {
-	if g.OnFreeze != nil {
-		g.OnFreeze(from, time.Time{})
-	}
+	g.noteFrozen(from, time.Time{})
 	if err := g.gate.Freeze(); err != nil {
 		thawErr := g.gate.Thaw()
 		g.noteThaw(thawErr)
 		g.report(errors.Join(err, thawErr))
-		if g.OnFreeze != nil {
-			g.OnFreeze(from, time.Now())
-		}
+		g.noteFrozen(from, time.Now())
 		return
 	}
 	g.mu.Lock()
@@ -490,8 +490,25 @@ func (g *Gater) thaw(from time.Time) {
 	g.throttled += to.Sub(from)
 	g.thawedAt = to
 	g.mu.Unlock()
-	if g.OnFreeze != nil {
-		g.OnFreeze(from, to)
+	g.noteFrozen(from, to)
+}
+
+// Observer takes the meter's inputs (meter.Meter).
+type Observer interface{ Observe(ioctlspy.Event) }
+
+// noteFrozen tells the meter that the tenant's cgroups were frozen from
+// from to to (zero: still frozen).
+func (g *Gater) noteFrozen(from, to time.Time) {
+	if g.Meter == nil {
+		return
+	}
+	mono := meter.MonotonicNow()
+	f, e := mono-uint64(time.Since(from)), uint64(math.MaxUint64)
+	if !to.IsZero() {
+		e = mono - uint64(time.Since(to))
+	}
+	for _, id := range g.Frozen {
+		g.Meter.Observe(meter.Freeze(id, f, e))
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gpuarb/gpuarb/cgroup"
+	"github.com/gpuarb/gpuarb/ioctlspy"
 )
 
 // fakeLaunches is a launch gate with one process that launches as fast as
@@ -399,15 +400,15 @@ func TestFailedFreezeIsUndoneAndReported(t *testing.T) {
 	var mu sync.Mutex
 	var errs, opened, closed int
 	g.OnError = func(error) { mu.Lock(); errs++; mu.Unlock() }
-	g.OnFreeze = func(from, to time.Time) {
+	g.Meter, g.Frozen = observerFunc(func(ev ioctlspy.Event) {
 		mu.Lock()
 		defer mu.Unlock()
-		if to.IsZero() {
+		if ev.Hdr().End == math.MaxUint64 {
 			opened++
 		} else {
 			closed++
 		}
-	}
+	}), []uint64{7}
 	g.Set(0.2, 0)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -437,3 +438,8 @@ func TestFailedFreezeIsUndoneAndReported(t *testing.T) {
 		t.Error("the gater called the tenant frozen though no freeze held")
 	}
 }
+
+// observerFunc is a function as an Observer.
+type observerFunc func(ioctlspy.Event)
+
+func (f observerFunc) Observe(ev ioctlspy.Event) { f(ev) }

@@ -238,16 +238,7 @@ func (t *Tenant) startGate(ctx context.Context, period time.Duration, gates Gate
 		t.gater.Admitter = newProbesAdmitter(lg, env.Meter)
 		t.gater.LaunchCost = func() float64 { return math.Float64frombits(t.LaunchCost.Load()) }
 	}
-	t.gater.OnFreeze = func(from, to time.Time) {
-		mono := meter.MonotonicNow()
-		f, e := mono-uint64(time.Since(from)), uint64(math.MaxUint64)
-		if !to.IsZero() {
-			e = mono - uint64(time.Since(to))
-		}
-		for _, id := range ids {
-			env.Meter.Observe(meter.Freeze(id, f, e))
-		}
-	}
+	t.gater.Meter, t.gater.Frozen = env.Meter, ids
 	t.gater.OnError = func(err error) {
 		if errors.Is(err, os.ErrProcessDone) || errors.Is(err, fs.ErrNotExist) {
 			env.Log.Debug("gate", "tenant", t.name, "err", err) // its processes or cgroup ended meanwhile
