@@ -159,18 +159,18 @@ func decodeNvidia(h Header, info IoctlInfo, r Record) Event {
 		case class == nvrm.ClassMemoryLocalUser || class == nvrm.ClassMemoryLocalPrivileged || class == nvrm.ClassMemorySystem:
 			return memoryAllocated(obj, r)
 		case class == nvrm.ClassDevice:
-			obj.DeviceID, _ = p.u32(0)
+			obj.DeviceID, _ = p.u32(nvrm.DeviceIDOffset)
 		case class == nvrm.ClassTSG:
 			ev := &TSGAllocated{ObjectAllocated: obj}
-			ev.VASpace, _ = p.u32(8)
-			ev.EngineType, _ = p.u32(12)
+			ev.VASpace, _ = p.u32(nvrm.TSGVASpaceOffset)
+			ev.EngineType, _ = p.u32(nvrm.TSGEngineTypeOffset)
 			return ev
 		case nvrm.IsChannelClass(class):
 			ev := &ChannelAllocated{ObjectAllocated: obj}
-			ev.GPFIFOOffset, _ = p.u64(8)
-			ev.GPFIFOEntries, _ = p.u32(16)
-			ev.ContextShare, _ = p.u32(24)
-			ev.VASpace, _ = p.u32(28)
+			ev.GPFIFOOffset, _ = p.u64(nvrm.ChannelGPFIFOOffsetOffset)
+			ev.GPFIFOEntries, _ = p.u32(nvrm.ChannelGPFIFOEntriesOffset)
+			ev.ContextShare, _ = p.u32(nvrm.ChannelContextShareOffset)
+			ev.VASpace, _ = p.u32(nvrm.ChannelVASpaceOffset)
 			return ev
 		}
 		return &obj
@@ -196,7 +196,7 @@ func decodeNvidia(h Header, info IoctlInfo, r Record) Event {
 		return &ObjectFreed{Header: h, IoctlInfo: info, Client: client, Parent: parent, Handle: handle, Status: status}
 	case nvrm.EscRMControl:
 		client, ok1 := a.u32(0)
-		object, ok2 := a.u32(4)
+		object, ok2 := a.u32(nvrm.ControlObjectOffset)
 		cmd, ok3 := a.u32(nvrm.ControlCmdOffset)
 		if !(ok1 && ok2 && ok3) {
 			return nil
@@ -222,18 +222,18 @@ func decodeNvidia(h Header, info IoctlInfo, r Record) Event {
 		return &ctl
 	case nvrm.EscRMMapMemory:
 		client, ok1 := a.u32(0)
-		dev, ok2 := a.u32(4)
-		mem, ok3 := a.u32(8)
-		off, ok4 := a.u64(16)
-		length, ok5 := a.u64(24)
+		dev, ok2 := a.u32(nvrm.DeviceOffset)
+		mem, ok3 := a.u32(nvrm.MapMemoryOffset)
+		off, ok4 := a.u64(nvrm.MapMemoryOffsetOffset)
+		length, ok5 := a.u64(nvrm.MapMemoryLengthOffset)
 		if !(ok1 && ok2 && ok3 && ok4 && ok5) {
 			return nil
 		}
 		return &MemoryMapped{Header: h, IoctlInfo: info, Client: client, Device: dev, Memory: mem, Offset: off, Length: length}
 	case nvrm.EscAllocOSEvent, nvrm.EscFreeOSEvent:
 		client, ok1 := a.u32(0)
-		dev, ok2 := a.u32(4)
-		fd, ok3 := a.u32(8)
+		dev, ok2 := a.u32(nvrm.DeviceOffset)
+		fd, ok3 := a.u32(nvrm.OSEventFDOffset)
 		if !(ok1 && ok2 && ok3) {
 			return nil
 		}
@@ -247,14 +247,14 @@ func decodeUVM(h Header, info IoctlInfo, r Record) Event {
 		return nil
 	}
 	a := fields(r.Arg)
-	client, ok1 := a.u32(16)
-	ch, ok2 := a.u32(20)
-	base, ok3 := a.u64(24)
-	length, ok4 := a.u64(32)
+	client, ok1 := a.u32(nvrm.UVMRegisterClientOffset)
+	ch, ok2 := a.u32(nvrm.UVMRegisterChannelOffset)
+	base, ok3 := a.u64(nvrm.UVMRegisterBaseOffset)
+	length, ok4 := a.u64(nvrm.UVMRegisterLengthOffset)
 	if !(ok1 && ok2 && ok3 && ok4) {
 		return nil
 	}
-	return &UVMChannelRegistered{Header: h, IoctlInfo: info, GPUUUID: formatUUID(r.Arg[:16]),
+	return &UVMChannelRegistered{Header: h, IoctlInfo: info, GPUUUID: formatUUID(r.Arg[:nvrm.UVMRegisterUUIDSize]),
 		Client: client, Channel: ch, Base: base, Length: length}
 }
 
@@ -269,39 +269,39 @@ func decodeDRM(h Header, info IoctlInfo, r Record) Event {
 	a := fields(r.Arg)
 	switch r.Esc {
 	case NouveauChannelAlloc:
-		ch, ok := a.u32(8)
+		ch, ok := a.u32(nouveauAllocChannelOffset)
 		if !ok {
 			return nil
 		}
 		return &NouveauChannel{Header: h, IoctlInfo: info, Channel: int32(ch)}
 	case NouveauChannelFree:
-		ch, ok := a.u32(0)
+		ch, ok := a.u32(nouveauFirstFieldOffset)
 		if !ok {
 			return nil
 		}
 		return &NouveauChannel{Header: h, IoctlInfo: info, Channel: int32(ch), Freed: true}
 	case NouveauExec:
-		ch, ok1 := a.u32(0)
-		n, ok2 := a.u32(4)
+		ch, ok1 := a.u32(nouveauFirstFieldOffset)
+		n, ok2 := a.u32(nouveauExecPushCountOffset)
 		if !(ok1 && ok2) {
 			return nil
 		}
 		return &Submission{Header: h, IoctlInfo: info, Name: DRMName(r.Esc), Channel: ch, Pushes: n}
 	case NouveauGemPushbuf:
-		ch, ok1 := a.u32(0)
-		n, ok2 := a.u32(20)
+		ch, ok1 := a.u32(nouveauFirstFieldOffset)
+		n, ok2 := a.u32(nouveauPushbufNrPushOffset)
 		if !(ok1 && ok2) {
 			return nil
 		}
 		return &Submission{Header: h, IoctlInfo: info, Name: DRMName(r.Esc), Channel: ch, Pushes: n}
 	case NouveauVMBind:
-		n, ok := a.u32(0)
+		n, ok := a.u32(nouveauFirstFieldOffset)
 		if !ok {
 			return nil
 		}
 		return &VMBind{Header: h, IoctlInfo: info, Ops: n}
 	case NouveauGemCPUPrep, DRMSyncobjWait, DRMSyncobjTimelineWait:
-		handle, _ := a.u32(0)
+		handle, _ := a.u32(nouveauFirstFieldOffset)
 		return &Sync{Header: h, Func: DRMName(r.Esc), Handle: uint64(handle), Ret: r.Ret, Device: info.Device}
 	}
 	return nil

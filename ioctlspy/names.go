@@ -26,6 +26,16 @@ const (
 	DRMSyncobjTimelineWait = 0xCA
 )
 
+// The u32 fields of the nouveau structs the decoder reads: each begins
+// with the channel (or the VM_BIND op count, the CPU_PREP and syncobj
+// handle) but CHANNEL_ALLOC, whose channel follows two ctxdma handles.
+const (
+	nouveauAllocChannelOffset  = 8  // drm_nouveau_channel_alloc.channel
+	nouveauExecPushCountOffset = 4  // drm_nouveau_exec.push_count
+	nouveauPushbufNrPushOffset = 20 // drm_nouveau_gem_pushbuf.nr_push, after nr_buffers and buffers (u64), nr_relocs
+	nouveauFirstFieldOffset    = 0
+)
+
 var drmNames = map[uint32]string{
 	NouveauChannelAlloc:    "NOUVEAU_CHANNEL_ALLOC",
 	NouveauChannelFree:     "NOUVEAU_CHANNEL_FREE",

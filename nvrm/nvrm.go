@@ -183,6 +183,25 @@ const (
 	// NVOS32 (RM_VID_HEAP_CONTROL): the function and the status.
 	NVOS32FunctionOffset = 8
 	NVOS32StatusOffset   = 20
+	// NVOS54's object (RM_CONTROL), and NVOS33 (RM_MAP_MEMORY) and the OS
+	// event escapes' device: the second u32, after the client.
+	ControlObjectOffset = 4
+	DeviceOffset        = 4
+	// NVOS33 (RM_MAP_MEMORY): the memory's handle, the offset and the
+	// length mapped (u64).
+	MapMemoryOffset       = 8
+	MapMemoryOffsetOffset = 16
+	MapMemoryLengthOffset = 24
+	// The OS event escapes (ALLOC_OS_EVENT, FREE_OS_EVENT): the file
+	// descriptor the event signals.
+	OSEventFDOffset = 8
+	// UVM_REGISTER_CHANNEL: the GPU's UUID (16 bytes), then the RM client,
+	// the channel and the base and length of its instance memory (u64).
+	UVMRegisterUUIDSize      = 16
+	UVMRegisterClientOffset  = 16
+	UVMRegisterChannelOffset = 20
+	UVMRegisterBaseOffset    = 24
+	UVMRegisterLengthOffset  = 32
 )
 
 // Parameter layouts the probes and the decoders read.
@@ -202,4 +221,16 @@ const (
 	NVOS32MemoryHandleOffset = 44
 	NVOS32SizeOffset         = 88
 	NVOS32RangeSizeOffset    = 80
+	// NV0080_ALLOC_PARAMETERS (a device): its device id, the first u32.
+	DeviceIDOffset = 0
+	// NV_CHANNEL_GROUP_ALLOCATION_PARAMETERS (a TSG): its VA space and
+	// engine type.
+	TSGVASpaceOffset    = 8
+	TSGEngineTypeOffset = 12
+	// NV_CHANNEL_ALLOC_PARAMS (a GPFIFO channel): the GPFIFO's offset (u64)
+	// and entries, its context share and VA space.
+	ChannelGPFIFOOffsetOffset  = 8
+	ChannelGPFIFOEntriesOffset = 16
+	ChannelContextShareOffset  = 24
+	ChannelVASpaceOffset       = 28
 )
