@@ -9,10 +9,10 @@ package ledger
 
 import (
 	"bytes"
-	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -81,20 +81,26 @@ func (f Format[T]) Write(path string, records []T) error {
 		}
 		return nil
 	}
-	return f.write(path, records)
+	byKey := make(map[string]T, len(records))
+	for _, r := range records {
+		byKey[f.Key(r)] = r
+	}
+	return f.write(path, sortedByKey(byKey))
 }
 
-func (f Format[T]) write(path string, records []T) error {
-	keys := make([]string, len(records))
-	order := make([]int, len(records))
-	for i, r := range records {
-		keys[i], order[i] = f.Key(r), i
+// sortedByKey lists records in the order of their keys, each key
+// formatted once (not per comparison: a thousand tenants' groups).
+func sortedByKey[T any](byKey map[string]T) []T {
+	keys := slices.Sorted(maps.Keys(byKey))
+	list := make([]T, len(keys))
+	for i, k := range keys {
+		list[i] = byKey[k]
 	}
-	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(keys[a], keys[b]) })
-	sorted := make([]T, len(records))
-	for i, j := range order {
-		sorted[i] = records[j]
-	}
+	return list
+}
+
+// write replaces the file at path with sorted, atomically.
+func (f Format[T]) write(path string, sorted []T) error {
 	var doc any = sorted
 	if f.Field != "" {
 		doc = map[string][]T{f.Field: sorted}
@@ -163,7 +169,7 @@ func (s *Set[T]) Add(rs ...T) error {
 	if len(added) == 0 {
 		return nil
 	}
-	if err := s.format.write(s.path, s.listLocked()); err != nil {
+	if err := s.format.write(s.path, sortedByKey(s.records)); err != nil {
 		for _, k := range added {
 			delete(s.records, k)
 		}
@@ -188,7 +194,7 @@ func (s *Set[T]) Remove(rs ...T) error {
 	if len(removed) == 0 {
 		return nil
 	}
-	if err := s.format.write(s.path, s.listLocked()); err != nil {
+	if err := s.format.write(s.path, sortedByKey(s.records)); err != nil {
 		for k, r := range removed {
 			s.records[k] = r
 		}
@@ -201,15 +207,5 @@ func (s *Set[T]) Remove(rs ...T) error {
 func (s *Set[T]) Records() []T {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	list := s.listLocked()
-	slices.SortFunc(list, func(a, b T) int { return cmp.Compare(s.format.Key(a), s.format.Key(b)) })
-	return list
-}
-
-func (s *Set[T]) listLocked() []T {
-	list := make([]T, 0, len(s.records))
-	for _, r := range s.records {
-		list = append(list, r)
-	}
-	return list
+	return sortedByKey(s.records)
 }
