@@ -50,6 +50,18 @@ type Gater struct {
 	// OnError reports a failed freeze, thaw or gate operation.
 	OnError func(error)
 
+	// clock reads the time the gater acts on (time.Now; a test's stepped
+	// clock).
+	clock func() time.Time
+
+	// What the stepping goroutine (Run) alone keeps.
+	mode     gaterMode
+	win      windowPlan // modeWindows: the next freeze, or the one in force
+	frozenAt time.Time  // when the freeze in force began
+	acct     account    // a paced mode's credit
+	spent    float64    // modePaced: Submitted at the last settling
+	adm      admission  // modeAdmission: the counts at the last settling
+
 	mu        sync.Mutex
 	duty      float64
 	offset    float64
@@ -122,7 +134,7 @@ const defaultLaunchCost = float64(time.Millisecond)
 
 // NewGater returns a gater over gate with periods of period since epoch.
 func NewGater(gate cgroup.Gate, period time.Duration, epoch time.Time) *Gater {
-	return &Gater{gate: gate, period: period, epoch: epoch, duty: 1, wake: make(chan struct{}, 1)}
+	return &Gater{gate: gate, period: period, epoch: epoch, duty: 1, wake: make(chan struct{}, 1), clock: time.Now}
 }
 
 // Set changes the duty cycle from the next period (window gating).
@@ -166,7 +178,7 @@ func (g *Gater) State() (frozen bool, throttled time.Duration) {
 	defer g.mu.Unlock()
 	throttled = g.throttled
 	if !g.heldSince.IsZero() {
-		throttled += time.Since(g.heldSince)
+		throttled += g.clock().Sub(g.heldSince)
 	}
 	return g.frozen, throttled
 }
@@ -189,182 +201,249 @@ func (g *Gater) HeldSince(t time.Time) bool {
 	return g.frozen || g.thawedAt.After(t)
 }
 
-// Run gates until ctx ends, and leaves the tenant thawed.
-func (g *Gater) Run(ctx context.Context) {
-	defer func() { g.thaw(time.Now()) }()
-	for ctx.Err() == nil {
-		g.mu.Lock()
-		paced, escalated := g.paced, g.escalated
-		g.mu.Unlock()
-		switch {
-		case paced && g.Admitter != nil && !escalated:
-			g.runAdmission(ctx)
-		case paced:
-			g.runPaced(ctx)
-		default:
-			g.runWindows(ctx)
-		}
-	}
-}
+// gaterMode is which of its three ways a gater acts in.
+type gaterMode int
 
-// runWindows freezes the tenant for the part of each period outside its
-// running window, until ctx ends or the gater is paced.
-func (g *Gater) runWindows(ctx context.Context) {
-	for {
-		g.mu.Lock()
-		duty, offset, paced := g.duty, g.offset, g.paced
-		g.mu.Unlock()
-		if paced {
-			return
-		}
-		now := time.Now()
-		n := now.Sub(g.epoch) / g.period
-		start := g.epoch.Add(n * g.period)
-		if duty >= 1 || (1-duty)*float64(g.period) < float64(time.Millisecond) {
-			if !g.sleepUntil(ctx, start.Add(g.period)) {
-				return
-			}
-			continue
-		}
-		f := math.Mod(offset+duty, 1)
-		freezeAt := start.Add(time.Duration(f * float64(g.period)))
-		if freezeAt.Before(now) {
-			freezeAt = freezeAt.Add(g.period)
-		}
-		if !g.sleepUntil(ctx, freezeAt) {
-			return
-		}
-		if time.Now().Before(freezeAt) {
-			continue // woken by a new duty: plan the period again
-		}
-		g.mu.Lock()
-		paced = g.paced
-		g.mu.Unlock()
-		if paced {
-			return
-		}
-		from := time.Now()
-		g.freeze(from)
-		thawAt := freezeAt.Add(time.Duration((1 - duty) * float64(g.period)))
-		t := time.NewTimer(time.Until(thawAt))
+const (
+	modeNone      gaterMode = iota // not started, or finished
+	modeWindows                    // freezing outside its window of each period
+	modePaced                      // freezing while its account is in debt
+	modeAdmission                  // pacing launches at the launch gate
+)
+
+// Run steps the gater until ctx ends, waiting between steps for the time
+// each step asks for, a Wake or a new duty; it leaves the tenant thawed
+// and its launch gate open.
+func (g *Gater) Run(ctx context.Context) {
+	defer g.finish()
+	for ctx.Err() == nil {
+		next := g.step()
+		timer := time.NewTimer(next.Sub(g.clock()))
 		select {
 		case <-ctx.Done():
-		case <-t.C:
+		case <-timer.C:
+		case <-g.wake:
 		}
-		t.Stop()
-		g.thaw(from)
-		if ctx.Err() != nil {
-			return
-		}
+		timer.Stop()
 	}
 }
 
-// runAdmission paces the tenant's launches: credit accrues at its rate up
-// to one period's worth; each admitted launch, and each held one as it is
-// released, is charged at the meter's launch cost; the allowance lets
-// through what the balance pays for, and held processes wait (oldest
+// step settles the gater once, at its clock's now, in the way Set or
+// SetRate last asked for (leaving the previous way first: the gate opened,
+// the tenant thawed), and returns when it next needs a step. Only Run (or
+// a test standing in for it) calls step and finish, from one goroutine.
+func (g *Gater) step() time.Time {
+	now := g.clock()
+	g.mu.Lock()
+	duty, offset, paced, escalated := g.duty, g.offset, g.paced, g.escalated
+	g.mu.Unlock()
+	mode := modeWindows
+	switch {
+	case paced && g.Admitter != nil && !escalated:
+		mode = modeAdmission
+	case paced:
+		mode = modePaced
+	}
+	if mode != g.mode {
+		g.leave(now)
+		g.enter(mode, now)
+	}
+	switch mode {
+	case modeAdmission:
+		return g.admit(now, duty)
+	case modePaced:
+		return g.pace(now, duty)
+	default:
+		return g.window(now, duty, offset)
+	}
+}
+
+// finish ends the gater's way of acting: the launch gate opened, whoever
+// it holds released, the tenant thawed (a failed thaw tried again).
+func (g *Gater) finish() {
+	g.leave(g.clock())
+	g.mode = modeNone
+}
+
+// leave ends the current way of acting.
+func (g *Gater) leave(now time.Time) {
+	if g.mode == modeAdmission {
+		g.openGate(now)
+	}
+	g.thaw(now)
+}
+
+// enter starts a way of acting: a paced one with an empty account, the
+// submissions and launch counts so far taken as its baseline.
+func (g *Gater) enter(mode gaterMode, now time.Time) {
+	g.mode, g.win = mode, windowPlan{}
+	switch mode {
+	case modePaced:
+		g.acct, g.spent = account{last: now}, g.Submitted()
+	case modeAdmission:
+		g.acct = account{last: now}
+		admitted, holds, escaped, err := g.Admitter.Counts()
+		g.report(err)
+		g.adm = admission{admitted: admitted, released: holds, escaped: escaped}
+	}
+}
+
+// minFreeze is the shortest frozen part of a period a window gater keeps:
+// below it the tenant runs the whole period (a shorter one is not worth a
+// freeze and a thaw).
+const minFreeze = time.Millisecond
+
+// windowPlan is a window gater's next freeze, or the freeze in force.
+type windowPlan struct {
+	planned  bool      // a freeze is planned at freezeAt
+	frozen   bool      // the planned freeze began; it ends at thawAt
+	freezeAt time.Time // when the planned freeze begins
+	thawAt   time.Time // when the freeze in force ends
+	duty     float64   // the duty the freeze was planned for
+}
+
+// window freezes the tenant for the part of each period outside its
+// running window. The frozen part of period k begins at epoch + (k +
+// (offset + duty) mod 1) × period and lasts (1 - duty) × period, so it
+// may run into the next period. A step plans the next freeze that begins
+// at or after now (none while the frozen part is under minFreeze: the
+// tenant runs until the next period begins); the freeze starts when its
+// time comes and runs to its planned end whatever Set says meanwhile; a
+// new duty is planned from the next freeze on. It returns when the plan
+// next needs a step.
+func (g *Gater) window(now time.Time, duty, offset float64) time.Time {
+	w, p := &g.win, g.period
+	switch {
+	case w.frozen && now.Before(w.thawAt):
+		return w.thawAt
+	case w.frozen:
+		g.thaw(now)
+		*w = windowPlan{}
+	case w.planned && !now.Before(w.freezeAt):
+		g.freeze(now) // a freeze that fails is undone at once; the window still ends at thawAt
+		w.frozen, w.planned = true, false
+		w.thawAt = w.freezeAt.Add(time.Duration((1 - w.duty) * float64(p)))
+		return w.thawAt
+	}
+	start := g.epoch.Add(floorDiv(now.Sub(g.epoch), p) * p)
+	if duty >= 1 || time.Duration((1-duty)*float64(p)) < minFreeze {
+		w.planned = false
+		return start.Add(p)
+	}
+	freezeAt := start.Add(time.Duration(math.Mod(offset+duty, 1) * float64(p)))
+	if freezeAt.Before(now) {
+		freezeAt = freezeAt.Add(p)
+	}
+	*w = windowPlan{planned: true, freezeAt: freezeAt, duty: duty}
+	return freezeAt
+}
+
+// floorDiv is d / p rounded down (d may be negative).
+func floorDiv(d, p time.Duration) time.Duration {
+	n := d / p
+	if d%p < 0 {
+		n--
+	}
+	return n
+}
+
+// pace settles a tenant paced by freezing: submissions are charged as
+// the meter costs them, and it is frozen while its balance is negative.
+func (g *Gater) pace(now time.Time, rate float64) time.Time {
+	s := g.Submitted()
+	g.acct.settle(now, rate, g.period, s-g.spent)
+	g.spent = s
+	frozen := g.isFrozen()
+	switch {
+	case (rate >= 1 || g.acct.balance >= 0) && frozen:
+		g.thaw(now)
+	case rate < 1 && g.acct.balance < 0 && !frozen:
+		g.freeze(now)
+	}
+	return now.Add(paceTick)
+}
+
+// admission is what an admission pacer knew at its last settling.
+type admission struct {
+	admitted, released, escaped uint64 // the Admitter's counts
+	allowed                     uint64 // the allowance last written
+	wrote                       bool   // allowed was written
+	quiet                       int    // settlings in a row without a launch or a hold
+}
+
+// admit settles a tenant paced at its launch gate: credit accrues at its
+// rate up to one period's worth; each admitted launch, and each held one
+// as it is released, is charged at the meter's launch cost; the allowance
+// lets through what the balance pays for, and held processes wait (oldest
 // first) until it pays for their launch. A launch whose hold someone else
 // ended is charged when the gate counts it; at escapeLimit such escapes
-// the tenant is paced by freezing instead (escalated). Ends (leaving the
-// gate open and nobody held) with ctx, when the gater stops pacing or
-// when it escalates.
-func (g *Gater) runAdmission(ctx context.Context) {
-	tick := time.NewTicker(paceTick)
-	defer tick.Stop()
-	defer g.openGate()
-	acct := account{last: time.Now()}
-	admitted, holds, escaped, err := g.Admitter.Counts()
-	g.report(err)
-	released := holds
-	allowed, wrote := uint64(0), false
-	quiet, slow := 0, false
-	for {
-		rate, ok := g.await(ctx, tick)
-		if !ok {
-			return
-		}
-		now := time.Now()
-		n, h, e, err := g.Admitter.Counts()
-		if err != nil {
-			g.report(err)
-			continue
-		}
-		if e != escaped {
-			g.mu.Lock()
-			g.escapes += e - escaped
-			g.escalated = g.escapes >= escapeLimit
-			escalate := g.escalated
-			g.mu.Unlock()
-			escaped = e
-			if escalate {
-				return
-			}
-		}
-		cost := g.LaunchCost()
-		if cost <= 0 {
-			cost = defaultLaunchCost
-		}
-		acct.settle(now, rate, g.period, float64(n-admitted)*cost)
-		idle := n == admitted
-		admitted = n
-		var held []Held
-		if h != released || g.holding() {
-			held, err = g.Admitter.Held()
-			g.report(err)
-			released = h
-		}
-		for len(held) > 0 && (rate >= 1 || acct.balance >= 0) {
-			released, err := g.Admitter.Release(held[0])
-			g.report(err)
-			if released {
-				acct.charge(cost*float64(max(held[0].Launches, 1)), rate)
-			}
-			held = held[1:]
-		}
-		allow := uint64(math.MaxUint64)
-		if rate < 1 {
-			allow = n // held processes go first
-			if len(held) == 0 && acct.balance > 0 {
-				allow = n + uint64(acct.balance/cost)
-			}
-		}
-		if !wrote || allow != allowed {
-			g.report(g.Admitter.Allow(allow))
-			allowed, wrote = allow, true
-		}
-		g.noteHeld(len(held) > 0, now)
-		if len(held) == 0 && (rate >= 1 || idle) {
-			quiet++
-		} else {
-			quiet = 0
-		}
-		switch {
-		case quiet == 0 && slow:
-			tick.Reset(paceTick)
-			slow = false
-		case quiet == quietTicks:
-			tick.Reset(max(g.period, paceTick))
-			slow = true
+// the tenant is paced by freezing instead (escalated: the next step, at
+// once). It returns the next settling: after paceTick, or after a period
+// once quiet.
+func (g *Gater) admit(now time.Time, rate float64) time.Time {
+	a := &g.adm
+	n, h, e, err := g.Admitter.Counts()
+	if err != nil {
+		g.report(err)
+		return now.Add(paceTick)
+	}
+	if e != a.escaped {
+		g.mu.Lock()
+		g.escapes += e - a.escaped
+		g.escalated = g.escapes >= escapeLimit
+		escalate := g.escalated
+		g.mu.Unlock()
+		a.escaped = e
+		if escalate {
+			return now
 		}
 	}
-}
-
-// await waits for the next tick of a paced loop, or a new rate, and
-// returns the rate; false when ctx ended or the gater no longer paces.
-func (g *Gater) await(ctx context.Context, tick *time.Ticker) (rate float64, ok bool) {
-	select {
-	case <-ctx.Done():
-		return 0, false
-	case <-tick.C:
-	case <-g.wake:
+	cost := g.LaunchCost()
+	if cost <= 0 {
+		cost = defaultLaunchCost
 	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.duty, g.paced
+	g.acct.settle(now, rate, g.period, float64(n-a.admitted)*cost)
+	idle := n == a.admitted
+	a.admitted = n
+	var held []Held
+	if h != a.released || g.holding() {
+		held, err = g.Admitter.Held()
+		g.report(err)
+		a.released = h
+	}
+	for len(held) > 0 && (rate >= 1 || g.acct.balance >= 0) {
+		released, err := g.Admitter.Release(held[0])
+		g.report(err)
+		if released {
+			g.acct.charge(cost*float64(max(held[0].Launches, 1)), rate)
+		}
+		held = held[1:]
+	}
+	allow := uint64(math.MaxUint64)
+	if rate < 1 {
+		allow = n // held processes go first
+		if len(held) == 0 && g.acct.balance > 0 {
+			allow = n + uint64(g.acct.balance/cost)
+		}
+	}
+	if !a.wrote || allow != a.allowed {
+		g.report(g.Admitter.Allow(allow))
+		a.allowed, a.wrote = allow, true
+	}
+	g.noteHeld(len(held) > 0, now)
+	if len(held) == 0 && (rate >= 1 || idle) {
+		a.quiet++
+	} else {
+		a.quiet = 0
+	}
+	if a.quiet >= quietTicks {
+		return now.Add(max(g.period, paceTick))
+	}
+	return now.Add(paceTick)
 }
 
 // openGate lets every launch through and releases whoever is held.
-func (g *Gater) openGate() {
+func (g *Gater) openGate(now time.Time) {
 	g.report(g.Admitter.Allow(math.MaxUint64))
 	held, err := g.Admitter.Held()
 	g.report(err)
@@ -372,13 +451,19 @@ func (g *Gater) openGate() {
 		_, err := g.Admitter.Release(h)
 		g.report(err)
 	}
-	g.noteHeld(false, time.Now())
+	g.noteHeld(false, now)
 }
 
 func (g *Gater) holding() bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return !g.heldSince.IsZero()
+}
+
+func (g *Gater) isFrozen() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.frozen
 }
 
 // noteHeld keeps the state and throttled time of a launch-gated tenant:
@@ -398,38 +483,6 @@ func (g *Gater) noteHeld(held bool, now time.Time) {
 func (g *Gater) report(err error) {
 	if err != nil && g.OnError != nil {
 		g.OnError(err)
-	}
-}
-
-// runPaced keeps the tenant's account: submissions are charged as the
-// meter costs them, and the tenant is frozen while the balance is
-// negative.
-func (g *Gater) runPaced(ctx context.Context) {
-	tick := time.NewTicker(paceTick)
-	defer tick.Stop()
-	acct := account{last: time.Now()}
-	spent := g.Submitted()
-	var frozenAt time.Time
-	for {
-		rate, ok := g.await(ctx, tick)
-		if !ok {
-			g.thaw(frozenAt)
-			return
-		}
-		now := time.Now()
-		s := g.Submitted()
-		acct.settle(now, rate, g.period, s-spent)
-		spent = s
-		g.mu.Lock()
-		frozen := g.frozen
-		g.mu.Unlock()
-		switch {
-		case (rate >= 1 || acct.balance >= 0) && frozen:
-			g.thaw(frozenAt)
-		case rate < 1 && acct.balance < 0 && !frozen:
-			frozenAt = now
-			g.freeze(now)
-		}
 	}
 }
 
@@ -456,25 +509,28 @@ func (a *account) charge(ns, rate float64) {
 	a.balance = math.Max(a.balance-ns, -rate*float64(maxDebt))
 }
 
-// freeze stops the tenant. A freeze that fails, or that the kernel does not
-// confirm in time, is undone at once: the tenant runs on (nothing is left
-// half-frozen for a thaw that would never come), and the error is reported.
-func (g *Gater) freeze(from time.Time) {
-	g.noteFrozen(from, time.Time{})
+// freeze stops the tenant from now. A freeze that fails, or that the
+// kernel does not confirm in time, is undone at once: the tenant runs on
+// (nothing is left half-frozen for a thaw that would never come), and the
+// error is reported.
+func (g *Gater) freeze(now time.Time) {
+	g.noteFrozen(now, time.Time{})
 	if err := g.gate.Freeze(); err != nil {
 		thawErr := g.gate.Thaw()
 		g.noteThaw(thawErr)
 		g.report(errors.Join(err, thawErr))
-		g.noteFrozen(from, time.Now())
+		g.noteFrozen(now, g.clock())
 		return
 	}
+	g.frozenAt = now
 	g.mu.Lock()
 	g.frozen = true
 	g.mu.Unlock()
 }
 
-// thaw resumes the tenant if it is frozen and accounts the frozen time.
-func (g *Gater) thaw(from time.Time) {
+// thaw resumes the tenant if it is frozen and accounts the time from its
+// freeze (or the failed thaw before) to the thaw's return.
+func (g *Gater) thaw(now time.Time) {
 	g.mu.Lock()
 	was := g.frozen
 	g.frozen = false
@@ -485,7 +541,12 @@ func (g *Gater) thaw(from time.Time) {
 	err := g.gate.Thaw()
 	g.noteThaw(err)
 	g.report(err)
-	to := time.Now()
+	to := g.clock()
+	from := g.frozenAt
+	if from.IsZero() || from.After(now) {
+		from = now
+	}
+	g.frozenAt = to
 	g.mu.Lock()
 	g.throttled += to.Sub(from)
 	g.thawedAt = to
@@ -502,10 +563,10 @@ func (g *Gater) noteFrozen(from, to time.Time) {
 	if g.Meter == nil {
 		return
 	}
-	mono := meter.MonotonicNow()
-	f, e := mono-uint64(time.Since(from)), uint64(math.MaxUint64)
+	now, mono := g.clock(), meter.MonotonicNow()
+	f, e := mono-uint64(now.Sub(from)), uint64(math.MaxUint64)
 	if !to.IsZero() {
-		e = mono - uint64(time.Since(to))
+		e = mono - uint64(now.Sub(to))
 	}
 	for _, id := range g.Frozen {
 		g.Meter.Observe(meter.Freeze(id, f, e))
@@ -530,17 +591,4 @@ func (g *Gater) Unthawed() bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.unthawed
-}
-
-// sleepUntil waits for t, a Set, or the end of ctx; false when ctx ended.
-func (g *Gater) sleepUntil(ctx context.Context, t time.Time) bool {
-	timer := time.NewTimer(time.Until(t))
-	defer timer.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-timer.C:
-	case <-g.wake:
-	}
-	return true
 }
