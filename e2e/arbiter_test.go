@@ -1009,9 +1009,10 @@ func latencyBeside(t *testing.T, miss missFunc, others string, h200 bool, daemon
 	}
 	p := infer("4")
 	s := summary(t, p)
-	aloneP50, aloneSteady, aloneDevice := s["latency_p50_ms"], median(perSecond(p, "latency_p99_ms", 1)), s["device_latency_p99_ms"]
+	aloneP50, aloneSteady, aloneDevice, aloneDeviceP50 := s["latency_p50_ms"], median(perSecond(p, "latency_p99_ms", 1)),
+		s["device_latency_p99_ms"], s["device_latency_p50_ms"]
 	t.Logf("infer alone: p99 %.2f ms, per-second p99 %.2f ms, p50 %.2f ms; on the GPU p99 %.3f ms, p50 %.3f ms",
-		s["latency_p99_ms"], aloneSteady, aloneP50, aloneDevice, s["device_latency_p50_ms"])
+		s["latency_p99_ms"], aloneSteady, aloneP50, aloneDevice, aloneDeviceP50)
 
 	testutil.Start(t, cgs["o1"], gpu.Workload(t, others, "--duration", "12"))
 	testutil.Start(t, cgs["o2"], gpu.Workload(t, others, "--duration", "12"))
@@ -1087,16 +1088,25 @@ func latencyBeside(t *testing.T, miss missFunc, others string, h200 bool, daemon
 		}
 	}
 	busy := median(col(ws, func(w map[string]float64) float64 { return w["busy"] }))
-	steady, p50, device := median(perSecond(p, "latency_p99_ms", 1)), s["latency_p50_ms"], s["device_latency_p99_ms"]
+	steady, p50, device, deviceP50 := median(perSecond(p, "latency_p99_ms", 1)), s["latency_p50_ms"], s["device_latency_p99_ms"],
+		s["device_latency_p50_ms"]
 	t.Logf("infer beside two %s tenants: p99 %.2f ms, per-second p99 %.2f ms (%.1f× alone), p50 %.2f ms; on the GPU p99 %.3f ms "+
 		"(%.2f× alone), p50 %.3f ms; GPU busy %s (median %.1f%%)", others, s["latency_p99_ms"], steady, steady/aloneSteady, p50,
-		device, device/aloneDevice, s["device_latency_p50_ms"], pcts(col(ws, func(w map[string]float64) float64 { return w["busy"] })),
+		device, device/aloneDevice, deviceP50, pcts(col(ws, func(w map[string]float64) float64 { return w["busy"] })),
 		100*busy)
 	if device > deviceBar*aloneDevice {
 		miss("infer p99 on the GPU beside %s tenants %.3f ms, alone %.3f ms: want within %.1f×", others, device, aloneDevice, deviceBar)
 	}
-	if p50 > p50Bar*aloneP50 {
-		miss("infer p50 beside %s tenants %.2f ms, alone %.2f ms: want within %.2f×", others, p50, aloneP50, p50Bar)
+	// The median request's time on the GPU is the scheduler's doing; its
+	// wall-clock median also carries this VM's host stalls (1.33 ms alone
+	// and 1.94 ms beside greedy tenants in one make test, 1.46×), so it
+	// gets room for them: a latency tenant held at a gate or paused
+	// itself would wait a control period.
+	if deviceP50 > p50Bar*aloneDeviceP50 {
+		miss("infer p50 on the GPU beside %s tenants %.3f ms, alone %.3f ms: want within %.2f×", others, deviceP50, aloneDeviceP50, p50Bar)
+	}
+	if p50 > max(p50Bar, 2)*aloneP50 {
+		miss("infer p50 beside %s tenants %.2f ms, alone %.2f ms: want within %.2f×", others, p50, aloneP50, max(p50Bar, 2))
 	}
 	if steady > max(2.5*aloneSteady, wallP99Ceiling) {
 		miss("infer per-second p99 beside %s tenants %.2f ms, alone %.2f ms: want within 2.5× or under %.0f ms", others, steady,
