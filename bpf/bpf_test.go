@@ -114,6 +114,22 @@ func TestParseLdconfig(t *testing.T) {
 	}
 }
 
+// pinPathForTest makes a pin path of the test's own under bpffs (mounting
+// it on a fresh host) and removes it at the test's end.
+func pinPathForTest(t *testing.T) string {
+	t.Helper()
+	testutil.Privileged(t)
+	if _, err := EnsureFilesystems(); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp(BPFFSPath, "gpuarb-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
 func loadForTest(t *testing.T, opts Options) *Probes {
 	t.Helper()
 	testutil.Privileged(t)
@@ -147,15 +163,7 @@ func gpuIoctls(t *testing.T, major, minor uint32, n int) {
 
 func TestBpftoolPrintsFieldNames(t *testing.T) {
 	bpftool := testutil.Require(t, "bpftool", "apt-get install bpftool")
-	testutil.Privileged(t)
-	if _, err := EnsureFilesystems(); err != nil { // a fresh host has no bpffs yet
-		t.Fatal(err)
-	}
-	dir, err := os.MkdirTemp(BPFFSPath, "gpuarb-test-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
+	dir := pinPathForTest(t)
 	p := loadForTest(t, Options{PinPath: dir, Devices: []Device{{Major: 1, Minor: 11, Kind: KindDRM}}})
 	gpuIoctls(t, 1, 11, 3)
 	g, err := p.NewLaunchGate()

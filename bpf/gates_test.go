@@ -1,7 +1,6 @@
 package bpf
 
 import (
-	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -146,11 +145,7 @@ func TestLaunchGateHoldsAProcessOfThreadsAsOne(t *testing.T) {
 // it; the lease it ends stops nobody more.
 func TestReleasePinnedHeldFinishesAnInterruptedRelease(t *testing.T) {
 	gpu := testutil.StartFakeGPU(t)
-	dir, err := os.MkdirTemp(BPFFSPath, "gpuarb-test-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
+	dir := pinPathForTest(t)
 	p := loadForTest(t, Options{PinPath: dir})
 	leased(t, p)
 	g, cg := gatedCgroup(t, p, "interrupted", 0)

@@ -78,13 +78,7 @@ func newMemberSet(keys *ebpf.Map, table *slotTable, slot uint32, what string) me
 // set makes exactly these cgroups (with everything below them) and
 // processes the slot's members.
 func (s *memberSet) set(cgroups []uint64, pids []int) error {
-	want := map[gpuarbGateKey]bool{}
-	for _, id := range cgroups {
-		want[gpuarbGateKey{Id: id, Kind: gateCgroup}] = true
-	}
-	for _, pid := range pids {
-		want[gpuarbGateKey{Id: uint64(pid), Kind: gateProcess}] = true
-	}
+	want := gateKeys(cgroups, pids)
 	var errs []error
 	for k := range s.members {
 		if !want[k] {
@@ -103,6 +97,18 @@ func (s *memberSet) set(cgroups []uint64, pids []int) error {
 		s.table.add(1)
 	}
 	return errors.Join(errs...)
+}
+
+// gateKeys are the member table's keys of cgroups and processes.
+func gateKeys(cgroups []uint64, pids []int) map[gpuarbGateKey]bool {
+	keys := map[gpuarbGateKey]bool{}
+	for _, id := range cgroups {
+		keys[gpuarbGateKey{Id: id, Kind: gateCgroup}] = true
+	}
+	for _, pid := range pids {
+		keys[gpuarbGateKey{Id: uint64(pid), Kind: gateProcess}] = true
+	}
+	return keys
 }
 
 func (s *memberSet) remove(k gpuarbGateKey) error {

@@ -112,24 +112,18 @@ func (l *MemoryLimit) Close() error {
 	return err
 }
 
-// clearMemoryMembers drops members left in reused pins by an earlier
-// daemon: their slots mean nothing to this one.
-func (p *Probes) clearMemoryMembers() error {
-	if err := clearMembers(p.objs.GpuarbMemKeys); err != nil {
-		return fmt.Errorf("memory limits: %w", err)
-	}
-	return nil
-}
-
 // SetDefaultMemoryLimit holds every process that no memory limit slot
 // holds to bytes on each GPU, charged by its own cgroup (the default
 // tenant of that cgroup); 0 lifts it. A limit set where there was none
-// starts every cgroup's charges afresh: what was charged while no limit
-// was in force was not uncharged as it was freed.
+// starts every cgroup's charges afresh (what was charged while no limit
+// was in force was not uncharged as it was freed), unless an earlier
+// daemon's limit left them in the pins.
 func (p *Probes) SetDefaultMemoryLimit(bytes uint64) error {
 	p.memory.mu.Lock()
 	defer p.memory.mu.Unlock()
-	if p.defaultMemoryLimit == 0 && bytes != 0 {
+	carried := p.defaultMemoryCarried
+	p.defaultMemoryCarried = false
+	if p.defaultMemoryLimit == 0 && bytes != 0 && !carried {
 		var gen uint64
 		if err := p.objs.MemCgroupGen.Get(&gen); err != nil {
 			return fmt.Errorf("default GPU memory limit: %w", err)

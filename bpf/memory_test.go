@@ -3,6 +3,7 @@ package bpf
 import (
 	"errors"
 	"io"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -164,5 +165,130 @@ func TestDefaultMemoryLimitHoldsEachCgroup(t *testing.T) {
 	}
 	if usage, err := p.DefaultMemoryUsage(); err != nil || len(usage) != 1 {
 		t.Errorf("after forgetting %s: %v (%v), want %s's alone", b.Rel, usage, err, a.Rel)
+	}
+}
+
+// A limit and its charges outlive the probes in the pins: a new load holds
+// the slot over with its members and limit, a tenant with its members
+// adopts it with what its running processes hold (freeing memory charged
+// before the load uncharges it), what a process that exited between the
+// loads held is uncharged, and the limit still kills at the allocation
+// past it.
+func TestMemoryChargesCarryAcrossALoad(t *testing.T) {
+	dir := pinPathForTest(t)
+	opts := Options{PinPath: dir, Devices: []Device{{Major: 1, Minor: 7, Kind: KindNvidiaCtl}}}
+	node := filepath.Join(t.TempDir(), "nvidiactl")
+	if err := unix.Mknod(node, unix.S_IFCHR|0o600, int(unix.Mkdev(1, 7))); err != nil {
+		t.Fatal(err)
+	}
+	exe := testutil.BuildC(t, "rawalloc")
+	limited, other := testutil.NewCgroup(t, "mem-carried"), testutil.NewCgroup(t, "mem-other")
+
+	first, err := Load(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := first.NewMemoryLimit()
+	if err != nil {
+		first.Close()
+		t.Fatal(err)
+	}
+	if err := errors.Join(l.SetMembers([]uint64{limited.ID}, nil), l.SetLimit(1<<30)); err != nil {
+		first.Close()
+		t.Fatal(err)
+	}
+	keeper := startRawAllocator(t, exe, node, limited, "rmalloc", 256*mib, 1)
+	leaver := startRawAllocator(t, exe, node, limited, "rmalloc", 256*mib, 1)
+	if !keeper.Until(t, "done") || !leaver.Until(t, "done") {
+		first.Close()
+		t.Fatal("the tenant's processes did not allocate")
+	}
+	if !first.HoldsMemory() {
+		t.Error("HoldsMemory is false with 512 MiB charged")
+	}
+	slot := l.Slot()
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// No probes: the leaver's exit is not seen.
+	leaver.In.Close()
+	if err := leaver.Wait(t, 10*time.Second); err != nil {
+		t.Fatalf("the leaver: %v", err)
+	}
+
+	second := loadForTest(t, opts)
+	if got := second.AdoptMemoryLimit([]uint64{other.ID}, nil); got != nil {
+		t.Errorf("a tenant of other members adopted slot %d", got.Slot())
+	}
+	adopted := second.AdoptMemoryLimit([]uint64{limited.ID}, nil)
+	if adopted == nil || adopted.Slot() != slot {
+		t.Fatalf("adopted %v, want the slot %d held over", adopted, slot)
+	}
+	if u, err := adopted.Usage(); err != nil || u.Charged[0] != 256*mib || len(u.Charged) != 1 {
+		t.Errorf("usage after the load %+v (%v): want the keeper's 256 MiB (the leaver's uncharged at the load)", u, err)
+	}
+	if fresh, err := second.NewMemoryLimit(); err != nil || fresh.Slot() == slot {
+		t.Errorf("a new limit took slot %v (%v) while it was adopted", fresh, err)
+	} else {
+		fresh.Close()
+	}
+	grower := startRawAllocator(t, exe, node, limited, "rmalloc", 128*mib, 16)
+	if grower.Until(t, "done") {
+		t.Fatal("the growing process allocated 2 GiB under the carried 1 GiB limit")
+	}
+	var ee *exec.ExitError
+	if err := grower.Wait(t, 10*time.Second); !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("the growing process ended with %v, want SIGKILL", err)
+	}
+	if grower.Held != 768*mib {
+		t.Errorf("the growing process held %d MiB when killed, want 768 (1 GiB less the keeper's 256)", grower.Held/mib)
+	}
+	if _, err := io.WriteString(keeper.In, "free\n"); err != nil {
+		t.Fatal(err)
+	}
+	if !keeper.Until(t, "freed") {
+		t.Fatal("the keeper did not free")
+	}
+	if u, err := adopted.Usage(); err != nil || len(u.Charged) != 0 || u.Kills[0] != 1 {
+		t.Errorf("usage after the keeper freed what it allocated before the load: %+v (%v), want nothing charged, one kill", u, err)
+	}
+	if err := errors.Join(second.ReleaseHeldOverMemoryLimits(), adopted.Close()); err != nil {
+		t.Error(err)
+	}
+}
+
+// A new load releases what it does not adopt: the held-over slot's
+// members go, its limit is lifted, and the slot is free again.
+func TestHeldOverMemoryLimitReleased(t *testing.T) {
+	dir := pinPathForTest(t)
+	cg := testutil.NewCgroup(t, "mem-released")
+	first, err := Load(Options{PinPath: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := first.NewMemoryLimit()
+	if err == nil {
+		err = errors.Join(l.SetMembers([]uint64{cg.ID}, []int{os.Getpid()}), l.SetLimit(1<<30))
+	}
+	if err := errors.Join(err, first.Close()); err != nil {
+		t.Fatal(err)
+	}
+	second := loadForTest(t, Options{PinPath: dir})
+	var members uint32
+	if err := second.objs.MemMembers.Get(&members); err != nil || members != 2 {
+		t.Errorf("mem_members %d (%v) after the load, want the 2 held over", members, err)
+	}
+	if err := second.ReleaseHeldOverMemoryLimits(); err != nil {
+		t.Fatal(err)
+	}
+	if err := second.objs.MemMembers.Get(&members); err != nil || members != 0 {
+		t.Errorf("mem_members %d (%v) after the release, want 0", members, err)
+	}
+	var limit uint64
+	if err := second.objs.GpuarbMemLimit.Lookup(l.Slot(), &limit); err != nil || limit != 0 {
+		t.Errorf("slot %d's limit %d (%v) after the release, want none", l.Slot(), limit, err)
+	}
+	if got := second.AdoptMemoryLimit([]uint64{cg.ID}, nil); got != nil {
+		t.Errorf("slot %d adopted after the release", got.Slot())
 	}
 }

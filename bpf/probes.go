@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -27,7 +28,7 @@ const DefaultRingSize = 4 << 20
 // pinnedMaps are the maps a pinned load exposes under the pin path.
 var pinnedMaps = []string{"gpuarb_devices", "gpuarb_cgroups", "gpuarb_ctxs", "gpuarb_procs", "gpuarb_events", "gpuarb_lost",
 	"gpuarb_gates", "gpuarb_gate_allow", gateKeysMap, heldMap, releasingMap, leaseMap, "gpuarb_trees",
-	memKeysMap, memLimitMap, memUsageMap, memCgroupsMap}
+	memKeysMap, memLimitMap, memUsageMap, memCgroupsMap, memProcsMap, memObjsMap, memDevsMap}
 
 // wakeupBytes is the backlog at which a submit wakes the reader: an eighth
 // of the ring, at most 64 KiB.
@@ -92,8 +93,14 @@ type Probes struct {
 
 	// gates and memory allocate launch gate and memory limit slots.
 	gates, memory slotTable
-	// defaultMemoryLimit is mem_default_limit as last set, under memory.mu.
-	defaultMemoryLimit uint64
+	// defaultMemoryLimit is mem_default_limit as last set, under memory.mu;
+	// defaultMemoryCarried tells that the default limit's charges in the
+	// pins are an earlier daemon's, in force.
+	defaultMemoryLimit   uint64
+	defaultMemoryCarried bool
+	// memHeldOver are the memory limit slots an earlier daemon left with
+	// their members, under memory.mu (memory_carry.go).
+	memHeldOver map[uint32][]gpuarbGateKey
 	// urgentMu guards urgent, the processes in gpuarb_urgent, and
 	// urgentCgroups, the cgroups in gpuarb_urgent_cgroups (SetUrgent).
 	urgentMu      sync.Mutex
@@ -204,7 +211,10 @@ func Load(opts Options) (_ *Probes, err error) {
 	if err := p.clearGateMembers(); err != nil {
 		return nil, err
 	}
-	if err := p.clearMemoryMembers(); err != nil {
+	if err := p.holdOverMemoryLimits(); err != nil {
+		return nil, err
+	}
+	if err := p.unchargeExited(); err != nil {
 		return nil, err
 	}
 	for _, d := range opts.Devices {
@@ -717,18 +727,34 @@ func (p *Probes) Close() error {
 	return nil
 }
 
-// Unpin removes the pins a pinned load created.
+// Unpin removes the pins a pinned load created, but the memory tables
+// while a limited tenant's process holds charged memory: the next daemon
+// carries them on (memory_carry.go).
 func (p *Probes) Unpin() error {
 	if p == nil || p.pinPath == "" {
 		return nil
 	}
-	return RemovePins(p.pinPath)
+	var keep []string
+	if procs, err := loadPinned(p.pinPath, memProcsMap); err == nil && procs != nil {
+		if holdsMemory(procs) {
+			keep = memoryPins
+		}
+		procs.Close()
+	}
+	return removePins(p.pinPath, keep)
 }
 
 // RemovePins removes gpuarb's pins under dir and dir itself when empty.
-func RemovePins(dir string) error {
+func RemovePins(dir string) error { return removePins(dir, nil) }
+
+// removePins removes gpuarb's pins under dir but those named in keep, and
+// dir itself when empty.
+func removePins(dir string, keep []string) error {
 	var errs []error
 	for _, name := range pinnedMaps {
+		if slices.Contains(keep, name) {
+			continue
+		}
 		if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
 		}

@@ -345,8 +345,9 @@ func (d *Daemon) attachLibcudas() {
 	}
 }
 
-// Stop shuts the API down, detaches the probes, removes the pins, the
-// socket and the lock. It is safe to call more than once.
+// Stop shuts the API down, detaches the probes, removes the pins (but
+// GPU memory limits and charges that running processes hold), the socket
+// and the lock. It is safe to call more than once.
 func (d *Daemon) Stop() error {
 	var errs []error
 	if d.probes != nil {
@@ -360,7 +361,13 @@ func (d *Daemon) Stop() error {
 		}
 		d.ledger = nil
 	}
-	if d.memory != nil {
+	switch {
+	case d.memory == nil:
+	case d.probes.HoldsMemory():
+		// The limits stay in the pins with what their tenants hold, for
+		// the next daemon to carry on (Unpin keeps them).
+		d.memory.Leave()
+	default:
 		errs = append(errs, d.memory.Close())
 	}
 	d.saveObjects() // under stepMu, as the control steps save

@@ -276,3 +276,62 @@ func TestDefaultGPUMemoryLimit(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// A restart loses no GPU memory charge, whether the daemon was stopped
+// or killed: a tenant holding 512 MiB of its 1 GiB limit from before the
+// restart has its next process killed at the allocation that would pass
+// 1 GiB, having held 512 MiB, and so does a cgroup under the defaults'
+// 512 MiB limit holding 256 MiB; the processes that held their memory
+// across the restart keep running.
+func TestGPUMemoryChargesSurviveARestart(t *testing.T) {
+	for _, killed := range []bool{false, true} {
+		t.Run(map[bool]string{false: "stopped", true: "killed"}[killed], func(t *testing.T) {
+			gpu := testutil.StartFakeGPU(t)
+			dir := t.TempDir()
+			limited, byDefault := testutil.NewCgroup(t, "mem-restart-limited"), testutil.NewCgroup(t, "mem-restart-default")
+			pol := "defaults: {weight: 100, memory_limit: 512MiB}\ntenants:\n  - {name: limited, cgroup: " + limited.Rel +
+				", memory_limit: 1GiB}\n"
+			if err := os.WriteFile(filepath.Join(dir, "policy.yaml"), []byte(pol), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			first := startDaemonIn(t, gpu, dir)
+			keeper, defaultKeeper := startAllocator(t, gpu, limited, 512, 1), startAllocator(t, gpu, byDefault, 256, 1)
+			if !keeper.Until(t, "done") || !defaultKeeper.Until(t, "done") {
+				t.Fatal("the processes that hold memory across the restart did not allocate")
+			}
+			if killed {
+				first.Proc.Stop()
+			} else {
+				first.Proc.Interrupt(10 * time.Second)
+			}
+			second := startDaemonIn(t, gpu, dir)
+			for _, c := range []struct {
+				cg       *testutil.Cgroup
+				want     uint64
+				step, of int
+			}{{limited, 512 * mib, 128, 8}, {byDefault, 256 * mib, 128, 4}} {
+				grower := startAllocator(t, gpu, c.cg, c.step, c.of)
+				if grower.Until(t, "done") {
+					t.Fatalf("a process of %s allocated %d MiB beside what was held since before the restart", c.cg.Rel, c.step*c.of)
+				}
+				var ee *exec.ExitError
+				if err := grower.Wait(t, 10*time.Second); !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+					t.Fatalf("the growing process of %s ended with %v, want SIGKILL", c.cg.Rel, err)
+				}
+				if grower.Held != c.want {
+					t.Errorf("the growing process of %s held %d MiB when killed, want %d (its limit less what was held across the restart)",
+						c.cg.Rel, grower.Held/mib, c.want/mib)
+				}
+			}
+			for _, a := range []*testutil.Allocator{keeper, defaultKeeper} {
+				if a.Done() {
+					t.Errorf("pid %d, which held its memory across the restart within its limit, is gone", a.Cmd.Process.Pid)
+				}
+			}
+			_, log := second.Proc.Output()
+			if !strings.Contains(log, "tenant=limited") || !strings.Contains(log, "bytes=134217728 charged=1073741824 limit=1073741824") {
+				t.Errorf("the new daemon's log lacks the kill of the limited tenant's process at 1 GiB charged:\n%s", log)
+			}
+		})
+	}
+}

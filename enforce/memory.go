@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/gpuarb/gpuarb/bpf"
 )
@@ -31,9 +32,19 @@ type MemoryUsage struct {
 // concurrent use; Sync is called by one goroutine at a time.
 type MemoryLimits struct {
 	probes *bpf.Probes
+	start  time.Time
 	mu     sync.Mutex
 	limits map[string]*memoryLimit
+	// released tells that the slots an earlier daemon held over and no
+	// tenant adopted are released.
+	released bool
 }
+
+// heldOverGrace is how long the slots an earlier daemon left hold over
+// (their limits in force, their charges kept) for a tenant to adopt them
+// (bpf.AdoptMemoryLimit): a container tenant is found by its processes,
+// which the control steps see within seconds of the daemon's start.
+const heldOverGrace = 30 * time.Second
 
 type memoryLimit struct {
 	slot   *bpf.MemoryLimit
@@ -43,11 +54,14 @@ type memoryLimit struct {
 // NewMemoryLimits holds limits in p's probes (nil: none can be held, and
 // Sync refuses every limit).
 func NewMemoryLimits(p *bpf.Probes) *MemoryLimits {
-	return &MemoryLimits{probes: p, limits: map[string]*memoryLimit{}}
+	return &MemoryLimits{probes: p, start: time.Now(), limits: map[string]*memoryLimit{}}
 }
 
-// Sync makes the limits exactly targets, by tenant name: new ones take a
-// slot, changed ones update theirs, those gone give it back.
+// Sync makes the limits exactly targets, by tenant name: new ones adopt
+// the slot an earlier daemon left with any of their members, with its
+// charges, or take a fresh one; changed ones update theirs, those gone
+// give it back. From heldOverGrace after the start, the slots nobody
+// adopted are released.
 func (m *MemoryLimits) Sync(targets map[string]MemoryTarget) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -66,10 +80,13 @@ func (m *MemoryLimits) Sync(targets map[string]MemoryTarget) error {
 				errs = append(errs, fmt.Errorf("GPU memory limit of %s: no probes", name))
 				continue
 			}
-			slot, err := m.probes.NewMemoryLimit()
-			if err != nil {
-				errs = append(errs, fmt.Errorf("GPU memory limit of %s: %w", name, err))
-				continue
+			slot := m.probes.AdoptMemoryLimit(want.Cgroups, want.PIDs)
+			if slot == nil {
+				var err error
+				if slot, err = m.probes.NewMemoryLimit(); err != nil {
+					errs = append(errs, fmt.Errorf("GPU memory limit of %s: %w", name, err))
+					continue
+				}
 			}
 			l = &memoryLimit{slot: slot}
 			m.limits[name] = l
@@ -86,6 +103,12 @@ func (m *MemoryLimits) Sync(targets map[string]MemoryTarget) error {
 			}
 		}
 		l.target = want
+	}
+	if !m.released && m.probes != nil && (targets == nil || time.Since(m.start) >= heldOverGrace) {
+		m.released = true
+		if err := m.probes.ReleaseHeldOverMemoryLimits(); err != nil {
+			errs = append(errs, fmt.Errorf("GPU memory limits an earlier daemon left: %w", err))
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -108,6 +131,14 @@ func (m *MemoryLimits) Usage() map[string]MemoryUsage {
 // Close gives every slot back: no limit holds after it.
 func (m *MemoryLimits) Close() error {
 	return m.Sync(nil)
+}
+
+// Leave forgets every limit and leaves its slot, members and charges in
+// the probes' pins for the next daemon to adopt.
+func (m *MemoryLimits) Leave() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.limits = map[string]*memoryLimit{}
 }
 
 // Set makes or updates one tenant's limit, leaving the others as they are
