@@ -18,8 +18,9 @@ import (
 // finds the slots that had members there held over: their members and
 // limits stay in force, and the first tenant whose processes are among a
 // slot's members adopts it with its charges (AdoptMemoryLimit); the slots
-// nobody adopts are released (ReleaseHeldOverMemoryLimits). What processes
-// that exited while no daemon ran held is uncharged at the load. Bounds: an
+// nobody adopts are released (ReleaseHeldOverMemoryLimits). At the load,
+// every charge is set to what live processes hold: what processes that
+// exited while no daemon ran held is uncharged. Bounds: an
 // allocation or free made while no probes were attached is not seen (the
 // first is not charged, the second stays charged until its process exits),
 // and a pid member whose pid a new process took meanwhile is held by the
@@ -126,67 +127,89 @@ func (p *Probes) continueMemoryGenerations() error {
 	return nil
 }
 
-// unchargeExited uncharges what processes that exited while no probes
-// were attached held from their slots or cgroups, and removes their
-// entries. Called by Load before the probes attach, when nothing else
-// writes the tables; a process that exits between this and the exit
-// probe's attaching stays charged until the next load (erring high).
-func (p *Probes) unchargeExited() error {
+// reconcileMemoryCharges drops the entries of processes that exited while
+// no probes were attached, and sets every slot's and default-limited
+// cgroup's charges to what their live processes hold (the entries of the
+// table's generation): what the exited held is uncharged, and charges an
+// older gpuarb left without their processes' entries go. Called by Load
+// before the probes attach, when nothing else writes the tables; a process
+// that exits between this and the exit probe's attaching stays charged
+// until its slot's next reconciling (erring high).
+func (p *Probes) reconcileMemoryCharges() error {
+	type owner struct {
+		slot   uint32
+		cgroup uint64 // the default limit's (slot MemorySlots)
+		gen    uint64
+	}
 	var (
 		tgid  uint32
 		proc  gpuarbMemProc
-		gone  = map[uint32]gpuarbMemProc{}
+		gone  []uint32
+		held  = map[owner]*[MemoryGPUs]uint64{}
 		procs = p.objs.GpuarbMemProcs
 	)
 	it := procs.Iterate()
 	for it.Next(&tgid, &proc) {
 		if cgroup.Exited(int(tgid), proc.StartNs/(1e9/clockTicksPerSecond)) {
-			gone[tgid] = proc
+			gone = append(gone, tgid)
+			continue
+		}
+		o := owner{slot: proc.Slot, gen: proc.Gen}
+		if int(proc.Slot) == MemorySlots {
+			o.cgroup = proc.Cgroup
+		}
+		if held[o] == nil {
+			held[o] = new([MemoryGPUs]uint64)
+		}
+		for gpu, b := range proc.Charged {
+			held[o][gpu] += b
 		}
 	}
 	if err := it.Err(); err != nil {
 		return fmt.Errorf("memory limits: read process charges: %w", err)
 	}
 	var errs []error
-	for _, tgid := range slices.Sorted(maps.Keys(gone)) {
-		proc := gone[tgid]
+	for _, tgid := range gone {
 		if err := procs.Delete(tgid); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			errs = append(errs, fmt.Errorf("memory limits: drop exited process %d: %w", tgid, err))
+		}
+	}
+	charged := func(o owner) [MemoryGPUs]uint64 {
+		if h := held[o]; h != nil {
+			return *h
+		}
+		return [MemoryGPUs]uint64{}
+	}
+	var u gpuarbMemUsage
+	for slot := range uint32(MemorySlots) {
+		if err := p.objs.GpuarbMemUsage.Lookup(slot, &u); err != nil {
+			errs = append(errs, fmt.Errorf("memory limit %d: read: %w", slot, err))
 			continue
 		}
-		errs = append(errs, p.uncharge(proc))
-	}
-	return errors.Join(errs...)
-}
-
-// uncharge takes what proc held off its slot or its cgroup's default
-// usage, where that table is still of proc's generation.
-func (p *Probes) uncharge(proc gpuarbMemProc) error {
-	var (
-		table = p.objs.GpuarbMemUsage
-		key   any
-		u     gpuarbMemUsage
-	)
-	if int(proc.Slot) == MemorySlots {
-		table, key = p.objs.GpuarbMemCgroups, proc.Cgroup
-	} else {
-		key = proc.Slot
-	}
-	// A read-modify-write: the probes are not attached yet.
-	if err := table.Lookup(key, &u); err != nil {
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return nil
+		if c := charged(owner{slot: slot, gen: u.Gen}); c != u.Charged {
+			u.Charged = c
+			errs = append(errs, p.objs.GpuarbMemUsage.Put(slot, u))
 		}
-		return fmt.Errorf("memory limits: read charges: %w", err)
 	}
-	if u.Gen != proc.Gen {
-		return nil
+	var (
+		id      uint64
+		cgroups = map[uint64]gpuarbMemUsage{}
+	)
+	all := p.objs.GpuarbMemCgroups.Iterate()
+	for all.Next(&id, &u) {
+		cgroups[id] = u
 	}
-	for gpu, b := range proc.Charged {
-		u.Charged[gpu] -= min(b, u.Charged[gpu])
+	if err := all.Err(); err != nil {
+		return errors.Join(append(errs, fmt.Errorf("default GPU memory limit: read: %w", err))...)
 	}
-	if err := table.Update(key, u, ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return fmt.Errorf("memory limits: uncharge: %w", err)
+	for id, u := range cgroups {
+		if c := charged(owner{slot: uint32(MemorySlots), cgroup: id, gen: u.Gen}); c != u.Charged {
+			u.Charged = c
+			errs = append(errs, p.objs.GpuarbMemCgroups.Put(id, u))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("memory limits: reconcile charges: %w", err)
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
 	"github.com/gpuarb/gpuarb/internal/testutil"
@@ -215,6 +216,18 @@ func TestMemoryChargesCarryAcrossALoad(t *testing.T) {
 	if err := leaver.Wait(t, 10*time.Second); err != nil {
 		t.Fatalf("the leaver: %v", err)
 	}
+	// A charge with no process's entry behind it (an older gpuarb's, whose
+	// process tables were not pinned) is not carried.
+	usage, err := ebpf.LoadPinnedMap(filepath.Join(dir, memUsageMap), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var u gpuarbMemUsage
+	err = usage.Lookup(slot, &u)
+	u.Charged[3] = 1 << 30
+	if err := errors.Join(err, usage.Put(slot, u), usage.Close()); err != nil {
+		t.Fatal(err)
+	}
 
 	second := loadForTest(t, opts)
 	if got := second.AdoptMemoryLimit([]uint64{other.ID}, nil); got != nil {
@@ -225,7 +238,7 @@ func TestMemoryChargesCarryAcrossALoad(t *testing.T) {
 		t.Fatalf("adopted %v, want the slot %d held over", adopted, slot)
 	}
 	if u, err := adopted.Usage(); err != nil || u.Charged[0] != 256*mib || len(u.Charged) != 1 {
-		t.Errorf("usage after the load %+v (%v): want the keeper's 256 MiB (the leaver's uncharged at the load)", u, err)
+		t.Errorf("usage after the load %+v (%v): want the keeper's 256 MiB on GPU 0 (the leaver's uncharged at the load, GPU 3's without a process)", u, err)
 	}
 	if fresh, err := second.NewMemoryLimit(); err != nil || fresh.Slot() == slot {
 		t.Errorf("a new limit took slot %v (%v) while it was adopted", fresh, err)

@@ -214,7 +214,7 @@ func Load(opts Options) (_ *Probes, err error) {
 	if err := p.holdOverMemoryLimits(); err != nil {
 		return nil, err
 	}
-	if err := p.unchargeExited(); err != nil {
+	if err := p.reconcileMemoryCharges(); err != nil {
 		return nil, err
 	}
 	for _, d := range opts.Devices {
