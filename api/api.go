@@ -117,6 +117,10 @@ type Tenant struct {
 	Reason      string  `json:"reason,omitempty"`
 	SyncP99MS   float64 `json:"sync_p99_ms,omitempty"`
 	SLOMissed   bool    `json:"slo_missed,omitempty"`
+	// FPS is its synchronizations a second over the settled window: a
+	// frame loop's frame rate. EqualFPS names its equal-FPS group.
+	FPS      float64 `json:"fps,omitempty"`
+	EqualFPS string  `json:"equal_fps,omitempty"`
 	// ExactShare is the share an exact source (Status.ExactSource)
 	// measured over its last interval, where the host has one.
 	ExactShare *float64 `json:"exact_share,omitempty"`

@@ -108,6 +108,56 @@ type Input struct {
 	// SyncP99MS and FPS are the measured SLO figures (0: none seen).
 	SyncP99MS float64
 	FPS       float64
+
+	// frameWeight is the weight equalFrames gives an equal-FPS group's
+	// tenant in place of its own (0: its own).
+	frameWeight float64
+}
+
+// weightOf is a tenant's weight in the water filling and the windows.
+func weightOf(t Input) float64 {
+	if t.frameWeight > 0 {
+		return t.frameWeight
+	}
+	return float64(t.Rules.Weight)
+}
+
+// equalFrames shares each equal-FPS group's weight (its rendering
+// tenants' weights, summed) among those tenants in proportion to the GPU
+// time a frame of each costs (its settled share over its frames a second),
+// so that targets in proportion to the weights hold one frame rate: the
+// highest the group's share of the GPU allows. A tenant not rendering (no
+// frame, or no GPU time, in the settled window) keeps its own weight, as
+// does a group of one. Work conserving as the rest: a tenant that cannot
+// render faster leaves what it does not use to the others, whose frame
+// rates then rise above its.
+func equalFrames(ts []Input) {
+	type group struct {
+		weight, cost float64
+		members      []int
+	}
+	groups := map[string]*group{}
+	for i, t := range ts {
+		if t.Rules.EqualFPS == "" || !t.Busy || t.FPS <= 0 || t.SettledShare <= 0 {
+			continue
+		}
+		g := groups[t.Rules.EqualFPS]
+		if g == nil {
+			g = &group{}
+			groups[t.Rules.EqualFPS] = g
+		}
+		g.weight += float64(t.Rules.Weight)
+		g.cost += t.SettledShare / t.FPS
+		g.members = append(g.members, i)
+	}
+	for _, g := range groups {
+		if len(g.members) < 2 {
+			continue
+		}
+		for _, i := range g.members {
+			ts[i].frameWeight = g.weight * ts[i].SettledShare / ts[i].FPS / g.cost
+		}
+	}
 }
 
 // Decision is the arbiter's verdict for one tenant on one GPU.
@@ -231,6 +281,7 @@ func (a *Arbiter) Step(in []Input, actuation func(gpu int) Actuation) []Decision
 	for _, g := range gpus {
 		ts := byGPU[g] // a copy: the caller's slice keeps its order
 		sort.Slice(ts, func(i, j int) bool { return ts[i].Name < ts[j].Name })
+		equalFrames(ts)
 		var ds []Decision
 		switch actuation(g) {
 		case Windows:
@@ -379,11 +430,11 @@ func fill(ts []Input, demand, target []float64) []float64 {
 	for len(open) > 0 && left > 1e-9 {
 		var w float64
 		for i := range open {
-			w += float64(ts[i].Rules.Weight)
+			w += weightOf(ts[i])
 		}
 		capped := false
 		for i := range open {
-			fair := left * float64(ts[i].Rules.Weight) / w
+			fair := left * weightOf(ts[i]) / w
 			if demand[i]-target[i] <= fair {
 				left -= demand[i] - target[i]
 				target[i] = demand[i]
@@ -395,7 +446,7 @@ func fill(ts []Input, demand, target []float64) []float64 {
 			continue
 		}
 		for i := range open {
-			target[i] += left * float64(ts[i].Rules.Weight) / w
+			target[i] += left * weightOf(ts[i]) / w
 		}
 		break
 	}
@@ -585,7 +636,7 @@ func (a *Arbiter) timeslice(ts []Input) []Decision {
 	var w float64
 	for _, t := range ts {
 		if t.Busy {
-			w += float64(t.Rules.Weight)
+			w += weightOf(t)
 		}
 	}
 	out := make([]Decision, len(ts))
@@ -593,7 +644,7 @@ func (a *Arbiter) timeslice(ts []Input) []Decision {
 	for i, t := range ts {
 		dec := Decision{Name: t.Name, GPU: t.GPU, Duty: 1, Reason: "idle"}
 		if t.Busy {
-			dec.Target = float64(t.Rules.Weight) / w
+			dec.Target = weightOf(t) / w
 			dec.Duty, dec.Offset, dec.Reason = dec.Target, at, "timeslice slot"
 			if dec.Duty >= 1 {
 				dec.Reason = "alone on the GPU"

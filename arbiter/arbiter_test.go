@@ -302,3 +302,43 @@ func TestManyLightTenants(t *testing.T) {
 		t.Errorf("hogs' targets beside 500 light tenants %.4f %.4f, want %.4f", got[0], got[1], want)
 	}
 }
+
+// An equal-FPS group's weight is shared in proportion to its tenants'
+// frame costs: three loops of 5, 8 and 10 ms frames, running at one third
+// of the GPU each (66.7, 41.7 and 33.3 frames a second), are given
+// targets of 5/23, 8/23 and 10/23 of the half the group's weight of 300
+// earns beside a tenant of weight 300: one frame rate, 21.7 a second. A
+// tenant not rendering keeps its own weight, in every actuation.
+func TestEqualFPSGroupSharesByFrameCost(t *testing.T) {
+	game := func(name string, frameMS float64) Input {
+		in := hog(name, 1.0/3, 1)
+		in.Rules.EqualFPS = "games"
+		in.FPS = 1000 / 3.0 / frameMS
+		return in
+	}
+	in := []Input{game("a", 5), game("b", 8), game("c", 10), hog("other", 0, 1)}
+	in[3].Rules.Weight = 300
+	for name, act := range map[string]func(int) Actuation{"pacing": pacing, "steered": steered,
+		"windows": func(int) Actuation { return Windows }} {
+		ds := New(DefaultParams()).Step(in, act)
+		got := map[string]float64{}
+		for _, d := range ds {
+			got[d.Name] = d.Target
+		}
+		for i, cost := range map[string]float64{"a": 5, "b": 8, "c": 10} {
+			if want := 0.5 * cost / 23; math.Abs(got[i]-want) > 1e-9 {
+				t.Errorf("%s: %s's target %.4f, want %.4f (%v)", name, i, got[i], want, got)
+			}
+		}
+		if math.Abs(got["other"]-0.5) > 1e-9 {
+			t.Errorf("%s: the other tenant's target %.4f, want 0.5", name, got["other"])
+		}
+	}
+	idle := append([]Input(nil), in...)
+	idle[2].FPS = 0
+	equalFrames(idle)
+	if w := 200 * 5.0 / 13; math.Abs(idle[0].frameWeight-w) > 1e-9 || idle[2].frameWeight != 0 {
+		t.Errorf("frame weights %.1f, %.1f, %.1f: want %.1f for a and c, not rendering, on its own weight", idle[0].frameWeight,
+			idle[1].frameWeight, idle[2].frameWeight, w)
+	}
+}

@@ -41,7 +41,8 @@ func (d *Daemon) publish(res control.Result, snap meter.Snapshot, actuation map[
 				LaunchesPerS: float64(u.Launches) / secs, SyncsPerS: float64(u.Syncs) / secs,
 				QueueNS: u.QueueNS, Processes: u.Processes, LaunchNS: in.LaunchNS, Weight: int(ct.Rules.Weight),
 				Limit: float64(ct.Rules.Limit), Priority: string(ct.Rules.Priority), Duty: 1, Demand: in.Demand,
-				WantShare: float64(u.WantNS) / float64(d.cfg.Window), SyncP99MS: in.SyncP99MS, State: "idle"}
+				WantShare: float64(u.WantNS) / float64(d.cfg.Window), SyncP99MS: in.SyncP99MS, FPS: in.FPS,
+				EqualFPS: ct.Rules.EqualFPS, State: "idle"}
 			if in.Busy {
 				row.State = "running"
 			}

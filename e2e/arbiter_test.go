@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -916,6 +917,92 @@ func frameSLO(t *testing.T, miss missFunc) {
 		if len(fps) < 3 || median(fps) < 57 {
 			miss("frames %d at a median %.1f fps, want 60 ± 5%%", i+1, median(fps))
 		}
+	}
+}
+
+// Issue 58's equal-FPS policy (vGASA's ESA): three frame loops of 5, 8
+// and 10 ms of GPU work a frame, rendering as fast as they can, in one
+// equal-FPS group. At equal weights the GPU's time is shared equally and
+// their frame rates are in inverse proportion to their frame costs (about
+// 67, 42 and 33 a second); in the group each renders at one common rate
+// (within 5% of their median), the highest the GPU allows (at least 90%
+// of its busy time over the 23 ms the three frames cost), the GPU at
+// least 90% busy.
+func TestEqualFPSGroupRendersAtOneRate(t *testing.T) {
+	measureTwice(t, equalFPSGroup)
+}
+
+func equalFPSGroup(t *testing.T, miss missFunc) {
+	gpu := testutil.StartFakeGPU(t)
+	costs := map[string]float64{"g5": 5, "g8": 8, "g10": 10}
+	cgs := map[string]*testutil.Cgroup{}
+	for n := range costs {
+		cgs[n] = testutil.NewCgroup(t, "game-"+n)
+	}
+	d := startDaemon(t, gpu)
+	policyOf := func(group string) []byte {
+		pol := "tenants:\n"
+		for _, n := range slices.Sorted(maps.Keys(costs)) {
+			pol += "  - {name: " + n + ", cgroup: " + cgs[n].Rel + ", weight: 100" + group + "}\n"
+		}
+		return []byte(pol)
+	}
+	if err := d.ApplyPolicy(t.Context(), policyOf("")); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	games := map[string]*testutil.Proc{}
+	for n, ms := range costs {
+		games[n] = testutil.Start(t, cgs[n], gpu.Workload(t, "frames", "--fps", "1000", "--frame-ms", strconv.FormatFloat(ms, 'f', -1, 64),
+			"--kernels", "2", "--duration", "20", "--interval", "1"))
+	}
+	equal := trueShares(t, gpu, cgs, 3*time.Second, 4)
+	switched := time.Since(start).Seconds()
+	if err := d.ApplyPolicy(t.Context(), policyOf(", equal_fps: games")); err != nil {
+		t.Fatal(err)
+	}
+	grouped := trueShares(t, gpu, cgs, 4*time.Second, 5)
+	logStatus(t, d)
+	for _, p := range games {
+		if err := p.Wait(t, 15*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Each loop's frames in the whole seconds of its report that fall in
+	// the windows above.
+	fps := func(n string, from, to float64) []float64 {
+		var out []float64
+		for _, line := range strings.Split(games[n].Stdout.String(), "\n") {
+			var iv struct {
+				T     float64 `json:"t"`
+				Count float64 `json:"count"`
+			}
+			if json.Unmarshal([]byte(line), &iv) == nil && iv.T > from && iv.T <= to && iv.Count > 0 {
+				out = append(out, iv.Count)
+			}
+		}
+		return out
+	}
+	rates := map[string]float64{}
+	for _, n := range slices.Sorted(maps.Keys(costs)) {
+		before, after := fps(n, 4, switched), fps(n, switched+5, switched+10)
+		rates[n] = median(after)
+		t.Logf("%s (%.0f ms a frame): %v fps at equal weights, %v in the group", n, costs[n], before, after)
+	}
+	busy := median(col(grouped, func(w map[string]float64) float64 { return w["busy"] }))
+	t.Logf("GPU busy %s at equal weights, %s in the group", pcts(col(equal, func(w map[string]float64) float64 { return w["busy"] })),
+		pcts(col(grouped, func(w map[string]float64) float64 { return w["busy"] })))
+	common := median(slices.Collect(maps.Values(rates)))
+	for n, r := range rates {
+		if math.Abs(r-common) > 0.05*common {
+			miss("%s renders %.1f fps in the group, want within 5%% of the common %.1f (%v)", n, r, common, rates)
+		}
+	}
+	if best := busy * 1000 / 23; common < 0.9*best {
+		miss("the common rate %.1f fps, want at least 90%% of the %.1f the GPU's busy time allows", common, best)
+	}
+	if busy < 0.9 {
+		miss("GPU busy %.1f%% in the group, want ≥ 90%%", 100*busy)
 	}
 }
 

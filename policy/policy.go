@@ -134,6 +134,12 @@ type Rules struct {
 	// GPU (0: none): an allocation that would pass it kills the allocating
 	// process.
 	MemoryLimit Bytes `yaml:"memory_limit,omitempty" json:"memory_limit,omitempty"`
+	// EqualFPS names a group of frame loops (one sync per frame) held to
+	// one frame rate on each GPU, the highest their share of it allows
+	// (vGASA's equal-FPS policy): the group's weights, summed, are shared
+	// among its tenants in proportion to the GPU time a frame of each
+	// costs. Only the policy file sets it.
+	EqualFPS string `yaml:"equal_fps,omitempty" json:"equal_fps,omitempty"`
 }
 
 // Selector names the processes of a tenant: exactly one of its fields.
@@ -309,6 +315,9 @@ func (r *Rules) fillFrom(d Rules) {
 	if r.MemoryLimit == 0 {
 		r.MemoryLimit = d.MemoryLimit
 	}
+	if r.EqualFPS == "" {
+		r.EqualFPS = d.EqualFPS
+	}
 }
 
 func (c *Config) fill() {
@@ -432,6 +441,14 @@ func (r *Rules) Validate(field string) error {
 	}
 	if (r.SLO.P99SyncMS > 0 || r.SLO.FPS > 0) && r.Priority != Latency {
 		return &FieldError{field + ".slo", "an SLO needs priority latency"}
+	}
+	if r.EqualFPS != "" {
+		if err := CheckTenantName(r.EqualFPS); err != nil {
+			return &FieldError{field + ".equal_fps", err.Error()}
+		}
+		if r.Priority == Latency {
+			return &FieldError{field + ".equal_fps", "a latency tenant is never held back, so it cannot be held to its group's frame rate: give it priority normal"}
+		}
 	}
 	return nil
 }

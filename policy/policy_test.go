@@ -87,6 +87,18 @@ func TestDefaults(t *testing.T) {
 	}
 }
 
+// An equal-FPS group is named per tenant, or by the defaults for every
+// tenant that names none.
+func TestEqualFPSGroup(t *testing.T) {
+	c, err := Parse([]byte("defaults: {equal_fps: games}\ntenants: [{name: a, cgroup: /a}, {name: b, cgroup: /b, equal_fps: films}]"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, b := c.Tenants[0].EqualFPS, c.Tenants[1].EqualFPS; a != "games" || b != "films" {
+		t.Errorf("groups %q and %q, want games (the defaults') and films", a, b)
+	}
+}
+
 func TestRejects(t *testing.T) {
 	for _, tc := range []struct{ yaml, field string }{
 		{"tenants: [{name: a, cgroup: /a, weight: 0}]", "line 1: weight"},
@@ -112,6 +124,8 @@ func TestRejects(t *testing.T) {
 		{"tenants: [{name: a, cgroup: /a, limit: NaN}]", "tenants[0].limit"},
 		{"tenants: [{name: a, cgroup: /a, priority: latency, slo: {p99_sync_ms: .inf}}]", "tenants[0].slo.p99_sync_ms"},
 		{"tenants: [{name: a, cgroup: /a, priority: latency, slo: {fps: .nan}}]", "tenants[0].slo.fps"},
+		{"tenants: [{name: a, cgroup: /a, priority: latency, equal_fps: games}]", "tenants[0].equal_fps"},
+		{"tenants: [{name: a, cgroup: /a, equal_fps: 'two games'}]", "tenants[0].equal_fps"},
 		{"admission: [{cgroup_prefix: kubepods}]", "admission[0].cgroup_prefix"},
 		{"admission: [{cgroup_prefix: /kubepods/}]", "admission[0].cgroup_prefix"},
 		{"admission: [{max_weight: 1000}]", "admission[0].cgroup_prefix"},
