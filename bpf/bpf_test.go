@@ -229,7 +229,7 @@ func TestBpftoolPrintsFieldNames(t *testing.T) {
 			t.Errorf("pin %s gone after Close: %v", m, err)
 		}
 	}
-	if err := p.Unpin(); err != nil {
+	if err := p.Unpin(false); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {

@@ -39,9 +39,8 @@ var memoryPins = []string{memKeysMap, memLimitMap, memUsageMap, memCgroupsMap, m
 
 // holdOverMemoryLimits takes up the memory limit tables a reused pin path
 // holds: every slot with members is held over (used, its members counted
-// for the probes) until adopted or released; the device and default-limit
-// generations continue past every one in the tables. Called by Load
-// before the probes attach.
+// for the probes) until adopted or released. Called by Load before the
+// probes attach.
 func (p *Probes) holdOverMemoryLimits() error {
 	var (
 		k     gpuarbGateKey
@@ -76,24 +75,21 @@ func (p *Probes) holdOverMemoryLimits() error {
 	if err != nil {
 		return fmt.Errorf("memory limits: count members: %w", err)
 	}
-	return p.continueMemoryGenerations()
+	return nil
 }
 
 // continueMemoryGenerations sets mem_dev_seq and mem_cgroup_gen (which a
-// load starts at zero) past every generation the pinned tables hold, so
+// load starts at zero) past every generation the pinned tables hold
+// (cgroupGen: the default limit's, which reconcileMemoryCharges read), so
 // that no new device or default-limit table is taken for an earlier one.
-// A default-limit table with entries was in force: the next
-// SetDefaultMemoryLimit keeps its charges.
-func (p *Probes) continueMemoryGenerations() error {
+// carried tells that a default-limit table with entries was in force: the
+// next SetDefaultMemoryLimit keeps its charges.
+func (p *Probes) continueMemoryGenerations(cgroupGen uint64, carried bool) error {
 	var (
-		devSeq, cgroupGen uint64
-		objKey, devKey    gpuarbMemObjKey
-		obj               gpuarbMemObj
-		dev               gpuarbMemDev
-		tgid              uint32
-		proc              gpuarbMemProc
-		id                uint64
-		usage             gpuarbMemUsage
+		devSeq         uint64
+		objKey, devKey gpuarbMemObjKey
+		obj            gpuarbMemObj
+		dev            gpuarbMemDev
 	)
 	objs := p.objs.GpuarbMemObjs.Iterate()
 	for objs.Next(&objKey, &obj) {
@@ -103,19 +99,7 @@ func (p *Probes) continueMemoryGenerations() error {
 	for devs.Next(&devKey, &dev) {
 		devSeq = max(devSeq, dev.Gen)
 	}
-	procs := p.objs.GpuarbMemProcs.Iterate()
-	for procs.Next(&tgid, &proc) {
-		if int(proc.Slot) == MemorySlots {
-			cgroupGen = max(cgroupGen, proc.Gen)
-		}
-	}
-	carried := false
-	cgroups := p.objs.GpuarbMemCgroups.Iterate()
-	for cgroups.Next(&id, &usage) {
-		cgroupGen = max(cgroupGen, usage.Gen)
-		carried = true
-	}
-	if err := errors.Join(objs.Err(), devs.Err(), procs.Err(), cgroups.Err()); err != nil {
+	if err := errors.Join(objs.Err(), devs.Err()); err != nil {
 		return fmt.Errorf("memory limits: read pinned charges: %w", err)
 	}
 	if err := errors.Join(p.objs.MemDevSeq.Set(devSeq), p.objs.MemCgroupGen.Set(cgroupGen)); err != nil {
@@ -134,7 +118,8 @@ func (p *Probes) continueMemoryGenerations() error {
 // older gpuarb left without their processes' entries go. Called by Load
 // before the probes attach, when nothing else writes the tables; a process
 // that exits between this and the exit probe's attaching stays charged
-// until its slot's next reconciling (erring high).
+// until its slot's next reconciling (erring high). The device and
+// default-limit generations then continue past every one in the tables.
 func (p *Probes) reconcileMemoryCharges() error {
 	type owner struct {
 		slot   uint32
@@ -142,11 +127,12 @@ func (p *Probes) reconcileMemoryCharges() error {
 		gen    uint64
 	}
 	var (
-		tgid  uint32
-		proc  gpuarbMemProc
-		gone  []uint32
-		held  = map[owner]*[MemoryGPUs]uint64{}
-		procs = p.objs.GpuarbMemProcs
+		tgid      uint32
+		proc      gpuarbMemProc
+		gone      []uint32
+		held      = map[owner]*[MemoryGPUs]uint64{}
+		procs     = p.objs.GpuarbMemProcs
+		cgroupGen uint64 // the default limit's newest generation in the tables
 	)
 	it := procs.Iterate()
 	for it.Next(&tgid, &proc) {
@@ -157,6 +143,7 @@ func (p *Probes) reconcileMemoryCharges() error {
 		o := owner{slot: proc.Slot, gen: proc.Gen}
 		if int(proc.Slot) == MemorySlots {
 			o.cgroup = proc.Cgroup
+			cgroupGen = max(cgroupGen, proc.Gen)
 		}
 		if held[o] == nil {
 			held[o] = new([MemoryGPUs]uint64)
@@ -198,6 +185,7 @@ func (p *Probes) reconcileMemoryCharges() error {
 	all := p.objs.GpuarbMemCgroups.Iterate()
 	for all.Next(&id, &u) {
 		cgroups[id] = u
+		cgroupGen = max(cgroupGen, u.Gen)
 	}
 	if err := all.Err(); err != nil {
 		return errors.Join(append(errs, fmt.Errorf("default GPU memory limit: read: %w", err))...)
@@ -211,7 +199,7 @@ func (p *Probes) reconcileMemoryCharges() error {
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("memory limits: reconcile charges: %w", err)
 	}
-	return nil
+	return p.continueMemoryGenerations(cgroupGen, len(cgroups) > 0)
 }
 
 // AdoptMemoryLimit takes over a held-over slot with any of these members
@@ -257,15 +245,16 @@ func (p *Probes) heldOverLimit(slot uint32, members []gpuarbGateKey) *MemoryLimi
 
 // HoldsMemory reports whether a process of a limited tenant holds charged
 // GPU memory: a stopping daemon then leaves its limits in the pins for the
-// next, and Unpin keeps the memory tables.
-func (p *Probes) HoldsMemory() bool { return p != nil && holdsMemory(p.objs.GpuarbMemProcs) }
-
-func holdsMemory(procs *ebpf.Map) bool {
+// next, and keeps the memory tables (Unpin).
+func (p *Probes) HoldsMemory() bool {
+	if p == nil {
+		return false
+	}
 	var (
 		tgid uint32
 		proc gpuarbMemProc
 	)
-	it := procs.Iterate()
+	it := p.objs.GpuarbMemProcs.Iterate()
 	for it.Next(&tgid, &proc) {
 		if slices.ContainsFunc(proc.Charged[:], func(b uint64) bool { return b != 0 }) {
 			return true

@@ -727,19 +727,16 @@ func (p *Probes) Close() error {
 	return nil
 }
 
-// Unpin removes the pins a pinned load created, but the memory tables
-// while a limited tenant's process holds charged memory: the next daemon
-// carries them on (memory_carry.go).
-func (p *Probes) Unpin() error {
+// Unpin removes the pins a pinned load created; keepMemory keeps the
+// memory tables (while a limited process holds charged memory, HoldsMemory)
+// for the next daemon to carry on (memory_carry.go).
+func (p *Probes) Unpin(keepMemory bool) error {
 	if p == nil || p.pinPath == "" {
 		return nil
 	}
 	var keep []string
-	if procs, err := loadPinned(p.pinPath, memProcsMap); err == nil && procs != nil {
-		if holdsMemory(procs) {
-			keep = memoryPins
-		}
-		procs.Close()
+	if keepMemory {
+		keep = memoryPins
 	}
 	return removePins(p.pinPath, keep)
 }

@@ -361,11 +361,12 @@ func (d *Daemon) Stop() error {
 		}
 		d.ledger = nil
 	}
+	// Limits whose tenants hold charged memory stay in the pins with
+	// those charges, for the next daemon to carry on.
+	keepMemory := d.probes.HoldsMemory()
 	switch {
 	case d.memory == nil:
-	case d.probes.HoldsMemory():
-		// The limits stay in the pins with what their tenants hold, for
-		// the next daemon to carry on (Unpin keeps them).
+	case keepMemory:
 		d.memory.Leave()
 	default:
 		errs = append(errs, d.memory.Close())
@@ -404,7 +405,7 @@ func (d *Daemon) Stop() error {
 		d.recording = nil
 	}
 	if d.probes != nil {
-		errs = append(errs, d.probes.Close(), d.probes.Unpin())
+		errs = append(errs, d.probes.Close(), d.probes.Unpin(keepMemory))
 		d.probes = nil
 	}
 	if d.listener != nil {
