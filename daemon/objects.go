@@ -1,13 +1,9 @@
 package daemon
 
 import (
-	"cmp"
-	"maps"
 	"path/filepath"
-	"slices"
 
 	"github.com/gpuarb/gpuarb/cgroup"
-	"github.com/gpuarb/gpuarb/ioctlspy"
 	"github.com/gpuarb/gpuarb/meter"
 )
 
@@ -45,29 +41,14 @@ func (d *Daemon) restoreObjects() {
 	d.log.Info("restored the RM objects of running processes", "processes", len(pids), "path", path)
 }
 
-// routeRestored tells the meter which context each thread of a restored
-// process made current, as the cuCtxCreate calls it will never see again
-// did (the process's first context first): a process of a context per
-// thread is metered as several contexts from the start.
+// routeRestored replays to the meter the context creations of a restored
+// process that it will never see again (Process.ContextsMade): each
+// thread routed to its context and each context on its GPU.
 func (d *Daemon) routeRestored(pid uint32) {
-	p, ok := d.spy.Table().Process(pid)
-	if !ok {
-		return
-	}
-	now := meter.MonotonicNow()
-	first := func(tid uint32) int { // 0 for the threads of the first context
-		if p.Threads[tid] == p.Made {
-			return 0
+	if p, ok := d.spy.Table().Process(pid); ok {
+		for _, ev := range p.ContextsMade(meter.MonotonicNow()) {
+			d.meter.Observe(ev)
 		}
-		return 1
-	}
-	tids := slices.SortedFunc(maps.Keys(p.Threads), func(a, b uint32) int {
-		return cmp.Or(cmp.Compare(first(a), first(b)), cmp.Compare(a, b))
-	})
-	for _, tid := range tids {
-		ctx := p.Threads[tid]
-		d.meter.Observe(&ioctlspy.ContextCreated{Header: ioctlspy.Header{Type: "ctx_create", Start: now, End: now, PID: pid, TID: tid,
-			Comm: p.Comm, CgroupID: p.CgroupID}, Func: "cuCtxCreate_v2", Ctx: ctx, Device: p.Contexts[ctx]})
 	}
 }
 

@@ -25,8 +25,14 @@ import (
 )
 
 // trueShares reads n windows of 1 s of the simulator's ground truth, per
-// test cgroup (its descendants included), after settle.
+// test cgroup (its descendants included), after settle, on GPU 0.
 func trueShares(t *testing.T, gpu *testutil.FakeGPU, cgs map[string]*testutil.Cgroup, settle time.Duration, n int) []map[string]float64 {
+	t.Helper()
+	return trueSharesOn(t, gpu, 0, cgs, settle, n)
+}
+
+// trueSharesOn is trueShares on GPU index.
+func trueSharesOn(t *testing.T, gpu *testutil.FakeGPU, index int, cgs map[string]*testutil.Cgroup, settle time.Duration, n int) []map[string]float64 {
 	t.Helper()
 	time.Sleep(settle)
 	if _, err := fakegpu.ReadStats(gpu.Socket, true); err != nil {
@@ -41,13 +47,13 @@ func trueShares(t *testing.T, gpu *testutil.FakeGPU, cgs map[string]*testutil.Cg
 		}
 		w := map[string]float64{}
 		for name, cg := range cgs {
-			for _, c := range st.GPUs[0].Contexts {
+			for _, c := range st.GPUs[index].Contexts {
 				if c.Cgroup == cg.Rel || strings.HasPrefix(c.Cgroup, cg.Rel+"/") {
 					w[name] += float64(c.BusyNS) / float64(st.ElapsedNS)
 				}
 			}
 		}
-		w["busy"] = float64(st.GPUs[0].BusyNS) / float64(st.ElapsedNS)
+		w["busy"] = float64(st.GPUs[index].BusyNS) / float64(st.ElapsedNS)
 		out = append(out, w)
 	}
 	return out

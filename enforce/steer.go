@@ -417,7 +417,7 @@ func (s *Steering) applySlices(picks []sliceChange, groups map[groupKey]gpusched
 	s.mu.Unlock()
 	for i, c := range changes {
 		if failed[i] == nil {
-			s.meter.Observe(meter.Timeslice(c.Group.PID, c.Timeslice))
+			s.meter.Observe(meter.Timeslice(c.Group.PID, int(c.Group.GPU), c.Timeslice))
 		}
 	}
 	return err
@@ -543,9 +543,9 @@ func (s *Steering) Pause(groups []gpusched.Group, by pauseCause, off, keepRunnin
 		switch {
 		case failed[i] != nil:
 		case c.KeepRunning:
-			s.meter.Observe(meter.Deschedule(c.Group.PID, now))
+			s.meter.Observe(meter.Deschedule(c.Group.PID, int(c.Group.GPU), now))
 		default:
-			s.meter.Observe(meter.Pause(c.Group.PID, *c.Pause, now))
+			s.meter.Observe(meter.Pause(c.Group.PID, int(c.Group.GPU), *c.Pause, now))
 		}
 	}
 	return errors.Join(append(errs, err)...)
@@ -629,8 +629,8 @@ func (s *Steering) restore(all []*steered) error {
 			// The meter follows: a group it still thought paused would get
 			// no GPU in its replay, and a later resume of the group,
 			// tracked afresh as running, would never tell it.
-			s.meter.Observe(meter.Timeslice(rec.Group.PID, rec.Original))
-			s.meter.Observe(meter.Pause(rec.Group.PID, false, now))
+			s.meter.Observe(meter.Timeslice(rec.Group.PID, int(rec.Group.GPU), rec.Original))
+			s.meter.Observe(meter.Pause(rec.Group.PID, int(rec.Group.GPU), false, now))
 			done = append(done, rec)
 		}
 	}

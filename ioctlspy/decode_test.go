@@ -409,6 +409,41 @@ func steerableProcess(t *testing.T) (*Table, func(Record)) {
 	return tbl, apply
 }
 
+// A context's GPU is its channel group's device id, not the CUDA ordinal
+// its call named (a process given GPU 3 alone calls it ordinal 0): the
+// table names it on the group's event and keeps it for the context its
+// thread makes next; a thread whose group was not seen keeps the ordinal.
+func TestContextGPUIsItsGroups(t *testing.T) {
+	tbl := NewTable()
+	var groups []*TSGAllocated
+	apply := func(r Record) {
+		ev, err := DecodeRecord(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tbl.Apply(ev)
+		if g, ok := ev.(*TSGAllocated); ok {
+			groups = append(groups, g)
+		}
+	}
+	apply(nvIoctl(nvrm.EscRMAlloc, words(1, 0, 1, nvrm.ClassRoot, uint64(0), 0, 0), nil))
+	apply(nvIoctl(nvrm.EscRMAlloc, words(1, 1, 2, nvrm.ClassDevice, uint64(0), 0, 0), words(3)))
+	apply(nvIoctl(nvrm.EscRMAlloc, words(1, 2, 3, nvrm.ClassSubdevice, uint64(0), 0, 0), nil))
+	apply(nvIoctl(nvrm.EscRMAlloc, words(1, 2, 10, nvrm.ClassTSG, uint64(0), 0, 0), words(0, 0, 0, 1)))
+	apply(Record{Type: recCuda, PID: 42, TID: 43, Func: fn("cuCtxCreate_v2"), Args: [numArgs]uint64{0xc7, 0, 0}})
+	apply(nvIoctl(nvrm.EscRMAlloc, words(1, 3, 11, nvrm.ClassTSG, uint64(0), 0, 0), words(0, 0, 0, 1))) // under the subdevice
+	apply(Record{Type: recCuda, PID: 42, TID: 43, Func: fn("cuCtxCreate_v2"), Args: [numArgs]uint64{0xc8, 0, 0}})
+	apply(nvIoctl(nvrm.EscRMAlloc, words(1, 9, 12, nvrm.ClassTSG, uint64(0), 0, 0), words(0, 0, 0, 1))) // a device never seen
+	apply(Record{Type: recCuda, PID: 42, TID: 43, Func: fn("cuCtxCreate_v2"), Args: [numArgs]uint64{0xc9, 0, 1}})
+	if len(groups) != 3 || groups[0].GPU == nil || *groups[0].GPU != 3 || groups[1].GPU == nil || *groups[1].GPU != 3 || groups[2].GPU != nil {
+		t.Fatalf("groups name GPUs %v, want 3, 3 and none", groups)
+	}
+	p, _ := tbl.Process(42)
+	if want := map[uint64]int32{0xc7: 3, 0xc8: 3, 0xc9: 1}; !reflect.DeepEqual(p.Contexts, want) {
+		t.Errorf("contexts on GPUs %v, want %v (groups' device ids; the ordinal where no device was seen)", p.Contexts, want)
+	}
+}
+
 func TestTable(t *testing.T) {
 	tbl, apply := steerableProcess(t)
 	// On the simulated GPU's node every RM ioctl fails with ENOTTY; the

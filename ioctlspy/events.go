@@ -86,10 +86,19 @@ type TSGAllocated struct {
 	ObjectAllocated
 	VASpace    uint32 `json:"vaspace"`
 	EngineType uint32 `json:"engine_type"`
+	// GPU is the device id of the device the group was allocated under,
+	// which the table names as it records the group (nil where the table
+	// did not see that device made): a process's CUDA ordinals number
+	// only the GPUs it was given, the driver's device ids all of them.
+	GPU *uint32 `json:"gpu,omitempty"`
 }
 
 func (e *TSGAllocated) String() string {
-	return fmt.Sprintf("%s engine=%d vaspace=0x%x", e.ObjectAllocated.String(), e.EngineType, e.VASpace)
+	s := fmt.Sprintf("%s engine=%d vaspace=0x%x", e.ObjectAllocated.String(), e.EngineType, e.VASpace)
+	if e.GPU != nil {
+		s += fmt.Sprintf(" gpu=%d", *e.GPU)
+	}
+	return s
 }
 
 // ChannelAllocated is the allocation of a GPFIFO channel.

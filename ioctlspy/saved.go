@@ -1,6 +1,7 @@
 package ioctlspy
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -192,4 +193,36 @@ func (t *Table) RestoreFile(path string, start func(pid uint32) (uint64, error))
 	}
 	defer f.Close()
 	return t.Restore(f, start)
+}
+
+// ContextsMade are the context creations that route the process's threads
+// and place its contexts as its own calls did, at t, for a reader that
+// missed them (a restarted daemon's meter): a cuCtxCreate on each thread
+// routed to a context, the process's first context first, or, for a
+// process of primary contexts alone, their retains. Each names the
+// context's GPU as the table knows it (Contexts).
+func (p Process) ContextsMade(t uint64) []*ContextCreated {
+	made := func(tid uint32, fn string, ctx uint64) *ContextCreated {
+		return &ContextCreated{Header: Header{Type: "ctx_create", Start: t, End: t, PID: p.PID, TID: tid,
+			Comm: p.Comm, CgroupID: p.CgroupID}, Func: fn, Ctx: ctx, Device: p.Contexts[ctx]}
+	}
+	first := func(tid uint32) int { // 0 for the threads of the first context
+		if p.Threads[tid] == p.Made {
+			return 0
+		}
+		return 1
+	}
+	tids := slices.SortedFunc(maps.Keys(p.Threads), func(a, b uint32) int {
+		return cmp.Or(cmp.Compare(first(a), first(b)), cmp.Compare(a, b))
+	})
+	var out []*ContextCreated
+	for _, tid := range tids {
+		out = append(out, made(tid, "cuCtxCreate_v2", p.Threads[tid]))
+	}
+	if len(tids) == 0 {
+		for _, ctx := range slices.Sorted(maps.Keys(p.Contexts)) {
+			out = append(out, made(p.PID, "cuDevicePrimaryCtxRetain", ctx))
+		}
+	}
+	return out
 }

@@ -97,3 +97,34 @@ func TestTableSavedToAFile(t *testing.T) {
 		t.Errorf("a missing file restored %v (%v)", pids, err)
 	}
 }
+
+// A restored process's context creations route its threads as its calls
+// did, the first context's threads first, each context on its GPU; a
+// process of primary contexts alone retains them.
+func TestContextsMadeRouteAsTheCallsDid(t *testing.T) {
+	threads := Process{PID: 5, CgroupID: 9, Made: 0xb, Contexts: map[uint64]int32{0xa: 1, 0xb: 3},
+		Threads: map[uint32]uint64{7: 0xa, 8: 0xb, 6: 0xa}}
+	type call struct {
+		tid uint32
+		fn  string
+		ctx uint64
+		gpu int32
+	}
+	calls := func(evs []*ContextCreated) (out []call) {
+		for _, e := range evs {
+			if e.PID != 5 || e.CgroupID != 9 || e.Start != 100 {
+				t.Errorf("%+v: want pid 5 of cgroup 9 at 100", e.Header)
+			}
+			out = append(out, call{e.TID, e.Func, e.Ctx, e.Device})
+		}
+		return out
+	}
+	if got, want := calls(threads.ContextsMade(100)), []call{{8, "cuCtxCreate_v2", 0xb, 3}, {6, "cuCtxCreate_v2", 0xa, 1},
+		{7, "cuCtxCreate_v2", 0xa, 1}}; !reflect.DeepEqual(got, want) {
+		t.Errorf("threads routed by %v, want %v", got, want)
+	}
+	primary := Process{PID: 5, CgroupID: 9, Contexts: map[uint64]int32{0xc: 2}, Threads: map[uint32]uint64{}}
+	if got, want := calls(primary.ContextsMade(100)), []call{{5, "cuDevicePrimaryCtxRetain", 0xc, 2}}; !reflect.DeepEqual(got, want) {
+		t.Errorf("primary context retained by %v, want %v", got, want)
+	}
+}

@@ -30,10 +30,13 @@ type TSG struct {
 
 // Process is what the table knows of one process using a GPU.
 type Process struct {
-	PID      uint32           `json:"pid"`
-	Comm     string           `json:"comm"`
-	CgroupID uint64           `json:"cgroup_id"`
-	Contexts map[uint64]int32 `json:"contexts"` // CUDA context -> device ordinal
+	PID      uint32 `json:"pid"`
+	Comm     string `json:"comm"`
+	CgroupID uint64 `json:"cgroup_id"`
+	// Contexts maps a CUDA context to its GPU: the device id of its channel
+	// group's device, or the device ordinal its call named where no group
+	// was seen.
+	Contexts map[uint64]int32 `json:"contexts"`
 	// Threads maps a thread to the context its cuCtxCreate made current
 	// on it (at most maxThreads), Made is the first context so made (0:
 	// none): what the meter routes a thread's events by.
@@ -51,6 +54,10 @@ type Process struct {
 	Memory   map[ObjectKey]MemoryObject `json:"-"`
 	Launches uint64                     `json:"launches"`
 	LastSeen uint64                     `json:"last_seen_ns"`
+	// groupGPU is the GPU of the channel group each thread allocated
+	// last, until the context the group belongs to is made (at most
+	// maxThreads threads; made lazily, never copied).
+	groupGPU map[uint32]uint32
 }
 
 // MemoryObject is a device memory allocation: its size and its GPU (the
@@ -214,7 +221,12 @@ func (t *Table) Apply(ev Event) {
 	case *Unknown:
 	case *TSGAllocated:
 		if made(e.Ret, e.Status) && t.room(h) {
-			t.proc(h).TSGs[ObjectKey{e.Client, e.Handle}] = TSG{Device: e.Parent, Engine: e.EngineType}
+			p := t.proc(h)
+			p.TSGs[ObjectKey{e.Client, e.Handle}] = TSG{Device: e.Parent, Engine: e.EngineType}
+			if gpu, ok := p.deviceID(e.Client, e.Parent); ok {
+				e.GPU = &gpu
+				p.noteGroupGPU(h.TID, gpu)
+			}
 		}
 	case *ChannelAllocated:
 		if made(e.Ret, e.Status) && t.room(h) {
@@ -266,6 +278,10 @@ func (t *Table) Apply(ev Event) {
 		}
 		p := t.proc(h)
 		p.Contexts[e.Ctx] = e.Device
+		if gpu, ok := p.groupGPU[h.TID]; ok {
+			p.Contexts[e.Ctx] = int32(gpu)
+			delete(p.groupGPU, h.TID)
+		}
 		if e.Func == "cuDevicePrimaryCtxRetain" || e.Ctx == 0 {
 			break // the runtime's primary context: made current by no cuCtxCreate
 		}
@@ -281,6 +297,27 @@ func (t *Table) Apply(ev Event) {
 		t.proc(h).Launches++
 	default:
 		t.proc(h)
+	}
+}
+
+// deviceID is the GPU (deviceId) of the process's device object parent,
+// or of the device above it where parent is a subdevice.
+func (p *Process) deviceID(client, parent uint32) (uint32, bool) {
+	if dev, ok := p.Subdevices[ObjectKey{client, parent}]; ok {
+		parent = dev
+	}
+	gpu, ok := p.Devices[ObjectKey{client, parent}]
+	return gpu, ok
+}
+
+// noteGroupGPU keeps the GPU of a channel group a thread allocated for the
+// context the thread makes next.
+func (p *Process) noteGroupGPU(tid, gpu uint32) {
+	if p.groupGPU == nil {
+		p.groupGPU = map[uint32]uint32{}
+	}
+	if _, ok := p.groupGPU[tid]; ok || len(p.groupGPU) < maxThreads {
+		p.groupGPU[tid] = gpu
 	}
 }
 
@@ -394,6 +431,7 @@ func (p *Process) copy() Process {
 	c.Devices = copyMap(p.Devices)
 	c.Nouveau = copyMap(p.Nouveau)
 	c.Memory = copyMap(p.Memory)
+	c.groupGPU = nil
 	return c
 }
 

@@ -161,12 +161,15 @@ type wait struct {
 
 // gpuContext is what the meter keeps of one process using a GPU.
 type gpuContext struct {
-	pid     uint32
-	ctx     uint64 // its CUDA context's handle (0: the process's first)
-	cgroup  uint64
-	gpu     int
-	streams []*stream // in order of first use
-	turn    *stream   // the stream whose kernel runs in the replay
+	pid    uint32
+	ctx    uint64 // its CUDA context's handle (0: the process's first)
+	cgroup uint64
+	gpu    int
+	// groupGPU is set once its channel group put it on gpu: the ordinal
+	// its cuCtxCreate named then moves it no more.
+	groupGPU bool
+	streams  []*stream // in order of first use
+	turn     *stream   // the stream whose kernel runs in the replay
 	// unseenBefore is set for a process that ran before the meter could
 	// see it: each of its streams first seen may hold unseen work.
 	unseenBefore bool

@@ -13,27 +13,30 @@ import (
 // from their time on. Their header names the process (PID) or the cgroup
 // (CgroupID) and the time (Start, End; CLOCK_MONOTONIC ns).
 
-// TimesliceSet: gpuarb gave a process's channel groups Timeslice (0: the
-// GPU's default again).
+// TimesliceSet: gpuarb gave a process's channel groups on GPU Timeslice
+// (0: the GPU's default again).
 type TimesliceSet struct {
 	ioctlspy.Header
+	GPU       int           `json:"gpu"`
 	Timeslice time.Duration `json:"timeslice_ns"`
 }
 
-// GroupPaused: gpuarb took a process's channel groups off the GPU (Paused)
-// or put them back, at Start: queued work waits in the replay, and syncs
-// across the pause teach nothing.
+// GroupPaused: gpuarb took a process's channel groups on GPU off it
+// (Paused) or put them back, at Start: queued work waits in the replay,
+// and syncs across the pause teach nothing.
 type GroupPaused struct {
 	ioctlspy.Header
+	GPU    int  `json:"gpu"`
 	Paused bool `json:"paused"`
 }
 
 // GroupDescheduled: gpuarb stopped scheduling a process's channel groups
-// at Start (gpusched.Change.KeepRunning): one the replay runs then keeps
-// the GPU to the end of its slice, then is paused as by GroupPaused; a
-// GroupPaused that is not Paused puts it back.
+// on GPU at Start (gpusched.Change.KeepRunning): one the replay runs then
+// keeps the GPU to the end of its slice, then is paused as by
+// GroupPaused; a GroupPaused that is not Paused puts it back.
 type GroupDescheduled struct {
 	ioctlspy.Header
+	GPU int `json:"gpu"`
 }
 
 // HoldReleased: gpuarb continued at End a process its launch gate held
@@ -71,18 +74,18 @@ func Unprobed(pid uint32, cgroupID uint64, gpu int, t uint64) *ProcessUnprobed {
 }
 
 // Timeslice is the effect of setting a process's channel groups' timeslice.
-func Timeslice(pid uint32, d time.Duration) *TimesliceSet {
-	return &TimesliceSet{Header: ioctlspy.Header{Type: "timeslice_set", PID: pid}, Timeslice: d}
+func Timeslice(pid uint32, gpu int, d time.Duration) *TimesliceSet {
+	return &TimesliceSet{Header: ioctlspy.Header{Type: "timeslice_set", PID: pid}, GPU: gpu, Timeslice: d}
 }
 
 // Pause is the effect of pausing (or resuming) a process's channel groups at t.
-func Pause(pid uint32, paused bool, t uint64) *GroupPaused {
-	return &GroupPaused{Header: ioctlspy.Header{Type: "group_paused", PID: pid, Start: t, End: t}, Paused: paused}
+func Pause(pid uint32, gpu int, paused bool, t uint64) *GroupPaused {
+	return &GroupPaused{Header: ioctlspy.Header{Type: "group_paused", PID: pid, Start: t, End: t}, GPU: gpu, Paused: paused}
 }
 
 // Deschedule is the effect of descheduling a process's channel groups at t.
-func Deschedule(pid uint32, t uint64) *GroupDescheduled {
-	return &GroupDescheduled{Header: ioctlspy.Header{Type: "group_descheduled", PID: pid, Start: t, End: t}}
+func Deschedule(pid uint32, gpu int, t uint64) *GroupDescheduled {
+	return &GroupDescheduled{Header: ioctlspy.Header{Type: "group_descheduled", PID: pid, Start: t, End: t}, GPU: gpu}
 }
 
 // Release is the effect of continuing at t a process held since since.
@@ -129,11 +132,11 @@ func (m *Meter) observeEffect(ev ioctlspy.Event) bool {
 	case *ProcessUnprobed:
 		m.unprobedAt(e.PID, e.CgroupID, e.GPU, e.Start)
 	case *TimesliceSet:
-		for _, c := range m.contextsOf(e.PID) {
+		for _, c := range m.contextsOn(e.PID, e.GPU) {
 			c.timeslice = e.Timeslice
 		}
 	case *GroupPaused:
-		for _, c := range m.contextsOf(e.PID) {
+		for _, c := range m.contextsOn(e.PID, e.GPU) {
 			if c.paused == e.Paused && c.pauseAt == 0 {
 				continue
 			}
@@ -141,7 +144,7 @@ func (m *Meter) observeEffect(ev ioctlspy.Event) bool {
 			c.setPaused(e.Paused, e.Start)
 		}
 	case *GroupDescheduled:
-		for _, c := range m.contextsOf(e.PID) {
+		for _, c := range m.contextsOn(e.PID, e.GPU) {
 			if c.paused || c.pauseAt != 0 {
 				continue
 			}

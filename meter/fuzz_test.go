@@ -69,7 +69,7 @@ func checkEventStream(t *testing.T, data []byte) {
 		case 11:
 			m.Observe(Release(pid, clk.t-min(clk.t, uint64(arg)*uint64(time.Microsecond)), clk.t))
 		case 12:
-			m.Observe(Pause(pid, b[5]&1 == 1, clk.t))
+			m.Observe(Pause(pid, 0, b[5]&1 == 1, clk.t))
 		case 13:
 			m.Observe(Unprobed(pid, cg, int(b[5]%2), clk.t))
 		case 14:

@@ -477,13 +477,13 @@ func (m *Meter) Observe(ev ioctlspy.Event) {
 		// The process's own scheduling call (libcuda sets its groups'
 		// timeslices): the replay follows it.
 		if e.CtrlCmd == nvrm.CtrlTSGSetTimeslice && e.TimesliceUS > 0 && e.Status == nvrm.StatusOK {
-			m.noteSetup(h, 0, time.Duration(e.TimesliceUS)*time.Microsecond)
+			m.noteSetup(h, setup{slice: time.Duration(e.TimesliceUS) * time.Microsecond})
 		}
 	case *ioctlspy.TSGAllocated:
 		// The context takes its place on the runlist with its channel
 		// group, as on the GPU.
 		if e.Made() {
-			m.noteSetup(h, h.Start, 0)
+			m.noteSetup(h, setup{at: h.Start, gpu: e.GPU})
 		}
 	case *ioctlspy.ContextCreated:
 		if e.Ret == 0 {

@@ -36,6 +36,8 @@ func syncEv(pid uint32, cg uint64, fn string, handle, start, end uint64) ioctlsp
 
 func near(a, b float64) bool { return math.Abs(a-b) < 0.005 }
 
+func ptr[T any](v T) *T { return &v }
+
 func byCgroup(s Snapshot) map[uint64]TenantStats {
 	out := map[uint64]TenantStats{}
 	for _, t := range s.Tenants {
@@ -100,6 +102,14 @@ func TestProcessorSharing(t *testing.T) {
 			&ioctlspy.ContextCreated{Header: hdr(2, 200, base-ms, base-ms), Device: 1},
 			launch(1, 100, base, 7), launch(2, 200, base, 7),
 		}, map[uint64]float64{100: 1, 200: 1}, 1},
+		// A process given only GPU 1 (CUDA_VISIBLE_DEVICES=1) names it
+		// ordinal 0; its channel group is on device 1, beside pid 3.
+		{"a context is on its channel group's GPU", []ioctlspy.Event{
+			&ioctlspy.TSGAllocated{ObjectAllocated: ioctlspy.ObjectAllocated{Header: hdr(1, 100, base-3*ms/2, base-3*ms/2)}, GPU: ptr(uint32(1))},
+			&ioctlspy.ContextCreated{Header: hdr(1, 100, base-2*ms, base-ms), Func: "cuCtxCreate_v2", Ctx: 0xc1, Device: 0},
+			&ioctlspy.ContextCreated{Header: hdr(3, 300, base-2*ms, base-ms), Func: "cuCtxCreate_v2", Ctx: 0xc3, Device: 1},
+			launch(1, 100, base, 7), launch(2, 200, base, 7), launch(3, 300, base, 7),
+		}, map[uint64]float64{100: 0.5, 200: 1, 300: 0.5}, 1},
 		{"nouveau submissions and waits", []ioctlspy.Event{
 			&ioctlspy.Submission{Header: hdr(1, 100, base, base+ms)},
 			syncEv(1, 100, "NOUVEAU_GEM_CPU_PREP", 3, base+100*ms, base+250*ms),
@@ -777,9 +787,9 @@ func TestWantedFromWaits(t *testing.T) {
 	}
 	// Paused by gpuarb counts too.
 	m.Observe(syncEv(1, 100, "cuStreamSynchronize", 7, clk.t-500*ms, clk.t))
-	m.Observe(Pause(1, true, clk.t))
+	m.Observe(Pause(1, 0, true, clk.t))
 	clk.t += 300 * ms
-	m.Observe(Pause(1, false, clk.t))
+	m.Observe(Pause(1, 0, false, clk.t))
 	_, cs = m.Contexts(300 * time.Millisecond)
 	if float64(cs[0].WantNS) < 0.99*float64(300*ms) {
 		t.Errorf("paused: wanted %d ns of 300 ms", cs[0].WantNS)
@@ -870,7 +880,7 @@ func twoBacklogged(clk *clock, slice time.Duration) *Meter {
 		c.costs[costKey{}] = &cost{ns: float64(ms), learned: true}
 		c.learned = true
 		if slice > 0 {
-			m.Observe(Timeslice(pid, slice))
+			m.Observe(Timeslice(pid, 0, slice))
 		}
 		for i := 0; i < 2000; i++ {
 			m.Observe(launchFn(pid, 100*uint64(pid), clk.t, 7, 0, 1))
@@ -885,19 +895,19 @@ func TestTimeslicesAndPauses(t *testing.T) {
 	base := 10 * 1000 * ms
 	clk := &clock{t: base}
 	m := twoBacklogged(clk, 0)
-	m.Observe(Timeslice(1, 3*time.Millisecond))
+	m.Observe(Timeslice(1, 0, 3*time.Millisecond))
 	clk.t = base + 1000*ms
 	got := byCgroup(m.Snapshot())
 	if math.Abs(got[100].Share-0.75) > 0.01 || math.Abs(got[200].Share-0.25) > 0.01 {
 		t.Errorf("3:1 timeslices: %.3f / %.3f, want 0.75 / 0.25", got[100].Share, got[200].Share)
 	}
-	m.Observe(Pause(1, true, clk.t))
+	m.Observe(Pause(1, 0, true, clk.t))
 	clk.t += 1000 * ms
 	got = byCgroup(m.Snapshot())
 	if got[100].Share != 0 || math.Abs(got[200].Share-1) > 0.01 {
 		t.Errorf("first paused: %.3f / %.3f, want 0 / 1", got[100].Share, got[200].Share)
 	}
-	m.Observe(Pause(1, false, clk.t))
+	m.Observe(Pause(1, 0, false, clk.t))
 	clk.t += 1000 * ms
 	if got = byCgroup(m.Snapshot()); math.Abs(got[100].Share-0.75) > 0.01 {
 		t.Errorf("resumed: %.3f, want 0.75", got[100].Share)
@@ -942,7 +952,7 @@ func TestPausedEveryPeriodStillLearns(t *testing.T) {
 				pause bool
 			}{{p, false}, {p + run, true}} {
 				if ev.at <= upTo && ev.at >= clk.t && paused != ev.pause {
-					m.Observe(Pause(1, ev.pause, ev.at))
+					m.Observe(Pause(1, 0, ev.pause, ev.at))
 					paused = ev.pause
 				}
 			}
@@ -1087,14 +1097,14 @@ func TestUnprobedProcessIsABusyContext(t *testing.T) {
 			t.Errorf("unprobed context wanted %v of the second, want all of it (frozen counts)", time.Duration(cs.WantNS))
 		}
 	}
-	m.Observe(Pause(2, true, clk.t))
+	m.Observe(Pause(2, 0, true, clk.t))
 	clk.t += 1000 * ms
 	if got = byCgroup(m.Snapshot()); got[200].Share != 0 || !near(got[100].Share, 1) {
 		t.Errorf("paused: %.3f / %.3f, want 0 / 1", got[100].Share, got[200].Share)
 	}
 	m.Observe(&ioctlspy.ProcessExit{Header: hdr(2, 200, clk.t, clk.t)})
 	m.Observe(Unprobed(2, 200, 0, clk.t)) // a late report of an exited process
-	m.Observe(Pause(2, false, clk.t))
+	m.Observe(Pause(2, 0, false, clk.t))
 	clk.t += 1000 * ms
 	if got = byCgroup(m.Snapshot()); got[200].Share != 0 {
 		t.Errorf("after its exit: %.3f, want 0", got[200].Share)
@@ -1425,7 +1435,7 @@ func feedWithPauses(m *Meter, clk *clock, procs []simProc, evs []ioctlspy.Event)
 		for ; next <= ev.Hdr().End; next += 100 * us {
 			for i, p := range procs {
 				if now := simPaused(p, next); now != paused[i] {
-					m.Observe(Pause(uint32(i+1), now, next))
+					m.Observe(Pause(uint32(i+1), 0, now, next))
 					paused[i] = now
 				}
 			}
@@ -1613,7 +1623,7 @@ func TestLoopsBesideHogsStayInPhase(t *testing.T) {
 				clk.t = ev.Hdr().End
 				m.Observe(ev)
 				if pid := ev.Hdr().PID; procs[pid-1].slice > 0 {
-					m.Observe(Timeslice(pid, procs[pid-1].slice)) // as gpuarb's steering tells it
+					m.Observe(Timeslice(pid, 0, procs[pid-1].slice)) // as gpuarb's steering tells it
 				}
 			}
 			clk.t = end
@@ -1647,9 +1657,9 @@ func TestEarlyDrainCountsTheContextsTurnPart(t *testing.T) {
 			m.Observe(launchFn(pid, 100*uint64(pid), clk.t, 7, 0, 1))
 		}
 	}
-	m.Observe(Timeslice(1, 9*time.Millisecond))
-	m.Observe(Timeslice(2, time.Millisecond))
-	m.Observe(Timeslice(3, time.Millisecond))
+	m.Observe(Timeslice(1, 0, 9*time.Millisecond))
+	m.Observe(Timeslice(2, 0, time.Millisecond))
+	m.Observe(Timeslice(3, 0, time.Millisecond))
 	early := float64(10 * ms)
 	for i, want := range []float64{-0.9 * early, -0.1 * early, -early / 11} {
 		// The third has no work: it takes no turn, and an early drain of
@@ -1658,7 +1668,7 @@ func TestEarlyDrainCountsTheContextsTurnPart(t *testing.T) {
 			t.Errorf("context %d: an early drain of 10 ms counts %.0f ns, want %.0f", i+1, got, want)
 		}
 	}
-	m.Observe(Pause(2, true, clk.t))
+	m.Observe(Pause(2, 0, true, clk.t))
 	if got := m.lateness(cs[0], 0, early); got != -early {
 		t.Errorf("beside a paused context: %.0f ns, want the whole %.0f", got, -early)
 	}
@@ -1783,10 +1793,10 @@ func TestDescheduledFinishesItsSlice(t *testing.T) {
 		m := twoBacklogged(clk, 10*time.Millisecond)
 		clk.t = base + 2*ms
 		if tc.deschedule {
-			m.Observe(Deschedule(1, clk.t))
-			m.Observe(Deschedule(2, clk.t)) // not on the GPU: off at once
+			m.Observe(Deschedule(1, 0, clk.t))
+			m.Observe(Deschedule(2, 0, clk.t)) // not on the GPU: off at once
 		} else {
-			m.Observe(Pause(1, true, clk.t))
+			m.Observe(Pause(1, 0, true, clk.t))
 		}
 		if r := m.replayOf(0); r.t != clk.t || r.holder == nil || r.holder.pid != 1 {
 			t.Fatalf("%s: the replay at %d ms runs %+v, want the first context", tc.name, (r.t-base)/ms, r.holder)
@@ -1799,8 +1809,8 @@ func TestDescheduledFinishesItsSlice(t *testing.T) {
 		if tc.deschedule && got[200].Share > 0.001 {
 			t.Errorf("the second context, descheduled while the first ran: %.4f of the second, want 0", got[200].Share)
 		}
-		m.Observe(Pause(1, false, clk.t))
-		m.Observe(Pause(2, false, clk.t))
+		m.Observe(Pause(1, 0, false, clk.t))
+		m.Observe(Pause(2, 0, false, clk.t))
 		clk.t += 1000 * ms
 		if got = byCgroup(m.Snapshot()); math.Abs(got[100].Share-0.5) > 0.01 {
 			t.Errorf("%s, then resumed: %.3f, want 0.5", tc.name, got[100].Share)
@@ -1844,7 +1854,7 @@ func TestContextPerThreadTakesATurnPerContext(t *testing.T) {
 	if n := len(cs); n != 5 {
 		t.Errorf("%d contexts listed, want 5 (four of pid 1, one of pid 2)", n)
 	}
-	m.Observe(Timeslice(1, 256*time.Microsecond))
+	m.Observe(Timeslice(1, 0, 256*time.Microsecond))
 	clk.t += 1000 * ms
 	if got = byCgroup(m.Snapshot()); math.Abs(got[100].Share-0.5) > 0.01 {
 		t.Errorf("four contexts at a quarter of the other's slice: %.3f, want 0.5", got[100].Share)
@@ -1951,5 +1961,51 @@ func TestLateHeldLaunchDoesNotWaitForALaterHold(t *testing.T) {
 	m.Observe(heldAt(base + ms))   // the first hold's, read late
 	if len(c.deferred) != 1 {
 		t.Errorf("%d launches wait for the second hold's release, want its one", len(c.deferred))
+	}
+}
+
+// What the GPU's scheduler does to a process's channel groups on one GPU
+// reaches its context there alone: pid 1, a context on each of two GPUs,
+// is paused on GPU 0 and given a 3 ms slice on GPU 1. GPU 0 is pid 2's,
+// and on GPU 1 pid 1 runs 3 ms slices to pid 3's 1 ms: 75% (unsteered on
+// GPU 1, pid 1 would be paused there too and pid 3 take all of it).
+func TestEffectsActOnTheirGPU(t *testing.T) {
+	base := 10 * 1000 * ms
+	clk := &clock{t: base}
+	m := New(Config{Now: clk.now})
+	made := func(pid, tid uint32, cg, ctx uint64, gpu int32) {
+		h := hdr(pid, cg, base-2*ms, base-ms)
+		h.TID = tid
+		m.Observe(&ioctlspy.ContextCreated{Header: h, Func: "cuCtxCreate_v2", Ctx: ctx, Device: gpu})
+	}
+	made(1, 11, 100, 0xa, 0)
+	made(1, 12, 100, 0xb, 1)
+	made(2, 2, 200, 0xc, 0)
+	made(3, 3, 300, 0xd, 1)
+	for _, c := range m.ctxs {
+		c.costs[costKey{}] = &cost{ns: float64(ms), learned: true}
+		c.learned = true
+	}
+	m.Observe(Pause(1, 0, true, base))
+	m.Observe(Timeslice(1, 1, 3*time.Millisecond))
+	for i := 0; i < 2000; i++ {
+		for _, l := range []struct {
+			pid, tid uint32
+			cg       uint64
+		}{{1, 11, 100}, {1, 12, 100}, {2, 2, 200}, {3, 3, 300}} {
+			ev := launchFn(l.pid, l.cg, base, 7, 0, 1)
+			ev.(*ioctlspy.Launch).TID = l.tid
+			m.Observe(ev)
+		}
+	}
+	clk.t = base + 1000*ms
+	got := map[[2]int]float64{}
+	for _, s := range m.Snapshot().Tenants {
+		got[[2]int{int(s.CgroupID), s.GPU}] = s.Share
+	}
+	for k, want := range map[[2]int]float64{{100, 0}: 0, {200, 0}: 1, {100, 1}: 0.75, {300, 1}: 0.25} {
+		if math.Abs(got[k]-want) > 0.01 {
+			t.Errorf("cgroup %d on GPU %d: %.3f, want %.2f (all: %v)", k[0], k[1], got[k], want, got)
+		}
 	}
 }

@@ -74,6 +74,19 @@ func (m *Meter) contextsOf(pid uint32) []*gpuContext {
 	return p.ctxs
 }
 
+// contextsOn returns a process's contexts on one GPU: what the GPU's
+// scheduler does to the process's channel groups there reaches those
+// alone.
+func (m *Meter) contextsOn(pid uint32, gpu int) []*gpuContext {
+	var on []*gpuContext
+	for _, c := range m.contextsOf(pid) {
+		if c.gpu == gpu {
+			on = append(on, c)
+		}
+	}
+	return on
+}
+
 // setup is what a thread did to set up a channel group: allocated it
 // (at, 0: not seen) and set its timeslice (0: not set). A cuCtxCreate
 // does both before it returns and reports the context they belong to, so
@@ -83,13 +96,20 @@ func (m *Meter) contextsOf(pid uint32) []*gpuContext {
 type setup struct {
 	at, first uint64 // its group's allocation; the earliest of its parts
 	slice     time.Duration
+	gpu       *uint32 // its group's GPU (device id), where the spy named it
 }
 
 // contextMade routes the thread that made a context (cuCtxCreate, which
-// makes it current there) to it and puts the context on its GPU.
+// makes it current there) to it and puts the context on the GPU its call
+// named, unless its channel group placed it: the call names a CUDA
+// ordinal, which numbers only the GPUs the process was given
+// (CUDA_VISIBLE_DEVICES, a container's devices), the group the driver's
+// device id that steering, memory and every other tenant use.
 func (m *Meter) contextMade(h *ioctlspy.Header, e *ioctlspy.ContextCreated) {
 	m.route(h, e)
-	m.moveGPU(m.context(h), int(e.Device))
+	if c := m.context(h); !c.groupGPU {
+		m.moveGPU(c, int(e.Device))
+	}
 }
 
 // route sends the thread that made a context by cuCtxCreate to it.
@@ -106,23 +126,27 @@ func (m *Meter) route(h *ioctlspy.Header, e *ioctlspy.ContextCreated) {
 	}
 }
 
-// noteSetup keeps a thread's channel group allocation (at > 0) or
-// timeslice (slice > 0) for the context it belongs to (setup).
-func (m *Meter) noteSetup(h *ioctlspy.Header, at uint64, slice time.Duration) {
+// noteSetup keeps a thread's channel group allocation (at > 0, on gpu
+// where known) or timeslice (slice > 0) for the context it belongs to
+// (setup).
+func (m *Meter) noteSetup(h *ioctlspy.Header, part setup) {
 	p := m.processOf(h.PID)
 	st, ok := p.setup[h.TID]
 	if !ok && len(p.setup) >= maxThreadsTracked {
-		m.applySetup(m.context(h), setup{at: at, slice: slice})
+		m.applySetup(m.context(h), part)
 		return
 	}
 	if !ok {
 		st.first = h.Start
 	}
-	if at > 0 {
-		st.at = at
+	if part.at > 0 {
+		st.at = part.at
 	}
-	if slice > 0 {
-		st.slice = slice
+	if part.gpu != nil {
+		st.gpu = part.gpu
+	}
+	if part.slice > 0 {
+		st.slice = part.slice
 	}
 	p.setup[h.TID] = st
 }
@@ -160,9 +184,13 @@ func ofAContext(ev ioctlspy.Event) bool {
 	return false
 }
 
-// applySetup places c on the runlist by its group's allocation and sets
-// its timeslice, as the setup says.
+// applySetup puts c on its group's GPU, places it on that GPU's runlist
+// by the group's allocation and sets its timeslice, as the setup says.
 func (m *Meter) applySetup(c *gpuContext, st setup) {
+	if st.gpu != nil {
+		m.moveGPU(c, int(*st.gpu))
+		c.groupGPU = true
+	}
 	if st.at > 0 {
 		m.placeOnRunlist(c, st.at)
 	}

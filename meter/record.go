@@ -229,11 +229,11 @@ func playLine(m *Meter, clock *uint64, sched map[int]recordLine, l recordLine, o
 		}
 		m.Observe(ev)
 	case opTimeslice: // recordings made before effects were observed
-		m.Observe(Timeslice(l.PID, time.Duration(l.NS)))
+		m.Observe(Timeslice(l.PID, l.GPU, time.Duration(l.NS)))
 	case opPaused:
-		m.Observe(Pause(l.PID, l.On, l.From))
+		m.Observe(Pause(l.PID, l.GPU, l.On, l.From))
 	case opDescheduled:
-		m.Observe(Deschedule(l.PID, l.From))
+		m.Observe(Deschedule(l.PID, l.GPU, l.From))
 	case opReleased:
 		m.Observe(Release(l.PID, l.From, l.To))
 	case opFrozen:

@@ -45,13 +45,13 @@ func TestRecordingPlaysBackTheSameFigures(t *testing.T) {
 			next += 100 * ms
 		}
 		if i == len(evs)/2 {
-			m.Observe(Timeslice(4, 3*time.Millisecond))
+			m.Observe(Timeslice(4, 0, 3*time.Millisecond))
 		}
 		if p := simPaused(procs[0], ev.Hdr().End); p != paused {
 			if p && i > len(evs)/2 { // the second half's pauses deschedule
-				m.Observe(Deschedule(1, ev.Hdr().End))
+				m.Observe(Deschedule(1, 0, ev.Hdr().End))
 			} else {
-				m.Observe(Pause(1, p, ev.Hdr().End))
+				m.Observe(Pause(1, 0, p, ev.Hdr().End))
 			}
 			paused = p
 		}

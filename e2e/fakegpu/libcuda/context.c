@@ -110,7 +110,7 @@ static CUcontext ctx_new(CUdevice dev, unsigned flags, CUresult *err)
 	c->dev = dev;
 	c->flags = flags;
 	if (!g_nouveau) {
-		NV0080_ALLOC_PARAMETERS dp = { .deviceId = (uint32_t)dev };
+		NV0080_ALLOC_PARAMETERS dp = { .deviceId = g_gpu[dev] };
 		NV_CHANNEL_GROUP_ALLOCATION_PARAMETERS tp = { 0 };
 
 		NV2080_ALLOC_PARAMETERS sp = { 0 };
@@ -127,7 +127,7 @@ static CUcontext ctx_new(CUdevice dev, unsigned flags, CUresult *err)
 		req.tsg_at = monotonic_ns();
 		nv_alloc21(c->h_device, c->h_tsg, KEPLER_CHANNEL_GROUP_A, &tp);
 	}
-	req.gpu = (uint32_t)dev;
+	req.gpu = g_gpu[dev];
 	req.arg0 = g_hclient;
 	req.arg1 = c->h_tsg;
 	req.arg2 = c->h_subdevice;

@@ -33,6 +33,9 @@ int g_nouveau;
  * instead of RM_ALLOC of NV01_MEMORY_LOCAL_USER. */
 static int g_vidheap;
 uint32_t g_ngpus;
+/* g_gpu[ordinal] is the simulated GPU a CUDA device ordinal names: the
+ * GPUs CUDA_VISIBLE_DEVICES lists, in its order, or all of them. */
+uint32_t g_gpu[MAX_DEVICES];
 uint64_t g_mem;
 uint32_t g_hclient;
 /* The CUDA version this driver reports (CUDA 13.0; FAKEGPU_CUDA_VERSION
@@ -555,6 +558,39 @@ static uint32_t new_client_handle(void)
 	return 0xc1d00000u | (r & 0xfffffu) | 1u;
 }
 
+/* visible_devices numbers the n simulated GPUs as CUDA does: the ones
+ * CUDA_VISIBLE_DEVICES lists by index, in its order, up to the first entry
+ * that names none (or repeats one), or all n when it is unset. It fills
+ * g_gpu and returns how many ordinals there are. */
+static uint32_t visible_devices(uint32_t n)
+{
+	const char *list = getenv("CUDA_VISIBLE_DEVICES");
+	uint32_t count = 0;
+
+	if (n > MAX_DEVICES)
+		n = MAX_DEVICES;
+	if (!list) {
+		for (; count < n; count++)
+			g_gpu[count] = count;
+		return count;
+	}
+	while (*list && count < n) {
+		char *end;
+		unsigned long id = strtoul(list, &end, 10);
+		int seen = 0;
+
+		if (end == list || id >= n || (*end && *end != ','))
+			break;
+		for (uint32_t i = 0; i < count; i++)
+			seen |= g_gpu[i] == id;
+		if (seen)
+			break;
+		g_gpu[count++] = (uint32_t)id;
+		list = *end ? end + 1 : end;
+	}
+	return count;
+}
+
 CUAPI CUresult cuInit(unsigned int flags)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
@@ -603,7 +639,11 @@ CUAPI CUresult cuInit(unsigned int flags)
 		r = CUDA_ERROR_NO_DEVICE;
 		goto fail;
 	}
-	g_ngpus = (uint32_t)resp.val0;
+	g_ngpus = visible_devices((uint32_t)resp.val0);
+	if (g_ngpus == 0) {
+		r = CUDA_ERROR_NO_DEVICE;
+		goto fail;
+	}
 	g_mem = resp.val1;
 	g_init = 1;
 	goto out;

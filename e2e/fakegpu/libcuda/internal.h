@@ -208,6 +208,7 @@ extern struct obj g_objs[MAX_OBJS];
 extern int g_init;
 extern int g_nouveau;
 extern uint32_t g_ngpus;
+extern uint32_t g_gpu[MAX_DEVICES];
 extern uint64_t g_mem;
 extern int g_driver_version;
 

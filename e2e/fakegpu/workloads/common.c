@@ -269,12 +269,12 @@ void setup(const struct opts *o)
 	reopen_control_files();
 }
 
-void thread_context(const struct opts *o)
+void thread_context(const struct opts *o, int gpu)
 {
 	CUdevice dev;
 	CUcontext ctx;
 
-	CHECK(cu.DeviceGet(&dev, o->gpu));
+	CHECK(cu.DeviceGet(&dev, gpu));
 	if (!o->runtime) {
 		CHECK(cu.CtxCreate(&ctx, 0, dev));
 		return;

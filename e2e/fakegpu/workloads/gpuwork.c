@@ -40,7 +40,8 @@ static void usage(void)
 		"              --sync-every N launches (4; 0: never), --think-ms T after each, --graph N kernels\n"
 		"              per cuGraphLaunch (captured forked across the streams), --seed S; --threads N\n"
 		"              runs the loop in N threads, each in a context of its own (a context per\n"
-		"              thread, as multi-model servers make; --api runtime: all in the primary context)\n"
+		"              thread, as multi-model servers make; --api runtime: all in the primary context),\n"
+		"              thread i on GPU --gpu + i mod --spread N (1): a process on N GPUs\n"
 		"  train       PyTorch-like training: --kernels 8 layers of --kernel-ms 2 GEMMs, elementwise and\n"
 		"              optimizer kernels, an event-polled allocator, one sync per iteration (--api runtime)\n"
 		"  serve       LLM-like serving at --rate 10 requests/s: prefill of --kernels 8 x --kernel-ms 1.5,\n"
@@ -83,7 +84,7 @@ int main(int argc, char **argv)
 		{ "jitter", required_argument, 0, 'J' },    { "sync-every", required_argument, 0, 'E' },
 		{ "graph", required_argument, 0, 'R' },     { "seed", required_argument, 0, 'S' },
 		{ "tokens", required_argument, 0, 'K' },    { "ranks", required_argument, 0, 'N' },
-		{ "threads", required_argument, 0, 'H' },
+		{ "threads", required_argument, 0, 'H' },    { "spread", required_argument, 0, 'V' },
 		{ "step-mib", required_argument, 0, 'M' },  { "count", required_argument, 0, 'C' },
 		{ "fraction", required_argument, 0, 'X' },  { "pattern", required_argument, 0, O_PATTERN },
 		{ "api", required_argument, 0, O_API },     { "kernels-ms", required_argument, 0, O_KERNELS_MS },
@@ -94,7 +95,7 @@ int main(int argc, char **argv)
 	};
 	struct opts o = { .duration = 10, .depth = 8, .kernels = -1, .streams = 1, .children = 4, .fps = 60,
 			  .frame_ms = 8, .kernel_ms = -1, .rate = -1, .kernel_list = "1", .mix = "cycle",
-			  .sync_every = 4, .sync = "stream", .tokens = 16, .ranks = 2, .threads = 1, .step_mib = 128, .count = 16,
+			  .sync_every = 4, .sync = "stream", .tokens = 16, .ranks = 2, .threads = 1, .spread = 1, .step_mib = 128, .count = 16,
 			  .fraction = 0.3, .pattern = "steps" };
 	struct sigaction sa = { .sa_handler = on_signal };
 	const char *api = NULL;
@@ -147,6 +148,7 @@ int main(int argc, char **argv)
 		case 'K': o.tokens = (int)v; break;
 		case 'N': o.ranks = (int)v; break;
 		case 'H': o.threads = v < 1 ? 1 : (int)v; break;
+		case 'V': o.spread = v < 1 ? 1 : (int)v; break;
 		case 'M': o.step_mib = v; break;
 		case 'C': o.count = (int)v; break;
 		case 'X': o.fraction = v; break;

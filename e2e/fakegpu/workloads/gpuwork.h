@@ -92,6 +92,7 @@ struct opts {
 	double phase_s, think_ms, jitter;
 	int sync_every, graph_nodes, persistent, launch_ex;
 	int threads; /* loop --threads: each in a context of its own */
+	int spread;  /* loop --spread: thread i on GPU gpu + i mod spread */
 	int device_latency; /* infer --device-latency */
 	const char *sync; /* stream | ctx | event | poll */
 	uint64_t seed;
@@ -127,7 +128,7 @@ double rnd01(uint64_t *state);
 void setup(const struct opts *o);
 /* Makes a context current for the calling thread, after setup: one of its
  * own (cuCtxCreate), or with --api runtime the primary context. */
-void thread_context(const struct opts *o);
+void thread_context(const struct opts *o, int gpu);
 
 /* A kernel of the workload: its function and the grid it launches with. */
 struct kernel {

@@ -7,8 +7,8 @@
  * of kind --sync: stream (each stream used), ctx, event (record and
  * synchronize one per stream) or poll (record, then cuEventQuery until
  * done); --think-ms of CPU time follows each sync. --threads N runs the loop
- * in N threads, each in a context of its own (thread_context), and sums
- * them in the summary. */
+ * in N threads, each in a context of its own (thread_context), thread i on
+ * GPU --gpu + i mod --spread, and sums them in the summary. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>
@@ -76,7 +76,7 @@ static void *loop_thread_main(void *arg)
 {
 	struct loop_thread *t = arg;
 
-	thread_context(t->o);
+	thread_context(t->o, t->o->gpu + t->index % (t->o->spread < 1 ? 1 : t->o->spread));
 	loop_body(t);
 	return NULL;
 }
