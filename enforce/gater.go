@@ -35,12 +35,13 @@ type Gater struct {
 	epoch  time.Time
 	// Admitter, when set, paces a rate at the launch itself.
 	Admitter Admitter
-	// LaunchCost returns the GPU ns one launch of the tenant costs, as the
-	// meter models it. Needed with Admitter.
+	// LaunchCost returns the GPU ns one launch of the tenant is expected
+	// to cost, as the meter models it. Needed with Admitter.
 	LaunchCost func() float64
-	// Submitted returns the GPU ns the tenant has submitted so far, as the
-	// meter estimates it (cumulative). Needed by SetRate without Admitter.
-	Submitted func() float64
+	// Submitted returns what the tenant has submitted so far, as the meter
+	// saw and costed it (cumulative). Needed by SetRate without Admitter;
+	// with one, it trues the expected launch cost up to the meter's.
+	Submitted func() meter.Submitted
 	// Meter, when set, is told each frozen interval of the cgroups Frozen
 	// lists as a meter.CgroupFrozen effect when it begins (its end
 	// unknown) and again when it ends: the meter discounts sync waits that
@@ -56,11 +57,11 @@ type Gater struct {
 
 	// What the stepping goroutine (Run) alone keeps.
 	mode     gaterMode
-	win      windowPlan // modeWindows: the next freeze, or the one in force
-	frozenAt time.Time  // when the freeze in force began
-	acct     account    // a paced mode's credit
-	spent    float64    // modePaced: Submitted at the last settling
-	adm      admission  // modeAdmission: the counts at the last settling
+	win      windowPlan      // modeWindows: the next freeze, or the one in force
+	frozenAt time.Time       // when the freeze in force began
+	acct     account         // a paced mode's credit
+	spent    meter.Submitted // a paced mode's Submitted at the last settling
+	adm      admission       // modeAdmission: the counts at the last settling
 
 	mu        sync.Mutex
 	duty      float64
@@ -281,10 +282,13 @@ func (g *Gater) enter(mode gaterMode, now time.Time) {
 	case modePaced:
 		g.acct, g.spent = account{last: now}, g.Submitted()
 	case modeAdmission:
-		g.acct = account{last: now}
+		g.acct, g.spent = account{last: now}, meter.Submitted{}
+		if g.Submitted != nil {
+			g.spent = g.Submitted()
+		}
 		admitted, holds, escaped, err := g.Admitter.Counts()
 		g.report(err)
-		g.adm = admission{admitted: admitted, released: holds, escaped: escaped}
+		g.adm = admission{admitted: admitted, released: holds, escaped: escaped, seenAt: now}
 	}
 }
 
@@ -342,7 +346,7 @@ func (g *Gater) window(now time.Time, duty, offset float64) time.Time {
 // the meter costs them, and it is frozen while its balance is negative.
 func (g *Gater) pace(now time.Time, rate float64) time.Time {
 	s := g.Submitted()
-	g.acct.settle(now, rate, g.period, s-g.spent)
+	g.acct.settle(now, rate, g.period, max(s.NS-g.spent.NS, 0))
 	g.spent = s
 	frozen := g.isFrozen()
 	switch {
@@ -360,17 +364,29 @@ type admission struct {
 	allowed                     uint64 // the allowance last written
 	wrote                       bool   // allowed was written
 	quiet                       int    // settlings in a row without a launch or a hold
+	// owed are the launches let through that the meter has not seen yet,
+	// charged at the expected cost each (owedNS in all) until it does.
+	owed   uint64
+	owedNS float64
+	// seenNS and seenN are the meter's cost of the launches it saw and
+	// their number, each decayed by costWindow since, as of seenAt.
+	seenNS, seenN float64
+	seenAt        time.Time
 }
 
 // admit settles a tenant paced at its launch gate: credit accrues at its
-// rate up to one period's worth; each admitted launch, and each held one
-// as it is released, is charged at the meter's launch cost; the allowance
-// lets through what the balance pays for, and held processes wait (oldest
-// first) until it pays for their launch. A launch whose hold someone else
-// ended is charged when the gate counts it; at escapeLimit such escapes
-// the tenant is paced by freezing instead (escalated: the next step, at
-// once). It returns the next settling: after paceTick, or after a period
-// once quiet.
+// rate up to one period's worth; each launch the gate lets through (each
+// admitted one, each held one as it is released) is charged at once at
+// the expected launch cost, and once the meter has seen it that charge
+// is exchanged for the meter's own cost of it (Submitted): in the long
+// run the tenant pays what the meter costs its work, whatever its mix of
+// kernels, and the expected cost only sizes the allowance and bridges
+// the meter's lag. The allowance lets through what the balance pays for,
+// and held processes wait (oldest first) until it pays for their launch.
+// A launch whose hold someone else ended is charged when the gate counts
+// it; at escapeLimit such escapes the tenant is paced by freezing instead
+// (escalated: the next step, at once). It returns the next settling:
+// after paceTick, or after a period once quiet.
 func (g *Gater) admit(now time.Time, rate float64) time.Time {
 	a := &g.adm
 	n, h, e, err := g.Admitter.Counts()
@@ -389,11 +405,9 @@ func (g *Gater) admit(now time.Time, rate float64) time.Time {
 			return now
 		}
 	}
-	cost := g.LaunchCost()
-	if cost <= 0 {
-		cost = defaultLaunchCost
-	}
-	g.acct.settle(now, rate, g.period, float64(n-a.admitted)*cost)
+	exchanged := g.trueUp(now)
+	cost := g.expectedCost()
+	g.acct.settle(now, rate, g.period, exchanged+g.owe(n-a.admitted, cost))
 	idle := n == a.admitted
 	a.admitted = n
 	var held []Held
@@ -406,7 +420,8 @@ func (g *Gater) admit(now time.Time, rate float64) time.Time {
 		released, err := g.Admitter.Release(held[0])
 		g.report(err)
 		if released {
-			g.acct.charge(cost*float64(max(held[0].Launches, 1)), rate)
+			g.acct.charge(g.owe(uint64(max(held[0].Launches, 1)), cost), rate)
+			idle = false // a tenant whose every launch is held and released is busy
 		}
 		held = held[1:]
 	}
@@ -431,6 +446,65 @@ func (g *Gater) admit(now time.Time, rate float64) time.Time {
 		return now.Add(max(g.period, paceTick))
 	}
 	return now.Add(paceTick)
+}
+
+// trueUp returns what to charge, at now, for the launches the meter saw
+// since the last settling: its cost of each, in exchange for the expected
+// cost it was owed at (the launches seen beyond those owed, from
+// processes the gate did not count, are charged at the meter's cost
+// alone); and it learns the meter's mean cost of a launch (expectedCost).
+// A meter that forgot the tenant (no contexts left) starts its counts
+// again: nothing is seen or charged for that settling.
+func (g *Gater) trueUp(now time.Time) float64 {
+	a := &g.adm
+	if g.Submitted == nil {
+		return 0
+	}
+	s := g.Submitted()
+	seen, spent := s.Launches-g.spent.Launches, s.NS-g.spent.NS
+	if s.Launches < g.spent.Launches || s.NS < g.spent.NS {
+		seen, spent = 0, 0
+	}
+	g.spent = s
+	decay := math.Exp(-float64(now.Sub(a.seenAt)) / float64(costWindow))
+	a.seenAt = now
+	a.seenNS, a.seenN = a.seenNS*decay+spent, a.seenN*decay+float64(seen)
+	if seen >= a.owed {
+		settled := a.owedNS
+		a.owed, a.owedNS = 0, 0
+		return spent - settled
+	}
+	settled := a.owedNS * float64(seen) / float64(a.owed)
+	a.owed -= seen
+	a.owedNS -= settled
+	return spent - settled
+}
+
+// costWindow is how far back the meter's costs of a tenant's launches
+// count towards the cost the gate expects of its next one.
+const costWindow = time.Second
+
+// expectedCost is the GPU ns the gate expects the tenant's next launch to
+// cost: the meter's mean cost of its launches seen in about the last
+// costWindow, or, before the meter has seen one, its LaunchCost. It sizes
+// the allowance and what a launch is owed at; the meter's cost of the
+// launch replaces it once seen.
+func (g *Gater) expectedCost() float64 {
+	if a := &g.adm; a.seenN >= 1 && a.seenNS > 0 {
+		return a.seenNS / a.seenN
+	}
+	if cost := g.LaunchCost(); cost > 0 {
+		return cost
+	}
+	return defaultLaunchCost
+}
+
+// owe charges n launches let through at the expected cost until the
+// meter sees them, and returns that charge.
+func (g *Gater) owe(n uint64, cost float64) float64 {
+	g.adm.owed += n
+	g.adm.owedNS += float64(n) * cost
+	return float64(n) * cost
 }
 
 // openGate lets every launch through and releases whoever is held.

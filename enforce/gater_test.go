@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpuarb/gpuarb/cgroup"
 	"github.com/gpuarb/gpuarb/ioctlspy"
+	"github.com/gpuarb/gpuarb/meter"
 )
 
 // fakeLaunches is a launch gate with one process that launches as fast as
@@ -194,6 +195,52 @@ func TestAdmissionPacesLaunches(t *testing.T) {
 	t.Logf("%d launches, %d holds, throttled %v, %d settlings", f.launched, f.holds, throttled, s.steps)
 }
 
+// Paced at rate 0.25, a tenant that repeats a cycle of launches of
+// different costs (8 of 4 ms, then 24 of 20 µs, a training step's shape)
+// gets that rate of GPU time as the meter costs it — 1 s in 4 s, at most
+// one period's credit and the meter's lag more — however far the launch
+// cost the meter expects is off: 50 times too high or too low. The meter
+// sees each launch one settling late.
+func TestAdmissionPacesACycleOfCosts(t *testing.T) {
+	const (
+		rate   = 0.25
+		period = 100 * time.Millisecond
+		run    = 4 * time.Second
+	)
+	costOf := func(i int) float64 {
+		if i%32 < 8 {
+			return float64(4 * time.Millisecond)
+		}
+		return float64(20 * time.Microsecond)
+	}
+	mean := (8*4e6 + 24*20e3) / 32.0
+	for _, expected := range []float64{mean * 50, mean / 50} {
+		f := &fakeLaunches{allowed: math.MaxUint64}
+		s := newStepper(nopGate{}, period)
+		var seen meter.Submitted
+		lagging := 0 // the launches the meter sees at the next settling
+		s.g.Admitter, s.g.LaunchCost = f, func() float64 { return expected }
+		s.g.Submitted = func() meter.Submitted {
+			for ; int(seen.Launches) < lagging; seen.Launches++ {
+				seen.NS += costOf(int(seen.Launches))
+			}
+			lagging = f.launched
+			return seen
+		}
+		s.g.SetRate(rate)
+		s.run(run, 50*time.Microsecond, f.launch)
+		s.g.finish()
+		var work float64
+		for i := 0; i < f.launched; i++ {
+			work += costOf(i)
+		}
+		if want := rate * float64(run); work < 0.97*want || work > want+rate*float64(period)+float64(8*4*time.Millisecond) {
+			t.Errorf("expected cost %.0f µs: %d launches, %.0f ms of GPU time in %v; want %.0f ms, at most %.0f more",
+				expected/1e3, f.launched, work/1e6, run, want/1e6, (rate*float64(period)+32e6)/1e6)
+		}
+	}
+}
+
 // An idle tenant's pacer settles about once a period, not every tick; a
 // process held at its gate wakes it (Wake, as the daemon does on the
 // probes' report) and is released at once.
@@ -337,7 +384,9 @@ func TestEscapesFromTheLaunchGateEscalateToFreezing(t *testing.T) {
 	f := &fakeLaunches{allowed: math.MaxUint64}
 	s, gate := newRecorded(100 * time.Millisecond)
 	s.g.Admitter, s.g.LaunchCost = f, func() float64 { return cost }
-	s.g.Submitted = func() float64 { return float64(f.launched) * cost }
+	s.g.Submitted = func() meter.Submitted {
+		return meter.Submitted{NS: float64(f.launched) * cost, Launches: uint64(f.launched)}
+	}
 	s.g.SetRate(rate)
 	type thawed struct {
 		at       time.Duration

@@ -230,7 +230,7 @@ func (t *Tenant) startGate(ctx context.Context, period time.Duration, gates Gate
 	t.target = g.Target()
 	t.gater, t.gatePeriod = NewGater(g, period, env.Epoch), period
 	ids := gates.CgroupIDs()
-	t.gater.Submitted = func() float64 { return env.Meter.SubmittedNS(ids) }
+	t.gater.Submitted = func() meter.Submitted { return env.Meter.SubmittedBy(ids) }
 	if lg, err := gates.Launch(); err != nil {
 		env.Log.Warn("no launch gate: the tenant is paced by freezing", "tenant", t.name, "err", err)
 	} else {

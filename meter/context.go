@@ -110,6 +110,9 @@ type stream struct {
 	// unseen is set until the first sync of a stream that may hold work
 	// queued before the meter could see it: that sync proves nothing.
 	unseen bool
+	// released is set, until the next proof, once work the launch gate
+	// held reached the stream at its release (releaseSlack).
+	released bool
 	// capturing is set while the stream is in a stream capture (that of
 	// stream captureOf): what is launched on it builds a graph.
 	capturing bool
@@ -737,6 +740,28 @@ func (c *gpuContext) prove(late, covered float64, burst composition) {
 			delete(c.evidence, k)
 		}
 	}
+}
+
+// unlearnedCharge is what a launch of a kernel whose cost the context has
+// not learned yet counts towards Submitted, which paces it at the launch
+// gate: the mean cost of its launches of learned kernels, where it has
+// any, else unlearnedCharge. A new kernel (a program's next phase, a
+// cost key past its bound) charged at unlearnedCharge put a paced tenant
+// of 0.1 ms kernels seconds in debt before its first sync: held through
+// its syncs, which then teach nothing, it never learned the kernel and
+// was held for good (0% for a target of 95%).
+func (c *gpuContext) unlearnedCharge() float64 {
+	var ns, frac float64
+	for k, s := range c.shape {
+		if x := c.costOf(k); x.learned {
+			ns += s.frac * s.units * x.ns
+			frac += s.frac
+		}
+	}
+	if frac == 0 {
+		return unlearnedCharge
+	}
+	return min(ns/frac, unlearnedCharge)
 }
 
 // launchCost is the modeled GPU time of one of the context's launches, at

@@ -60,9 +60,9 @@ type Meter struct {
 	longRun  map[TenantKey]float64
 	lastTick uint64
 	frozen   map[uint64][]span // per cgroup: when the arbiter froze it
-	// submitted is the work launched per cgroup, cumulative, at the costs
-	// known when it was launched.
-	submitted map[uint64]float64
+	// submitted is the work and the launches seen per cgroup, cumulative
+	// (Submitted).
+	submitted map[uint64]Submitted
 	sched     func(gpu int) (time.Duration, bool)
 	// preexisting are processes that ran before the meter could see them
 	// (SetPreexisting), until their context appears.
@@ -118,7 +118,7 @@ func New(cfg Config) *Meter {
 		cfg.Now = MonotonicNow
 	}
 	return &Meter{cfg: cfg, rec: newRecorder(cfg), ctxs: map[ctxKey]*gpuContext{}, procs: map[uint32]*process{}, gpus: map[int]*replay{},
-		longRun: map[TenantKey]float64{}, frozen: map[uint64][]span{}, submitted: map[uint64]float64{}}
+		longRun: map[TenantKey]float64{}, frozen: map[uint64][]span{}, submitted: map[uint64]Submitted{}}
 }
 
 func (m *Meter) replayOf(gpu int) *replay {
@@ -236,11 +236,11 @@ func (m *Meter) at(c *gpuContext, t uint64) uint64 {
 	return max(t, r.t)
 }
 
-// unlearnedCharge is what a launch of a context whose costs are not learned
-// yet counts towards SubmittedNS.
+// unlearnedCharge is the most a launch of a kernel whose cost is not
+// learned yet counts towards Submitted (gpuContext.unlearnedCharge).
 const unlearnedCharge = float64(20 * time.Millisecond)
 
-func (m *Meter) enqueue(c *gpuContext, l heldLaunch, t uint64) {
+func (m *Meter) enqueue(c *gpuContext, l heldLaunch, t uint64) *stream {
 	m.at(c, t)
 	work := c.work(l.key, l.units)
 	s := m.streamOf(c, l.stream)
@@ -258,12 +258,13 @@ func (m *Meter) enqueue(c *gpuContext, l heldLaunch, t uint64) {
 	if !c.costOf(l.key).learned {
 		// Costs not learned yet are guesses meant to read as backlogged;
 		// charged whole they would freeze a paced tenant for seconds.
-		work = min(work, unlearnedCharge)
+		work = min(work, c.unlearnedCharge())
 	}
 	c.noteLaunch(l.key, l.units)
-	m.submitted[c.cgroup] += work
+	m.noteSubmitted(c.cgroup, work)
 	c.launches = append(c.launches, t)
 	c.total.Launches++
+	return s
 }
 
 // streamOf is c's stream h, counting work its bound folds into the
@@ -335,7 +336,7 @@ func (m *Meter) resumed(h *ioctlspy.Header) {
 func (m *Meter) launchDeferred(c *gpuContext, t uint64) {
 	c.releaseAt = 0
 	for _, l := range c.deferred {
-		m.enqueue(c, l, t)
+		m.enqueue(c, l, t).released = true
 	}
 	c.deferred = c.deferred[:0]
 }
@@ -448,10 +449,14 @@ func (m *Meter) Observe(ev ioctlspy.Event) {
 	case *ioctlspy.Launch:
 		if c := m.context(h); !c.capturing(e.Stream) {
 			m.launch(c, h, heldLaunch{e.Stream, costKey{handle: e.Function}, float64(max(e.Blocks(), 1))})
+		} else {
+			m.noteSubmitted(c.cgroup, 0)
 		}
 	case *ioctlspy.GraphLaunch:
 		if c := m.context(h); !c.capturing(e.Stream) {
 			m.launch(c, h, heldLaunch{e.Stream, costKey{graph: true, handle: e.Exec}, 1})
+		} else {
+			m.noteSubmitted(c.cgroup, 0)
 		}
 	case *ioctlspy.EventRecord:
 		c := m.context(h)
@@ -536,14 +541,31 @@ func (m *Meter) Reconcile(alive func(pid uint32) bool) int {
 	return len(ended)
 }
 
-// SubmittedNS returns the GPU ns launched so far by the processes of the
-// given cgroups (cumulative, as costed at launch).
-func (m *Meter) SubmittedNS(cgroups []uint64) float64 {
+// Submitted is what the processes of a cgroup launched, cumulative while
+// the cgroup has a context: the GPU ns, each launch as costed when it was
+// enqueued (a cost not learned yet at most unlearnedCharge), and the
+// launches seen — enqueued, or captured into a graph (which runs nothing).
+type Submitted struct {
+	NS       float64
+	Launches uint64
+}
+
+func (m *Meter) noteSubmitted(cgroup uint64, ns float64) {
+	s := m.submitted[cgroup]
+	s.NS += ns
+	s.Launches++
+	m.submitted[cgroup] = s
+}
+
+// SubmittedBy sums what the processes of the given cgroups launched
+// (Submitted).
+func (m *Meter) SubmittedBy(cgroups []uint64) Submitted {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var sum float64
+	var sum Submitted
 	for _, id := range cgroups {
-		sum += m.submitted[id]
+		sum.NS += m.submitted[id].NS
+		sum.Launches += m.submitted[id].Launches
 	}
 	return sum
 }

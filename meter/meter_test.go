@@ -471,6 +471,36 @@ func TestLaunchCost(t *testing.T) {
 	}
 }
 
+// A kernel a context has not learned yet (a program's next phase) counts
+// towards Submitted, which paces it at the launch gate, at the mean cost
+// of its learned launches (2 ms), not at unlearnedCharge (20 ms): a paced
+// tenant entering a phase of 0.1 ms kernels is not put seconds in debt
+// before the sync that would teach them. A context with nothing learned
+// counts unlearnedCharge.
+func TestUnlearnedKernelChargedAtTheLearnedMean(t *testing.T) {
+	base := 10 * 1000 * ms
+	clk := &clock{t: base}
+	m := New(Config{Now: clk.now})
+	c := m.context(&ioctlspy.Header{PID: 1, CgroupID: 100, Start: base})
+	c.costs[costKey{handle: 1}] = &cost{ns: float64(2 * ms), learned: true}
+	c.learned = true
+	for i := 0; i < 20; i++ {
+		m.Observe(launchFn(1, 100, base, 7, 1, 1))
+	}
+	before := m.SubmittedBy([]uint64{100})
+	for i := 0; i < 10; i++ {
+		m.Observe(launchFn(1, 100, base, 7, 2, 1)) // a kernel never seen
+	}
+	got := m.SubmittedBy([]uint64{100})
+	if n, ns := got.Launches-before.Launches, got.NS-before.NS; n != 10 || ns > 10*2.2e6 || ns < 10*1.8e6 {
+		t.Errorf("10 launches of a new kernel counted as %d launches, %.1f ms; want 10, about 20 ms (2 ms each)", n, ns/1e6)
+	}
+	m.Observe(launchFn(2, 200, base, 7, 1, 1))
+	if got := m.SubmittedBy([]uint64{200}); got.Launches != 1 || got.NS != unlearnedCharge {
+		t.Errorf("a context with nothing learned: %+v, want 1 launch at %.0f ns", got, unlearnedCharge)
+	}
+}
+
 // On a GPU that does not preempt, a context of 20 ms kernels beside one of
 // 2 ms kernels holds the GPU 20 ms for every 2 ms of the other (a 2 ms
 // slice fits one short kernel): 90.9% / 9.1%, where a preemptive GPU
