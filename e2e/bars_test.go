@@ -42,3 +42,22 @@ func measureTwice(t *testing.T, scenario func(t *testing.T, miss missFunc)) {
 		}
 	}
 }
+
+// actuatorModes are the daemon's arguments for each actuator mode: the
+// GPU's own scheduler steered, and the launch gate and freezes that hold
+// a tenant where steering is refused.
+var actuatorModes = []struct {
+	name string
+	args []string
+}{{"steered", nil}, {"launch gate", []string{"--gpu-scheduler", "off"}}}
+
+// inEachMode runs a measured scenario as a subtest per actuator mode
+// (measureTwice), handing it the daemon's arguments for the mode.
+func inEachMode(t *testing.T, scenario func(t *testing.T, miss missFunc, daemonArgs []string)) {
+	t.Helper()
+	for _, mode := range actuatorModes {
+		t.Run(mode.name, func(t *testing.T) {
+			measureTwice(t, func(t *testing.T, miss missFunc) { scenario(t, miss, mode.args) })
+		})
+	}
+}

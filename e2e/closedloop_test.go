@@ -18,6 +18,10 @@ import (
 // it takes alone if that is less). Unarbitrated, a's four processes take
 // 80%.
 //
+// On the launch gate the same cases are not bars yet (issue 58): the first
+// window after a daemon's start or a new policy reads up to 94/6 at equal
+// weights, and 10 ms kernels synced every 4 read 3–5% unfair.
+//
 // Not bars, the cells that miss (BENCHMARKS.md and issue 14 have their
 // numbers): 1 ms kernels synced every 4 launches (unfairness 2.6-3.1%; b
 // at 72-73% for 75 and 84-86% for 90: the meter reads b 2-3 pp high
@@ -66,14 +70,14 @@ func TestClosedLoops(t *testing.T) {
 
 // Issue 14's mixed-kernel scenario under the daemon with equal weights:
 // each tenant within 3 pp of 50% (median over 1 s windows), and the
-// daemon's estimate within 3 pp of the truth.
+// daemon's estimate within 3 pp of the truth, in both actuator modes.
 func TestMixedKernelsFair(t *testing.T) {
-	measureTwice(t, mixedKernelsFair)
+	inEachMode(t, mixedKernelsFair)
 }
 
-func mixedKernelsFair(t *testing.T, miss missFunc) {
+func mixedKernelsFair(t *testing.T, miss missFunc, daemonArgs []string) {
 	gpu := testutil.StartFakeGPU(t)
-	d := startDaemon(t, gpu)
+	d := startDaemon(t, gpu, daemonArgs...)
 	cgs := map[string]*testutil.Cgroup{"a": testutil.NewCgroup(t, "phased"), "b": testutil.NewCgroup(t, "steady")}
 	testutil.Start(t, cgs["a"], gpu.Workload(t, append(mixedPhased, "--duration", "20")...))
 	testutil.Start(t, cgs["b"], gpu.Workload(t, append(mixedSteady, "--duration", "20")...))
@@ -106,14 +110,16 @@ func mixedKernelsFair(t *testing.T, miss missFunc) {
 // cuGetProcAddress_v2 with the per-thread flag, the primary context,
 // cuLaunchKernelEx, an event-polled allocator: gpuwork train) holds weights
 // 1:3 against a plain hog within ±3 pp of its target (its weighted share,
-// or what it takes alone if less), both ways round.
+// or what it takes alone if less), both ways round, in both actuator
+// modes: on the launch gate a train step's few long GEMMs and many short
+// optimizer kernels are each charged at the meter's cost of them.
 func TestRuntimeTenantWeighted(t *testing.T) {
-	measureTwice(t, runtimeTenantWeighted)
+	inEachMode(t, runtimeTenantWeighted)
 }
 
-func runtimeTenantWeighted(t *testing.T, miss missFunc) {
+func runtimeTenantWeighted(t *testing.T, miss missFunc, daemonArgs []string) {
 	gpu := testutil.StartFakeGPU(t)
-	d := startDaemon(t, gpu)
+	d := startDaemon(t, gpu, daemonArgs...)
 	cgs := map[string]*testutil.Cgroup{"a": testutil.NewCgroup(t, "train"), "b": testutil.NewCgroup(t, "hog")}
 	testutil.Start(t, cgs["a"], gpu.Workload(t, "train", "--duration", "30"))
 	ws := trueShares(t, gpu, map[string]*testutil.Cgroup{"a": cgs["a"]}, time.Second, 2)

@@ -15,51 +15,44 @@ import (
 // within 3 pp of the truth, on GPU 1 (unarbitrated: 50/50), in both
 // actuator modes.
 func TestVisibleDevicesTenantSharesItsGPU(t *testing.T) {
-	for _, mode := range []struct {
-		name string
-		args []string
-	}{{"steered", nil}, {"launch gate", []string{"--gpu-scheduler", "off"}}} {
-		t.Run(mode.name, func(t *testing.T) {
-			measureTwice(t, func(t *testing.T, miss missFunc) {
-				gpu := testutil.StartFakeGPU(t, "--gpus", "2")
-				d := startDaemon(t, gpu, mode.args...)
-				cgs := map[string]*testutil.Cgroup{"a": testutil.NewCgroup(t, "visible"), "b": testutil.NewCgroup(t, "gpu1")}
-				pol := "tenants:\n  - {name: a, cgroup: " + cgs["a"].Rel + ", weight: 100}\n  - {name: b, cgroup: " + cgs["b"].Rel + ", weight: 300}\n"
-				if err := d.ApplyPolicy(t.Context(), []byte(pol)); err != nil {
-					t.Fatal(err)
+	inEachMode(t, func(t *testing.T, miss missFunc, daemonArgs []string) {
+		gpu := testutil.StartFakeGPU(t, "--gpus", "2")
+		d := startDaemon(t, gpu, daemonArgs...)
+		cgs := map[string]*testutil.Cgroup{"a": testutil.NewCgroup(t, "visible"), "b": testutil.NewCgroup(t, "gpu1")}
+		pol := "tenants:\n  - {name: a, cgroup: " + cgs["a"].Rel + ", weight: 100}\n  - {name: b, cgroup: " + cgs["b"].Rel + ", weight: 300}\n"
+		if err := d.ApplyPolicy(t.Context(), []byte(pol)); err != nil {
+			t.Fatal(err)
+		}
+		a := gpu.Workload(t, "hog", "--gpu", "0", "--duration", "20")
+		a.Env = append(a.Environ(), "CUDA_VISIBLE_DEVICES=1")
+		testutil.Start(t, cgs["a"], a)
+		testutil.Start(t, cgs["b"], gpu.Workload(t, "hog", "--gpu", "1", "--duration", "20"))
+		time.Sleep(4 * time.Second)
+		var as, errs []float64
+		for i := 0; i < 5; i++ {
+			w := trueSharesOn(t, gpu, 1, cgs, 0, 1)[0]
+			st, err := d.Status(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			as = append(as, w["a"])
+			for _, name := range []string{"a", "b"} {
+				row := tenantByName(st, name)
+				if row == nil || row.GPU != 1 {
+					t.Fatalf("tenant %s: %+v, want it on GPU 1", name, row)
 				}
-				a := gpu.Workload(t, "hog", "--gpu", "0", "--duration", "20")
-				a.Env = append(a.Environ(), "CUDA_VISIBLE_DEVICES=1")
-				testutil.Start(t, cgs["a"], a)
-				testutil.Start(t, cgs["b"], gpu.Workload(t, "hog", "--gpu", "1", "--duration", "20"))
-				time.Sleep(4 * time.Second)
-				var as, errs []float64
-				for i := 0; i < 5; i++ {
-					w := trueSharesOn(t, gpu, 1, cgs, 0, 1)[0]
-					st, err := d.Status(t.Context())
-					if err != nil {
-						t.Fatal(err)
-					}
-					as = append(as, w["a"])
-					for _, name := range []string{"a", "b"} {
-						row := tenantByName(st, name)
-						if row == nil || row.GPU != 1 {
-							t.Fatalf("tenant %s: %+v, want it on GPU 1", name, row)
-						}
-						errs = append(errs, math.Abs(row.Share-w[name]))
-					}
-				}
-				t.Logf("a (GPU 1 as ordinal 0) %s for 25%% on GPU 1; estimates off by %s", pcts(as), pcts(errs))
-				if m := median(as); math.Abs(m-0.25) > 0.02 {
-					logStatus(t, d)
-					miss("a's median %.1f%% on GPU 1, want 25%% ± 2 pp", 100*m)
-				}
-				if m := median(errs); m > 0.03 {
-					miss("estimates off the truth by %.1f pp (median), want ≤ 3", 100*m)
-				}
-			})
-		})
-	}
+				errs = append(errs, math.Abs(row.Share-w[name]))
+			}
+		}
+		t.Logf("a (GPU 1 as ordinal 0) %s for 25%% on GPU 1; estimates off by %s", pcts(as), pcts(errs))
+		if m := median(as); math.Abs(m-0.25) > 0.02 {
+			logStatus(t, d)
+			miss("a's median %.1f%% on GPU 1, want 25%% ± 2 pp", 100*m)
+		}
+		if m := median(errs); m > 0.03 {
+			miss("estimates off the truth by %.1f pp (median), want ≤ 3", 100*m)
+		}
+	})
 }
 
 // A process on two GPUs (a context per thread, one on each) shares each
