@@ -469,14 +469,12 @@ func (g *Gater) trueUp(now time.Time) float64 {
 	decay := math.Exp(-float64(now.Sub(a.seenAt)) / float64(costWindow))
 	a.seenAt = now
 	a.seenNS, a.seenN = a.seenNS*decay+spent, a.seenN*decay+float64(seen)
-	if seen >= a.owed {
-		settled := a.owedNS
-		a.owed, a.owedNS = 0, 0
-		return spent - settled
+	settled := a.owedNS // what the seen launches were owed at
+	if seen < a.owed {
+		settled = a.owedNS * float64(seen) / float64(a.owed)
 	}
-	settled := a.owedNS * float64(seen) / float64(a.owed)
-	a.owed -= seen
-	a.owedNS -= settled
+	a.owed -= min(seen, a.owed)
+	a.owedNS = max(a.owedNS-settled, 0)
 	return spent - settled
 }
 
