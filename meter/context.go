@@ -751,34 +751,40 @@ func (c *gpuContext) prove(late, covered float64, burst composition) {
 // its syncs, which then teach nothing, it never learned the kernel and
 // was held for good (0% for a target of 95%).
 func (c *gpuContext) unlearnedCharge() float64 {
-	var ns, frac float64
-	for k, s := range c.shape {
-		if x := c.costOf(k); x.learned {
-			ns += s.frac * s.units * x.ns
-			frac += s.frac
-		}
+	if mean, ok := c.shapeMean(true); ok {
+		return min(mean, unlearnedCharge)
 	}
-	if frac == 0 {
-		return unlearnedCharge
-	}
-	return min(ns/frac, unlearnedCharge)
+	return unlearnedCharge
 }
 
 // launchCost is the modeled GPU time of one of the context's launches, at
 // the costs learned now; a key still a guess counts at most
 // unlearnedCharge.
 func (c *gpuContext) launchCost() float64 {
+	mean, _ := c.shapeMean(false)
+	return mean
+}
+
+// shapeMean is the mean modeled cost of a launch over the context's launch
+// shape: of its kernels with learned costs alone (learnedOnly), or of all
+// of them, a guessed one at most unlearnedCharge. ok is false where the
+// shape holds no such kernel.
+func (c *gpuContext) shapeMean(learnedOnly bool) (mean float64, ok bool) {
 	var ns, frac float64
 	for k, s := range c.shape {
-		per := s.units * c.costOf(k).ns
-		if !c.costOf(k).learned {
+		x := c.costOf(k)
+		per := s.units * x.ns
+		if !x.learned {
+			if learnedOnly {
+				continue
+			}
 			per = min(per, unlearnedCharge)
 		}
 		ns += s.frac * per
 		frac += s.frac
 	}
 	if frac == 0 {
-		return 0
+		return 0, false
 	}
-	return ns / frac
+	return ns / frac, true
 }
