@@ -31,6 +31,29 @@ func trueShares(t *testing.T, gpu *testutil.FakeGPU, cgs map[string]*testutil.Cg
 	return trueSharesOn(t, gpu, 0, cgs, settle, n)
 }
 
+// windowsWithEstimates is trueShares over n windows with, at each
+// window's end, how far the daemon's estimate of each tenant of cgs
+// (matched by cgroup) is off the window's truth.
+func windowsWithEstimates(t *testing.T, gpu *testutil.FakeGPU, d runningDaemon, cgs map[string]*testutil.Cgroup, n int) (ws []map[string]float64, errs []float64) {
+	t.Helper()
+	for i := 0; i < n; i++ {
+		w := trueShares(t, gpu, cgs, 0, 1)[0]
+		st, err := d.Status(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ws = append(ws, w)
+		for name, cg := range cgs {
+			for _, tn := range st.Tenants {
+				if tn.Cgroup == cg.Rel {
+					errs = append(errs, math.Abs(tn.Share-w[name]))
+				}
+			}
+		}
+	}
+	return ws, errs
+}
+
 // trueSharesOn is trueShares on GPU index.
 func trueSharesOn(t *testing.T, gpu *testutil.FakeGPU, index int, cgs map[string]*testutil.Cgroup, settle time.Duration, n int) []map[string]float64 {
 	t.Helper()
@@ -83,20 +106,27 @@ func writePolicy(t *testing.T, cfg string) string {
 	return p
 }
 
-// Bar 1: tenant a runs 4 GPU processes, b one; equal weights.
+// Bar 1: tenant a runs 4 GPU processes, b one; equal weights. Held in
+// each actuator mode, and metered there: each tenant's estimate within 3
+// pp of the truth (median of the windows).
 func TestArbiterUnequalProcesses(t *testing.T) {
-	measureTwice(t, func(t *testing.T, miss missFunc) {
+	inEachMode(t, func(t *testing.T, miss missFunc, daemonArgs []string) {
 		gpu := testutil.StartFakeGPU(t)
-		d := startDaemon(t, gpu)
+		d := startDaemon(t, gpu, daemonArgs...)
 		cgs := map[string]*testutil.Cgroup{"a": testutil.NewCgroup(t, "four"), "b": testutil.NewCgroup(t, "one")}
 		for i := 0; i < 4; i++ {
 			testutil.Start(t, cgs["a"], gpu.Workload(t, "hog", "--duration", "20"))
 		}
 		testutil.Start(t, cgs["b"], gpu.Workload(t, "hog", "--duration", "20"))
-		ws := trueShares(t, gpu, cgs, 4*time.Second, 6)
+		time.Sleep(4 * time.Second)
+		ws, errs := windowsWithEstimates(t, gpu, d, cgs, 6)
 		logStatus(t, d)
 		requireThrottled(t, d, cgs["a"].Rel)
 		requireFair(t, miss, ws, "a", "b", "(unarbitrated: 80/20, 60%)")
+		t.Logf("estimates off the truth by %s pp", pcts(errs))
+		if m := median(errs); m > 0.03 {
+			miss("estimate off the truth by %.1f pp (median), want ≤ 3", 100*m)
+		}
 	})
 }
 

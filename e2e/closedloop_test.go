@@ -172,20 +172,9 @@ func contextsShareFairly(t *testing.T, miss missFunc, gpu *testutil.FakeGPU, d r
 			t.Fatal(err)
 		}
 		time.Sleep(4 * time.Second)
-		var a, b, errs []float64
-		for i := 0; i < 4; i++ {
-			w := trueShares(t, gpu, cgs, 0, 1)[0]
-			st, err := d.Status(t.Context())
-			if err != nil {
-				t.Fatal(err)
-			}
-			a, b = append(a, w["a"]), append(b, w["b"])
-			for _, name := range []string{"a", "b"} {
-				if row := tenantByName(st, name); row != nil {
-					errs = append(errs, math.Abs(row.Share-w[name]))
-				}
-			}
-		}
+		ws, errs := windowsWithEstimates(t, gpu, d, cgs, 4)
+		a := col(ws, func(w map[string]float64) float64 { return w["a"] })
+		b := col(ws, func(w map[string]float64) float64 { return w["b"] })
 		want := 1 / float64(1+wb)
 		t.Logf("1:%d: a (4 contexts) %s for %.0f%%, b %s; estimate off by %s", wb, pcts(a), 100*want, pcts(b), pcts(errs))
 		if m := median(a); math.Abs(m-want) > 0.02 {
