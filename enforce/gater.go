@@ -407,9 +407,18 @@ func (g *Gater) admit(now time.Time, rate float64) time.Time {
 	}
 	exchanged := g.trueUp(now)
 	cost := g.expectedCost()
-	g.acct.settle(now, rate, g.period, exchanged+g.owe(n-a.admitted, cost))
-	idle := n == a.admitted
-	a.admitted = n
+	// The probes count a launch as it passes the gate and take the count
+	// back where they hold it: a count read between the two is one too
+	// high and the next one lower. The launch read then is owed already,
+	// so the count is owed from the highest read: the next launch admitted
+	// is not. (Owed from a count that stepped back, the difference wrapped
+	// to 2^64 launches and held the tenant for maxDebt.)
+	var admitted uint64
+	if n > a.admitted {
+		admitted, a.admitted = n-a.admitted, n
+	}
+	g.acct.settle(now, rate, g.period, exchanged+g.owe(admitted, cost))
+	idle := admitted == 0
 	var held []Held
 	if h != a.released || g.holding() {
 		held, err = g.Admitter.Held()
