@@ -55,11 +55,16 @@ func (l probesAdmitter) Release(h Held) (bool, error) {
 	}
 	// A hold that is gone was ended by someone else (and charged by the
 	// gate) or replaced by a new one: the process is not continued for it.
+	// The release is stamped before the continue: a launch the gate holds
+	// from then on belongs to a new hold (its threads may run, and be held
+	// again, before this call returns).
+	var at uint64
 	released, err := l.gate.Release(hp, func(hp bpf.HeldProcess) error {
+		at = meter.MonotonicNow()
 		return cgroup.ContinueProcess(hp.PID, hp.StartTicks)
 	})
 	if released {
-		l.meter.Observe(meter.Release(uint32(hp.PID), hp.Since, meter.MonotonicNow()))
+		l.meter.Observe(meter.Release(uint32(hp.PID), hp.Since, at))
 	}
 	return released, err
 }

@@ -239,6 +239,7 @@ type heldLaunch struct {
 	stream uint64
 	key    costKey
 	units  float64 // blocks, or 1 for a graph
+	heldAt uint64  // when the launch gate held it (0: not held)
 }
 
 // launchShapeWeight is the weight of one launch in a context's smoothed

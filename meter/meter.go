@@ -292,9 +292,11 @@ func (m *Meter) launch(c *gpuContext, h *ioctlspy.Header, l heldLaunch) {
 		// launches wait: this one ran at the release.
 		m.enqueue(c, l, c.releasedAt)
 	case c.releasedAt > h.Start: // the release was reported before the event
+		l.heldAt = h.Start
 		c.deferred = append(c.deferred, l)
 		m.launchReleased(c, c.releasedAt)
 	default:
+		l.heldAt = h.Start
 		if len(c.deferred) == 0 {
 			c.heldAt = h.Start
 		}
@@ -305,8 +307,10 @@ func (m *Meter) launch(c *gpuContext, h *ioctlspy.Header, l heldLaunch) {
 // resumed notes that a process the launch gate held runs again, seen by
 // an event of it that was not held and ended after the hold (another
 // thread's event that ended before it, delivered after it, proves
-// nothing): released by the arbiter, its HoldReleased still to come, or by
-// someone else (a sibling's SIGCONT) at an unknown time since the hold.
+// nothing; one that began after it may have begun as the stop spread to
+// its thread, so the process ran by its end, not its start): released by
+// the arbiter, its HoldReleased still to come, or by someone else (a
+// sibling's SIGCONT) at an unknown time since the hold.
 // The held launches run from the event in the replay, maybe later than
 // they did; the whole process was stopped, so syncs across the span in
 // any of its contexts, and those that wait for the launches (enqueued at
@@ -323,7 +327,7 @@ func (m *Meter) resumed(h *ioctlspy.Header) {
 	if !held || h.End <= heldAt {
 		return
 	}
-	at := max(h.Start, heldAt)
+	at := h.End // its thread ran then: its call may have begun as the stop spread to it
 	for _, c := range ps {
 		c.stopped = appendSpan(c.stopped, heldAt, at+1)
 		if len(c.deferred) > 0 {
@@ -332,13 +336,25 @@ func (m *Meter) resumed(h *ioctlspy.Header) {
 	}
 }
 
-// launchDeferred enqueues at t the launches held for the process.
+// launchDeferred enqueues at t the launches held for the process before
+// t; those held since belong to a later hold and wait for its release
+// (gpuarb's release is stamped before its continue, and a thread it
+// continued may launch, and be held again, before the release is
+// reported).
 func (m *Meter) launchDeferred(c *gpuContext, t uint64) {
 	c.releaseAt = 0
+	kept := c.deferred[:0]
 	for _, l := range c.deferred {
+		if l.heldAt >= t {
+			kept = append(kept, l)
+			continue
+		}
 		m.enqueue(c, l, t).released = true
 	}
-	c.deferred = c.deferred[:0]
+	c.deferred = kept
+	if len(kept) > 0 {
+		c.heldAt = kept[0].heldAt
+	}
 }
 
 // launchReleased enqueues the held launches at t, the release the arbiter
@@ -448,13 +464,13 @@ func (m *Meter) Observe(ev ioctlspy.Event) {
 	switch e := ev.(type) {
 	case *ioctlspy.Launch:
 		if c := m.context(h); !c.capturing(e.Stream) {
-			m.launch(c, h, heldLaunch{e.Stream, costKey{handle: e.Function}, float64(max(e.Blocks(), 1))})
+			m.launch(c, h, heldLaunch{stream: e.Stream, key: costKey{handle: e.Function}, units: float64(max(e.Blocks(), 1))})
 		} else {
 			m.noteSubmitted(c.cgroup, 0)
 		}
 	case *ioctlspy.GraphLaunch:
 		if c := m.context(h); !c.capturing(e.Stream) {
-			m.launch(c, h, heldLaunch{e.Stream, costKey{graph: true, handle: e.Exec}, 1})
+			m.launch(c, h, heldLaunch{stream: e.Stream, key: costKey{graph: true, handle: e.Exec}, units: 1})
 		} else {
 			m.noteSubmitted(c.cgroup, 0)
 		}
@@ -471,7 +487,7 @@ func (m *Meter) Observe(ev ioctlspy.Event) {
 	case *ioctlspy.Submission:
 		// A submission ioctl went through before its process was held:
 		// it is never deferred.
-		m.enqueue(m.context(h), heldLaunch{nouveauStream, submissionKey, 1}, h.Start)
+		m.enqueue(m.context(h), heldLaunch{stream: nouveauStream, key: submissionKey, units: 1}, h.Start)
 	case *ioctlspy.WaitBegin:
 		m.waitBegan(h, e)
 	case *ioctlspy.Sync:

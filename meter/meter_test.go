@@ -383,6 +383,34 @@ func TestHeldLaunchRunsFromRelease(t *testing.T) {
 			}
 		})
 	}
+	t.Run("a call begun as the stop spread", func(t *testing.T) {
+		// A sibling thread's sync that began just after the hold (the stop
+		// had not reached its thread) and returned after the continue shows
+		// the process running by its return, not its start.
+		clk := &clock{t: base + 1000*ms}
+		m := New(Config{Now: clk.now})
+		m.Observe(heldLaunchEv(1, 100, base, 7))
+		m.Observe(syncEv(1, 100, "cuStreamSynchronize", 9, base+ms/10, base+600*ms))
+		if got := byCgroup(m.Snapshot())[100].Share; !near(got, 0.4) {
+			t.Errorf("share %.3f, want 0.4 (the launch ran from the sync's return)", got)
+		}
+	})
+	t.Run("a later hold waits for its own release", func(t *testing.T) {
+		// Released at 0.6 s, the process is held again at 0.7 s before
+		// that release is reported: the second launch waits for its own.
+		clk := &clock{t: base + 1000*ms}
+		m := New(Config{Now: clk.now})
+		m.Observe(heldLaunchEv(1, 100, base, 7))
+		m.Observe(heldLaunchEv(1, 100, base+700*ms, 7))
+		m.Observe(Release(1, base, base+600*ms))
+		if _, cs := m.Contexts(time.Second); len(cs) != 1 || cs[0].Launches != 1 {
+			t.Errorf("contexts %+v, want one launch run (the other still held)", cs)
+		}
+		m.Observe(Release(1, base+700*ms, base+900*ms))
+		if _, cs := m.Contexts(time.Second); len(cs) != 1 || cs[0].Launches != 2 {
+			t.Errorf("contexts %+v, want both launches run once the second hold is released", cs)
+		}
+	})
 	t.Run("never released", func(t *testing.T) {
 		clk := &clock{t: base + 1000*ms}
 		m := New(Config{Now: clk.now})
