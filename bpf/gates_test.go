@@ -104,7 +104,9 @@ func TestLaunchGateHoldsAProcessOfThreadsAsOne(t *testing.T) {
 	p := loadForTest(t, Options{})
 	leased(t, p)
 	g, cg := gatedCgroup(t, p, "threads", 0)
-	w := testutil.Start(t, cg, gpu.Workload(t, "loop", "--threads", "4", "--kernels-ms", "1", "--sync-every", "4", "--duration", "3"))
+	// It runs long enough for the 50 holds on a loaded host (about 3 s
+	// here alone), then ends by itself once let through.
+	w := testutil.Start(t, cg, gpu.Workload(t, "loop", "--threads", "4", "--kernels-ms", "1", "--sync-every", "4", "--duration", "10"))
 	cont := func(h HeldProcess) error { return syscall.Kill(h.PID, syscall.SIGCONT) }
 	waiting := uint32(0)
 	var n uint64
