@@ -3,6 +3,7 @@ package enforce
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"sync"
 	"testing"
@@ -173,7 +174,11 @@ func (s *stepper) since() time.Duration { return s.clk.t.Sub(s.g.epoch) }
 
 // Paced at a rate, a tenant that would launch without end gets that rate
 // of GPU time at the meter's launch cost, at most one period's credit
-// more, and is left free of the gate.
+// more, and is left free of the gate. So too where the probes' count of
+// admitted launches steps back by one, read as a launch passed that was
+// then held (racing): the launch read too early is owed once (owed from
+// the step back, the difference wrapped to 2^64 launches and held the
+// tenant for maxDebt: 1 launch in 1 s).
 func TestAdmissionPacesLaunches(t *testing.T) {
 	const (
 		rate   = 0.25
@@ -181,51 +186,31 @@ func TestAdmissionPacesLaunches(t *testing.T) {
 		period = 100 * time.Millisecond
 		run    = time.Second
 	)
-	f := &fakeLaunches{allowed: math.MaxUint64}
-	s := newStepper(nopGate{}, period)
-	s.g.Admitter, s.g.LaunchCost = f, func() float64 { return cost }
-	s.g.SetRate(rate)
-	s.run(run, 50*time.Microsecond, f.launch) // 20 launches a ms: 20 times its rate
-	s.g.finish()
-	// rate × run / cost = 250 launches, plus one period's burst (25).
-	if f.launched < 249 || f.launched > 250+25 {
-		t.Errorf("%d launches of 1 ms in %v: want 250, at most 25 more", f.launched, run)
-	}
-	if f.holds < 200 {
-		t.Errorf("held %d times: the gate did not pace at the launch", f.holds)
-	}
-	if f.held || f.allowed != math.MaxUint64 {
-		t.Errorf("after the gater ended: held %v, allowance %d", f.held, f.allowed)
-	}
-	// Held from the settling that finds a hold to the one that releases it.
-	frozen, throttled := s.g.State()
-	if frozen || throttled < run*4/10 {
-		t.Errorf("state after run: frozen %v, throttled %v, want at least %v", frozen, throttled, run*4/10)
-	}
-	t.Logf("%d launches, %d holds, throttled %v, %d settlings", f.launched, f.holds, throttled, s.steps)
-}
-
-// The probes' count of admitted launches steps back by one where it was
-// read as a launch passed that was then held: paced all the same, the
-// tenant gets its rate, at most a period's burst and the launch read too
-// early more (a count owed from a step back wrapped to 2^64 launches and
-// held the tenant for maxDebt: 0 launches in 2 s).
-func TestAdmissionCountThatStepsBack(t *testing.T) {
-	const (
-		rate   = 0.25
-		cost   = float64(time.Millisecond)
-		period = 100 * time.Millisecond
-		run    = 2 * time.Second
-	)
-	f := &fakeLaunches{allowed: math.MaxUint64, racing: true}
-	s := newStepper(nopGate{}, period)
-	s.g.Admitter, s.g.LaunchCost = f, func() float64 { return cost }
-	s.g.SetRate(rate)
-	s.run(run, 50*time.Microsecond, f.launch)
-	s.g.finish()
-	// rate × run / cost = 500 launches, plus one period's burst (25).
-	if f.launched < 495 || f.launched > 500+25+1 {
-		t.Errorf("%d launches of 1 ms in %v with a count that steps back: want 500, at most 26 more", f.launched, run)
+	for _, racing := range []bool{false, true} {
+		t.Run(fmt.Sprintf("count read between a launch and its hold %v", racing), func(t *testing.T) {
+			f := &fakeLaunches{allowed: math.MaxUint64, racing: racing}
+			s := newStepper(nopGate{}, period)
+			s.g.Admitter, s.g.LaunchCost = f, func() float64 { return cost }
+			s.g.SetRate(rate)
+			s.run(run, 50*time.Microsecond, f.launch) // 20 launches a ms: 20 times its rate
+			s.g.finish()
+			// rate × run / cost = 250 launches, plus one period's burst (25).
+			if f.launched < 249 || f.launched > 250+25+1 {
+				t.Errorf("%d launches of 1 ms in %v: want 250, at most 26 more", f.launched, run)
+			}
+			if f.holds < 200 {
+				t.Errorf("held %d times: the gate did not pace at the launch", f.holds)
+			}
+			if f.held || f.allowed != math.MaxUint64 {
+				t.Errorf("after the gater ended: held %v, allowance %d", f.held, f.allowed)
+			}
+			// Held from the settling that finds a hold to the one that releases it.
+			frozen, throttled := s.g.State()
+			if frozen || throttled < run*4/10 {
+				t.Errorf("state after run: frozen %v, throttled %v, want at least %v", frozen, throttled, run*4/10)
+			}
+			t.Logf("%d launches, %d holds, throttled %v, %d settlings", f.launched, f.holds, throttled, s.steps)
+		})
 	}
 }
 
