@@ -410,9 +410,8 @@ func (g *Gater) admit(now time.Time, rate float64) time.Time {
 	// The probes count a launch as it passes the gate and take the count
 	// back where they hold it: a count read between the two is one too
 	// high and the next one lower. The launch read then is owed already,
-	// so the count is owed from the highest read: the next launch admitted
-	// is not. (Owed from a count that stepped back, the difference wrapped
-	// to 2^64 launches and held the tenant for maxDebt.)
+	// so launches are owed from the highest count read (a difference
+	// from a lower one would wrap): the next launch admitted is not.
 	var admitted uint64
 	if n > a.admitted {
 		admitted, a.admitted = n-a.admitted, n
