@@ -41,11 +41,12 @@ func gatedCgroup(t *testing.T, p *Probes, name string, allow uint64) (*LaunchGat
 	return g, cg
 }
 
-// heldWithin waits up to a second for the gate to hold a process that is
-// stopped, and returns the hold.
+// heldWithin waits up to 15 s (a workload on a loaded host) for the gate
+// to hold a process that is stopped, and returns the hold; failing, it
+// says what the gate counted.
 func heldWithin(t *testing.T, g *LaunchGate) HeldProcess {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(time.Millisecond) {
 		held, err := g.Held()
 		if err != nil {
 			t.Fatal(err)
@@ -54,7 +55,8 @@ func heldWithin(t *testing.T, g *LaunchGate) HeldProcess {
 			return held[0]
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no process held and stopped within 5 s: %+v", held)
+			admitted, holds, escapes, err := g.Counts()
+			t.Fatalf("no process held and stopped within 15 s: %+v (admitted %d, holds %d, escapes %d, %v)", held, admitted, holds, escapes, err)
 		}
 	}
 }
