@@ -210,14 +210,14 @@ type gpuContext struct {
 	capturedEvents map[uint64]uint64
 	exited         bool
 	total          Totals // since the context appeared in its cgroup and on its GPU
-	// Launches the launch gate held: they reach the GPU when the process
-	// is released (HoldReleased, or its next event), not when they were seen.
-	since uint64 // its first event
+	since          uint64 // its first event
 	// tsgAt is when its first channel group was allocated (0: not seen):
 	// its place on the GPU's runlist.
-	tsgAt      uint64
+	tsgAt uint64
+	// deferred are the launches the launch gate held, in the order they
+	// were held: they reach the GPU when the process is released
+	// (HoldReleased, or its next event), not when they were seen.
 	deferred   []heldLaunch
-	heldAt     uint64 // when the first of deferred was held
 	releasedAt uint64
 	// releaseAt is when deferred run, a release reported ahead of the
 	// replay's present (0: none pending): the replay reaches it in time

@@ -284,6 +284,9 @@ func (m *Meter) launch(c *gpuContext, h *ioctlspy.Header, l heldLaunch) {
 	if l.key, folded = c.keyFor(l.key); folded {
 		m.folded++
 	}
+	if h.Held {
+		l.heldAt = h.Start
+	}
 	switch {
 	case !h.Held:
 		m.enqueue(c, l, h.Start)
@@ -292,14 +295,9 @@ func (m *Meter) launch(c *gpuContext, h *ioctlspy.Header, l heldLaunch) {
 		// launches wait: this one ran at the release.
 		m.enqueue(c, l, c.releasedAt)
 	case c.releasedAt > h.Start: // the release was reported before the event
-		l.heldAt = h.Start
 		c.deferred = append(c.deferred, l)
 		m.launchReleased(c, c.releasedAt)
 	default:
-		l.heldAt = h.Start
-		if len(c.deferred) == 0 {
-			c.heldAt = h.Start
-		}
 		c.deferred = append(c.deferred, l)
 	}
 }
@@ -320,8 +318,8 @@ func (m *Meter) resumed(h *ioctlspy.Header) {
 	var heldAt uint64
 	held := false
 	for _, c := range ps {
-		if len(c.deferred) > 0 && (!held || c.heldAt < heldAt) {
-			heldAt, held = c.heldAt, true
+		if len(c.deferred) > 0 && (!held || c.deferred[0].heldAt < heldAt) {
+			heldAt, held = c.deferred[0].heldAt, true
 		}
 	}
 	if !held || h.End <= heldAt {
@@ -352,9 +350,6 @@ func (m *Meter) launchDeferred(c *gpuContext, t uint64) {
 		m.enqueue(c, l, t).released = true
 	}
 	c.deferred = kept
-	if len(kept) > 0 {
-		c.heldAt = kept[0].heldAt
-	}
 }
 
 // launchReleased enqueues the held launches at t, the release the arbiter
