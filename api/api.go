@@ -52,6 +52,11 @@ type Tenant struct {
 	// through the driver on the GPU (cuMemHostAlloc): reported apart, never
 	// charged to a limit.
 	HostMemBytes uint64 `json:"host_mem_bytes,omitempty"`
+	// DriverMemBytes is the video memory the driver itself counts for its
+	// processes on the GPU (GET_PID_INFO, read once a window): MemBytes
+	// plus each context's own buffers, which no allocation carries. Absent
+	// where the driver could not be asked.
+	DriverMemBytes *uint64 `json:"driver_mem_bytes,omitempty"`
 	// MemoryLimit is its GPU memory limit on each GPU (0: none), OOMKills
 	// the processes killed at an allocation past it on this GPU.
 	MemoryLimit uint64 `json:"memory_limit,omitempty"`

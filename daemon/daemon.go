@@ -126,6 +126,10 @@ type Daemon struct {
 	unprobed map[uint32]bool
 	// published is the last control step's view for status and metrics.
 	published atomic.Pointer[stepView]
+	// driverAsk is what the next read of the driver's memory figures asks
+	// (under mu); driverMem what the last read found.
+	driverAsk map[int]*driverMemoryAsk
+	driverMem atomic.Pointer[driverMemory]
 	// exitsReconciled counts the processes reconcileExits ended;
 	// meteredStarts are the start times it last found for the metered
 	// processes (its goroutine only).

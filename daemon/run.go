@@ -75,6 +75,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 		defer close(leased)
 		d.renewLease(ctx)
 	}()
+	readMemory := make(chan struct{})
+	go func() {
+		defer close(readMemory)
+		d.readDriverMemory(ctx)
+	}()
 	var runErr error
 loop:
 	for {
@@ -103,6 +108,7 @@ loop:
 	<-held
 	<-leased
 	<-plugged
+	<-readMemory
 	return errors.Join(runErr, d.Stop())
 }
 

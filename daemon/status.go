@@ -54,6 +54,9 @@ func (d *Daemon) publish(res control.Result, snap meter.Snapshot, actuation map[
 			}
 			row.BurstNS = in.BurstNS
 			row.MemBytes, row.HostMemBytes = d.memoryOf(ct, gpu)
+			if b, ok := d.driverMemoryOf(ct, gpu); ok {
+				row.DriverMemBytes = &b
+			}
 			if mu, ok := memory[name]; ok {
 				row.MemoryLimit, row.OOMKills = mu.Limit, mu.Kills[gpu]
 			}

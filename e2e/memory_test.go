@@ -134,11 +134,20 @@ func TestGPUMemoryLimitKillsTheAllocationPastIt(t *testing.T) {
 // under a caching allocator that empties its cache at an OOM, a KV cache
 // sized from the GPU's memory, a stream-ordered pool that keeps freed
 // blocks until a sync, and a tenant of two processes on two GPUs; pinned
-// host memory is reported apart and charged nothing.
+// host memory is reported apart and charged nothing. The driver's own
+// figure beside it (GET_PID_INFO, read through a tenant's control file) is
+// the simulated GPU's whole, the baseline included. Both in each actuator
+// mode: the driver is asked with steering off too.
 func TestGPUMemoryChargedAsTheDriverHoldsIt(t *testing.T) {
+	for _, mode := range actuatorModes {
+		t.Run(mode.name, func(t *testing.T) { memoryChargedAsTheDriverHoldsIt(t, mode.args) })
+	}
+}
+
+func memoryChargedAsTheDriverHoldsIt(t *testing.T, daemonArgs []string) {
 	const ctxMemory = 32 * mib
 	gpu := testutil.StartFakeGPU(t, "--gpus", "2", "--memory", strconv.Itoa(4<<30), "--ctx-memory", strconv.Itoa(ctxMemory))
-	d := startDaemon(t, gpu)
+	d := startDaemon(t, gpu, daemonArgs...)
 	type run struct {
 		cg   *testutil.Cgroup
 		args []string
@@ -173,18 +182,19 @@ func TestGPUMemoryChargedAsTheDriverHoldsIt(t *testing.T) {
 		cgroup string
 		gpu    int
 	}
-	var got, want, host map[key]uint64
+	var got, want, host, driver, device map[key]uint64
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		truth, err := gpu.Stats(false)
 		if err != nil {
 			t.Fatal(err)
 		}
-		want = map[key]uint64{}
+		want, device = map[key]uint64{}, map[key]uint64{}
 		for _, g := range truth.GPUs {
 			for _, c := range g.Contexts {
 				if c.Alive {
 					want[key{c.Cgroup, g.Index}] += c.MemBytes - ctxMemory
+					device[key{c.Cgroup, g.Index}] += c.MemBytes
 				}
 			}
 		}
@@ -192,14 +202,17 @@ func TestGPUMemoryChargedAsTheDriverHoldsIt(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, host = map[key]uint64{}, map[key]uint64{}
+		got, host, driver = map[key]uint64{}, map[key]uint64{}, map[key]uint64{}
 		for _, r := range st.Tenants {
 			got[key{r.Cgroup, r.GPU}] = r.MemBytes
 			host[key{r.Cgroup, r.GPU}] = r.HostMemBytes
+			if r.DriverMemBytes != nil {
+				driver[key{r.Cgroup, r.GPU}] = *r.DriverMemBytes
+			}
 		}
 		off := 0
 		for k, w := range want {
-			if diff := float64(got[k]) - float64(w); diff > 0.01*float64(w) || -diff > 0.01*float64(w) {
+			if diff := float64(got[k]) - float64(w); diff > 0.01*float64(w) || -diff > 0.01*float64(w) || driver[k] != device[k] {
 				off++
 			}
 		}
@@ -217,9 +230,13 @@ func TestGPUMemoryChargedAsTheDriverHoldsIt(t *testing.T) {
 	}
 	for k, w := range want {
 		g := got[k]
-		t.Logf("%s GPU %d: gpuarb %.1f MiB, the simulated GPU %.1f MiB less its contexts' baseline", k.cgroup, k.gpu, float64(g)/mib, float64(w)/mib)
+		t.Logf("%s GPU %d: gpuarb %.1f MiB, the simulated GPU %.1f MiB less its contexts' baseline; the driver's figure %.1f MiB, the simulated GPU's %.1f MiB",
+			k.cgroup, k.gpu, float64(g)/mib, float64(w)/mib, float64(driver[k])/mib, float64(device[k])/mib)
 		if diff := float64(g) - float64(w); diff > 0.01*float64(w) || -diff > 0.01*float64(w) {
 			t.Errorf("%s GPU %d: gpuarb charges %d B, the simulated GPU holds %d B beyond its contexts' baseline: off by more than 1%%", k.cgroup, k.gpu, g, w)
+		}
+		if driver[k] != device[k] {
+			t.Errorf("%s GPU %d: the driver's figure in status %d B, the simulated GPU holds %d B", k.cgroup, k.gpu, driver[k], device[k])
 		}
 	}
 }

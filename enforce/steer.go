@@ -54,6 +54,9 @@ type Steering struct {
 	meter      *meter.Meter
 	log        *slog.Logger
 	Off        string // why this host cannot be steered ("": it can)
+	// unreadable is why the driver cannot be asked through the tenants'
+	// files at all ("": it can), steering on or off.
+	unreadable string
 	// Reprobe is how long a GPU counts as not steerable before it is
 	// probed again (0: defaultReprobe); set before the first step.
 	Reprobe time.Duration
@@ -132,13 +135,14 @@ func (r *refusals) forget(live map[uint32]bool) {
 func NewSteering(disabled bool, fakeSocket, ledgerPath string, m *meter.Meter, log *slog.Logger) (*Steering, error) {
 	s := &Steering{act: gpusched.New(fakeSocket), fakeSocket: fakeSocket, meter: m, log: log, gpus: map[int]gpuVerdict{},
 		slices: map[int]gpusched.Slices{}, groups: map[groupKey]*steered{}}
+	if err := gpusched.Available(); err != nil {
+		s.unreadable = err.Error()
+	}
 	switch {
 	case disabled:
 		s.Off = "disabled (--gpu-scheduler off)"
 	default:
-		if err := gpusched.Available(); err != nil {
-			s.Off = err.Error()
-		}
+		s.Off = s.unreadable
 	}
 	l, err := gpusched.OpenLedger(ledgerPath)
 	if errors.Is(err, ledger.ErrUnreadable) {
@@ -148,6 +152,17 @@ func NewSteering(disabled bool, fakeSocket, ledgerPath string, m *meter.Meter, l
 	}
 	s.ledger = l
 	return s, nil
+}
+
+// DriverMemory reads the driver's own figure of each of pids' video memory
+// on probe's GPU, through probe's group (gpusched.Actuator.VideoMemory). It
+// reads and changes nothing, so it needs what steering needs of the host,
+// not steering itself: it answers with steering off too.
+func (s *Steering) DriverMemory(probe gpusched.Group, pids []uint32) (map[uint32]uint64, error) {
+	if s.unreadable != "" {
+		return nil, errors.New(s.unreadable)
+	}
+	return s.act.VideoMemory(probe, pids)
 }
 
 // gpuVerdict is what gpuarb found of one GPU: whether it can be steered

@@ -135,10 +135,21 @@ func (a *Actuator) file(g Group) (*controlFile, error) {
 		cf.file.Close()
 		delete(p.files, g.FD)
 	}
+	cf, err := a.duplicate(p.pidfd, g)
+	if err != nil {
+		return nil, err
+	}
+	p.files[g.FD] = cf
+	return cf, nil
+}
+
+// duplicate takes a duplicate of g's control file from the process of
+// pidfd, checked to be that file (transportOf).
+func (a *Actuator) duplicate(pidfd int, g Group) (*controlFile, error) {
 	if g.File.Ino == 0 {
 		return nil, fmt.Errorf("pid %d: descriptor %d: %w (none recorded)", g.PID, g.FD, ErrNotItsFile)
 	}
-	fd, err := unix.PidfdGetfd(p.pidfd, int(g.FD), 0)
+	fd, err := unix.PidfdGetfd(pidfd, int(g.FD), 0)
 	if err != nil {
 		return nil, fmt.Errorf("pid %d: pidfd_getfd of its control file %d: %w", g.PID, g.FD, err)
 	}
@@ -148,9 +159,7 @@ func (a *Actuator) file(g Group) (*controlFile, error) {
 		f.Close()
 		return nil, err
 	}
-	cf := &controlFile{file: f, id: g.File, via: via}
-	p.files[g.FD] = cf
-	return cf, nil
+	return &controlFile{file: f, id: g.File, via: via}, nil
 }
 
 // transportOf checks that a duplicate is g's control file (a character
@@ -248,6 +257,60 @@ func (a *Actuator) Timeslice(g Group) (time.Duration, error) {
 		return 0, err
 	}
 	return time.Duration(binary.LittleEndian.Uint64(p)) * time.Microsecond, nil
+}
+
+// VideoMemory reads, through group g's subdevice, the video memory the
+// driver counts for each of pids on g's GPU (GET_PID_INFO,
+// VIDEO_MEMORY_USAGE: private plus owned shared memory, the context's own
+// buffers included), in calls of at most nvrm.PIDInfoMax. A process the
+// driver does not answer for is left out. The duplicate of a process not
+// steered is closed again at once.
+func (a *Actuator) VideoMemory(g Group, pids []uint32) (map[uint32]uint64, error) {
+	if g.Subdevice == 0 {
+		return nil, fmt.Errorf("pid %d: group 0x%x: no subdevice seen to ask the driver through", g.PID, g.TSG)
+	}
+	control := func(p []byte) error { return a.control(g, g.Subdevice, nvrm.CtrlGPUGetPIDInfo, p) }
+	a.mu.Lock()
+	_, kept := a.procs[g.PID]
+	a.mu.Unlock()
+	if !kept {
+		// A duplicate kept after the read would hold the process's memory
+		// past its exit until the next Sweep: one for this read alone.
+		pidfd, err := unix.PidfdOpen(int(g.PID), 0)
+		if err != nil {
+			return nil, fmt.Errorf("pid %d: pidfd_open: %w", g.PID, err)
+		}
+		defer unix.Close(pidfd)
+		cf, err := a.duplicate(pidfd, g)
+		if err != nil {
+			return nil, err
+		}
+		defer cf.file.Close()
+		defer cf.via.close()
+		control = func(p []byte) error {
+			status, err := cf.via.control(cf.file, g.Client, g.Subdevice, nvrm.CtrlGPUGetPIDInfo, p)
+			switch {
+			case err != nil:
+				return fmt.Errorf("pid %d: %w", g.PID, err)
+			case status != nvrm.StatusOK:
+				return fmt.Errorf("pid %d: %w", g.PID, &StatusError{Control: nvrm.CtrlGPUGetPIDInfo, Status: status})
+			}
+			return nil
+		}
+	}
+	out := map[uint32]uint64{}
+	for len(pids) > 0 {
+		batch := pids[:min(len(pids), nvrm.PIDInfoMax)]
+		pids = pids[len(batch):]
+		p := pidInfoParams(batch)
+		if err := control(p); err != nil {
+			return nil, err
+		}
+		for pid, bytes := range pidVideoMemory(p, len(batch)) {
+			out[pid] += bytes
+		}
+	}
+	return out, nil
 }
 
 // Preempt preempts group g once, waiting for it to finish: it stays

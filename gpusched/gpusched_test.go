@@ -182,6 +182,34 @@ func TestSimulatedGPUSlices(t *testing.T) {
 	}
 }
 
+// The driver's figure of each process's video memory, read through any
+// one process's group: what its contexts hold, their baseline included;
+// the duplicate of the process read through is not kept.
+func TestVideoMemoryAsTheDriverCountsIt(t *testing.T) {
+	testutil.Privileged(t)
+	const baseline = 32 << 20
+	gpu := testutil.StartFakeGPU(t, "--ctx-memory", fmt.Sprint(baseline))
+	alloc := testutil.Start(t, nil, gpu.Workload(t, "alloc", "--pattern", "steps", "--count", "4", "--step-mib", "64", "--duration", "20"))
+	hog := testutil.Start(t, nil, gpu.Workload(t, "hog", "--kernel-ms", "5", "--duration", "20"))
+	pa, pb := alloc.Cmd.Process.Pid, hog.Cmd.Process.Pid
+	time.Sleep(300 * time.Millisecond)
+	g := groupOf(t, gpu, pb)
+	a := New(gpu.Socket)
+	defer a.Close()
+	want := map[uint32]uint64{uint32(pa): 4<<26 + baseline, uint32(pb): baseline, 999999: 0}
+	var got map[uint32]uint64
+	var err error
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if got, err = a.VideoMemory(g, []uint32{uint32(pa), uint32(pb), 999999}); err == nil && fmt.Sprint(got) == fmt.Sprint(want) {
+			if len(a.procs) != 0 {
+				t.Errorf("duplicates kept after a read of a process not steered: %v", a.procs)
+			}
+			return
+		}
+	}
+	t.Fatalf("video memory %v (%v), want %v", got, err, want)
+}
+
 // A pause takes a group off the GPU with its queued work kept: the other
 // takes its time at once, and at the resume the paused one carries on.
 func TestPauseStopsQueuedWork(t *testing.T) {

@@ -56,3 +56,33 @@ func disableParams(disable, onlyScheduling bool, client uint32, channels []uint3
 	}
 	return p, nil
 }
+
+// pidInfoParams asks GET_PID_INFO for the video memory of each of pids
+// (at most nvrm.PIDInfoMax).
+func pidInfoParams(pids []uint32) []byte {
+	p := make([]byte, nvrm.PIDInfoSize)
+	le := binary.LittleEndian
+	le.PutUint32(p, uint32(len(pids)))
+	for i, pid := range pids {
+		le.PutUint32(p[nvrm.PIDInfoListOffset+nvrm.PIDInfoEntrySize*i:], pid)
+		// index 0 is VIDEO_MEMORY_USAGE
+	}
+	return p
+}
+
+// pidVideoMemory reads GET_PID_INFO's answer for n entries: each process's
+// private video memory and the shared memory it owns (memPrivate +
+// memSharedOwned; what it imported from others, memSharedDuped, is
+// theirs), for the entries the driver answered NV_OK.
+func pidVideoMemory(p []byte, n int) map[uint32]uint64 {
+	le := binary.LittleEndian
+	out := map[uint32]uint64{}
+	for i := range n {
+		e := p[nvrm.PIDInfoListOffset+nvrm.PIDInfoEntrySize*i:]
+		if le.Uint32(e[8:]) != nvrm.StatusOK {
+			continue
+		}
+		out[le.Uint32(e)] += le.Uint64(e[16:]) + le.Uint64(e[24:])
+	}
+	return out
+}

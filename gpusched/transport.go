@@ -124,7 +124,7 @@ const (
 	fakeOpRMControl = 8
 	fakeReqSize     = 64
 	fakeRespSize    = 32
-	fakeMaxParams   = 1024
+	fakeMaxParams   = 16 << 10
 )
 
 func (f *fakeGPU) String() string { return "fakegpu " + f.socket }

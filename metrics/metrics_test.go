@@ -13,10 +13,11 @@ import (
 )
 
 func TestScrapeStatus(t *testing.T) {
+	driver := uint64(1<<30 + 32<<20)
 	st := api.Status{Version: "v9", Enforcing: true,
 		Tenants: []api.Tenant{
 			{Name: "train", GPU: 0, Share: 0.7, TargetShare: 0.5, Duty: 0.6, GPUNSTotal: 12_500_000_000,
-				ThrottledNS: 3_000_000_000, LaunchesTotal: 4000, SyncsTotal: 40, MemBytes: 1 << 30, MemoryLimit: 2 << 30, OOMKills: 3, SyncP99MS: 25, Processes: 4, GateErrors: 2,
+				ThrottledNS: 3_000_000_000, LaunchesTotal: 4000, SyncsTotal: 40, MemBytes: 1 << 30, DriverMemBytes: &driver, MemoryLimit: 2 << 30, OOMKills: 3, SyncP99MS: 25, Processes: 4, GateErrors: 2,
 				UnprobedPIDs: []int{77, 78}},
 			{Name: "infer", GPU: 1, Share: 0.2, Duty: 1, GPUNSTotal: 1_000_000, LaunchesTotal: 7, SyncsTotal: 7},
 		},
@@ -43,6 +44,7 @@ func TestScrapeStatus(t *testing.T) {
 		{"gpuarb_tenant_launches_total", train, 4000, dto.MetricType_COUNTER},
 		{"gpuarb_tenant_syncs_total", train, 40, dto.MetricType_COUNTER},
 		{"gpuarb_tenant_memory_bytes", train, 1 << 30, dto.MetricType_GAUGE},
+		{"gpuarb_tenant_driver_memory_bytes", train, 1<<30 + 32<<20, dto.MetricType_GAUGE},
 		{"gpuarb_gpu_memory_limit_bytes", train, 2 << 30, dto.MetricType_GAUGE},
 		{"gpuarb_gpu_memory_oom_kills_total", train, 3, dto.MetricType_COUNTER},
 		{"gpuarb_tenant_sync_p99_seconds", train, 0.025, dto.MetricType_GAUGE},
@@ -73,6 +75,9 @@ func TestScrapeStatus(t *testing.T) {
 		if k := fams[c.name].GetType(); k != c.kind {
 			t.Errorf("%s is a %v, want %v", c.name, k, c.kind)
 		}
+	}
+	if _, ok := testutil.MetricValue(fams, "gpuarb_tenant_driver_memory_bytes", map[string]string{"tenant": "infer", "gpu": "1"}); ok {
+		t.Error("a driver memory figure for a tenant whose driver was not asked")
 	}
 	if fams["go_goroutines"] == nil || fams["process_resident_memory_bytes"] == nil {
 		t.Error("the daemon's own process metrics are missing")

@@ -123,11 +123,22 @@ const (
 	CtrlRestartRunlist      = 0xA06F0111 // on a channel: {bool bForceRestart, bBypassWait}
 	CtrlGetWorkSubmitToken  = 0xC36F0108 // on a channel: {u32 workSubmitToken}
 	CtrlFIFODisableChannels = 0x2080110B // on a subdevice: FIFODisableSize bytes
+	CtrlGPUGetPIDInfo       = 0x2080018E // on a subdevice: PIDInfoSize bytes
 
 	FIFODisableSize           = 536
 	FIFODisableMax            = 64 // channels in one call
 	FIFODisableClientsOffset  = 24
 	FIFODisableChannelsOffset = 280
+
+	// GET_PID_INFO: {u32 pidInfoListCount; NV2080_CTRL_GPU_PID_INFO
+	// pidInfoList[200]@8}, each entry {u32 pid; u32 index; u32 result;
+	// union data@16 (for index VIDEO_MEMORY_USAGE, 0: u64 memPrivate,
+	// memSharedOwned, memSharedDuped and three protected-memory figures);
+	// u32 computeInstanceId@64, gpuInstanceId@68}.
+	PIDInfoSize       = 8 + PIDInfoMax*PIDInfoEntrySize
+	PIDInfoMax        = 200 // entries in one call
+	PIDInfoEntrySize  = 72
+	PIDInfoListOffset = 8
 )
 
 // NV_STATUS codes gpuarb tells apart. The driver answers them in the

@@ -149,18 +149,27 @@ func memoryColumn(t api.Tenant) string {
 	return fmt.Sprintf("%s/%.0f", held, float64(t.MemoryLimit)/(1<<20))
 }
 
+// driverMemoryColumn shows what the driver itself counts for the tenant's
+// processes on the GPU, in MiB ("-" where it could not be asked).
+func driverMemoryColumn(t api.Tenant) string {
+	if t.DriverMemBytes == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f", float64(*t.DriverMemBytes)/(1<<20))
+}
+
 func printTable(w io.Writer, st api.Status, key string) error {
 	sortTenants(st.Tenants, key)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "TENANT\tGPU\tSHARE\tTARGET\tDUTY\tPRIO\tWEIGHT\tGPU ms/s\tQUEUE ms/s\tLAUNCH/s\tSYNC/s\tMEM MiB\tOOM\tPROCS\tSTATE\tCGROUP\t")
+	fmt.Fprintln(tw, "TENANT\tGPU\tSHARE\tTARGET\tDUTY\tPRIO\tWEIGHT\tGPU ms/s\tQUEUE ms/s\tLAUNCH/s\tSYNC/s\tMEM MiB\tDRIVER MiB\tOOM\tPROCS\tSTATE\tCGROUP\t")
 	window := float64(st.WindowNS) / 1e9
 	for _, t := range st.Tenants {
-		fmt.Fprintf(tw, "%s\t%d\t%.1f%%\t%.1f%%\t%.2f\t%s\t%d\t%.1f\t%.1f\t%.0f\t%.0f\t%s\t%d\t%d\t%s\t%s\t\n", truncate(displayName(t), 24), t.GPU,
+		fmt.Fprintf(tw, "%s\t%d\t%.1f%%\t%.1f%%\t%.2f\t%s\t%d\t%.1f\t%.1f\t%.0f\t%.0f\t%s\t%s\t%d\t%d\t%s\t%s\t\n", truncate(displayName(t), 24), t.GPU,
 			100*t.Share, 100*t.TargetShare, t.Duty, t.Priority, t.Weight, float64(t.GPUNS)/1e6/window, float64(t.QueueNS)/1e6/window,
-			t.LaunchesPerS, t.SyncsPerS, memoryColumn(t), t.OOMKills, t.Processes, t.State, truncate(t.Cgroup, 48))
+			t.LaunchesPerS, t.SyncsPerS, memoryColumn(t), driverMemoryColumn(t), t.OOMKills, t.Processes, t.State, truncate(t.Cgroup, 48))
 	}
 	if len(st.Tenants) == 0 {
-		fmt.Fprintln(tw, "(no tenant has used a GPU in the window)\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t")
+		fmt.Fprintln(tw, "(no tenant has used a GPU in the window)\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t")
 	}
 	if !st.Enforcing {
 		fmt.Fprintln(tw, "(observing only: nothing is throttled)")

@@ -105,7 +105,7 @@ const (
 )
 
 // maxRMParams is FG_MAX_RM_PARAMS: the most params one RM control carries.
-const maxRMParams = 1024
+const maxRMParams = 16 << 10
 
 const (
 	reqSize  = 64

@@ -18,6 +18,7 @@ const (
 	CtrlTSGSetInterleaveLevel  = 0xa06c0107 // {u32 level}: accepted, not simulated
 	CtrlChannelRestartRunlist  = 0xa06f0111 // on a channel: {bool bForceRestart, bBypassWait}
 	CtrlSubdevFIFODisableChans = 0x2080110b // on the subdevice: 536 B, see disableChannels
+	CtrlSubdevGetPIDInfo       = 0x2080018e // on the subdevice: 14408 B, see pidInfo
 	// CtrlSimSchedCosts is the simulator's own, on a TSG: {u64
 	// defaultTimesliceUs; u64 contextSwitchNs; u64 preemptNs}, what its
 	// scheduler costs, which gpuarb reads where a real driver's are the
@@ -28,7 +29,8 @@ const (
 // Parameter sizes of the controls, which must match exactly.
 var controlSize = map[uint32]int{CtrlTSGGPFIFOSchedule: 3, CtrlTSGSetTimeslice: 8, CtrlTSGGetTimeslice: 8, CtrlTSGPreempt: 8,
 	CtrlTSGGetInfo: 4, CtrlTSGSetInterleaveLevel: 4, CtrlChannelRestartRunlist: 2, CtrlSubdevFIFODisableChans: 536,
-	CtrlSimSchedCosts: 24}
+	CtrlSubdevGetPIDInfo: 14408,
+	CtrlSimSchedCosts:    24}
 
 // privileged controls need an administrator (RS_ACCESS_NICE or
 // CAP_SYS_ADMIN in the driver; root here).
@@ -122,6 +124,8 @@ func (s *Server) control(client, object, cmd uint32, params []byte, admin bool) 
 		return nvOK, params
 	case CtrlSubdevFIFODisableChans:
 		return s.disableChannels(client, object, params), params
+	case CtrlSubdevGetPIDInfo:
+		return s.pidInfo(client, object, params), params
 	}
 	x, _, status := s.find(client, func(x *gpuContext) int {
 		if x.tsg == object {
@@ -248,6 +252,63 @@ func (s *Server) disableChannels(client, subdevice uint32, p []byte) uint32 {
 	}
 	return nvOK
 }
+
+// pidInfo is GET_PID_INFO: {u32 pidInfoListCount; entries@8 of 72 B:
+// {u32 pid; u32 index; u32 result; u64 memPrivate@16, memSharedOwned@24,
+// memSharedDuped@32, …; u32 computeInstanceId@64, gpuInstanceId@68}}. For
+// index 0 (VIDEO_MEMORY_USAGE) memPrivate is the device memory the
+// process's contexts on the subdevice's GPU hold, each context's baseline
+// included, as the driver counts a process's RM memory objects.
+func (s *Server) pidInfo(client, subdevice uint32, p []byte) uint32 {
+	le := binary.LittleEndian
+	n := le.Uint32(p)
+	if n == 0 || n > maxPIDInfo {
+		return nvErrInvalidArgument
+	}
+	x, _, status := s.find(client, func(x *gpuContext) int {
+		if x.subdevice == subdevice && subdevice != 0 {
+			return 0
+		}
+		return -1
+	})
+	if status != nvOK {
+		return status
+	}
+	g := x.gpu
+	var on []*gpuContext
+	s.reg.mu.RLock()
+	for _, c := range s.reg.ctxs {
+		if c.gpu == g {
+			on = append(on, c)
+		}
+	}
+	s.reg.mu.RUnlock()
+	held := map[uint32]uint64{}
+	g.mu.Lock() // after the registry's lock is let go: a free takes them the other way round
+	for _, c := range on {
+		held[uint32(c.pid)] += c.memBytes
+	}
+	g.mu.Unlock()
+	for i := range n {
+		e := p[8+72*i : 8+72*(i+1)]
+		if le.Uint32(e[4:]) != 0 {
+			le.PutUint32(e[8:], nvErrInvalidArgument)
+			continue
+		}
+		clear(e[8:])
+		le.PutUint64(e[16:], held[le.Uint32(e)])
+		le.PutUint32(e[64:], partitionInvalid)
+		le.PutUint32(e[68:], partitionInvalid)
+	}
+	return nvOK
+}
+
+// maxPIDInfo is GET_PID_INFO's list length; partitionInvalid the
+// instance ids of a GPU without MIG.
+const (
+	maxPIDInfo       = 200
+	partitionInvalid = 0xffffffff
+)
 
 // restartRunlist commits the scheduling changes of every group on the GPU
 // (timeslices, disabled channels), as RESTART_RUNLIST does: a running group

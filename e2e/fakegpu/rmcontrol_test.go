@@ -126,6 +126,59 @@ func TestDisableEvictsUnlessOnlyScheduling(t *testing.T) {
 	}
 }
 
+// GET_PID_INFO answers, per process asked for, the device memory its
+// contexts hold on the subdevice's GPU, the contexts' baseline included,
+// and 0 for a process with none there; an index other than
+// VIDEO_MEMORY_USAGE fails its entry alone.
+func TestPIDInfoCountsEachProcessOnTheGPU(t *testing.T) {
+	s, g := newTestGPU(t)
+	const client, subdev = 0xc1e00001, 0x5c000003
+	s.cfg.ContextMemory = 8 << 20
+	var xs []*gpuContext
+	for i, pid := range []int{42, 42, 43} {
+		x, err := g.addContext(uint64(i+1), pid, "/", uint32(client+i), uint32(0x5c000010+i), uint32(subdev+i), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		xs = append(xs, x)
+	}
+	defer func() {
+		for _, x := range xs {
+			g.removeContext(x)
+		}
+	}()
+	if r := g.alloc(xs[1], 100<<20); r.status != 0 {
+		t.Fatalf("alloc: status %d", r.status)
+	}
+	le := binary.LittleEndian
+	p := make([]byte, 14408)
+	le.PutUint32(p, 4)
+	for i, pid := range []uint32{42, 43, 44, 42} {
+		le.PutUint32(p[8+72*i:], pid)
+	}
+	le.PutUint32(p[8+72*3+4:], 1) // no such index
+	if status, _ := s.control(client, subdev, CtrlSubdevGetPIDInfo, p, false); status != nvOK {
+		t.Fatalf("status 0x%x", status)
+	}
+	for i, want := range []struct {
+		result uint32
+		bytes  uint64
+	}{{nvOK, 2*8<<20 + 100<<20}, {nvOK, 8 << 20}, {nvOK, 0}, {nvErrInvalidArgument, 0}} {
+		e := p[8+72*i:]
+		if got, bytes := le.Uint32(e[8:]), le.Uint64(e[16:]); got != want.result || bytes != want.bytes {
+			t.Errorf("entry %d (pid %d): result 0x%x, %d bytes; want 0x%x, %d", i, le.Uint32(e), got, bytes, want.result, want.bytes)
+		}
+	}
+	le.PutUint32(p, 0)
+	if status, _ := s.control(client, subdev, CtrlSubdevGetPIDInfo, p, false); status != nvErrInvalidArgument {
+		t.Errorf("an empty list: status 0x%x, want NV_ERR_INVALID_ARGUMENT", status)
+	}
+	le.PutUint32(p, 1)
+	if status, _ := s.control(client, 0x5c000010, CtrlSubdevGetPIDInfo, p, false); status != nvErrInvalidObject {
+		t.Errorf("through a handle that is no subdevice: status 0x%x, want NV_ERR_INVALID_OBJECT_HANDLE", status)
+	}
+}
+
 // The simulated driver's controls and statuses are the real driver's
 // that gpuarb speaks (package nvrm).
 func TestSimulatedDriverSpeaksGpuarbsVocabulary(t *testing.T) {
@@ -141,6 +194,9 @@ func TestSimulatedDriverSpeaksGpuarbsVocabulary(t *testing.T) {
 		{"subdevice FIFO_DISABLE_CHANNELS", CtrlSubdevFIFODisableChans, nvrm.CtrlFIFODisableChannels},
 		{"FIFO_DISABLE_CHANNELS size", uint32(controlSize[CtrlSubdevFIFODisableChans]), nvrm.FIFODisableSize},
 		{"FIFO_DISABLE_CHANNELS length", maxDisable, nvrm.FIFODisableMax},
+		{"subdevice GET_PID_INFO", CtrlSubdevGetPIDInfo, nvrm.CtrlGPUGetPIDInfo},
+		{"GET_PID_INFO size", uint32(controlSize[CtrlSubdevGetPIDInfo]), nvrm.PIDInfoSize},
+		{"GET_PID_INFO length", maxPIDInfo, nvrm.PIDInfoMax},
 		{"NV_OK", nvOK, nvrm.StatusOK},
 		{"NV_ERR_INSUFFICIENT_PERMISSIONS", nvErrInsufficientPerms, nvrm.StatusInsufficientPerms},
 		{"NV_ERR_INVALID_ARGUMENT", nvErrInvalidArgument, nvrm.StatusInvalidArgument},

@@ -127,7 +127,7 @@ struct fg_resp {
 	uint64_t val2;
 };
 
-/* The most params one FG_OP_RM_CONTROL carries (FIFO_DISABLE_CHANNELS is 536). */
-#define FG_MAX_RM_PARAMS 1024
+/* The most params one FG_OP_RM_CONTROL carries (GET_PID_INFO is 14408). */
+#define FG_MAX_RM_PARAMS 16384
 
 #endif
