@@ -111,10 +111,11 @@ func formatShares(m map[string]float64) string {
 // all of it.
 type stage struct {
 	Cleanups
-	dir    string
-	gpu    *FakeGPU
-	daemon *Daemon
-	cgroup *Cgroup
+	dir     string
+	gpu     *FakeGPU
+	daemon  *Daemon   // the one running
+	daemons []*Daemon // every one started, in order
+	cgroup  *Cgroup
 }
 
 func newStage(o RunOptions, name string, gpuArgs ...string) (_ *stage, err error) {
@@ -150,23 +151,31 @@ func (st *stage) startDaemon(bins string, sc Scenario, args []string) error {
 		return err
 	}
 	st.daemon = d
+	st.daemons = append(st.daemons, d)
 	st.Add(d.Stop)
 	return nil
 }
 
-// start starts a tenant's processes (extra adds gpuwork flags) in its
-// cgroup below the stage's; they run until the stage ends, or leave.
-func (st *stage) start(t ScenarioTenant, duration time.Duration, extra ...string) ([]*Proc, error) {
+// start starts a tenant's processes (env adds to their environment) in
+// its cgroup below the stage's; they run until the stage ends, or leave. A
+// tenant whose steering the driver refuses has its processes' control
+// files reopened after setup (GPUWORK_REOPEN_CTL).
+func (st *stage) start(t ScenarioTenant, duration time.Duration, env ...string) ([]*Proc, error) {
 	cg, err := st.cgroup.Sub(t.Name)
 	if err != nil {
 		return nil, err
 	}
 	st.Add(func() { _ = RemoveCgroup(cg.Path) })
+	if t.Refused {
+		env = append(env, "GPUWORK_REOPEN_CTL=1")
+	}
 	var ps []*Proc
 	for i := range t.Procs {
 		args := append([]string{"loop", "--duration", strconv.FormatFloat(duration.Seconds(), 'f', 1, 64), "--seed",
 			strconv.Itoa(1000*i + 1)}, t.Args...)
-		p, err := Start(st.gpu.Workload(append(args, extra...)...), cg.Path)
+		cmd := st.gpu.Workload(args...)
+		cmd.Env = append(cmd.Env, env...)
+		p, err := Start(cmd, cg.Path)
 		if err != nil {
 			return nil, err
 		}
@@ -176,18 +185,20 @@ func (st *stage) start(t ScenarioTenant, duration time.Duration, extra ...string
 	return ps, nil
 }
 
-// runAlone runs every tenant alone on the scenario's timeline, each on a
-// simulated GPU of its own, and samples every second each one's share of
-// its GPU (in Sample.True, by tenant): what it would take alone in that
-// second. A tenant's phases run on the same clock as in the runs together,
-// so each second's targets follow them. probed runs the daemon beside
-// them, observing only.
+// runAlone runs every tenant alone on the scenario's timeline, each on
+// simulated GPUs of its own (as many as the scenario has: tenant i sees
+// GPUs i·n to i·n+n−1 as 0 to n−1, CUDA_VISIBLE_DEVICES), and samples
+// every second each one's share of each GPU it uses (in Sample.True, by
+// SlotKey): what it would take alone in that second. A tenant's phases run
+// on the same clock as in the runs together, so each second's targets
+// follow them. probed runs the daemon beside them, observing only.
 func runAlone(ctx context.Context, sc Scenario, o RunOptions, probed bool) ([]Sample, error) {
 	name := fmt.Sprintf("alone-%d", sc.Seed)
 	if probed {
 		name = fmt.Sprintf("probed-%d", sc.Seed)
 	}
-	st, err := newStage(o, name, "--gpus", strconv.Itoa(len(sc.Tenants)))
+	n := sc.gpuCount()
+	st, err := newStage(o, name, "--gpus", strconv.Itoa(n*len(sc.Tenants)))
 	if err != nil {
 		return nil, err
 	}
@@ -202,7 +213,13 @@ func runAlone(ctx context.Context, sc Scenario, o RunOptions, probed bool) ([]Sa
 	}
 	sctx, cancel := context.WithTimeout(ctx, sc.Duration+500*time.Millisecond)
 	defer cancel()
-	failed := st.followAll(sctx, cancel, sc, func(i int) []string { return []string{"--gpu", strconv.Itoa(i)} })
+	failed := st.followAll(sctx, cancel, sc, func(i int) []string {
+		visible := make([]string, n)
+		for g := range visible {
+			visible[g] = strconv.Itoa(i*n + g)
+		}
+		return []string{"CUDA_VISIBLE_DEVICES=" + strings.Join(visible, ",")}
+	})
 	var out []Sample
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -222,7 +239,9 @@ func runAlone(ctx context.Context, sc Scenario, o RunOptions, probed bool) ([]Sa
 		s := Sample{At: at, True: map[string]float64{}}
 		for i, t := range sc.Tenants {
 			if t.Arrive < at && (t.Leave == 0 || t.Leave > at-time.Second) {
-				s.True[t.Name] = busyShare(stats, i)
+				for _, g := range t.GPUsOf() {
+					s.True[SlotKey(t.Name, g)] = busyShare(stats, i*n+g)
+				}
 			}
 		}
 		out = append(out, s)
@@ -231,7 +250,7 @@ func runAlone(ctx context.Context, sc Scenario, o RunOptions, probed bool) ([]Sa
 }
 
 // followAll runs every tenant of the scenario on its timeline from now
-// (follow), tenant i with gpuwork flags extra(i). A tenant that cannot
+// (follow), tenant i with environment extra(i). A tenant that cannot
 // start cancels the run; the returned function then says why.
 func (st *stage) followAll(ctx context.Context, cancel func(), sc Scenario, extra func(i int) []string) (failed func() error) {
 	var mu sync.Mutex
@@ -257,10 +276,10 @@ func (st *stage) followAll(ctx context.Context, cancel func(), sc Scenario, extr
 }
 
 // follow starts a tenant at its arrival (start is the scenario's time
-// zero) with extra gpuwork flags, and ends its processes at its
-// departure; it returns once the tenant has left or ctx ends, with an
+// zero) with env added to its processes' environment, and ends its
+// processes at its departure; it returns once the tenant has left or ctx ends, with an
 // error only if it could not start.
-func (st *stage) follow(ctx context.Context, t ScenarioTenant, start time.Time, duration time.Duration, extra ...string) error {
+func (st *stage) follow(ctx context.Context, t ScenarioTenant, start time.Time, duration time.Duration, env ...string) error {
 	if Sleep(ctx, time.Until(start.Add(t.Arrive))) != nil {
 		return nil
 	}
@@ -268,7 +287,7 @@ func (st *stage) follow(ctx context.Context, t ScenarioTenant, start time.Time, 
 	if t.Leave > 0 {
 		end = t.Leave
 	}
-	ps, err := st.start(t, time.Until(start.Add(end)), extra...)
+	ps, err := st.start(t, time.Until(start.Add(end)), env...)
 	if err != nil || t.Leave == 0 {
 		return err
 	}
@@ -290,15 +309,15 @@ func busyShare(st fakegpu.Stats, i int) float64 {
 	return float64(st.GPUs[i].BusyNS) / float64(st.ElapsedNS)
 }
 
-// runTogether runs the scenario's tenants on one simulated GPU, with the
-// daemon arbitrating by the scenario's policy or without it, and samples
-// every second.
+// runTogether runs the scenario's tenants on its simulated GPUs, with the
+// daemon arbitrating by the scenario's policy (restarted at
+// Scenario.Restart) or without it, and samples every second.
 func runTogether(ctx context.Context, sc Scenario, o RunOptions, arbitrate bool) ([]Sample, error) {
 	name := fmt.Sprintf("free-%d", sc.Seed)
 	if arbitrate {
 		name = fmt.Sprintf("arb-%d", sc.Seed)
 	}
-	st, err := newStage(o, name)
+	st, err := newStage(o, name, "--gpus", strconv.Itoa(sc.gpuCount()))
 	if err != nil {
 		return nil, err
 	}
@@ -307,8 +326,9 @@ func runTogether(ctx context.Context, sc Scenario, o RunOptions, arbitrate bool)
 	for _, t := range sc.Tenants {
 		tenants = append(tenants, Tenant{Name: t.Name, Cgroup: filepath.Join(st.cgroup.Rel, t.Name)})
 	}
+	var args []string
 	if arbitrate {
-		args := o.DaemonArgs
+		args = o.DaemonArgs
 		if o.RecordMeter && o.Logs != "" {
 			args = append(slices.Clone(args), "--record-meter", filepath.Join(o.Logs, fmt.Sprintf("seed-%d-meter.jsonl", sc.Seed)))
 		}
@@ -333,15 +353,31 @@ func runTogether(ctx context.Context, sc Scenario, o RunOptions, arbitrate bool)
 			}{at.Seconds(), status})
 		}
 		st.Add(func() {
-			_, stderr := st.daemon.Proc.Output()
-			_ = os.WriteFile(filepath.Join(o.Logs, fmt.Sprintf("seed-%d-daemon.log", sc.Seed)), []byte(stderr), 0o644)
+			var logs []string
+			for i, d := range st.daemons {
+				_, stderr := d.Proc.Output()
+				if i > 0 {
+					stderr = fmt.Sprintf("---- the daemon restarted at %s ----\n%s", sc.Restart, stderr)
+				}
+				logs = append(logs, stderr)
+			}
+			_ = os.WriteFile(filepath.Join(o.Logs, fmt.Sprintf("seed-%d-daemon.log", sc.Seed)), []byte(strings.Join(logs, "")), 0o644)
 		})
 	}
 	done := make(chan error, 1)
 	go func() { done <- sm.Run(sctx) }()
+	restarted := make(chan error, 1)
+	if arbitrate && sc.Restart > 0 {
+		go func() { restarted <- st.restartDaemon(sctx, sm, sc, args) }()
+	} else {
+		restarted <- nil
+	}
 	failed := st.followAll(sctx, cancel, sc, func(int) []string { return nil })
 	runErr := <-done
 	if err := failed(); err != nil {
+		return nil, err
+	}
+	if err := <-restarted; err != nil {
 		return nil, err
 	}
 	if runErr != nil {
@@ -352,6 +388,26 @@ func runTogether(ctx context.Context, sc Scenario, o RunOptions, arbitrate bool)
 		return nil, fmt.Errorf("the daemon exited during the run: %s", tail(stderr, 4000))
 	}
 	return sm.Samples(), ctx.Err()
+}
+
+// restartDaemon stops the stage's daemon at the scenario's Restart (with
+// SIGINT, or SIGKILL where RestartKilled) and starts another with args in
+// its place, the same directory and pins, for the sampler to read on.
+func (st *stage) restartDaemon(ctx context.Context, sm *Sampler, sc Scenario, args []string) error {
+	if Sleep(ctx, sc.Restart) != nil {
+		return nil
+	}
+	old := st.daemon
+	if sc.RestartKilled {
+		old.Proc.Stop()
+	} else {
+		old.Stop()
+	}
+	if err := st.startDaemon(st.gpu.bins, sc, args); err != nil {
+		return fmt.Errorf("restart the daemon at %s: %w", sc.Restart, err)
+	}
+	sm.SetDaemon(st.daemon)
+	return nil
 }
 
 // tail is the last n bytes of s.

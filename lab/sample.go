@@ -22,7 +22,7 @@ type Tenant struct {
 // Sample is one interval of ground truth, with gpuarb's view at its end.
 type Sample struct {
 	At   time.Duration      // end of the interval, since sampling began
-	True map[string]float64 // tenant: true share of GPU 0 over the interval
+	True map[string]float64 // tenant (SlotKey: name@N on GPU N): true share of the GPU over the interval
 	Busy float64            // GPU 0 busy over the interval
 	// gpuarb's view (empty without a daemon): its estimate over its
 	// window, target share and duty.
@@ -30,28 +30,30 @@ type Sample struct {
 }
 
 // TrueShares splits one reading of the ground truth among the tenants by
-// cgroup (a tenant's cgroup and everything below it).
+// cgroup (a tenant's cgroup and everything below it), per GPU (by
+// SlotKey); busy is GPU 0's.
 func TrueShares(st fakegpu.Stats, tenants []Tenant) (shares map[string]float64, busy float64) {
 	shares = map[string]float64{}
 	if len(st.GPUs) == 0 || st.ElapsedNS == 0 {
 		return shares, 0
 	}
-	g := st.GPUs[0]
-	for _, t := range tenants {
-		for _, c := range g.Contexts {
-			if c.Cgroup == t.Cgroup || strings.HasPrefix(c.Cgroup, t.Cgroup+"/") {
-				shares[t.Name] += float64(c.BusyNS) / float64(st.ElapsedNS)
+	for _, g := range st.GPUs {
+		for _, t := range tenants {
+			for _, c := range g.Contexts {
+				if c.Cgroup == t.Cgroup || strings.HasPrefix(c.Cgroup, t.Cgroup+"/") {
+					shares[SlotKey(t.Name, g.Index)] += float64(c.BusyNS) / float64(st.ElapsedNS)
+				}
 			}
 		}
 	}
-	return shares, float64(g.BusyNS) / float64(st.ElapsedNS)
+	return shares, float64(st.GPUs[0].BusyNS) / float64(st.ElapsedNS)
 }
 
 // Sampler reads the ground truth (resetting it) and the daemon's status
 // every interval.
 type Sampler struct {
 	GPU      *FakeGPU
-	Daemon   *Daemon // nil: truth only
+	Daemon   *Daemon // nil: truth only; SetDaemon once it runs
 	Tenants  []Tenant
 	Interval time.Duration
 	// Status, when set, gets the daemon's whole status at each sample.
@@ -81,8 +83,11 @@ func (s *Sampler) Run(ctx context.Context) error {
 		}
 		smp := Sample{At: time.Since(start), Est: map[string]float64{}, Target: map[string]float64{}, Duty: map[string]float64{}}
 		smp.True, smp.Busy = TrueShares(st, s.Tenants)
-		if s.Daemon != nil {
-			if status, err := s.Daemon.Status(ctx); err == nil {
+		s.mu.Lock()
+		d := s.Daemon
+		s.mu.Unlock()
+		if d != nil {
+			if status, err := d.Status(ctx); err == nil {
 				s.view(&smp, status)
 				if s.Status != nil {
 					s.Status(smp.At, status)
@@ -95,15 +100,24 @@ func (s *Sampler) Run(ctx context.Context) error {
 	}
 }
 
+// SetDaemon makes the sampler read d's status from the next sample on (a
+// daemon restarted in the first one's place).
+func (s *Sampler) SetDaemon(d *Daemon) {
+	s.mu.Lock()
+	s.Daemon = d
+	s.mu.Unlock()
+}
+
 // view adds the daemon's figures for the sampled tenants, matched by name
 // or by cgroup.
 func (s *Sampler) view(smp *Sample, st api.Status) {
 	for _, t := range s.Tenants {
 		for _, tn := range st.Tenants {
 			if tn.Name == t.Name || tn.Cgroup == t.Cgroup {
-				smp.Est[t.Name] += tn.Share
-				smp.Target[t.Name] = tn.TargetShare
-				smp.Duty[t.Name] = tn.Duty
+				k := SlotKey(t.Name, tn.GPU)
+				smp.Est[k] += tn.Share
+				smp.Target[k] = tn.TargetShare
+				smp.Duty[k] = tn.Duty
 			}
 		}
 	}

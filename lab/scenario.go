@@ -12,18 +12,26 @@ import (
 
 // Scenario is one sharing situation the scenario fuzzer draws: tenants of
 // `gpuwork loop` processes with their own kernels, sync patterns, weights,
-// limits, arrivals and departures, on one simulated GPU.
+// limits, arrivals and departures, on one simulated GPU or two, with the
+// daemon restarted once where Restart is set.
 type Scenario struct {
 	Seed     uint64
 	Duration time.Duration
 	Tenants  []ScenarioTenant
+	// GPUs is how many GPUs the runs together have (0: one).
+	GPUs int `json:",omitempty"`
+	// Restart, when set, is when the daemon of the run with gpuarb is
+	// stopped and started again (RestartKilled: killed, SIGKILL, rather
+	// than stopped with SIGINT).
+	Restart       time.Duration `json:",omitempty"`
+	RestartKilled bool          `json:",omitempty"`
 }
 
 // ScenarioTenant is one tenant of a scenario.
 type ScenarioTenant struct {
 	Name   string
 	Procs  int      // processes, each `gpuwork loop` with Args
-	Args   []string // gpuwork loop flags
+	Args   []string // gpuwork loop flags (--threads, --spread and --gpu among them)
 	Weight int
 	Limit  float64 // 0: none
 	// Priority is normal or batch (latency tenants have SLOs the
@@ -31,6 +39,41 @@ type ScenarioTenant struct {
 	Priority string
 	Arrive   time.Duration // after the scenario starts
 	Leave    time.Duration // 0: stays to the end
+	// Refused: the driver refuses the controls made through its
+	// processes' files (gpuwork GPUWORK_REOPEN_CTL=1), so it is held at the
+	// launch gate however the others are.
+	Refused bool `json:",omitempty"`
+}
+
+// gpuCount is how many GPUs the scenario's runs together have.
+func (sc Scenario) gpuCount() int { return max(sc.GPUs, 1) }
+
+// GPUsOf are the GPUs a tenant's processes use: its --gpu, and the next
+// one too with --spread 2.
+func (t ScenarioTenant) GPUsOf() []int {
+	gpu, spread := 0, 1
+	for i := 0; i+1 < len(t.Args); i++ {
+		switch t.Args[i] {
+		case "--gpu":
+			gpu, _ = strconv.Atoi(t.Args[i+1])
+		case "--spread":
+			spread, _ = strconv.Atoi(t.Args[i+1])
+		}
+	}
+	out := []int{gpu}
+	for i := 1; i < spread; i++ {
+		out = append(out, gpu+i)
+	}
+	return out
+}
+
+// SlotKey names a tenant's share of one GPU in samples and results: its
+// name on GPU 0, name@N on GPU N.
+func SlotKey(name string, gpu int) string {
+	if gpu == 0 {
+		return name
+	}
+	return fmt.Sprintf("%s@%d", name, gpu)
 }
 
 // DrawScenario draws the scenario of a seed: 2–6 tenants, each of 1–4
@@ -91,10 +134,69 @@ func DrawScenario(seed uint64) Scenario {
 	return sc
 }
 
+// WithShapes adds to a drawn scenario the shapes beyond one context per
+// process on one GPU, drawn from its seed apart from the rest (the same
+// seed keeps its tenants, kernels and weights): contexts per process (1–4,
+// a context per thread), a second GPU (some processes spanning both),
+// steering refused for some tenants or all of them, and a daemon restart
+// (stopped or killed) at a moment between 3 and 8 s, leaving a measured
+// stretch after it.
+func (sc Scenario) WithShapes() Scenario {
+	r := rand.New(rand.NewPCG(sc.Seed, 0x5bd1e9955bd1e995))
+	sc.Tenants = slices.Clone(sc.Tenants)
+	if r.Float64() < 0.4 {
+		sc.GPUs = 2
+	}
+	refuseAll, refuseSome := false, false
+	switch p := r.Float64(); {
+	case p < 0.15:
+		refuseAll = true
+	case p < 0.45:
+		refuseSome = true
+	}
+	for i := range sc.Tenants {
+		t := &sc.Tenants[i]
+		t.Args = slices.Clone(t.Args)
+		threads := 1
+		if r.Float64() < 0.4 {
+			threads = 2 + r.IntN(3)
+		}
+		if sc.GPUs == 2 {
+			if r.Float64() < 0.4 {
+				// Thread i on GPU i mod 2.
+				threads = max(threads, 2)
+				t.Args = append(t.Args, "--spread", "2")
+			} else {
+				t.Args = append(t.Args, "--gpu", strconv.Itoa(r.IntN(2)))
+			}
+		}
+		if threads > 1 {
+			t.Args = append(t.Args, "--threads", strconv.Itoa(threads))
+		}
+		t.Refused = refuseAll || refuseSome && r.Float64() < 0.4
+	}
+	if r.Float64() < 0.5 {
+		sc.Restart = time.Duration(3000+r.IntN(5000)) * time.Millisecond
+		sc.RestartKilled = r.Float64() < 0.5
+	}
+	return sc
+}
+
 // String is the scenario in a few lines, one per tenant.
 func (sc Scenario) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "seed %d (%s)\n", sc.Seed, sc.Duration)
+	fmt.Fprintf(&b, "seed %d (%s", sc.Seed, sc.Duration)
+	if sc.GPUs > 1 {
+		fmt.Fprintf(&b, ", %d GPUs", sc.GPUs)
+	}
+	if sc.Restart > 0 {
+		how := "stopped"
+		if sc.RestartKilled {
+			how = "killed"
+		}
+		fmt.Fprintf(&b, ", the daemon %s and restarted at %s", how, sc.Restart)
+	}
+	b.WriteString(")\n")
 	for _, t := range sc.Tenants {
 		fmt.Fprintf(&b, "  %s: %d× gpuwork loop %s; weight %d", t.Name, t.Procs, strings.Join(t.Args, " "), t.Weight)
 		if t.Limit > 0 {
@@ -108,6 +210,9 @@ func (sc Scenario) String() string {
 		}
 		if t.Leave > 0 {
 			fmt.Fprintf(&b, ", leaves at %s", t.Leave)
+		}
+		if t.Refused {
+			b.WriteString(", steering refused")
 		}
 		b.WriteByte('\n')
 	}
@@ -140,9 +245,13 @@ type Segment struct {
 const settleAfterChange = 3 * time.Second
 
 // Segments are the scenario's measured stretches: from settleAfterChange
-// after the last arrival or departure to the next one (at least 2 s).
+// after the last arrival, departure or daemon restart to the next one (at
+// least 2 s).
 func (sc Scenario) Segments() []Segment {
 	changes := []time.Duration{0, sc.Duration}
+	if sc.Restart > 0 {
+		changes = append(changes, sc.Restart)
+	}
 	for _, t := range sc.Tenants {
 		changes = append(changes, t.Arrive)
 		if t.Leave > 0 {
@@ -222,9 +331,35 @@ func (sc Scenario) Targets(present []string, demand map[string]float64) map[stri
 	return target
 }
 
-// TenantResult is how one tenant fared in one segment.
+// tenant is the scenario's tenant of that name.
+func (sc Scenario) tenant(name string) ScenarioTenant {
+	for _, t := range sc.Tenants {
+		if t.Name == name {
+			return t
+		}
+	}
+	return ScenarioTenant{Name: name}
+}
+
+// targetsPerGPU are Targets on each GPU apart, by SlotKey, over the
+// tenants on it (onGPU) and their demands there (by SlotKey).
+func (sc Scenario) targetsPerGPU(onGPU map[int][]string, demand map[string]float64) map[string]float64 {
+	out := map[string]float64{}
+	for g, names := range onGPU {
+		there := map[string]float64{}
+		for _, name := range names {
+			there[name] = demand[SlotKey(name, g)]
+		}
+		for name, tg := range sc.Targets(names, there) {
+			out[SlotKey(name, g)] = tg
+		}
+	}
+	return out
+}
+
+// TenantResult is how one tenant fared in one segment, on one GPU.
 type TenantResult struct {
-	Name string `json:"name"`
+	Name string `json:"name"` // SlotKey: the tenant's name, name@N on GPU N
 	// Medians over the segment's 1 s windows: the target (weighted
 	// max-min over what each tenant took alone in that second), the true
 	// share with gpuarb and without, and gpuarb's estimate.
@@ -377,11 +512,20 @@ func (sc Scenario) Evaluate(alone, arbitrated, unarbitrated, unprobed []Sample) 
 		unarbAt[second(u.At)] = u
 	}
 	for _, seg := range sc.Segments() {
+		// Each tenant's share of each GPU it uses, the GPUs apart.
+		onGPU := map[int][]string{}
+		var slots []string
+		for _, name := range seg.Tenants {
+			for _, g := range sc.tenant(name).GPUsOf() {
+				onGPU[g] = append(onGPU[g], name)
+				slots = append(slots, SlotKey(name, g))
+			}
+		}
 		// target, true, unarbitrated, estimated, err, unarbitrated err, alone, latency bound,
 		// alone unprobed, err against the targets without the probes
 		cols := map[string]*[10][]float64{}
-		for _, name := range seg.Tenants {
-			cols[name] = &[10][]float64{}
+		for _, slot := range slots {
+			cols[slot] = &[10][]float64{}
 		}
 		for _, a := range arbitrated {
 			if a.At <= seg.From || a.At > seg.To {
@@ -392,35 +536,40 @@ func (sc Scenario) Evaluate(alone, arbitrated, unarbitrated, unprobed []Sample) 
 			if !ok || !okU {
 				continue
 			}
-			targets := sc.Targets(seg.Tenants, demand)
+			targets := sc.targetsPerGPU(onGPU, demand)
 			unprobed, okP := unprobedAt[second(a.At)]
 			var unprobedTargets map[string]float64
 			if okP {
-				unprobedTargets = sc.Targets(seg.Tenants, unprobed)
+				unprobedTargets = sc.targetsPerGPU(onGPU, unprobed)
 			}
-			var taken float64
-			for _, name := range seg.Tenants {
-				taken += a.True[name]
+			taken := map[int]float64{}
+			for g, names := range onGPU {
+				for _, name := range names {
+					taken[g] += a.True[SlotKey(name, g)]
+				}
 			}
-			for _, name := range seg.Tenants {
-				c := cols[name]
-				tg := targets[name]
-				c[0] = append(c[0], tg)
-				c[1] = append(c[1], a.True[name])
-				c[2] = append(c[2], u.True[name])
-				c[3] = append(c[3], a.Est[name])
-				c[4] = append(c[4], math.Abs(a.True[name]-tg))
-				c[5] = append(c[5], math.Abs(u.True[name]-tg))
-				c[6] = append(c[6], demand[name])
-				c[7] = append(c[7], demand[name]*max(0, 1-(taken-a.True[name])))
-				if okP {
-					c[8] = append(c[8], unprobed[name])
-					c[9] = append(c[9], math.Abs(a.True[name]-unprobedTargets[name]))
+			for g, names := range onGPU {
+				for _, name := range names {
+					slot := SlotKey(name, g)
+					c := cols[slot]
+					tg := targets[slot]
+					c[0] = append(c[0], tg)
+					c[1] = append(c[1], a.True[slot])
+					c[2] = append(c[2], u.True[slot])
+					c[3] = append(c[3], a.Est[slot])
+					c[4] = append(c[4], math.Abs(a.True[slot]-tg))
+					c[5] = append(c[5], math.Abs(u.True[slot]-tg))
+					c[6] = append(c[6], demand[slot])
+					c[7] = append(c[7], demand[slot]*max(0, 1-(taken[g]-a.True[slot])))
+					if okP {
+						c[8] = append(c[8], unprobed[slot])
+						c[9] = append(c[9], math.Abs(a.True[slot]-unprobedTargets[slot]))
+					}
 				}
 			}
 		}
 		var rs []TenantResult
-		for _, name := range seg.Tenants {
+		for _, name := range slots {
 			c := cols[name]
 			rs = append(rs, TenantResult{Name: name, Target: Median(c[0]), True: Median(c[1]), Unarbitrated: Median(c[2]),
 				Estimated: Median(c[3]), Err: Median(c[4]), UnarbitratedErr: Median(c[5]), Alone: Median(c[6]),

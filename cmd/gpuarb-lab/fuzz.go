@@ -30,10 +30,21 @@ then all together without gpuarb and with the daemon, and compares the true
 shares (fakegpud stats) in each 1 s window with the weighted max-min
 targets over that second's demands. A scenario passes when every tenant's
 median error over a segment's windows is within 3 pp. Each seed takes
-about 50 s.`,
+about 50 s.
+
+--shapes also draws, from the same seed, what one context per process on
+one GPU leaves out (lab.Scenario.WithShapes): processes of 2–4 contexts (a
+context per thread), a second GPU with some processes on both (each GPU
+scored apart: tenant@1 is a tenant's share of GPU 1), steering refused by
+the driver for some tenants or all of them (held at the launch gate), and
+the daemon stopped or killed and restarted between 3 and 8 s (a segment
+boundary, like an arrival). Run it in each actuator mode:
+--daemon-arg=--gpu-scheduler --daemon-arg=off holds every tenant at the
+launch gate.`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "seeds", Value: "1..10", Usage: "`A..B` (inclusive) or a comma-separated list"},
 			&cli.StringFlag{Name: "scenario", Usage: "run the scenarios in `FILE` instead of drawing them from seeds: --json's output, or its \"Scenario\" objects (one, or a list), edited at will"},
+			&cli.BoolFlag{Name: "shapes", Usage: "also draw contexts per thread, a second GPU, steering refused and a daemon restart (not with --scenario)"},
 			&cli.BoolFlag{Name: "realism", Usage: "run the simulated GPU with --realism"},
 			&cli.StringSliceFlag{Name: "gpu-arg", Usage: "pass `FLAG` to fakegpud serve (repeatable; --gpu-arg=--ctxsw=256us --gpu-arg=--timeslice=2048us runs the real-GPU check's H200)"},
 			&cli.BoolFlag{Name: "probed-demand", Usage: "set the targets from each tenant alone beside the daemon observing (its probes' cost counted as the tenant's own), in a fourth run (about 15 s more a seed); the errors against the demands without them are printed beside"},
@@ -53,8 +64,8 @@ about 50 s.`,
 			}
 			var scenarios []lab.Scenario
 			if p := c.String("scenario"); p != "" {
-				if c.IsSet("seeds") {
-					return fmt.Errorf("--scenario and --seeds: give one of them")
+				if c.IsSet("seeds") || c.Bool("shapes") {
+					return fmt.Errorf("--scenario with --seeds or --shapes: the file's scenarios are run as they are")
 				}
 				if scenarios, err = readScenarios(p); err != nil {
 					return err
@@ -65,7 +76,11 @@ about 50 s.`,
 					return err
 				}
 				for _, seed := range seeds {
-					scenarios = append(scenarios, lab.DrawScenario(seed))
+					sc := lab.DrawScenario(seed)
+					if c.Bool("shapes") {
+						sc = sc.WithShapes()
+					}
+					scenarios = append(scenarios, sc)
 				}
 			}
 			o := lab.RunOptions{Bins: bins, Parent: cgroupParent, DaemonArgs: c.StringSlice("daemon-arg"),
