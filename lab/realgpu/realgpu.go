@@ -137,6 +137,7 @@ func (c *check) steps() []stepDef {
 	return []stepDef{
 		{"cost without gpuarb", c.costWithout, nil},
 		{"ownership and permission", c.ownership, nil},
+		{"driver memory figure", c.driverMemory, nil},
 		{"timeslices", c.timeslices, nil},
 		{"context-switch cost", c.switchCost, nil},
 		{"pause and resume", c.pauseResume, nil},

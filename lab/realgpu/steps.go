@@ -310,6 +310,43 @@ func (c *check) ownership(ctx context.Context, s *Step) error {
 	return nil
 }
 
+// driverMemory reads, through the first burner's group, the driver's
+// figure of each burner's video memory (GET_PID_INFO) beside what the
+// probes charged it: the difference is a context's own buffers and
+// whatever no decoded escape carried.
+func (c *check) driverMemory(_ context.Context, s *Step) error {
+	if c.act == nil || len(c.burners) == 0 {
+		return fmt.Errorf("no burner to read through (the ownership step did not run)")
+	}
+	var pids []uint32
+	for _, b := range c.burners {
+		pids = append(pids, uint32(b.proc.Cmd.Process.Pid))
+	}
+	g := c.burners[0].groups[0]
+	driver, err := c.act.VideoMemory(g, pids)
+	if err != nil {
+		return fmt.Errorf("GET_PID_INFO through pid %d: %w", g.PID, err)
+	}
+	var parts []string
+	for _, pid := range pids {
+		charged, _ := c.spy.Table().MemoryOf(pid)
+		d, ok := driver[pid]
+		s.Values[fmt.Sprintf("pid%d_driver_bytes", pid)] = d
+		s.Values[fmt.Sprintf("pid%d_charged_bytes", pid)] = charged[int(g.GPU)]
+		if !ok {
+			parts = append(parts, fmt.Sprintf("pid %d: no answer", pid))
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("pid %d: driver %.1f MiB, charged %.1f MiB (difference %.1f MiB)", pid,
+			float64(d)/(1<<20), float64(charged[int(g.GPU)])/(1<<20), (float64(d)-float64(charged[int(g.GPU)]))/(1<<20)))
+	}
+	s.Summary = strings.Join(parts, "; ")
+	if len(driver) == 0 {
+		return fmt.Errorf("the driver answered for none of pids %v", pids)
+	}
+	return nil
+}
+
 func (c *check) ready() error {
 	if len(c.burners) < 3 || c.act == nil {
 		return errors.New("no burners: the ownership step failed")
