@@ -131,6 +131,19 @@ type Tenant struct {
 	Usage map[int]*Usage
 }
 
+// LivePIDs are its processes that have not exited (none for nil).
+func (t *Tenant) LivePIDs() []uint32 {
+	var pids []uint32
+	if t != nil {
+		for _, m := range t.Members {
+			if !m.Exited {
+				pids = append(pids, m.PID)
+			}
+		}
+	}
+	return pids
+}
+
 // Usage is a tenant's use of one GPU over the settled window, for status
 // and metrics.
 type Usage struct {

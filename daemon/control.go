@@ -82,7 +82,7 @@ func (d *Daemon) control(ctx context.Context) {
 		HeldBack: func(name string) bool { return heldBack[name] }})
 	memory := d.syncMemory(cfg, trees, res.Tenants)
 	groups, refused := d.groupsOf(res)
-	d.askDriverMemory(res, groups)
+	d.driverMem.Ask(groups, func(name string) []uint32 { return res.Tenants[name].LivePIDs() })
 	for i, in := range res.Inputs {
 		if n := len(groups[in.Name][in.GPU]); n > 0 {
 			res.Inputs[i].Groups = n

@@ -126,10 +126,8 @@ type Daemon struct {
 	unprobed map[uint32]bool
 	// published is the last control step's view for status and metrics.
 	published atomic.Pointer[stepView]
-	// driverAsk is what the next read of the driver's memory figures asks
-	// (under mu); driverMem what the last read found.
-	driverAsk map[int]*driverMemoryAsk
-	driverMem atomic.Pointer[driverMemory]
+	// driverMem reads the driver's own memory figures.
+	driverMem *enforce.DriverMemory
 	// exitsReconciled counts the processes reconcileExits ended;
 	// meteredStarts are the start times it last found for the metered
 	// processes (its goroutine only).
@@ -281,6 +279,7 @@ func Start(cfg Config) (_ *Daemon, err error) {
 	d.hold = enforce.NewLatencyHold(func(gs []gpusched.Group, off bool) error { return steer.Pause(gs, enforce.ByHold, off, deschedule) },
 		d.probes.SetUrgent, deschedule, d.log)
 	d.hold.MaxHold = cfg.Tuning.MaxHold
+	d.driverMem = enforce.NewDriverMemory(steer, d.log)
 	if err := d.listen(); err != nil {
 		return nil, err
 	}
@@ -376,6 +375,7 @@ func (d *Daemon) Stop() error {
 		errs = append(errs, d.memory.Close())
 	}
 	d.saveObjects() // under stepMu, as the control steps save
+	d.saveBacklogs()
 	d.stepMu.Unlock()
 	if d.steer != nil {
 		// The ledger lets go of each group put back; one that could not

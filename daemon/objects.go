@@ -14,10 +14,9 @@ import (
 // the table beside the ledgers when it changed, the daemon saves it at its
 // stop, and the next daemon restores what is still the same process.
 
-// objectsBeside is the saved table's path beside a thaw ledger.
-func objectsBeside(ledger string) string {
-	return filepath.Join(filepath.Dir(ledger), "objects.json")
-}
+// beside is the path of a file the daemon saves beside its thaw ledger:
+// objects.json the table, backlogs.json the meter's modeled queues.
+func beside(ledger, name string) string { return filepath.Join(filepath.Dir(ledger), name) }
 
 // processStart reads a process's start time, the saved table's check
 // against pid reuse.
@@ -26,7 +25,7 @@ func processStart(pid uint32) (uint64, error) { return cgroup.StartTime(int(pid)
 // restoreObjects restores the saved table into the probes' table, before
 // the events are read.
 func (d *Daemon) restoreObjects() {
-	path := objectsBeside(d.cfg.Ledger)
+	path := beside(d.cfg.Ledger, "objects.json")
 	pids, err := d.spy.Table().RestoreFile(path, processStart)
 	if err != nil {
 		d.log.Warn("the RM objects of running processes are unknown", "path", path, "err", err)
@@ -39,6 +38,18 @@ func (d *Daemon) restoreObjects() {
 		d.routeRestored(pid)
 	}
 	d.log.Info("restored the RM objects of running processes", "processes", len(pids), "path", path)
+	// And the work they queued, which they may wait for without a launch.
+	n, err := d.meter.RestoreBacklogs(beside(d.cfg.Ledger, "backlogs.json"), processStart)
+	d.log.Info("restored the work running processes queued", "contexts", n, "err", err)
+}
+
+// saveBacklogs keeps the meter's modeled queues for the next daemon. It
+// reads /proc and writes a file: called without d.mu. A failure is the
+// directory's, which saveObjects reports.
+func (d *Daemon) saveBacklogs() {
+	if err := d.meter.SaveBacklogs(beside(d.cfg.Ledger, "backlogs.json"), processStart); err != nil {
+		d.log.Debug("save the modeled queues", "err", err)
+	}
 }
 
 // routeRestored replays to the meter the context creations of a restored
@@ -63,7 +74,7 @@ func (d *Daemon) saveObjects() {
 	if v == d.savedObjects {
 		return
 	}
-	path := objectsBeside(d.cfg.Ledger)
+	path := beside(d.cfg.Ledger, "objects.json")
 	err := tbl.SaveFile(path, processStart)
 	if err != nil {
 		if !d.objectsUnsaved {

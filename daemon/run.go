@@ -76,10 +76,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.renewLease(ctx)
 	}()
 	readMemory := make(chan struct{})
-	go func() {
-		defer close(readMemory)
-		d.readDriverMemory(ctx)
-	}()
+	go func() { defer close(readMemory); d.driverMem.Run(ctx, d.cfg.Window) }()
 	var runErr error
 loop:
 	for {
@@ -156,6 +153,7 @@ func (d *Daemon) sampleEveryWindow(ctx context.Context) {
 			return
 		case <-tick.C:
 			d.sampleExact()
+			d.saveBacklogs()
 			d.reconcileExits()
 			d.replaySpool()
 			if d.cfg.WatchPolicy {

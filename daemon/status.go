@@ -54,7 +54,7 @@ func (d *Daemon) publish(res control.Result, snap meter.Snapshot, actuation map[
 			}
 			row.BurstNS = in.BurstNS
 			row.MemBytes, row.HostMemBytes = d.memoryOf(ct, gpu)
-			if b, ok := d.driverMemoryOf(ct, gpu); ok {
+			if b, ok := d.driverMem.Of(gpu, ct.LivePIDs()); ok {
 				row.DriverMemBytes = &b
 			}
 			if mu, ok := memory[name]; ok {

@@ -18,30 +18,37 @@ import (
 // uses. Closed loops of 1 ms kernels (a sync every 4): tenant a of two
 // processes and b of one at weights 100:300, the first daemon stopped
 // (SIGINT) or killed (SIGKILL), steered and on the launch gate (the GPU's
-// scheduler not steered); and a of one process with a context per thread
-// (4) beside b of one context at 100:100, steered.
+// scheduler not steered); a of one process with a context per thread
+// (4) beside b of one context at 100:100, steered; and the first case with
+// deep queues, steered: 10 ms kernels synced every 200, 2 s of work a
+// burst, so that neither launches for seconds after the restart and the
+// new daemon knows their queues only from the one before (backlogs.json).
 func TestRestartedDaemonSteersRunningTenants(t *testing.T) {
 	for _, tc := range []struct {
-		name    string
-		killed  bool
-		threads bool
-		args    []string
+		name          string
+		killed        bool
+		threads, deep bool
+		args          []string
 	}{
-		{"stopped", false, false, nil},
-		{"killed", true, false, nil},
-		{"killed, launch gate", true, false, []string{"--gpu-scheduler", "off"}},
-		{"context per thread", true, true, nil},
+		{"stopped", false, false, false, nil},
+		{"killed", true, false, false, nil},
+		{"killed, launch gate", true, false, false, []string{"--gpu-scheduler", "off"}},
+		{"context per thread", true, true, false, nil},
+		{"killed, deep queues", true, false, true, nil},
 	} {
-		t.Run(tc.name, func(t *testing.T) { restartedDaemonHolds(t, tc.killed, tc.threads, tc.args...) })
+		t.Run(tc.name, func(t *testing.T) { restartedDaemonHolds(t, tc.killed, tc.threads, tc.deep, tc.args...) })
 	}
 }
 
-func restartedDaemonHolds(t *testing.T, killed, threads bool, args ...string) {
+func restartedDaemonHolds(t *testing.T, killed, threads, deep bool, args ...string) {
 	measureTwice(t, func(t *testing.T, miss missFunc) {
 		gpu := testutil.StartFakeGPU(t)
 		dir := t.TempDir()
 		cgs := map[string]*testutil.Cgroup{"a": testutil.NewCgroup(t, "restart-a"), "b": testutil.NewCgroup(t, "restart-b")}
 		loop := []string{"loop", "--kernels-ms", "1", "--sync-every", "4", "--duration", "40"}
+		if deep {
+			loop = []string{"loop", "--kernels-ms", "10", "--sync-every", "200", "--duration", "40"}
+		}
 		runs := [][]string{loop, loop}
 		weightB, want := "300", 0.25
 		if threads {

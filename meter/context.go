@@ -429,6 +429,15 @@ func (s *stream) toKernelEnd() float64 {
 }
 
 // backlog is the modeled work queued now, once costs are learned.
+// queued is the modeled work queued now, at the costs learned or guessed
+// (0 for an unprobed context, whose work is not modeled).
+func (c *gpuContext) queued() uint64 {
+	if c.unprobed {
+		return 0
+	}
+	return uint64(c.left())
+}
+
 func (c *gpuContext) backlog() uint64 {
 	if !c.learned {
 		return 0
@@ -535,6 +544,12 @@ const overflowStream = ^uint64(0) - 1
 
 var overflowKey = costKey{handle: ^uint64(0) - 1}
 
+// restoredStream and restoredKey hold the work a daemon before this one
+// modeled queued (Meter.RestoreBacklog).
+const restoredStream = ^uint64(0) - 2
+
+var restoredKey = costKey{handle: ^uint64(0) - 2}
+
 // stream returns the stream with key h, made on first use; folded is set
 // when the bound sent h's work to the overflow stream.
 func (c *gpuContext) stream(h uint64) (s *stream, folded bool) {
@@ -543,7 +558,7 @@ func (c *gpuContext) stream(h uint64) (s *stream, folded bool) {
 	}
 	if len(c.streams) >= maxStreams {
 		i := slices.IndexFunc(c.streams, func(s *stream) bool {
-			return s.left <= 0 && len(s.marks) == 0 && !s.capturing && s.id != overflowStream
+			return s.left <= 0 && len(s.marks) == 0 && !s.capturing && s.id != overflowStream && s.id != restoredStream
 		})
 		if i < 0 {
 			if s := c.findStream(overflowStream); s != nil {

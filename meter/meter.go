@@ -103,6 +103,40 @@ func (m *Meter) SetPreexisting(pids []uint32) {
 	}
 }
 
+// RestoreBacklog gives context ctx of process pid the work a daemon before
+// this one modeled queued there and that has not run since (ns): a
+// context that queued seconds of work before the restart runs it with
+// nothing launched since, and read as idle it would be neither metered
+// nor held. The work runs in the replay at the context's turns, on a
+// stream of its own, until it has run or a sync proves it done; that
+// sync teaches nothing (the work was unseen). A context the meter does
+// not know (no ContextCreated replayed for it) takes none; it returns
+// whether the context took the work.
+func (m *Meter) RestoreBacklog(pid uint32, ctx uint64, ns float64) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.cfg.Now()
+	m.rec.put(recordLine{Op: opBacklog, Now: now, PID: pid, Ctx: ctx, NS: int64(ns)})
+	c := m.ctxs[ctxKey{pid, ctx}]
+	if c == nil || c.exited || c.unprobed || ns <= 0 {
+		return false
+	}
+	m.at(c, m.horizon(now))
+	s := m.streamOf(c, restoredStream)
+	if s.left <= 0 {
+		s.got = 0
+	}
+	s.left += ns
+	s.enq += ns
+	s.comp[restoredKey] += ns
+	s.launched, s.unseen = true, true
+	if len(s.bounds) == maxBounds {
+		s.bounds = s.bounds[1:]
+	}
+	s.bounds = append(s.bounds, s.enq)
+	return true
+}
+
 // New returns a Meter.
 func New(cfg Config) *Meter {
 	if cfg.Window <= 0 {

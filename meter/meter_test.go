@@ -2063,3 +2063,51 @@ func TestEffectsActOnTheirGPU(t *testing.T) {
 		}
 	}
 }
+
+// Work a daemon before this one modeled queued runs in the replay at the
+// context's turns: two restored contexts with 600 and 200 ms queued and
+// nothing launched since share the GPU until the smaller is done, then
+// the other runs alone (600 and 200 ms of the next second). A context the
+// meter does not know takes nothing, and the first sync teaches nothing.
+func TestRestoredBacklogRunsAtItsTurns(t *testing.T) {
+	base := 10 * 1000 * ms
+	clk := &clock{t: base}
+	m := New(Config{Now: clk.now})
+	m.Observe(&ioctlspy.ContextCreated{Header: hdr(1, 100, base, base), Func: "cuCtxCreate_v2", Ctx: 0xc1})
+	m.Observe(&ioctlspy.ContextCreated{Header: hdr(2, 200, base, base), Func: "cuCtxCreate_v2", Ctx: 0xc2})
+	_, cs := m.Contexts(time.Second)
+	ctxOf := map[uint32]uint64{}
+	for _, c := range cs {
+		ctxOf[c.PID] = c.Ctx
+	}
+	m.RestoreBacklog(1, ctxOf[1], float64(600*ms))
+	m.RestoreBacklog(2, ctxOf[2], float64(200*ms))
+	m.RestoreBacklog(3, 0, float64(900*ms)) // no such context
+	clk.t = base + 1000*ms
+	_, cs = m.Contexts(time.Second)
+	got := map[uint32]float64{}
+	for _, c := range cs {
+		got[c.PID] = c.Share
+	}
+	if len(got) != 2 || !near(got[1], 0.6) || !near(got[2], 0.2) {
+		t.Errorf("shares %v, want pid 1 at 0.6 and pid 2 at 0.2, nothing else", got)
+	}
+	// Ten launches of 10 ms and a context sync: the first proof covers the
+	// restored work, unseen, and teaches nothing; the next one does.
+	for i := 0; i < 10; i++ {
+		m.Observe(launch(1, 100, base+1000*ms, 7))
+	}
+	m.RestoreBacklog(1, ctxOf[1], float64(300*ms))
+	m.Observe(syncEv(1, 100, "cuCtxSynchronize", 0, base+1000*ms, base+1100*ms))
+	for i := 0; i < 10; i++ {
+		m.Observe(launch(1, 100, base+1200*ms, 7))
+	}
+	m.Observe(syncEv(1, 100, "cuStreamSynchronize", 7, base+1200*ms, base+1300*ms))
+	clk.t = base + 1300*ms
+	_, cs = m.Contexts(time.Second)
+	for _, c := range cs {
+		if c.PID == 1 && math.Abs(c.LaunchNS-10e6)/10e6 > 0.01 {
+			t.Errorf("cost %.0f ns, want 10 ms a launch (from the second sync only)", c.LaunchNS)
+		}
+	}
+}

@@ -31,6 +31,7 @@ type recordLine struct {
 	Event json.RawMessage `json:"event,omitempty"`
 
 	PID    uint32   `json:"pid,omitempty"`
+	Ctx    uint64   `json:"ctx,omitempty"`
 	PIDs   []uint32 `json:"pids,omitempty"`
 	Cgroup uint64   `json:"cgroup,omitempty"`
 	GPU    int      `json:"gpu,omitempty"`
@@ -56,6 +57,7 @@ const (
 	opReleased    = "released"
 	opFrozen      = "frozen"
 	opPreexisting = "preexisting"
+	opBacklog     = "backlog"
 	opReconcile   = "reconcile"
 	opScheduling  = "scheduling"
 	opTick        = "tick"
@@ -242,6 +244,8 @@ func playLine(m *Meter, clock *uint64, sched map[int]recordLine, l recordLine, o
 		m.Observe(Unprobed(l.PID, l.Cgroup, l.GPU, l.From))
 	case opPreexisting:
 		m.SetPreexisting(l.PIDs)
+	case opBacklog:
+		m.RestoreBacklog(l.PID, l.Ctx, float64(l.NS))
 	case opReconcile:
 		m.Reconcile(func(pid uint32) bool { return !slices.Contains(l.PIDs, pid) })
 	case opTick:

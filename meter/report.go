@@ -79,6 +79,10 @@ type ContextStats struct {
 	// BacklogNS is the modeled GPU work queued now, not yet run (0 until
 	// the context's costs are learned: a guess would read as seconds).
 	BacklogNS uint64
+	// QueuedNS is the modeled GPU work queued now at the costs learned
+	// or guessed (0 for a process no probe sees): what a daemon started
+	// after this one takes up (Meter.RestoreBacklog).
+	QueuedNS uint64
 	// ActiveNS is the part of the window since the process's first event
 	// (the whole window for an older process).
 	ActiveNS uint64
@@ -121,7 +125,7 @@ func (m *Meter) Contexts(window time.Duration) (at uint64, out []ContextStats) {
 		cs := ContextStats{PID: c.pid, Ctx: c.ctx, CgroupID: c.cgroup, GPU: c.gpu, GPUNS: uint64(held), Share: held / float64(w),
 			Launches: len(dropBefore(c.launches, from)), Drains: len(dropBefore(c.drains, from)), QueueNS: uint64(sumIn(c.waited, from, now)),
 			WantNS: uint64(c.wantedIn(from, now, m.frozen[c.cgroup])), Waiting: len(c.waits) > 0,
-			Busy: c.left() > 0, BacklogNS: c.backlog(), ActiveNS: now - max(from, min(c.since, now)), Learned: c.learned,
+			Busy: c.left() > 0, BacklogNS: c.backlog(), QueuedNS: c.queued(), ActiveNS: now - max(from, min(c.since, now)), Learned: c.learned,
 			Exited: c.exited, Timeslice: c.timeslice, Total: c.total}
 		if c.total.Launches > 0 {
 			cs.LaunchNS = c.launchCost()
