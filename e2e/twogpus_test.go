@@ -59,9 +59,21 @@ func TestVisibleDevicesTenantSharesItsGPU(t *testing.T) {
 // with a different neighbour: at weights a 100, b 100 (GPU 0), c 300 (GPU
 // 1, which it was given alone and calls ordinal 0), a holds 50% of GPU 0
 // and 25% of GPU 1, within 3 pp, each estimate within 3 pp of the truth
-// and each GPU's busy within 2 pp (unarbitrated: 50/50 on each). Steered
-// only: the launch gate stops a process on every GPU at once.
+// and each GPU's busy within 2 pp (unarbitrated: 50/50 on each). Made with
+// the driver API (cuCtxCreate on each thread) and with the runtime's (each
+// thread retains its GPU's primary context, as cudaSetDevice does: metered
+// as one context moved between the GPUs before, GPU 0's work read on GPU
+// 1). Steered only: the launch gate stops a process on every GPU at once,
+// and a process never synchronizing never has its costs learned there
+// (unarbitrated 50/50 held on both; synchronizing every 8 launches, a took
+// 21–30% of GPU 0 for 50, and GPU 0 was 77% busy).
 func TestProcessOnTwoGPUs(t *testing.T) {
+	for _, api := range []string{"driver", "runtime"} {
+		t.Run(api+" API", func(t *testing.T) { processOnTwoGPUs(t, api) })
+	}
+}
+
+func processOnTwoGPUs(t *testing.T, api string) {
 	measureTwice(t, func(t *testing.T, miss missFunc) {
 		gpu := testutil.StartFakeGPU(t, "--gpus", "2")
 		d := startDaemon(t, gpu)
@@ -71,7 +83,7 @@ func TestProcessOnTwoGPUs(t *testing.T) {
 		if err := d.ApplyPolicy(t.Context(), []byte(pol)); err != nil {
 			t.Fatal(err)
 		}
-		testutil.Start(t, cgs["a"], gpu.Workload(t, "loop", "--kernels-ms", "2", "--sync-every", "0", "--threads", "2", "--spread", "2", "--duration", "20"))
+		testutil.Start(t, cgs["a"], gpu.Workload(t, "loop", "--kernels-ms", "2", "--sync-every", "0", "--threads", "2", "--spread", "2", "--api", api, "--duration", "20"))
 		testutil.Start(t, cgs["b"], gpu.Workload(t, "hog", "--gpu", "0", "--duration", "20"))
 		c := gpu.Workload(t, "hog", "--gpu", "0", "--duration", "20")
 		c.Env = append(c.Environ(), "CUDA_VISIBLE_DEVICES=1")

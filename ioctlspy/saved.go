@@ -38,19 +38,22 @@ type savedProcess struct {
 	PID uint32 `json:"pid"`
 	// Start is the process's start time (clock ticks since boot): a pid
 	// that names another process by the restore is not restored.
-	Start      uint64                `json:"start"`
-	Comm       string                `json:"comm"`
-	CgroupID   uint64                `json:"cgroup_id"`
-	Contexts   map[uint64]int32      `json:"contexts,omitempty"`
-	Threads    map[uint32]uint64     `json:"threads,omitempty"`
-	Made       uint64                `json:"made,omitempty"`
-	Clients    map[uint32]ClientFile `json:"clients,omitempty"`
-	TSGs       []savedObject         `json:"tsgs,omitempty"`
-	Channels   []savedObject         `json:"channels,omitempty"`
-	Subdevices []savedObject         `json:"subdevices,omitempty"`
-	Devices    []savedObject         `json:"devices,omitempty"`
-	Memory     []savedObject         `json:"memory,omitempty"`
-	Nouveau    []int32               `json:"nouveau,omitempty"`
+	Start    uint64            `json:"start"`
+	Comm     string            `json:"comm"`
+	CgroupID uint64            `json:"cgroup_id"`
+	Contexts map[uint64]int32  `json:"contexts,omitempty"`
+	Threads  map[uint32]uint64 `json:"threads,omitempty"`
+	Made     uint64            `json:"made,omitempty"`
+	Primary  uint64            `json:"primary,omitempty"`
+	// PrimaryThreads are the threads on another GPU's primary context.
+	PrimaryThreads map[uint32]uint64     `json:"primary_threads,omitempty"`
+	Clients        map[uint32]ClientFile `json:"clients,omitempty"`
+	TSGs           []savedObject         `json:"tsgs,omitempty"`
+	Channels       []savedObject         `json:"channels,omitempty"`
+	Subdevices     []savedObject         `json:"subdevices,omitempty"`
+	Devices        []savedObject         `json:"devices,omitempty"`
+	Memory         []savedObject         `json:"memory,omitempty"`
+	Nouveau        []int32               `json:"nouveau,omitempty"`
 }
 
 // Version counts the table's changes to what Save writes: a saver writes
@@ -81,7 +84,7 @@ func (t *Table) Save(w io.Writer, start func(pid uint32) (uint64, error)) error 
 
 func saveProcess(p Process, start uint64) savedProcess {
 	s := savedProcess{PID: p.PID, Start: start, Comm: p.Comm, CgroupID: p.CgroupID, Contexts: p.Contexts, Threads: p.Threads,
-		Made: p.Made, Clients: p.Clients,
+		Made: p.Made, Primary: p.Primary, PrimaryThreads: p.PrimaryThreads, Clients: p.Clients,
 		Nouveau: slices.Sorted(maps.Keys(p.Nouveau))}
 	for k, g := range p.TSGs {
 		s.TSGs = append(s.TSGs, savedObject{Client: k.Client, Handle: k.Handle, Parent: g.Device, Engine: g.Engine})
@@ -117,7 +120,7 @@ func (t *Table) Restore(r io.Reader, start func(pid uint32) (uint64, error)) ([]
 			continue
 		}
 		p := restoreProcess(s)
-		if p.objects() > maxObjects || len(p.Memory) > maxMemoryObjects || len(p.Threads) > maxThreads {
+		if p.objects() > maxObjects || len(p.Memory) > maxMemoryObjects || len(p.Threads) > maxThreads || len(p.PrimaryThreads) > maxThreads {
 			continue
 		}
 		t.mu.Lock()
@@ -133,11 +136,14 @@ func (t *Table) Restore(r io.Reader, start func(pid uint32) (uint64, error)) ([]
 
 func restoreProcess(s savedProcess) *Process {
 	p := &Process{PID: s.PID, Comm: s.Comm, CgroupID: s.CgroupID, Contexts: map[uint64]int32{}, Threads: map[uint32]uint64{},
-		Made: s.Made, Clients: map[uint32]ClientFile{},
+		Made: s.Made, Primary: s.Primary, Clients: map[uint32]ClientFile{},
 		TSGs: map[ObjectKey]TSG{}, Channels: map[ObjectKey]Channel{}, Subdevices: map[ObjectKey]uint32{},
 		Devices: map[ObjectKey]uint32{}, Nouveau: map[int32]bool{}, Memory: map[ObjectKey]MemoryObject{}}
 	maps.Copy(p.Contexts, s.Contexts)
 	maps.Copy(p.Threads, s.Threads)
+	if len(s.PrimaryThreads) > 0 {
+		p.PrimaryThreads = maps.Clone(s.PrimaryThreads)
+	}
 	maps.Copy(p.Clients, s.Clients)
 	for _, o := range s.TSGs {
 		p.TSGs[ObjectKey{o.Client, o.Handle}] = TSG{Device: o.Parent, Engine: o.Engine}
@@ -199,7 +205,8 @@ func (t *Table) RestoreFile(path string, start func(pid uint32) (uint64, error))
 // and place its contexts as its own calls did, at t, for a reader that
 // missed them (a restarted daemon's meter): a cuCtxCreate on each thread
 // routed to a context, the process's first context first, or, for a
-// process of primary contexts alone, their retains. Each names the
+// process of primary contexts alone, their retains, its first primary
+// context first and each thread on another GPU's after it. Each names the
 // context's GPU as the table knows it (Contexts).
 func (p Process) ContextsMade(t uint64) []*ContextCreated {
 	made := func(tid uint32, fn string, ctx uint64) *ContextCreated {
@@ -220,8 +227,17 @@ func (p Process) ContextsMade(t uint64) []*ContextCreated {
 		out = append(out, made(tid, "cuCtxCreate_v2", p.Threads[tid]))
 	}
 	if len(tids) == 0 {
-		for _, ctx := range slices.Sorted(maps.Keys(p.Contexts)) {
+		ctxs := slices.Sorted(maps.Keys(p.Contexts))
+		if _, ok := p.Contexts[p.Primary]; ok {
+			// Retained on the process's own thread, any other would route
+			// it there: the others are retained on the threads using them.
+			ctxs = []uint64{p.Primary}
+		}
+		for _, ctx := range ctxs {
 			out = append(out, made(p.PID, "cuDevicePrimaryCtxRetain", ctx))
+		}
+		for _, tid := range slices.Sorted(maps.Keys(p.PrimaryThreads)) {
+			out = append(out, made(tid, "cuDevicePrimaryCtxRetain", p.PrimaryThreads[tid]))
 		}
 	}
 	return out

@@ -127,4 +127,43 @@ func TestContextsMadeRouteAsTheCallsDid(t *testing.T) {
 	if got, want := calls(primary.ContextsMade(100)), []call{{5, "cuDevicePrimaryCtxRetain", 0xc, 2}}; !reflect.DeepEqual(got, want) {
 		t.Errorf("primary context retained by %v, want %v", got, want)
 	}
+	// A thread per GPU: the first primary context (0xd, retained first,
+	// though its handle sorts after 0xc) first, then the thread on GPU 1's.
+	perGPU := Process{PID: 5, CgroupID: 9, Contexts: map[uint64]int32{0xc: 1, 0xd: 0}, Threads: map[uint32]uint64{},
+		Primary: 0xd, PrimaryThreads: map[uint32]uint64{12: 0xc}}
+	if got, want := calls(perGPU.ContextsMade(100)), []call{{5, "cuDevicePrimaryCtxRetain", 0xd, 0},
+		{12, "cuDevicePrimaryCtxRetain", 0xc, 1}}; !reflect.DeepEqual(got, want) {
+		t.Errorf("primary contexts per GPU retained by %v, want %v", got, want)
+	}
+}
+
+// The table routes a runtime-API process's threads as the meter does: the
+// first primary context retained is the process's, a thread that retains
+// another GPU's is on that one until it retains the first again; saved and
+// restored, the routing is kept.
+func TestPrimaryContextsPerGPURouted(t *testing.T) {
+	tbl := NewTable()
+	retain := func(tid uint32, ctx uint64, dev int32) {
+		tbl.Apply(&ContextCreated{Header: Header{PID: 5, TID: tid}, Func: "cuDevicePrimaryCtxRetain", Ctx: ctx, Device: dev})
+	}
+	retain(5, 0xd, 0)
+	retain(12, 0xc, 1)
+	retain(13, 0xc, 1)
+	retain(13, 0xd, 0)
+	p, _ := tbl.Process(5)
+	if p.Primary != 0xd || !reflect.DeepEqual(p.PrimaryThreads, map[uint32]uint64{12: 0xc}) {
+		t.Fatalf("primary 0x%x, threads %v; want 0xd and thread 12 on 0xc", p.Primary, p.PrimaryThreads)
+	}
+	var buf bytes.Buffer
+	start := func(uint32) (uint64, error) { return 7, nil }
+	if err := tbl.Save(&buf, start); err != nil {
+		t.Fatal(err)
+	}
+	again := NewTable()
+	if _, err := again.Restore(&buf, start); err != nil {
+		t.Fatal(err)
+	}
+	if q, _ := again.Process(5); q.Primary != 0xd || !reflect.DeepEqual(q.PrimaryThreads, p.PrimaryThreads) {
+		t.Errorf("restored: primary 0x%x, threads %v; want those saved", q.Primary, q.PrimaryThreads)
+	}
 }

@@ -42,6 +42,12 @@ type Process struct {
 	// none): what the meter routes a thread's events by.
 	Threads map[uint32]uint64 `json:"-"`
 	Made    uint64            `json:"-"`
+	// Primary is the first primary context it retained (0: none);
+	// PrimaryThreads maps a thread that retained another GPU's primary
+	// context (the runtime's cudaSetDevice) to that one: the meter's
+	// routing of a runtime-API process on several GPUs.
+	Primary        uint64            `json:"-"`
+	PrimaryThreads map[uint32]uint64 `json:"-"`
 	// Clients are its RM clients, each with the control file it was
 	// allocated on (the driver binds it to that file).
 	Clients    map[uint32]ClientFile `json:"-"`
@@ -282,7 +288,20 @@ func (t *Table) Apply(ev Event) {
 			p.Contexts[e.Ctx] = int32(gpu)
 			delete(p.groupGPU, h.TID)
 		}
-		if e.Func == "cuDevicePrimaryCtxRetain" || e.Ctx == 0 {
+		if e.Ctx == 0 {
+			break
+		}
+		if e.Func == "cuDevicePrimaryCtxRetain" {
+			switch _, ok := p.PrimaryThreads[h.TID]; {
+			case p.Primary == 0 || p.Primary == e.Ctx:
+				p.Primary = e.Ctx
+				delete(p.PrimaryThreads, h.TID)
+			case ok || len(p.PrimaryThreads) < maxThreads:
+				if p.PrimaryThreads == nil {
+					p.PrimaryThreads = map[uint32]uint64{}
+				}
+				p.PrimaryThreads[h.TID] = e.Ctx
+			}
 			break // the runtime's primary context: made current by no cuCtxCreate
 		}
 		if p.Made == 0 {

@@ -2111,3 +2111,49 @@ func TestRestoredBacklogRunsAtItsTurns(t *testing.T) {
 		}
 	}
 }
+
+// A runtime-API process with a thread per GPU (each retains its device's
+// primary context, as cudaSetDevice does) has a context on each GPU: each
+// thread's launches are metered on its own GPU, beside a one-context
+// process on each (50/50 on both). Its threads on one GPU share that
+// GPU's primary context: a third thread retaining GPU 0's again makes no
+// third context.
+func TestPrimaryContextPerGPU(t *testing.T) {
+	base := 10 * 1000 * ms
+	clk := &clock{t: base}
+	m := New(Config{Now: clk.now})
+	retain := func(tid uint32, ctx uint64, dev int32) {
+		h := ioctlspy.Header{PID: 1, TID: tid, CgroupID: 100, Start: clk.t, End: clk.t}
+		m.Observe(&ioctlspy.ContextCreated{Header: h, Func: "cuDevicePrimaryCtxRetain", Ctx: ctx, Device: dev})
+	}
+	retain(11, 0xa0, 0)
+	retain(12, 0xa1, 1)
+	retain(13, 0xa0, 0)
+	for pid, dev := range map[uint32]int32{2: 0, 3: 1} {
+		h := ioctlspy.Header{PID: pid, TID: pid, CgroupID: 100 * uint64(pid), Start: clk.t, End: clk.t}
+		m.Observe(&ioctlspy.ContextCreated{Header: h, Func: "cuDevicePrimaryCtxRetain", Ctx: 0xb0, Device: dev})
+	}
+	for _, c := range m.ctxs {
+		c.costs[costKey{}] = &cost{ns: float64(ms), learned: true}
+		c.learned = true
+	}
+	for i := 0; i < 2000; i++ {
+		for _, tid := range []uint32{11, 12, 13} {
+			ev := launchFn(1, 100, clk.t, 7, 0, 1)
+			ev.(*ioctlspy.Launch).TID = tid
+			m.Observe(ev)
+		}
+		m.Observe(launchFn(2, 200, clk.t, 7, 0, 1))
+		m.Observe(launchFn(3, 300, clk.t, 7, 0, 1))
+	}
+	clk.t = base + 1000*ms
+	_, cs := m.Contexts(time.Second)
+	if len(cs) != 4 {
+		t.Fatalf("%d contexts, want 4 (pid 1 on GPUs 0 and 1, pids 2 and 3): %+v", len(cs), cs)
+	}
+	for _, c := range cs {
+		if math.Abs(c.Share-0.5) > 0.01 || c.PID == 1 && c.Ctx == 0 && c.GPU != 0 || c.PID == 1 && c.Ctx == 0xa1 && c.GPU != 1 {
+			t.Errorf("pid %d context 0x%x on GPU %d: %.3f, want 0.5 (pid 1's first primary on GPU 0, 0xa1 on GPU 1)", c.PID, c.Ctx, c.GPU, c.Share)
+		}
+	}
+}

@@ -14,9 +14,11 @@ import (
 // each context apart (a gpuContext each) and routes a thread's events to
 // the context its cuCtxCreate made current on it. A thread that made none
 // uses the process's first context: the primary context of the runtime
-// API, or the one context of most programs. A thread that switches
-// contexts (cuCtxSetCurrent, push and pop) is not followed: its events
-// stay with the context it made last.
+// API, or the one context of most programs. A thread that retains the
+// primary context of another GPU than the process's first primary (the
+// runtime API's cudaSetDevice: a thread per GPU) is routed to that one.
+// A thread that switches contexts (cuCtxSetCurrent, push and pop) is not
+// followed: its events stay with the context it made or retained last.
 
 // ctxKey names one modeled context: its process and its CUDA context
 // handle (0 for the process's first).
@@ -35,6 +37,9 @@ type process struct {
 	// made is the first context made by cuCtxCreate (0: none): threads
 	// that made none use it.
 	made uint64
+	// primary is the first primary context the process retained (0:
+	// none), the one threads that retained no other use.
+	primary uint64
 	// setup is, per thread, the channel group setup it did that no
 	// context has taken yet (setup).
 	setup  map[uint32]setup
@@ -112,12 +117,31 @@ func (m *Meter) contextMade(h *ioctlspy.Header, e *ioctlspy.ContextCreated) {
 	}
 }
 
-// route sends the thread that made a context by cuCtxCreate to it.
+// route sends the thread that made a context by cuCtxCreate to it, and
+// one that retained a primary context other than the process's first to
+// that one.
 func (m *Meter) route(h *ioctlspy.Header, e *ioctlspy.ContextCreated) {
-	if e.Func == "cuDevicePrimaryCtxRetain" || e.Ctx == 0 {
+	if e.Ctx == 0 {
 		return
 	}
 	p := m.processOf(h.PID)
+	if e.Func == "cuDevicePrimaryCtxRetain" {
+		switch {
+		case p.primary == 0 || p.primary == e.Ctx:
+			// The process's first primary context: its threads that made
+			// none use it already (or go back to it).
+			p.primary = e.Ctx
+			if _, ok := p.threads[h.TID]; ok && p.made == 0 {
+				delete(p.threads, h.TID)
+			}
+			return
+		}
+		// Another GPU's primary context: the thread's own from now on.
+		if _, ok := p.threads[h.TID]; ok || len(p.threads) < maxThreadsTracked {
+			p.threads[h.TID] = e.Ctx
+		}
+		return
+	}
 	if p.made == 0 {
 		p.made = e.Ctx
 	}
