@@ -46,6 +46,10 @@
 //     target runs free (the last grows back additively); rates never go
 //     below MinDuty (0.05): a tenant is slowed, never starved.
 //
+// A tenant paced on several GPUs is held by one gate, process-wide: its
+// per-GPU decisions combine into one rate (Spanning), the paced GPUs'
+// duties plus what it uses, with room to grow, where it runs freely.
+//
 // A tenant's demand, for Targets, is the whole GPU when it is backlogged
 // (work queued or running nearly all the window) or paced and held back
 // by its rate (held at its gate, work waiting, or using half its rate or

@@ -197,25 +197,25 @@ func (d *Daemon) control(ctx context.Context) {
 			step.tree = slices.Collect(maps.Keys(cl.Trees[t.pid]))
 			t.act.Tree.Store(&step.tree)
 		}
-		duty, offset, paced, scheduled := 1.0, 0.0, true, false
+		scheduled := false
+		decs := make([]arbiter.Decision, 0, len(t.decisions))
 		for gpu, dec := range t.decisions {
 			if dec.Scheduled {
 				scheduled = true
 				plan[gpu] = append(plan[gpu], enforce.TenantGroups{Decision: dec, Groups: groups[name][gpu]})
 			}
-			if dec.Duty < duty {
-				duty, offset, paced = dec.Duty, dec.Offset, dec.Paced && !dec.Scheduled
-			}
+			decs = append(decs, dec)
 		}
+		g := arbiter.Gate(decs, res.Inputs)
 		if !enforcing {
-			duty = 1
+			g.Duty = 1
 		}
 		if len(t.unprobed) > 0 {
 			// Its unprobed processes' launches pass the launch gate
 			// unseen: freeze it for the rest of each period instead.
-			paced = false
+			g.Paced = false
 		}
-		step.decision.Scheduled, step.decision.Duty, step.decision.Offset, step.decision.Paced = scheduled, duty, offset, paced
+		step.decision.Scheduled, step.decision.Duty, step.decision.Offset, step.decision.Paced, step.decision.GPUs = scheduled, g.Duty, g.Offset, g.Paced, g.GPUs
 		steps = append(steps, step)
 	}
 	d.publish(res, snap, actuation, memory)

@@ -66,7 +66,9 @@ func TestVisibleDevicesTenantSharesItsGPU(t *testing.T) {
 // 1). Steered only: the launch gate stops a process on every GPU at once,
 // and a process never synchronizing never has its costs learned there
 // (unarbitrated 50/50 held on both; synchronizing every 8 launches, a took
-// 21–30% of GPU 0 for 50, and GPU 0 was 77% busy).
+// medians of 28–29% of GPU 0 for 50 and 24–25% of GPU 1 for 25 at one rate
+// summed over its GPUs, 25–29% of GPU 0 at the lowest of their duties;
+// GPU 0 was 80% busy).
 func TestProcessOnTwoGPUs(t *testing.T) {
 	for _, api := range []string{"driver", "runtime"} {
 		t.Run(api+" API", func(t *testing.T) { processOnTwoGPUs(t, api) })

@@ -66,6 +66,7 @@ type Gater struct {
 	mu        sync.Mutex
 	duty      float64
 	offset    float64
+	span      float64 // how many GPUs a paced duty spans
 	paced     bool
 	frozen    bool
 	heldSince time.Time // when the launch gate began holding a process (zero: none held)
@@ -135,7 +136,7 @@ const defaultLaunchCost = float64(time.Millisecond)
 
 // NewGater returns a gater over gate with periods of period since epoch.
 func NewGater(gate cgroup.Gate, period time.Duration, epoch time.Time) *Gater {
-	return &Gater{gate: gate, period: period, epoch: epoch, duty: 1, wake: make(chan struct{}, 1), clock: time.Now}
+	return &Gater{gate: gate, period: period, epoch: epoch, duty: 1, span: 1, wake: make(chan struct{}, 1), clock: time.Now}
 }
 
 // Set changes the duty cycle from the next period (window gating).
@@ -149,12 +150,15 @@ func (g *Gater) Set(duty, offset float64) {
 	}
 }
 
-// SetRate paces the tenant's submissions to rate (a fraction of the GPU's
-// time); 1 or more lets it run freely.
-func (g *Gater) SetRate(rate float64) {
+// SetRate paces the tenant's submissions to rate, a fraction of the time
+// of each of the gpus GPUs its launches reach (rate × gpus GPU ns per ns
+// in all, paid from one account; gpus below 1 counts as 1); a rate of 1
+// or more lets it run freely.
+func (g *Gater) SetRate(rate float64, gpus int) {
+	span := float64(max(gpus, 1))
 	g.mu.Lock()
-	changed := g.duty != rate || !g.paced
-	g.duty, g.paced = rate, true
+	changed := g.duty != rate || g.span != span || !g.paced
+	g.duty, g.span, g.paced = rate, span, true
 	g.mu.Unlock()
 	if changed {
 		g.poke()
@@ -236,7 +240,7 @@ func (g *Gater) Run(ctx context.Context) {
 func (g *Gater) step() time.Time {
 	now := g.clock()
 	g.mu.Lock()
-	duty, offset, paced, escalated := g.duty, g.offset, g.paced, g.escalated
+	duty, offset, span, paced, escalated := g.duty, g.offset, g.span, g.paced, g.escalated
 	g.mu.Unlock()
 	mode := modeWindows
 	switch {
@@ -251,9 +255,9 @@ func (g *Gater) step() time.Time {
 	}
 	switch mode {
 	case modeAdmission:
-		return g.admit(now, duty)
+		return g.admit(now, duty*span, duty >= 1)
 	case modePaced:
-		return g.pace(now, duty)
+		return g.pace(now, duty*span, duty >= 1)
 	default:
 		return g.window(now, duty, offset)
 	}
@@ -343,16 +347,17 @@ func (g *Gater) window(now time.Time, duty, offset float64) time.Time {
 }
 
 // pace settles a tenant paced by freezing: submissions are charged as
-// the meter costs them, and it is frozen while its balance is negative.
-func (g *Gater) pace(now time.Time, rate float64) time.Time {
+// the meter costs them, and it is frozen while its balance (credit at
+// rate, GPU ns per ns) is negative, unless free.
+func (g *Gater) pace(now time.Time, rate float64, free bool) time.Time {
 	s := g.Submitted()
 	g.acct.settle(now, rate, g.period, max(s.NS-g.spent.NS, 0))
 	g.spent = s
 	frozen := g.isFrozen()
 	switch {
-	case (rate >= 1 || g.acct.balance >= 0) && frozen:
+	case (free || g.acct.balance >= 0) && frozen:
 		g.thaw(now)
-	case rate < 1 && g.acct.balance < 0 && !frozen:
+	case !free && g.acct.balance < 0 && !frozen:
 		g.freeze(now)
 	}
 	return now.Add(paceTick)
@@ -387,7 +392,7 @@ type admission struct {
 // it; at escapeLimit such escapes the tenant is paced by freezing instead
 // (escalated: the next step, at once). It returns the next settling:
 // after paceTick, or after a period once quiet.
-func (g *Gater) admit(now time.Time, rate float64) time.Time {
+func (g *Gater) admit(now time.Time, rate float64, free bool) time.Time {
 	a := &g.adm
 	n, h, e, err := g.Admitter.Counts()
 	if err != nil {
@@ -424,7 +429,7 @@ func (g *Gater) admit(now time.Time, rate float64) time.Time {
 		g.report(err)
 		a.released = h
 	}
-	for len(held) > 0 && (rate >= 1 || g.acct.balance >= 0) {
+	for len(held) > 0 && (free || g.acct.balance >= 0) {
 		released, err := g.Admitter.Release(held[0])
 		g.report(err)
 		if released {
@@ -434,7 +439,7 @@ func (g *Gater) admit(now time.Time, rate float64) time.Time {
 		held = held[1:]
 	}
 	allow := uint64(math.MaxUint64)
-	if rate < 1 {
+	if !free {
 		allow = n // held processes go first
 		if len(held) == 0 && g.acct.balance > 0 {
 			allow = n + uint64(g.acct.balance/cost)
@@ -445,7 +450,7 @@ func (g *Gater) admit(now time.Time, rate float64) time.Time {
 		a.allowed, a.wrote = allow, true
 	}
 	g.noteHeld(len(held) > 0, now)
-	if len(held) == 0 && (rate >= 1 || idle) {
+	if len(held) == 0 && (free || idle) {
 		a.quiet++
 	} else {
 		a.quiet = 0

@@ -178,7 +178,8 @@ func (s *stepper) since() time.Duration { return s.clk.t.Sub(s.g.epoch) }
 // admitted launches steps back by one, read as a launch passed that was
 // then held (racing): the launch read too early is owed once (owed from
 // the step back, the difference wrapped to 2^64 launches and held the
-// tenant for maxDebt: 1 launch in 1 s).
+// tenant for maxDebt: 1 launch in 1 s). A rate over two GPUs pays for
+// twice the launches, from the one account.
 func TestAdmissionPacesLaunches(t *testing.T) {
 	const (
 		rate   = 0.25
@@ -186,17 +187,22 @@ func TestAdmissionPacesLaunches(t *testing.T) {
 		period = 100 * time.Millisecond
 		run    = time.Second
 	)
-	for _, racing := range []bool{false, true} {
-		t.Run(fmt.Sprintf("count read between a launch and its hold %v", racing), func(t *testing.T) {
-			f := &fakeLaunches{allowed: math.MaxUint64, racing: racing}
+	for _, tc := range []struct {
+		racing bool
+		gpus   int
+	}{{false, 1}, {true, 1}, {false, 2}} {
+		t.Run(fmt.Sprintf("count read between a launch and its hold %v, %d GPUs", tc.racing, tc.gpus), func(t *testing.T) {
+			f := &fakeLaunches{allowed: math.MaxUint64, racing: tc.racing}
 			s := newStepper(nopGate{}, period)
 			s.g.Admitter, s.g.LaunchCost = f, func() float64 { return cost }
-			s.g.SetRate(rate)
+			s.g.SetRate(rate, tc.gpus)
 			s.run(run, 50*time.Microsecond, f.launch) // 20 launches a ms: 20 times its rate
 			s.g.finish()
-			// rate × run / cost = 250 launches, plus one period's burst (25).
-			if f.launched < 249 || f.launched > 250+25+1 {
-				t.Errorf("%d launches of 1 ms in %v: want 250, at most 26 more", f.launched, run)
+			// rate × GPUs × run / cost = 250 launches a GPU, plus one
+			// period's burst (25 a GPU).
+			want := 250 * tc.gpus
+			if f.launched < want-1 || f.launched > want+25*tc.gpus+1 {
+				t.Errorf("%d launches of 1 ms in %v: want %d, at most %d more", f.launched, run, want, 25*tc.gpus+1)
 			}
 			if f.holds < 200 {
 				t.Errorf("held %d times: the gate did not pace at the launch", f.holds)
@@ -206,7 +212,7 @@ func TestAdmissionPacesLaunches(t *testing.T) {
 			}
 			// Held from the settling that finds a hold to the one that releases it.
 			frozen, throttled := s.g.State()
-			if frozen || throttled < run*4/10 {
+			if frozen || tc.gpus == 1 && throttled < run*4/10 {
 				t.Errorf("state after run: frozen %v, throttled %v, want at least %v", frozen, throttled, run*4/10)
 			}
 			t.Logf("%d launches, %d holds, throttled %v, %d settlings", f.launched, f.holds, throttled, s.steps)
@@ -246,7 +252,7 @@ func TestAdmissionPacesACycleOfCosts(t *testing.T) {
 			lagging = f.launched
 			return seen
 		}
-		s.g.SetRate(rate)
+		s.g.SetRate(rate, 1)
 		s.run(run, 50*time.Microsecond, f.launch)
 		s.g.finish()
 		var work float64
@@ -273,7 +279,7 @@ func TestQuietAdmission(t *testing.T) {
 	f := &fakeLaunches{allowed: math.MaxUint64}
 	s := newStepper(nopGate{}, period)
 	s.g.Admitter, s.g.LaunchCost = f, func() float64 { return cost }
-	s.g.SetRate(rate)
+	s.g.SetRate(rate, 1)
 	s.run(idle, 0, nil)
 	// quietTicks settlings at paceTick, then one a period: 10, not the 250
 	// of a pacer that settled every tick.
@@ -406,7 +412,7 @@ func TestEscapesFromTheLaunchGateEscalateToFreezing(t *testing.T) {
 	s.g.Submitted = func() meter.Submitted {
 		return meter.Submitted{NS: float64(f.launched) * cost, Launches: uint64(f.launched)}
 	}
-	s.g.SetRate(rate)
+	s.g.SetRate(rate, 1)
 	type thawed struct {
 		at       time.Duration
 		launched int

@@ -81,7 +81,11 @@ type Decision struct {
 	// instead of windows.
 	Duty, Offset float64
 	Paced        bool
-	Period       time.Duration
+	// GPUs is how many GPUs a paced Duty spans (0 counts as 1): its
+	// launches on all of them are paid from one account, at Duty × GPUs
+	// GPU ns per ns.
+	GPUs   int
+	Period time.Duration
 }
 
 // GateMakers make what a tenant's gater acts through, when one starts.
@@ -121,7 +125,7 @@ func (t *Tenant) Apply(ctx context.Context, d Decision, g GateMakers) func() {
 		switch {
 		case t.gater == nil:
 		case d.Paced:
-			t.gater.SetRate(d.Duty)
+			t.gater.SetRate(d.Duty, d.GPUs)
 		default:
 			t.gater.Set(d.Duty, d.Offset)
 		}
