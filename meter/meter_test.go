@@ -2157,3 +2157,41 @@ func TestPrimaryContextPerGPU(t *testing.T) {
 		}
 	}
 }
+
+// A sync across a hold gpuarb released still proves the work done: what
+// the replay had queued then was costed too high. Here a kernel learned
+// at 10 ms a launch runs at 2 ms: 5 launches from 200 ms and a sixth held
+// from 201 ms to 215 ms are done when the sync returns at 220 ms, with 40
+// of the replay's 60 ms still queued: the cost comes down (by at most
+// maxStep, to 5 ms). Across a hold an event ended instead (escaped: its
+// launch ran at an unknown time), the proof teaches nothing.
+func TestHeldProofTeachesCostsTooHigh(t *testing.T) {
+	base := 10 * 1000 * ms
+	for _, escaped := range []bool{false, true} {
+		clk := &clock{t: base + 1000*ms}
+		m := New(Config{Now: clk.now})
+		for i := 0; i < 10; i++ {
+			m.Observe(launchFn(1, 100, base, 7, 1, 1000))
+		}
+		m.Observe(syncEv(1, 100, "cuStreamSynchronize", 7, base, base+100*ms))
+		for i := 0; i < 5; i++ {
+			m.Observe(launchFn(1, 100, base+200*ms, 7, 1, 1000))
+		}
+		held := launchFn(1, 100, base+201*ms, 7, 1, 1000).(*ioctlspy.Launch)
+		held.Held = true
+		m.Observe(held)
+		if escaped {
+			m.Observe(&ioctlspy.EventRecord{Header: hdr(1, 100, base+215*ms, base+215*ms), Stream: 7, Event: 3})
+		} else {
+			m.Observe(Release(1, base+201*ms, base+215*ms))
+		}
+		m.Observe(syncEv(1, 100, "cuStreamSynchronize", 7, base+202*ms, base+220*ms))
+		got := m.ctxs[ctxKey{1, 0}].costs[costKey{handle: 1}].ns * 1000
+		switch {
+		case !escaped && (got < 4.9e6 || got > 6e6):
+			t.Errorf("released hold: the kernel costs %.1f ms a launch, want 5 (10 halved, a step's most)", got/1e6)
+		case escaped && math.Abs(got-10e6)/10e6 > 0.01:
+			t.Errorf("escaped hold: the kernel costs %.1f ms a launch, want still 10", got/1e6)
+		}
+	}
+}
