@@ -2163,11 +2163,14 @@ func TestPrimaryContextPerGPU(t *testing.T) {
 // at 10 ms a launch runs at 2 ms: 5 launches from 200 ms and a sixth held
 // from 201 ms to 215 ms are done when the sync returns at 220 ms, with 40
 // of the replay's 60 ms still queued: the cost comes down (by at most
-// maxStep, to 5 ms). Across a hold an event ended instead (escaped: its
-// launch ran at an unknown time), the proof teaches nothing.
+// maxStep, to 5 ms); so too where the release is reported after an event
+// of the process shows it running. Across a hold an event ended with no
+// release reported (escaped: its launch ran at an unknown time), the
+// proof teaches nothing.
 func TestHeldProofTeachesCostsTooHigh(t *testing.T) {
 	base := 10 * 1000 * ms
-	for _, escaped := range []bool{false, true} {
+	for _, order := range []string{"released", "release reported late", "escaped"} {
+		escaped := order == "escaped"
 		clk := &clock{t: base + 1000*ms}
 		m := New(Config{Now: clk.now})
 		for i := 0; i < 10; i++ {
@@ -2180,16 +2183,20 @@ func TestHeldProofTeachesCostsTooHigh(t *testing.T) {
 		held := launchFn(1, 100, base+201*ms, 7, 1, 1000).(*ioctlspy.Launch)
 		held.Held = true
 		m.Observe(held)
-		if escaped {
-			m.Observe(&ioctlspy.EventRecord{Header: hdr(1, 100, base+215*ms, base+215*ms), Stream: 7, Event: 3})
-		} else {
+		switch order {
+		case "released":
 			m.Observe(Release(1, base+201*ms, base+215*ms))
+		case "release reported late":
+			m.Observe(&ioctlspy.EventRecord{Header: hdr(1, 100, base+216*ms, base+216*ms), Stream: 7, Event: 3})
+			m.Observe(Release(1, base+201*ms, base+215*ms))
+		default:
+			m.Observe(&ioctlspy.EventRecord{Header: hdr(1, 100, base+215*ms, base+215*ms), Stream: 7, Event: 3})
 		}
 		m.Observe(syncEv(1, 100, "cuStreamSynchronize", 7, base+202*ms, base+220*ms))
 		got := m.ctxs[ctxKey{1, 0}].costs[costKey{handle: 1}].ns * 1000
 		switch {
 		case !escaped && (got < 4.9e6 || got > 6e6):
-			t.Errorf("released hold: the kernel costs %.1f ms a launch, want 5 (10 halved, a step's most)", got/1e6)
+			t.Errorf("%s: the kernel costs %.1f ms a launch, want 5 (10 halved, a step's most)", order, got/1e6)
 		case escaped && math.Abs(got-10e6)/10e6 > 0.01:
 			t.Errorf("escaped hold: the kernel costs %.1f ms a launch, want still 10", got/1e6)
 		}
