@@ -39,8 +39,9 @@ func (d *Daemon) restoreObjects() {
 	}
 	d.log.Info("restored the RM objects of running processes", "processes", len(pids), "path", path)
 	// And the work they queued, which they may wait for without a launch.
-	n, err := d.meter.RestoreBacklogs(beside(d.cfg.Ledger, "backlogs.json"), processStart)
-	d.log.Info("restored the work running processes queued", "contexts", n, "err", err)
+	if n, err := d.meter.RestoreBacklogs(beside(d.cfg.Ledger, "backlogs.json"), processStart); err != nil || n > 0 {
+		d.log.Info("restored the work running processes queued", "contexts", n, "err", err) // said where some came back or the file failed
+	}
 }
 
 // saveBacklogs keeps the meter's modeled queues for the next daemon. It
