@@ -224,9 +224,6 @@ type gpuContext struct {
 	// order, after the events still on their way from the probes.
 	releaseAt uint64
 	stopped   []span // when the launch gate held the process
-	// escaped are the holds of stopped that an event ended, not a
-	// reported release: the held launches ran at an unknown time in them.
-	escaped []span
 	// shape is its recent launches by costKey (LaunchCost prices it at
 	// the costs learned since); launchN counts the launches it has seen.
 	shape   map[costKey]*keyShape

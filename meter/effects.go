@@ -3,7 +3,6 @@ package meter
 import (
 	"fmt"
 	"math"
-	"slices"
 	"time"
 
 	"github.com/gpuarb/gpuarb/ioctlspy"
@@ -161,9 +160,6 @@ func (m *Meter) observeEffect(ev ioctlspy.Event) bool {
 		for _, c := range m.contextsOf(e.PID) {
 			c.releasedAt = e.End
 			c.stopped = appendSpan(c.stopped, e.Start, e.End)
-			// A hold an event of the process ended before this report
-			// came was gpuarb's release, not an escape.
-			c.escaped = slices.DeleteFunc(c.escaped, func(p span) bool { return p.start >= e.Start && p.start < e.End })
 			if len(c.deferred) > 0 {
 				m.launchReleased(c, e.End)
 			}

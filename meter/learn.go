@@ -213,7 +213,6 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 		s.drained = now
 	}
 	stopped := m.pausedDuring(c, h.Start, h.End)
-	blind := stopped && overlaps(c.escaped, h.Start, h.End)
 	if r := m.replayOf(c.gpu); any && waited && r.outOfPhase(early, got <= 0 && left > 0) && !unseen && !stopped {
 		r.anchor(c)
 	}
@@ -224,11 +223,9 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 		og, ol := c.othersSinceEmpty(ids)
 		got, left = got+og, left+ol
 	}
-	if !any || got <= 0 || unseen || blind || stopped && left <= 0 {
-		// A sync that spanned a stop waited for the resume, not the GPU:
-		// it proves no drain late, only work the replay still had queued
-		// (pausedDuring); one of work queued before the meter saw it, for
-		// unseen work.
+	if !any || got <= 0 || unseen || stopped {
+		// A sync that spanned a stop waited for the resume, not the GPU;
+		// one of work queued before the meter saw it, for unseen work.
 		if any {
 			m.traceProof(c, Proof{At: done, Of: e.Of, WaitNS: done - h.Start, RanNS: got, LeftNS: left,
 				Skipped: skipped(unseen, stopped)})
@@ -246,9 +243,7 @@ func (m *Meter) sync(h *ioctlspy.Header, e *ioctlspy.Sync) {
 		// A sync that did not wait teaches a guess nothing (see eventSync).
 	default:
 		late := left
-		if stopped {
-			early = 0
-		} else if pl, pe, ok := m.pollLateness(c, h, e, left, drained); ok {
+		if pl, pe, ok := m.pollLateness(c, h, e, left, drained); ok {
 			late, early = pl, pe
 		}
 		if released {
@@ -387,7 +382,6 @@ func (m *Meter) eventSync(c *gpuContext, h *ioctlspy.Header, e *ioctlspy.Sync, n
 	}
 	waited := h.DurationNS >= uint64(realWait)
 	stopped := m.pausedDuring(c, h.Start, h.End)
-	blind := stopped && overlaps(c.escaped, h.Start, h.End)
 	var early float64 // how long before the GPU's the replay's drain came
 	if waited && k.crossed > 0 && k.crossed+uint64(realWait) < now {
 		early = float64(now - max(k.crossed, h.Start))
@@ -395,7 +389,7 @@ func (m *Meter) eventSync(c *gpuContext, h *ioctlspy.Header, e *ioctlspy.Sync, n
 	if r := m.replayOf(c.gpu); waited && r.outOfPhase(early, ran <= 0 && behind > 0) && !unseen && !stopped {
 		r.anchor(c) // as in sync
 	}
-	if covered <= 0 || unseen || blind || stopped && behind <= 0 {
+	if covered <= 0 || unseen || stopped {
 		if covered > 0 {
 			m.traceProof(c, Proof{At: done, Of: e.Of, WaitNS: done - h.Start, RanNS: ran, LeftNS: max(behind, 0),
 				Skipped: skipped(unseen, stopped)})
@@ -425,9 +419,7 @@ func (m *Meter) eventSync(c *gpuContext, h *ioctlspy.Header, e *ioctlspy.Sync, n
 		// spaced launches, never waits).
 	default:
 		late := max(behind, 0)
-		if stopped {
-			early = 0 // the return waited for the resume (pausedDuring)
-		} else if pl, pe, ok := m.pollLateness(c, h, e, late, k.crossed); ok {
+		if pl, pe, ok := m.pollLateness(c, h, e, late, k.crossed); ok {
 			late, early = pl, pe
 		}
 		if released {

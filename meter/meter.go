@@ -349,13 +349,6 @@ func (m *Meter) launch(c *gpuContext, h *ioctlspy.Header, l heldLaunch) {
 // its end), teach nothing.
 func (m *Meter) resumed(h *ioctlspy.Header) {
 	ps := m.contextsOf(h.PID)
-	for _, c := range ps {
-		if c.releaseAt != 0 && c.releaseAt <= h.End {
-			// gpuarb's release, reported, resumed it by the event's end:
-			// its launches run from the release, not an unknown time.
-			m.releaseUntil(c.releaseAt)
-		}
-	}
 	var heldAt uint64
 	held := false
 	for _, c := range ps {
@@ -369,7 +362,6 @@ func (m *Meter) resumed(h *ioctlspy.Header) {
 	at := h.End // its thread ran then: its call may have begun as the stop spread to it
 	for _, c := range ps {
 		c.stopped = appendSpan(c.stopped, heldAt, at+1)
-		c.escaped = appendSpan(c.escaped, heldAt, at+1)
 		if len(c.deferred) > 0 {
 			m.launchDeferred(c, at)
 		}
@@ -458,27 +450,18 @@ func (m *Meter) freezeUnprobed(cgroupID, from, to uint64) {
 // pausedDuring reports whether the context's process was stopped by the
 // arbiter (its cgroup frozen, the process held at the launch gate) during
 // [from, to): a sync across the stop returns when the process resumes,
-// not when the GPU completed, so it proves no drain late. It still proves
-// the work done by its return: what the replay, which runs a stopped
-// process's queue as the GPU does, still had queued then was costed too
-// high by at least that. Taught nothing, a tenant held at its gate on
-// costs too high (whose every sync spans a hold) kept them, and was held
-// on. Not so across a hold an event ended (escaped): its launches ran at
-// an unknown time in it, maybe before the replay put them. A paused channel group is not a stop: its
+// not when the GPU completed. A paused channel group is not a stop: its
 // threads run and wake at the completion, and the replay keeps the group
 // off the GPU as the GPU does (to a slice), so a sync across it proves as
 // any other — a tenant paused part of every period (its syncs all span a
 // pause) otherwise never learned its costs, kept the first guess (20 ms
 // for 1–2 ms kernels) and took the others' time in the replay.
 func (m *Meter) pausedDuring(c *gpuContext, from, to uint64) bool {
-	return overlaps(c.stopped, from, to) || overlaps(m.frozen[c.cgroup], from, to)
-}
-
-// overlaps tells whether any of spans overlaps [from, to).
-func overlaps(spans []span, from, to uint64) bool {
-	for _, p := range spans {
-		if p.start < to && p.end > from {
-			return true
+	for _, list := range [][]span{c.stopped, m.frozen[c.cgroup]} {
+		for _, p := range list {
+			if p.start < to && p.end > from {
+				return true
+			}
 		}
 	}
 	return false
@@ -692,7 +675,6 @@ func (m *Meter) prune(now uint64) {
 	for k, c := range m.ctxs {
 		c.held = dropSpans(c.held, cut)
 		c.stopped = dropSpans(c.stopped, cut)
-		c.escaped = dropSpans(c.escaped, cut)
 		c.waited = dropSpans(c.waited, cut)
 		c.waitedFor = dropSpans(c.waitedFor, cut)
 		c.pausedFor = dropSpans(c.pausedFor, cut)
