@@ -57,12 +57,16 @@ type Tenant struct {
 	// plus each context's own buffers, which no allocation carries. Absent
 	// where the driver could not be asked.
 	DriverMemBytes *uint64 `json:"driver_mem_bytes,omitempty"`
-	// MemoryLimit is its GPU memory limit on each GPU (0: none), OOMKills
-	// the processes killed at an allocation past it on this GPU.
-	MemoryLimit uint64 `json:"memory_limit,omitempty"`
-	OOMKills    uint64 `json:"oom_kills,omitempty"`
-	QueueNS     uint64 `json:"queue_ns"` // estimated time with work queued behind others, in the window
-	Processes   int    `json:"processes"`
+	// MemoryLimit is its GPU memory limit on this GPU (0: none), OOMKills
+	// the processes killed at an allocation past it on this GPU. Where the
+	// limit is a share of each GPU's memory, MemoryLimitShare is that share
+	// and MemoryLimit what it comes to here: 0 until the daemon has read
+	// the GPU's size from the driver.
+	MemoryLimit      uint64  `json:"memory_limit,omitempty"`
+	MemoryLimitShare float64 `json:"memory_limit_share,omitempty"`
+	OOMKills         uint64  `json:"oom_kills,omitempty"`
+	QueueNS          uint64  `json:"queue_ns"` // estimated time with work queued behind others, in the window
+	Processes        int     `json:"processes"`
 	// LaunchNS is the GPU time one launch costs as the meter has learned
 	// it: what pacing charges a launch.
 	LaunchNS float64 `json:"launch_ns,omitempty"`

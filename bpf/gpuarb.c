@@ -235,6 +235,16 @@ struct {
 	__type(value, struct mem_usage);
 } gpuarb_mem_usage SEC(".maps");
 
+/* A slot's limit as a share of each GPU's memory, in parts per million
+ * (0: none); where both it and gpuarb_mem_limit are set, the lower holds.
+ * Written only by the daemon. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MEM_SLOTS);
+	__type(key, __u32);
+	__type(value, __u32);
+} gpuarb_mem_share SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 16384);
@@ -271,6 +281,16 @@ volatile __u32 mem_members;
  * own cgroup (the default tenant), 0: none. Set by the daemon. */
 volatile __u64 mem_default_limit;
 
+/* The default limit as a share of each GPU's memory, in parts per million
+ * (0: none); the lower of it and mem_default_limit holds. Set by the
+ * daemon. */
+volatile __u32 mem_default_share;
+
+/* Each GPU's memory in bytes, by device id, as the daemon read it from the
+ * driver (0: not read yet: a share holds nothing there). Set by the
+ * daemon, never from a tenant's own replies. */
+volatile __u64 mem_gpu_bytes[MEM_GPUS];
+
 /* The generation of gpuarb_mem_cgroups' entries: the daemon bumps it when it
  * empties the table (a default limit set anew), and what a process charged
  * to an older entry is not uncharged from a newer one. */
@@ -288,7 +308,7 @@ struct {
 /* Whether any memory limit is in force: else no allocation pays a lookup. */
 static __always_inline int memory_limited(void)
 {
-	return mem_members || mem_default_limit;
+	return mem_members || mem_default_limit || mem_default_share;
 }
 
 #define GATE_CGROUP_LEVELS 16
@@ -774,6 +794,24 @@ static __always_inline __u32 gpu_of(__u32 tgid, __u32 parent, __u32 *device)
 	return MEM_GPUS - 1;
 }
 
+/* The limit on gpu of a slot whose limit is bytes and share (parts per
+ * million of the GPU's memory): the lower of those set; 0: none. */
+static __always_inline __u64 limit_on(__u32 gpu, __u64 bytes, __u32 share)
+{
+	__u64 size, of_share;
+
+	if (!share || gpu >= MEM_GPUS)
+		return bytes;
+	size = mem_gpu_bytes[gpu];
+	if (!size)
+		return bytes;
+	/* At most 16 TiB * 10^6 < 2^64. */
+	of_share = size * share / 1000000;
+	if (!of_share)
+		of_share = 1;
+	return bytes && bytes < of_share ? bytes : of_share;
+}
+
 static __always_inline __u64 current_start_ns(void)
 {
 	return bpf_get_current_task_btf()->group_leader->start_boottime;
@@ -793,21 +831,24 @@ static __always_inline void charge_memory(struct ioctl_record *e, __u32 handle, 
 	struct mem_dev dfresh, *dev;
 	struct mem_proc fresh, *p;
 	struct mem_usage *u;
-	__u64 *limit, held;
-	__u32 *slot;
+	__u64 *limit, held, lim;
+	__u32 *slot, *share;
 
 	__u32 default_slot = MEM_SLOTS;
-	__u64 default_limit = mem_default_limit;
 
 	slot = mem_members ? member_slot(&gpuarb_mem_keys, e->h.tgid) : NULL;
 	if (slot) {
 		limit = bpf_map_lookup_elem(&gpuarb_mem_limit, slot);
+		share = bpf_map_lookup_elem(&gpuarb_mem_share, slot);
+		if (!limit || !share)
+			return;
+		lim = limit_on(gpu, *limit, *share);
 		u = bpf_map_lookup_elem(&gpuarb_mem_usage, slot);
-	} else if (default_limit) {
+	} else if (mem_default_limit || mem_default_share) {
 		struct mem_usage zero;
 
 		slot = &default_slot;
-		limit = &default_limit;
+		lim = limit_on(gpu, mem_default_limit, mem_default_share);
 		u = bpf_map_lookup_elem(&gpuarb_mem_cgroups, &e->h.cgroup_id);
 		if (!u) {
 			__builtin_memset(&zero, 0, sizeof(zero));
@@ -819,13 +860,13 @@ static __always_inline void charge_memory(struct ioctl_record *e, __u32 handle, 
 	} else {
 		return;
 	}
-	if (!limit || !u || gpu >= MEM_GPUS)
+	if (!u || gpu >= MEM_GPUS)
 		return;
 	held = __sync_fetch_and_add(&u->charged[gpu], bytes);
 	e->args[3] = held;
-	e->args[4] = *limit;
+	e->args[4] = lim;
 	e->args[5] = *slot;
-	if (*limit && held + bytes > *limit) {
+	if (lim && held + bytes > lim) {
 		__sync_fetch_and_add(&u->charged[gpu], -bytes);
 		if (!bpf_send_signal(SIGKILL)) {
 			__sync_fetch_and_add(&u->kills[gpu], 1);

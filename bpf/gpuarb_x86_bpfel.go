@@ -435,6 +435,7 @@ const (
 	gpuarbMapGpuarbMemLimit        = "gpuarb_mem_limit"
 	gpuarbMapGpuarbMemObjs         = "gpuarb_mem_objs"
 	gpuarbMapGpuarbMemProcs        = "gpuarb_mem_procs"
+	gpuarbMapGpuarbMemShare        = "gpuarb_mem_share"
 	gpuarbMapGpuarbMemUsage        = "gpuarb_mem_usage"
 	gpuarbMapGpuarbPendCu          = "gpuarb_pend_cu"
 	gpuarbMapGpuarbPendIo          = "gpuarb_pend_io"
@@ -469,7 +470,9 @@ const (
 	gpuarbVarGateMembers           = "gate_members"
 	gpuarbVarMemCgroupGen          = "mem_cgroup_gen"
 	gpuarbVarMemDefaultLimit       = "mem_default_limit"
+	gpuarbVarMemDefaultShare       = "mem_default_share"
 	gpuarbVarMemDevSeq             = "mem_dev_seq"
+	gpuarbVarMemGpuBytes           = "mem_gpu_bytes"
 	gpuarbVarMemMembers            = "mem_members"
 	gpuarbVarSignalSeq             = "signal_seq"
 	gpuarbVarUnusedCallRecord      = "unused_call_record"
@@ -580,6 +583,7 @@ type gpuarbMapSpecs struct {
 	GpuarbMemLimit      *ebpf.MapSpec `ebpf:"gpuarb_mem_limit"`
 	GpuarbMemObjs       *ebpf.MapSpec `ebpf:"gpuarb_mem_objs"`
 	GpuarbMemProcs      *ebpf.MapSpec `ebpf:"gpuarb_mem_procs"`
+	GpuarbMemShare      *ebpf.MapSpec `ebpf:"gpuarb_mem_share"`
 	GpuarbMemUsage      *ebpf.MapSpec `ebpf:"gpuarb_mem_usage"`
 	GpuarbPendCu        *ebpf.MapSpec `ebpf:"gpuarb_pend_cu"`
 	GpuarbPendIo        *ebpf.MapSpec `ebpf:"gpuarb_pend_io"`
@@ -600,7 +604,9 @@ type gpuarbVariableSpecs struct {
 	GateMembers         *ebpf.VariableSpec `ebpf:"gate_members"`
 	MemCgroupGen        *ebpf.VariableSpec `ebpf:"mem_cgroup_gen"`
 	MemDefaultLimit     *ebpf.VariableSpec `ebpf:"mem_default_limit"`
+	MemDefaultShare     *ebpf.VariableSpec `ebpf:"mem_default_share"`
 	MemDevSeq           *ebpf.VariableSpec `ebpf:"mem_dev_seq"`
+	MemGpuBytes         *ebpf.VariableSpec `ebpf:"mem_gpu_bytes"`
 	MemMembers          *ebpf.VariableSpec `ebpf:"mem_members"`
 	SignalSeq           *ebpf.VariableSpec `ebpf:"signal_seq"`
 	UnusedCallRecord    *ebpf.VariableSpec `ebpf:"unused_call_record"`
@@ -663,6 +669,7 @@ type gpuarbMaps struct {
 	GpuarbMemLimit      *ebpf.Map `ebpf:"gpuarb_mem_limit"`
 	GpuarbMemObjs       *ebpf.Map `ebpf:"gpuarb_mem_objs"`
 	GpuarbMemProcs      *ebpf.Map `ebpf:"gpuarb_mem_procs"`
+	GpuarbMemShare      *ebpf.Map `ebpf:"gpuarb_mem_share"`
 	GpuarbMemUsage      *ebpf.Map `ebpf:"gpuarb_mem_usage"`
 	GpuarbPendCu        *ebpf.Map `ebpf:"gpuarb_pend_cu"`
 	GpuarbPendIo        *ebpf.Map `ebpf:"gpuarb_pend_io"`
@@ -695,6 +702,7 @@ func (m *gpuarbMaps) Close() error {
 		m.GpuarbMemLimit,
 		m.GpuarbMemObjs,
 		m.GpuarbMemProcs,
+		m.GpuarbMemShare,
 		m.GpuarbMemUsage,
 		m.GpuarbPendCu,
 		m.GpuarbPendIo,
@@ -716,7 +724,9 @@ type gpuarbVariables struct {
 	GateMembers         *ebpf.Variable `ebpf:"gate_members"`
 	MemCgroupGen        *ebpf.Variable `ebpf:"mem_cgroup_gen"`
 	MemDefaultLimit     *ebpf.Variable `ebpf:"mem_default_limit"`
+	MemDefaultShare     *ebpf.Variable `ebpf:"mem_default_share"`
 	MemDevSeq           *ebpf.Variable `ebpf:"mem_dev_seq"`
+	MemGpuBytes         *ebpf.Variable `ebpf:"mem_gpu_bytes"`
 	MemMembers          *ebpf.Variable `ebpf:"mem_members"`
 	SignalSeq           *ebpf.Variable `ebpf:"signal_seq"`
 	UnusedCallRecord    *ebpf.Variable `ebpf:"unused_call_record"`

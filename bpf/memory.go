@@ -3,6 +3,7 @@ package bpf
 import (
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/cilium/ebpf"
 )
@@ -28,11 +29,13 @@ const MemoryGPUs = int(gpuarbGpuarbSizesMEM_GPUS)
 // ErrNoMemorySlot is returned when every memory limit slot is in use.
 var ErrNoMemorySlot = errors.New("no free GPU memory limit slot")
 
-// Pinned names of the memory limit tables: members, limits, charges, and
+// Pinned names of the memory limit tables: members, limits (bytes, and
+// shares of a GPU), charges, and
 // the default limit's charges by cgroup.
 const (
 	memKeysMap    = "gpuarb_mem_keys"
 	memLimitMap   = "gpuarb_mem_limit"
+	memShareMap   = "gpuarb_mem_share"
 	memUsageMap   = "gpuarb_mem_usage"
 	memCgroupsMap = "gpuarb_mem_cgroups"
 )
@@ -69,7 +72,7 @@ func (p *Probes) NewMemoryLimit() (*MemoryLimit, error) {
 		if err := p.objs.GpuarbMemUsage.Put(slot, gpuarbMemUsage{Gen: u.Gen + 1}); err != nil {
 			return fmt.Errorf("memory limit %d: reset: %w", slot, err)
 		}
-		return l.SetLimit(0)
+		return l.SetLimit(0, 0)
 	})
 	if err != nil {
 		return nil, err
@@ -80,10 +83,50 @@ func (p *Probes) NewMemoryLimit() (*MemoryLimit, error) {
 // Slot is the limit's index in gpuarb_mem_limit and gpuarb_mem_usage.
 func (l *MemoryLimit) Slot() uint32 { return l.slot }
 
-// SetLimit holds each GPU's charge to bytes (0: no limit, charges only).
-func (l *MemoryLimit) SetLimit(bytes uint64) error {
+// SetLimit holds each GPU's charge to bytes and to share of the GPU's
+// memory (SetGPUMemorySize), the lower of those set where both are; 0 and
+// 0: no limit, charges only. A share holds nothing on a GPU whose size is
+// not set.
+func (l *MemoryLimit) SetLimit(bytes uint64, share float64) error {
+	ppm, err := sharePPM(share)
+	if err != nil {
+		return fmt.Errorf("memory limit %d: %w", l.slot, err)
+	}
+	// The share first: a limit lowered from bytes to a share never passes
+	// through none.
+	if err := l.p.objs.GpuarbMemShare.Put(l.slot, ppm); err != nil {
+		return fmt.Errorf("memory limit %d: set share: %w", l.slot, err)
+	}
 	if err := l.p.objs.GpuarbMemLimit.Put(l.slot, bytes); err != nil {
 		return fmt.Errorf("memory limit %d: set: %w", l.slot, err)
+	}
+	return nil
+}
+
+// sharePPM turns a share of a GPU's memory, in [0, 1], into the probes'
+// parts per million.
+func sharePPM(share float64) (uint32, error) {
+	// !(in range), not (out of range): NaN fails every comparison.
+	if !(share >= 0 && share <= 1) {
+		return 0, fmt.Errorf("share %v of GPU memory out of [0, 1]", share)
+	}
+	return uint32(math.Round(share * 1e6)), nil
+}
+
+// SetGPUMemorySize tells the probes gpu's memory in bytes (device id; one
+// at or past MemoryGPUs-1 sets the last), against which every limit given
+// as a share holds there. It must come from the driver through the
+// daemon's own call, never from a tenant's replies.
+func (p *Probes) SetGPUMemorySize(gpu int, bytes uint64) error {
+	if gpu < 0 {
+		return fmt.Errorf("GPU memory size: gpu %d", gpu)
+	}
+	gpu = min(gpu, MemoryGPUs-1)
+	p.memory.mu.Lock()
+	defer p.memory.mu.Unlock()
+	p.gpuMemory[gpu] = bytes
+	if err := p.objs.MemGpuBytes.Set(p.gpuMemory); err != nil {
+		return fmt.Errorf("GPU memory size of gpu %d: %w", gpu, err)
 	}
 	return nil
 }
@@ -107,23 +150,29 @@ func (l *MemoryLimit) Close() error {
 	if l == nil || l.closed() {
 		return nil
 	}
-	err := errors.Join(l.clear(), l.SetLimit(0))
+	err := errors.Join(l.clear(), l.SetLimit(0, 0))
 	l.p.memory.give(l.slot)
 	return err
 }
 
 // SetDefaultMemoryLimit holds every process that no memory limit slot
-// holds to bytes on each GPU, charged by its own cgroup (the default
-// tenant of that cgroup); 0 lifts it. A limit set where there was none
+// holds to bytes and share on each GPU (as MemoryLimit.SetLimit), charged
+// by its own cgroup (the default tenant of that cgroup); 0 and 0 lift it.
+// A limit set where there was none
 // starts every cgroup's charges afresh (what was charged while no limit
 // was in force was not uncharged as it was freed), unless an earlier
 // daemon's limit left them in the pins.
-func (p *Probes) SetDefaultMemoryLimit(bytes uint64) error {
+func (p *Probes) SetDefaultMemoryLimit(bytes uint64, share float64) error {
+	ppm, err := sharePPM(share)
+	if err != nil {
+		return fmt.Errorf("default GPU memory limit: %w", err)
+	}
 	p.memory.mu.Lock()
 	defer p.memory.mu.Unlock()
 	carried := p.defaultMemoryCarried
 	p.defaultMemoryCarried = false
-	if p.defaultMemoryLimit == 0 && bytes != 0 && !carried {
+	was, now := p.defaultMemoryLimit != 0 || p.defaultMemoryShare != 0, bytes != 0 || ppm != 0
+	if !was && now && !carried {
 		var gen uint64
 		if err := p.objs.MemCgroupGen.Get(&gen); err != nil {
 			return fmt.Errorf("default GPU memory limit: %w", err)
@@ -135,10 +184,13 @@ func (p *Probes) SetDefaultMemoryLimit(bytes uint64) error {
 			return fmt.Errorf("default GPU memory limit: %w", err)
 		}
 	}
+	if err := p.objs.MemDefaultShare.Set(ppm); err != nil {
+		return fmt.Errorf("default GPU memory limit: %w", err)
+	}
 	if err := p.objs.MemDefaultLimit.Set(bytes); err != nil {
 		return fmt.Errorf("default GPU memory limit: %w", err)
 	}
-	p.defaultMemoryLimit = bytes
+	p.defaultMemoryLimit, p.defaultMemoryShare = bytes, ppm
 	return nil
 }
 

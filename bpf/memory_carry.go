@@ -35,7 +35,7 @@ const (
 
 // memoryPins are the pins a stopping daemon keeps while limited processes
 // hold memory.
-var memoryPins = []string{memKeysMap, memLimitMap, memUsageMap, memCgroupsMap, memProcsMap, memObjsMap, memDevsMap}
+var memoryPins = []string{memKeysMap, memLimitMap, memShareMap, memUsageMap, memCgroupsMap, memProcsMap, memObjsMap, memDevsMap}
 
 // holdOverMemoryLimits takes up the memory limit tables a reused pin path
 // holds: every slot with members is held over (used, its members counted

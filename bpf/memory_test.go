@@ -53,7 +53,7 @@ func TestMemoryLimitKillsAtTheAllocationPastIt(t *testing.T) {
 			if err := l.SetMembers([]uint64{limited.ID}, nil); err != nil {
 				t.Fatal(err)
 			}
-			if err := l.SetLimit(1 << 30); err != nil {
+			if err := l.SetLimit(1<<30, 0); err != nil {
 				t.Fatal(err)
 			}
 			keeper := startRawAllocator(t, exe, node, limited, mode, 256*mib, 1)
@@ -61,16 +61,7 @@ func TestMemoryLimitKillsAtTheAllocationPastIt(t *testing.T) {
 				t.Fatal("the tenant's 256 MiB process did not finish allocating")
 			}
 			grower := startRawAllocator(t, exe, node, limited, mode, 128*mib, 16)
-			if grower.Until(t, "done") {
-				t.Fatalf("the growing process allocated 2 GiB under a 1 GiB limit")
-			}
-			var ee *exec.ExitError
-			if err := grower.Wait(t, 10*time.Second); !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
-				t.Fatalf("the growing process ended with %v, want SIGKILL", err)
-			}
-			if grower.Held != 768*mib {
-				t.Errorf("the growing process held %d MiB when killed, want 768 (1 GiB less the other's 256)", grower.Held/mib)
-			}
+			grower.KilledHolding(t, 768*mib, "the growing process under 1 GiB beside 256 MiB")
 			other := startRawAllocator(t, exe, node, neighbour, mode, 1<<30, 3)
 			if !other.Until(t, "done") {
 				t.Fatal("the unlimited neighbour did not allocate its 3 GiB")
@@ -111,6 +102,64 @@ func TestMemoryLimitKillsAtTheAllocationPastIt(t *testing.T) {
 	}
 }
 
+// A limit given as a share of the GPU's memory holds against the size the
+// daemon set for that GPU: nothing before it is set, the share of it after;
+// where a limit has a share and an amount, the lower holds; the default
+// limit takes a share as well.
+func TestMemoryLimitAsAShareOfTheGPU(t *testing.T) {
+	p := loadForTest(t, Options{Devices: []Device{{Major: 1, Minor: 7, Kind: KindNvidiaCtl}}})
+	t.Cleanup(func() { p.SetGPUMemorySize(0, 0) })
+	node := filepath.Join(t.TempDir(), "nvidiactl")
+	if err := unix.Mknod(node, unix.S_IFCHR|0o600, int(unix.Mkdev(1, 7))); err != nil {
+		t.Fatal(err)
+	}
+	exe := testutil.BuildC(t, "rawalloc")
+	cg := testutil.NewCgroup(t, "mem-share")
+	l, err := p.NewMemoryLimit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := errors.Join(l.SetMembers([]uint64{cg.ID}, nil), l.SetLimit(0, 0.25)); err != nil {
+		t.Fatal(err)
+	}
+	early := startRawAllocator(t, exe, node, cg, "rmalloc", 512*mib, 3)
+	if !early.Until(t, "done") {
+		t.Fatal("1.5 GiB under a 25% share was refused before the GPU's size was set")
+	}
+	if _, err := io.WriteString(early.In, "free\n"); err != nil || !early.Until(t, "freed") {
+		t.Fatalf("the early process did not free: %v", err)
+	}
+	// grow allocates 128 MiB at a time towards 4 GiB.
+	grow := func(cg *testutil.Cgroup) *testutil.Allocator {
+		return startRawAllocator(t, exe, node, cg, "rmalloc", 128*mib, 32)
+	}
+	if err := p.SetGPUMemorySize(0, 4<<30); err != nil {
+		t.Fatal(err)
+	}
+	grow(cg).KilledHolding(t, 1<<30, "a process under 25% of a 4 GiB GPU")
+	if err := l.SetLimit(768*mib, 0.25); err != nil {
+		t.Fatal(err)
+	}
+	grow(cg).KilledHolding(t, 768*mib, "a process under 25% up to 768 MiB")
+	if err := l.SetLimit(3<<30, 0.5); err != nil {
+		t.Fatal(err)
+	}
+	grow(cg).KilledHolding(t, 2<<30, "a process under 50% (2 GiB) up to 3 GiB")
+	if u, err := l.Usage(); err != nil || u.Kills[0] != 3 || len(u.Charged) != 0 {
+		t.Errorf("usage %+v (%v): want 3 kills and nothing charged", u, err)
+	}
+	other := testutil.NewCgroup(t, "mem-share-default")
+	if err := p.SetDefaultMemoryLimit(0, 0.125); err != nil {
+		t.Fatal(err)
+	}
+	defer p.SetDefaultMemoryLimit(0, 0)
+	grow(other).KilledHolding(t, 512*mib, "a process under a default of 12.5% of a 4 GiB GPU")
+	if err := l.SetLimit(0, 1.5); err == nil {
+		t.Error("a share of 150% was set")
+	}
+}
+
 // The default limit holds every process no slot holds, by its own cgroup:
 // two processes of one cgroup share it, another cgroup has its own, and a
 // cgroup that a slot holds is held by the slot's limit alone.
@@ -122,10 +171,10 @@ func TestDefaultMemoryLimitHoldsEachCgroup(t *testing.T) {
 	}
 	exe := testutil.BuildC(t, "rawalloc")
 	a, b, slotted := testutil.NewCgroup(t, "mem-default-a"), testutil.NewCgroup(t, "mem-default-b"), testutil.NewCgroup(t, "mem-slotted")
-	if err := p.SetDefaultMemoryLimit(1 << 30); err != nil {
+	if err := p.SetDefaultMemoryLimit(1<<30, 0); err != nil {
 		t.Fatal(err)
 	}
-	defer p.SetDefaultMemoryLimit(0)
+	defer p.SetDefaultMemoryLimit(0, 0)
 	l, err := p.NewMemoryLimit()
 	if err != nil {
 		t.Fatal(err)
@@ -134,7 +183,7 @@ func TestDefaultMemoryLimitHoldsEachCgroup(t *testing.T) {
 	if err := l.SetMembers([]uint64{slotted.ID}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.SetLimit(4 << 30); err != nil {
+	if err := l.SetLimit(4<<30, 0); err != nil {
 		t.Fatal(err)
 	}
 	first := startRawAllocator(t, exe, node, a, "rmalloc", 512*mib, 1)
@@ -194,7 +243,7 @@ func TestMemoryChargesCarryAcrossALoad(t *testing.T) {
 		first.Close()
 		t.Fatal(err)
 	}
-	if err := errors.Join(l.SetMembers([]uint64{limited.ID}, nil), l.SetLimit(1<<30)); err != nil {
+	if err := errors.Join(l.SetMembers([]uint64{limited.ID}, nil), l.SetLimit(1<<30, 0)); err != nil {
 		first.Close()
 		t.Fatal(err)
 	}
@@ -246,16 +295,7 @@ func TestMemoryChargesCarryAcrossALoad(t *testing.T) {
 		fresh.Close()
 	}
 	grower := startRawAllocator(t, exe, node, limited, "rmalloc", 128*mib, 16)
-	if grower.Until(t, "done") {
-		t.Fatal("the growing process allocated 2 GiB under the carried 1 GiB limit")
-	}
-	var ee *exec.ExitError
-	if err := grower.Wait(t, 10*time.Second); !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
-		t.Fatalf("the growing process ended with %v, want SIGKILL", err)
-	}
-	if grower.Held != 768*mib {
-		t.Errorf("the growing process held %d MiB when killed, want 768 (1 GiB less the keeper's 256)", grower.Held/mib)
-	}
+	grower.KilledHolding(t, 768*mib, "the growing process under the carried 1 GiB limit beside the keeper's 256 MiB")
 	if _, err := io.WriteString(keeper.In, "free\n"); err != nil {
 		t.Fatal(err)
 	}
@@ -281,7 +321,7 @@ func TestHeldOverMemoryLimitReleased(t *testing.T) {
 	}
 	l, err := first.NewMemoryLimit()
 	if err == nil {
-		err = errors.Join(l.SetMembers([]uint64{cg.ID}, []int{os.Getpid()}), l.SetLimit(1<<30))
+		err = errors.Join(l.SetMembers([]uint64{cg.ID}, []int{os.Getpid()}), l.SetLimit(1<<30, 0))
 	}
 	if err := errors.Join(err, first.Close()); err != nil {
 		t.Fatal(err)

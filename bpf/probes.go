@@ -28,7 +28,7 @@ const DefaultRingSize = 4 << 20
 // pinnedMaps are the maps a pinned load exposes under the pin path.
 var pinnedMaps = []string{"gpuarb_devices", "gpuarb_cgroups", "gpuarb_ctxs", "gpuarb_procs", "gpuarb_events", "gpuarb_lost",
 	"gpuarb_gates", "gpuarb_gate_allow", gateKeysMap, heldMap, releasingMap, leaseMap, "gpuarb_trees",
-	memKeysMap, memLimitMap, memUsageMap, memCgroupsMap, memProcsMap, memObjsMap, memDevsMap}
+	memKeysMap, memLimitMap, memShareMap, memUsageMap, memCgroupsMap, memProcsMap, memObjsMap, memDevsMap}
 
 // wakeupBytes is the backlog at which a submit wakes the reader: an eighth
 // of the ring, at most 64 KiB.
@@ -97,7 +97,10 @@ type Probes struct {
 	// defaultMemoryCarried tells that the default limit's charges in the
 	// pins are an earlier daemon's, in force.
 	defaultMemoryLimit   uint64
+	defaultMemoryShare   uint32 // mem_default_share, ppm
 	defaultMemoryCarried bool
+	// gpuMemory is mem_gpu_bytes as last set, under memory.mu.
+	gpuMemory [MemoryGPUs]uint64
 	// memHeldOver are the memory limit slots an earlier daemon left with
 	// their members, under memory.mu (memory_carry.go).
 	memHeldOver map[uint32][]gpuarbGateKey

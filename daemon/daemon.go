@@ -279,7 +279,7 @@ func Start(cfg Config) (_ *Daemon, err error) {
 	d.hold = enforce.NewLatencyHold(func(gs []gpusched.Group, off bool) error { return steer.Pause(gs, enforce.ByHold, off, deschedule) },
 		d.probes.SetUrgent, deschedule, d.log)
 	d.hold.MaxHold = cfg.Tuning.MaxHold
-	d.driverMem = enforce.NewDriverMemory(steer, d.log)
+	d.driverMem = enforce.NewDriverMemory(steer, d.probes, d.log)
 	if err := d.listen(); err != nil {
 		return nil, err
 	}

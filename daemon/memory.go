@@ -14,11 +14,11 @@ import (
 // none of whose processes can be named yet. Reads the cgroup filesystem:
 // called without d.mu.
 func (d *Daemon) memoryTarget(t policy.Tenant, tree []int, seen []uint64) (enforce.MemoryTarget, bool) {
-	if t.MemoryLimit == 0 {
+	if t.MemoryLimit.IsZero() {
 		return enforce.MemoryTarget{}, false
 	}
 	pids, cgroups := classify.Selected(t, tree, seen, d.mount)
-	return enforce.MemoryTarget{Limit: uint64(t.MemoryLimit), PIDs: pids, Cgroups: cgroups}, len(pids)+len(cgroups) > 0
+	return enforce.MemoryTarget{Limit: t.MemoryLimit, PIDs: pids, Cgroups: cgroups}, len(pids)+len(cgroups) > 0
 }
 
 // syncMemory holds exactly the policy's limited tenants to their GPU
@@ -45,7 +45,7 @@ func (d *Daemon) syncMemory(cfg *policy.Config, trees map[int][]int, found map[s
 	if d.probes == nil {
 		return usage
 	}
-	if err := d.probes.SetDefaultMemoryLimit(uint64(cfg.Defaults.MemoryLimit)); err != nil {
+	if err := d.probes.SetDefaultMemoryLimit(uint64(cfg.Defaults.MemoryLimit.Bytes), cfg.Defaults.MemoryLimit.Share); err != nil {
 		d.log.Warn("GPU memory limits", "err", err)
 	}
 	byCgroup, err := d.probes.DefaultMemoryUsage()
@@ -54,10 +54,10 @@ func (d *Daemon) syncMemory(cfg *policy.Config, trees map[int][]int, found map[s
 		return usage
 	}
 	for name, ct := range found {
-		if _, listed := cfg.Tenant(name); listed || cfg.Defaults.MemoryLimit == 0 {
+		if _, listed := cfg.Tenant(name); listed || cfg.Defaults.MemoryLimit.IsZero() {
 			continue
 		}
-		u := enforce.MemoryUsage{Limit: uint64(cfg.Defaults.MemoryLimit), Charged: map[int]uint64{}, Kills: map[int]uint64{}}
+		u := enforce.MemoryUsage{Limit: cfg.Defaults.MemoryLimit, Charged: map[int]uint64{}, Kills: map[int]uint64{}}
 		for _, id := range ct.CgroupIDs {
 			for gpu, b := range byCgroup[id].Charged {
 				u.Charged[gpu] += b
@@ -81,12 +81,12 @@ func (d *Daemon) syncMemory(cfg *policy.Config, trees map[int][]int, found map[s
 // under stepMu (or before the control loop runs), without d.mu.
 func (d *Daemon) limitMemoryNow(cfg *policy.Config) {
 	if d.probes != nil {
-		if err := d.probes.SetDefaultMemoryLimit(uint64(cfg.Defaults.MemoryLimit)); err != nil {
+		if err := d.probes.SetDefaultMemoryLimit(uint64(cfg.Defaults.MemoryLimit.Bytes), cfg.Defaults.MemoryLimit.Share); err != nil {
 			d.log.Warn("GPU memory limits", "err", err)
 		}
 	}
 	for _, t := range cfg.Tenants {
-		if t.MemoryLimit != 0 {
+		if !t.MemoryLimit.IsZero() {
 			d.limitTenantMemory(t)
 		}
 	}

@@ -58,7 +58,7 @@ func (d *Daemon) publish(res control.Result, snap meter.Snapshot, actuation map[
 				row.DriverMemBytes = &b
 			}
 			if mu, ok := memory[name]; ok {
-				row.MemoryLimit, row.OOMKills = mu.Limit, mu.Kills[gpu]
+				row.MemoryLimit, row.MemoryLimitShare, row.OOMKills = mu.Limit.On(d.driverMem.GPUBytes(gpu)), mu.Limit.Share, mu.Kills[gpu]
 			}
 			if name == ct.Cgroup {
 				row.Label = classify.Label(ct.Cgroup)

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"errors"
 	"maps"
 	"os"
 	"os/exec"
@@ -10,7 +9,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -54,16 +52,7 @@ func TestGPUMemoryLimitKillsTheAllocationPastIt(t *testing.T) {
 				t.Fatal("the tenant's 256 MiB process did not finish allocating")
 			}
 			grower := startAllocator(t, gpu, limited, 128, 16, env...)
-			if grower.Until(t, "done") {
-				t.Fatal("the growing process allocated 2 GiB under a 1 GiB limit")
-			}
-			var ee *exec.ExitError
-			if err := grower.Wait(t, 10*time.Second); !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
-				t.Fatalf("the growing process ended with %v, want SIGKILL", err)
-			}
-			if grower.Held != 768*mib {
-				t.Errorf("the growing process held %d MiB when killed, want 768 (1 GiB less the other's 256)", grower.Held/mib)
-			}
+			grower.KilledHolding(t, 768*mib, "the growing process under 1 GiB beside 256 MiB")
 			other := startAllocator(t, gpu, neighbour, 1024, 3, env...)
 			if !other.Until(t, "done") {
 				t.Fatal("the unlimited neighbour did not allocate its 3 GiB")
@@ -328,17 +317,7 @@ func TestGPUMemoryChargesSurviveARestart(t *testing.T) {
 				step, of int
 			}{{limited, 512 * mib, 128, 8}, {byDefault, 256 * mib, 128, 4}} {
 				grower := startAllocator(t, gpu, c.cg, c.step, c.of)
-				if grower.Until(t, "done") {
-					t.Fatalf("a process of %s allocated %d MiB beside what was held since before the restart", c.cg.Rel, c.step*c.of)
-				}
-				var ee *exec.ExitError
-				if err := grower.Wait(t, 10*time.Second); !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
-					t.Fatalf("the growing process of %s ended with %v, want SIGKILL", c.cg.Rel, err)
-				}
-				if grower.Held != c.want {
-					t.Errorf("the growing process of %s held %d MiB when killed, want %d (its limit less what was held across the restart)",
-						c.cg.Rel, grower.Held/mib, c.want/mib)
-				}
+				grower.KilledHolding(t, c.want, "a growing process of "+c.cg.Rel+" beside what was held since before the restart")
 			}
 			for _, a := range []*testutil.Allocator{keeper, defaultKeeper} {
 				if a.Done() {

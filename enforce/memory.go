@@ -9,11 +9,12 @@ import (
 	"time"
 
 	"github.com/gpuarb/gpuarb/bpf"
+	"github.com/gpuarb/gpuarb/policy"
 )
 
 // MemoryTarget is one tenant's GPU memory limit and who it covers.
 type MemoryTarget struct {
-	Limit uint64 // bytes per GPU
+	Limit policy.MemoryLimit
 	// Cgroups (with everything below them) and PIDs are its processes:
 	// a cgroup tenant's cgroup, a pid tenant's tree.
 	Cgroups []uint64
@@ -22,7 +23,7 @@ type MemoryTarget struct {
 
 // MemoryUsage is what a limited tenant holds and what its limit did.
 type MemoryUsage struct {
-	Limit   uint64
+	Limit   policy.MemoryLimit
 	Charged map[int]uint64 // bytes by GPU, as the probes charged them
 	Kills   map[int]uint64 // processes killed at an allocation past the limit, by GPU
 }
@@ -97,7 +98,7 @@ func (m *MemoryLimits) Sync(targets map[string]MemoryTarget) error {
 			errs = append(errs, fmt.Errorf("GPU memory limit of %s: %w", name, err))
 		}
 		if l.target.Limit != want.Limit {
-			if err := l.slot.SetLimit(want.Limit); err != nil {
+			if err := l.slot.SetLimit(uint64(want.Limit.Bytes), want.Limit.Share); err != nil {
 				errs = append(errs, fmt.Errorf("GPU memory limit of %s: %w", name, err))
 				continue
 			}

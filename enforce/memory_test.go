@@ -7,6 +7,7 @@ import (
 
 	"github.com/gpuarb/gpuarb/bpf"
 	"github.com/gpuarb/gpuarb/internal/testutil"
+	"github.com/gpuarb/gpuarb/policy"
 )
 
 // Limits follow the targets by name: a new tenant takes a slot, a tenant
@@ -24,7 +25,7 @@ func TestMemoryLimitsFollowTheirTargets(t *testing.T) {
 	defer p.Close()
 	m := NewMemoryLimits(p)
 	defer m.Close()
-	if err := m.Sync(map[string]MemoryTarget{"a": {Limit: 1 << 30, Cgroups: []uint64{1}}, "b": {Limit: 2 << 30, PIDs: []int{1}}}); err != nil {
+	if err := m.Sync(map[string]MemoryTarget{"a": {Limit: policy.MemoryLimit{Bytes: 1 << 30}, Cgroups: []uint64{1}}, "b": {Limit: policy.MemoryLimit{Bytes: 2 << 30}, PIDs: []int{1}}}); err != nil {
 		t.Fatal(err)
 	}
 	owners := map[string]uint32{}
@@ -36,23 +37,23 @@ func TestMemoryLimitsFollowTheirTargets(t *testing.T) {
 	if len(owners) != 2 {
 		t.Fatalf("slot owners %v, want a and b", owners)
 	}
-	if err := m.Sync(map[string]MemoryTarget{"b": {Limit: 3 << 30, PIDs: []int{1}}}); err != nil {
+	if err := m.Sync(map[string]MemoryTarget{"b": {Limit: policy.MemoryLimit{Bytes: 3 << 30}, PIDs: []int{1}}}); err != nil {
 		t.Fatal(err)
 	}
 	if name := m.Owner(owners["a"]); name != "" {
 		t.Errorf("a's slot still names %q after a went", name)
 	}
-	if err := m.Set("c", MemoryTarget{Limit: 4 << 30, Cgroups: []uint64{2}}); err != nil {
+	if err := m.Set("c", MemoryTarget{Limit: policy.MemoryLimit{Bytes: 4 << 30}, Cgroups: []uint64{2}}); err != nil {
 		t.Fatal(err)
 	}
 	u := m.Usage()
-	if len(u) != 2 || u["b"].Limit != 3<<30 || u["c"].Limit != 4<<30 || len(u["b"].Charged) != 0 {
+	if len(u) != 2 || u["b"].Limit.Bytes != 3<<30 || u["c"].Limit.Bytes != 4<<30 || len(u["b"].Charged) != 0 {
 		t.Errorf("usage %+v, want b at 3 GiB and c at 4 GiB, nothing charged", u)
 	}
 	if m.Owner(owners["b"]) != "b" {
 		t.Errorf("b's slot names %q after Set", m.Owner(owners["b"]))
 	}
-	if err := NewMemoryLimits(nil).Sync(map[string]MemoryTarget{"a": {Limit: 1}}); err == nil {
+	if err := NewMemoryLimits(nil).Sync(map[string]MemoryTarget{"a": {Limit: policy.MemoryLimit{Bytes: 1}}}); err == nil {
 		t.Error("a limit without probes was accepted")
 	}
 }
@@ -76,7 +77,7 @@ func TestMemoryLimitsAdoptWhatAnEarlierDaemonLeft(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := NewMemoryLimits(first)
-	err = m.Sync(map[string]MemoryTarget{"a": {Limit: 1 << 30, Cgroups: []uint64{1}}, "b": {Limit: 2 << 30, Cgroups: []uint64{2}}})
+	err = m.Sync(map[string]MemoryTarget{"a": {Limit: policy.MemoryLimit{Bytes: 1 << 30}, Cgroups: []uint64{1}}, "b": {Limit: policy.MemoryLimit{Bytes: 2 << 30}, Cgroups: []uint64{2}}})
 	owners := map[string]uint32{}
 	for slot := uint32(0); slot < 4; slot++ {
 		if name := m.Owner(slot); name != "" {
@@ -95,7 +96,7 @@ func TestMemoryLimitsAdoptWhatAnEarlierDaemonLeft(t *testing.T) {
 	defer second.Close()
 	m = NewMemoryLimits(second)
 	defer m.Close()
-	if err := m.Sync(map[string]MemoryTarget{"a2": {Limit: 3 << 30, Cgroups: []uint64{1, 3}}}); err != nil {
+	if err := m.Sync(map[string]MemoryTarget{"a2": {Limit: policy.MemoryLimit{Bytes: 3 << 30}, Cgroups: []uint64{1, 3}}}); err != nil {
 		t.Fatal(err)
 	}
 	if m.Owner(owners["a"]) != "a2" {
@@ -113,10 +114,10 @@ func TestMemoryLimitsAdoptWhatAnEarlierDaemonLeft(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.start = m.start.Add(-heldOverGrace)
-	if err := m.Sync(map[string]MemoryTarget{"a2": {Limit: 3 << 30, Cgroups: []uint64{1, 3}}}); err != nil {
+	if err := m.Sync(map[string]MemoryTarget{"a2": {Limit: policy.MemoryLimit{Bytes: 3 << 30}, Cgroups: []uint64{1, 3}}}); err != nil {
 		t.Fatal(err)
 	}
-	if m.Owner(owners["a"]) != "a2" || len(m.Usage()) != 1 || m.Usage()["a2"].Limit != 3<<30 {
+	if m.Owner(owners["a"]) != "a2" || len(m.Usage()) != 1 || m.Usage()["a2"].Limit.Bytes != 3<<30 {
 		t.Errorf("usage %+v after the grace, want a2's 3 GiB in a's slot", m.Usage())
 	}
 	if got := second.AdoptMemoryLimit([]uint64{2}, nil); got != nil {

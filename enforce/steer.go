@@ -165,6 +165,15 @@ func (s *Steering) DriverMemory(probe gpusched.Group, pids []uint32) (map[uint32
 	return s.act.VideoMemory(probe, pids)
 }
 
+// GPUMemorySize reads the memory of probe's GPU from the driver
+// (gpusched.Actuator.MemorySize); like DriverMemory, with steering off too.
+func (s *Steering) GPUMemorySize(probe gpusched.Group) (uint64, error) {
+	if s.unreadable != "" {
+		return 0, errors.New(s.unreadable)
+	}
+	return s.act.MemorySize(probe)
+}
+
 // gpuVerdict is what gpuarb found of one GPU: whether it can be steered
 // ("" when it can, else why not) and when it decided.
 type gpuVerdict struct {

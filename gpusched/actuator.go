@@ -266,44 +266,17 @@ func (a *Actuator) Timeslice(g Group) (time.Duration, error) {
 // driver does not answer for is left out. The duplicate of a process not
 // steered is closed again at once.
 func (a *Actuator) VideoMemory(g Group, pids []uint32) (map[uint32]uint64, error) {
-	if g.Subdevice == 0 {
-		return nil, fmt.Errorf("pid %d: group 0x%x: no subdevice seen to ask the driver through", g.PID, g.TSG)
+	control, done, err := a.subdeviceControl(g)
+	if err != nil {
+		return nil, err
 	}
-	control := func(p []byte) error { return a.control(g, g.Subdevice, nvrm.CtrlGPUGetPIDInfo, p) }
-	a.mu.Lock()
-	_, kept := a.procs[g.PID]
-	a.mu.Unlock()
-	if !kept {
-		// A duplicate kept after the read would hold the process's memory
-		// past its exit until the next Sweep: one for this read alone.
-		pidfd, err := unix.PidfdOpen(int(g.PID), 0)
-		if err != nil {
-			return nil, fmt.Errorf("pid %d: pidfd_open: %w", g.PID, err)
-		}
-		defer unix.Close(pidfd)
-		cf, err := a.duplicate(pidfd, g)
-		if err != nil {
-			return nil, err
-		}
-		defer cf.file.Close()
-		defer cf.via.close()
-		control = func(p []byte) error {
-			status, err := cf.via.control(cf.file, g.Client, g.Subdevice, nvrm.CtrlGPUGetPIDInfo, p)
-			switch {
-			case err != nil:
-				return fmt.Errorf("pid %d: %w", g.PID, err)
-			case status != nvrm.StatusOK:
-				return fmt.Errorf("pid %d: %w", g.PID, &StatusError{Control: nvrm.CtrlGPUGetPIDInfo, Status: status})
-			}
-			return nil
-		}
-	}
+	defer done()
 	out := map[uint32]uint64{}
 	for len(pids) > 0 {
 		batch := pids[:min(len(pids), nvrm.PIDInfoMax)]
 		pids = pids[len(batch):]
 		p := pidInfoParams(batch)
-		if err := control(p); err != nil {
+		if err := control(nvrm.CtrlGPUGetPIDInfo, p); err != nil {
 			return nil, err
 		}
 		for pid, bytes := range pidVideoMemory(p, len(batch)) {
@@ -311,6 +284,74 @@ func (a *Actuator) VideoMemory(g Group, pids []uint32) (map[uint32]uint64, error
 		}
 	}
 	return out, nil
+}
+
+// MemorySize reads, through group g's subdevice, the memory of g's GPU in
+// bytes as the driver reports it to allocators (FB_GET_INFO_V2 HEAP_SIZE:
+// cuMemGetInfo's total), trying each list length the driver has taken.
+// The reply is the driver's to the daemon's own call: nothing a tenant
+// writes reaches it.
+func (a *Actuator) MemorySize(g Group) (uint64, error) {
+	control, done, err := a.subdeviceControl(g)
+	if err != nil {
+		return 0, err
+	}
+	defer done()
+	for _, n := range nvrm.FBInfoMaxLists {
+		p := make([]byte, nvrm.FBInfoSize(n))
+		binary.LittleEndian.PutUint32(p, 1)
+		binary.LittleEndian.PutUint32(p[4:], nvrm.FBInfoHeapSize)
+		err = control(nvrm.CtrlFBGetInfoV2, p)
+		if se := (*StatusError)(nil); errors.As(err, &se) && se.Status == nvrm.StatusInvalidParamSize {
+			continue // another driver's list length
+		}
+		if err != nil {
+			return 0, err
+		}
+		kib := binary.LittleEndian.Uint32(p[8:])
+		if kib == 0 {
+			return 0, fmt.Errorf("pid %d: FB_GET_INFO_V2 answered a heap of 0 KiB", g.PID)
+		}
+		return uint64(kib) << 10, nil
+	}
+	return 0, fmt.Errorf("pid %d: FB_GET_INFO_V2: %w", g.PID, err)
+}
+
+// subdeviceControl makes controls on group g's subdevice: through the
+// duplicate steering keeps of its process's file, or, for a process not
+// steered, through one made for these controls alone, which done closes
+// (a duplicate kept would hold the process's GPU memory past its exit
+// until the next Sweep).
+func (a *Actuator) subdeviceControl(g Group) (control func(cmd uint32, p []byte) error, done func(), err error) {
+	if g.Subdevice == 0 {
+		return nil, nil, fmt.Errorf("pid %d: group 0x%x: no subdevice seen to ask the driver through", g.PID, g.TSG)
+	}
+	a.mu.Lock()
+	_, kept := a.procs[g.PID]
+	a.mu.Unlock()
+	if kept {
+		return func(cmd uint32, p []byte) error { return a.control(g, g.Subdevice, cmd, p) }, func() {}, nil
+	}
+	pidfd, err := unix.PidfdOpen(int(g.PID), 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("pid %d: pidfd_open: %w", g.PID, err)
+	}
+	defer unix.Close(pidfd)
+	cf, err := a.duplicate(pidfd, g)
+	if err != nil {
+		return nil, nil, err
+	}
+	control = func(cmd uint32, p []byte) error {
+		status, err := cf.via.control(cf.file, g.Client, g.Subdevice, cmd, p)
+		switch {
+		case err != nil:
+			return fmt.Errorf("pid %d: %w", g.PID, err)
+		case status != nvrm.StatusOK:
+			return fmt.Errorf("pid %d: %w", g.PID, &StatusError{Control: cmd, Status: status})
+		}
+		return nil
+	}
+	return control, func() { cf.via.close(); cf.file.Close() }, nil
 }
 
 // Preempt preempts group g once, waiting for it to finish: it stays

@@ -210,6 +210,28 @@ func TestVideoMemoryAsTheDriverCountsIt(t *testing.T) {
 	t.Fatalf("video memory %v (%v), want %v", got, err, want)
 }
 
+// The GPU's memory is read through another process's subdevice, as the
+// driver reports it to allocators, and no duplicate is kept.
+func TestMemorySizeAsTheDriverReportsIt(t *testing.T) {
+	testutil.Privileged(t)
+	gpu := testutil.StartFakeGPU(t, "--memory", fmt.Sprint(24<<30))
+	hog := testutil.Start(t, nil, gpu.Workload(t, "hog", "--kernel-ms", "5", "--duration", "20"))
+	time.Sleep(300 * time.Millisecond) // its context made
+	g := groupOf(t, gpu, hog.Cmd.Process.Pid)
+	a := New(gpu.Socket)
+	defer a.Close()
+	size, err := a.MemorySize(g)
+	if err != nil || size != 24<<30 {
+		t.Fatalf("GPU memory %d (%v), want 24 GiB", size, err)
+	}
+	if len(a.procs) != 0 {
+		t.Errorf("duplicates kept after a read through a process not steered: %v", a.procs)
+	}
+	if _, err := a.MemorySize(Group{PID: g.PID, TSG: g.TSG}); err == nil {
+		t.Error("read through a group with no subdevice")
+	}
+}
+
 // A pause takes a group off the GPU with its queued work kept: the other
 // takes its time at once, and at the resume the paused one carries on.
 func TestPauseStopsQueuedWork(t *testing.T) {

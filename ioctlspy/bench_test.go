@@ -108,7 +108,7 @@ func BenchmarkIoctl(b *testing.B) {
 					if err := l.SetMembers(nil, []int{os.Getpid()}); err != nil {
 						b.Fatal(err)
 					}
-					if err := l.SetLimit(1 << 62); err != nil {
+					if err := l.SetLimit(1<<62, 0); err != nil {
 						b.Fatal(err)
 					}
 				}

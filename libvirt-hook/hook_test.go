@@ -64,7 +64,7 @@ func TestDomainPolicyErrors(t *testing.T) {
 		{map[string]string{"priority": "latency", "slo-p99-ms": "20", "name": "infer"},
 			policy.Rules{Priority: policy.Latency, SLO: policy.SLO{P99SyncMS: 20}}, "infer", ""},
 		{map[string]string{"slo-fps": "60"}, policy.Rules{Priority: policy.Latency, SLO: policy.SLO{FPS: 60}}, "vm-d", ""},
-		{map[string]string{"memory-limit": "16GiB"}, policy.Rules{MemoryLimit: 16 << 30}, "vm-d", ""},
+		{map[string]string{"memory-limit": "16GiB"}, policy.Rules{MemoryLimit: policy.MemoryLimit{Bytes: 16 << 30}}, "vm-d", ""},
 		{map[string]string{"memory-limit": "16 parsecs"}, policy.Rules{}, "", "memory-limit"},
 		{map[string]string{"weight": "0"}, policy.Rules{}, "", "weight"},
 		{map[string]string{"limit": "2"}, policy.Rules{}, "", "limit"},

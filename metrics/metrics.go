@@ -102,6 +102,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		if t.MemoryLimit != 0 {
 			m(memLimit, prometheus.GaugeValue, float64(t.MemoryLimit))
+		}
+		if t.MemoryLimit != 0 || t.MemoryLimitShare != 0 {
 			m(oomKills, prometheus.CounterValue, float64(t.OOMKills))
 		}
 		m(syncP99, prometheus.GaugeValue, t.SyncP99MS/1e3)

@@ -124,6 +124,7 @@ const (
 	CtrlGetWorkSubmitToken  = 0xC36F0108 // on a channel: {u32 workSubmitToken}
 	CtrlFIFODisableChannels = 0x2080110B // on a subdevice: FIFODisableSize bytes
 	CtrlGPUGetPIDInfo       = 0x2080018E // on a subdevice: PIDInfoSize bytes
+	CtrlFBGetInfoV2         = 0x20801303 // on a subdevice: FBInfoSize(n) bytes
 
 	FIFODisableSize           = 536
 	FIFODisableMax            = 64 // channels in one call
@@ -139,7 +140,22 @@ const (
 	PIDInfoMax        = 200 // entries in one call
 	PIDInfoEntrySize  = 72
 	PIDInfoListOffset = 8
+
+	// FB_GET_INFO_V2: {u32 fbInfoListSize; NV2080_CTRL_FB_INFO
+	// fbInfoList[n]@4}, each entry {u32 index; u32 data}. The driver takes
+	// exactly its own n (FBInfoMaxLists, newest first); sizes are in KiB.
+	FBInfoEntrySize    = 8
+	FBInfoTotalRAMSize = 0x08 // the memory on the board, reserved included
+	FBInfoHeapSize     = 0x09 // what allocations can take: the GPU's memory as cuMemGetInfo's total counts it
+	FBInfoHeapFree     = 0x16
 )
+
+// FBInfoMaxLists are the fbInfoList lengths FB_GET_INFO_V2 has had, the
+// newest first: 128 in R580's headers, 57 and 55 (R555) in earlier ones.
+var FBInfoMaxLists = []int{128, 57, 55}
+
+// FBInfoSize is FB_GET_INFO_V2's parameter size for a list of n.
+func FBInfoSize(n int) int { return 4 + n*FBInfoEntrySize }
 
 // NV_STATUS codes gpuarb tells apart. The driver answers them in the
 // parameters' status field with the ioctl itself returning 0.

@@ -91,13 +91,15 @@ func (c *Config) Admit(cg string, r *Rules) (changed []string) {
 		changed = append(changed, fmt.Sprintf("weight %d lowered to %d by %s", r.Weight, a.MaxWeight, by))
 		r.Weight = a.MaxWeight
 	}
-	if a.MaxMemoryLimit != 0 && (r.MemoryLimit == 0 || r.MemoryLimit > a.MaxMemoryLimit) {
+	if m := r.MemoryLimit; a.MaxMemoryLimit != 0 && (m.Bytes == 0 || m.Bytes > a.MaxMemoryLimit) {
+		// A share is held to the bound as well: the lower of the two holds
+		// on each GPU.
 		was := "no GPU memory limit"
-		if r.MemoryLimit != 0 {
-			was = "GPU memory limit " + r.MemoryLimit.String()
+		if !m.IsZero() {
+			was = "GPU memory limit " + m.String()
 		}
-		changed = append(changed, fmt.Sprintf("%s lowered to %s by %s", was, a.MaxMemoryLimit, by))
-		r.MemoryLimit = a.MaxMemoryLimit
+		r.MemoryLimit.Bytes = a.MaxMemoryLimit
+		changed = append(changed, fmt.Sprintf("%s lowered to %s by %s", was, r.MemoryLimit, by))
 	}
 	if !a.AllowLatency && (r.Priority == Latency || r.SLO != (SLO{})) {
 		// The defaults' priority, unless that is latency too.

@@ -131,9 +131,9 @@ type Rules struct {
 	// SLO applies to latency tenants.
 	SLO SLO `yaml:"slo,omitempty" json:"slo,omitzero"`
 	// MemoryLimit holds the device memory of the tenant's processes on each
-	// GPU (0: none): an allocation that would pass it kills the allocating
-	// process.
-	MemoryLimit Bytes `yaml:"memory_limit,omitempty" json:"memory_limit,omitempty"`
+	// GPU (zero: none): an allocation that would pass it kills the
+	// allocating process.
+	MemoryLimit MemoryLimit `yaml:"memory_limit,omitempty" json:"memory_limit,omitzero"`
 	// EqualFPS names a group of frame loops (one sync per frame) held to
 	// one frame rate on each GPU, the highest their share of it allows
 	// (vGASA's equal-FPS policy): the group's weights, summed, are shared
@@ -312,7 +312,7 @@ func (r *Rules) fillFrom(d Rules) {
 	if r.Limit == 0 {
 		r.Limit = d.Limit
 	}
-	if r.MemoryLimit == 0 {
+	if r.MemoryLimit.IsZero() {
 		r.MemoryLimit = d.MemoryLimit
 	}
 	if r.EqualFPS == "" {
@@ -422,8 +422,8 @@ func (r *Rules) Validate(field string) error {
 	if !(r.Limit >= 0 && r.Limit <= 1) {
 		return &FieldError{field + ".limit", fmt.Sprintf("%g out of range 0–1 (0%%–100%%; 0: none)", float64(r.Limit))}
 	}
-	if r.MemoryLimit != 0 && r.MemoryLimit < MinMemoryLimit {
-		return &FieldError{field + ".memory_limit", fmt.Sprintf("%s is below the smallest limit, %s (a CUDA context alone holds more)", r.MemoryLimit, MinMemoryLimit)}
+	if err := r.MemoryLimit.validate(); err != nil {
+		return &FieldError{field + ".memory_limit", err.Error()}
 	}
 	switch r.Priority {
 	case Latency, Normal, Batch:

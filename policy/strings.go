@@ -16,7 +16,8 @@ const (
 	KeyPriority = "priority"   // latency | normal | batch
 	KeySLOP99MS = "slo-p99-ms" // latency tenants: p99 sync wait bound
 	KeySLOFPS   = "slo-fps"    // latency tenants: frame rate to hold
-	// KeyMemoryLimit is the GPU memory limit per GPU: "16GiB", bytes.
+	// KeyMemoryLimit is the GPU memory limit per GPU: "16GiB", bytes, or
+	// a share of each GPU's memory, "50%".
 	KeyMemoryLimit = "memory-limit"
 )
 
@@ -59,14 +60,17 @@ func RulesFromStrings(kv map[string]string) (Rules, error) {
 		r.Limit = s
 	}
 	if v, ok := kv[KeyMemoryLimit]; ok {
-		b, err := ParseBytes(v)
-		if err == nil && b < MinMemoryLimit {
-			err = fmt.Errorf("below the smallest limit, %s", MinMemoryLimit)
+		m, err := ParseMemoryLimit(v)
+		if err == nil {
+			err = m.validate()
+		}
+		if err == nil && m.IsZero() {
+			err = fmt.Errorf("0 is no limit: leave the key out")
 		}
 		if err != nil {
 			return r, &ValueError{Key: KeyMemoryLimit, Value: v, Msg: err.Error()}
 		}
-		r.MemoryLimit = b
+		r.MemoryLimit = m
 	}
 	if v, ok := kv[KeyPriority]; ok {
 		p := Priority(strings.TrimSpace(v))

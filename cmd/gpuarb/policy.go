@@ -46,7 +46,7 @@ Examples:
 			&cli.StringFlag{Name: "name", Usage: "tenant `NAME` (default: from the cgroup or pid)"},
 			&cli.IntFlag{Name: "weight", Usage: "relative share `W`, 1–10000", DefaultText: "100"},
 			&cli.StringFlag{Name: "limit", Usage: "hard maximum share `P` of a GPU: 0.3 or 30%"},
-			&cli.StringFlag{Name: "memory-limit", Usage: "GPU memory limit `BYTES` on each GPU (16GiB, 512MiB): an allocation past it kills the allocating process"},
+			&cli.StringFlag{Name: "memory-limit", Usage: "GPU memory `LIMIT` on each GPU: an amount (16GiB, 512MiB), a share of each GPU's memory (50%), or both (50% up to 16GiB); an allocation past it kills the allocating process"},
 			&cli.StringFlag{Name: "priority", Usage: "`CLASS`: latency | normal | batch", DefaultText: "normal"},
 			&cli.Float64Flag{Name: "slo-p99-ms", Usage: "latency SLO: p99 sync wait ≤ `X` ms (needs --priority latency)", DefaultText: "none"},
 			&cli.Float64Flag{Name: "slo-fps", Usage: "frame-loop SLO: at least `F` frames/s (needs --priority latency)", DefaultText: "none"},
@@ -84,11 +84,11 @@ Examples:
 				t.Limit = l
 			}
 			if c.IsSet("memory-limit") {
-				b, err := policy.ParseBytes(c.String("memory-limit"))
+				m, err := policy.ParseMemoryLimit(c.String("memory-limit"))
 				if err != nil {
 					return cli.Exit("gpuarb attach: --memory-limit: "+err.Error(), 2)
 				}
-				t.MemoryLimit = b
+				t.MemoryLimit = m
 			}
 			t.Priority = policy.Priority(c.String("priority"))
 			t.SLO = policy.SLO{P99SyncMS: c.Float64("slo-p99-ms"), FPS: c.Float64("slo-fps")}

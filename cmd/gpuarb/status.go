@@ -140,10 +140,14 @@ func sortTenants(ts []api.Tenant, key string) {
 }
 
 // memoryColumn shows the device memory a tenant holds on the GPU, in MiB,
-// and its limit where it has one ("900/1024").
+// and its limit where it has one ("900/1024"; "900/50%" for a share of a
+// GPU whose size is not read yet).
 func memoryColumn(t api.Tenant) string {
 	held := fmt.Sprintf("%.0f", float64(t.MemBytes)/(1<<20))
-	if t.MemoryLimit == 0 {
+	switch {
+	case t.MemoryLimit == 0 && t.MemoryLimitShare != 0:
+		return fmt.Sprintf("%s/%g%%", held, t.MemoryLimitShare*100)
+	case t.MemoryLimit == 0:
 		return held
 	}
 	return fmt.Sprintf("%s/%.0f", held, float64(t.MemoryLimit)/(1<<20))

@@ -19,6 +19,7 @@ const (
 	CtrlChannelRestartRunlist  = 0xa06f0111 // on a channel: {bool bForceRestart, bBypassWait}
 	CtrlSubdevFIFODisableChans = 0x2080110b // on the subdevice: 536 B, see disableChannels
 	CtrlSubdevGetPIDInfo       = 0x2080018e // on the subdevice: 14408 B, see pidInfo
+	CtrlSubdevFBGetInfoV2      = 0x20801303 // on the subdevice: 1028 B (R580's), see fbInfo
 	// CtrlSimSchedCosts is the simulator's own, on a TSG: {u64
 	// defaultTimesliceUs; u64 contextSwitchNs; u64 preemptNs}, what its
 	// scheduler costs, which gpuarb reads where a real driver's are the
@@ -29,8 +30,8 @@ const (
 // Parameter sizes of the controls, which must match exactly.
 var controlSize = map[uint32]int{CtrlTSGGPFIFOSchedule: 3, CtrlTSGSetTimeslice: 8, CtrlTSGGetTimeslice: 8, CtrlTSGPreempt: 8,
 	CtrlTSGGetInfo: 4, CtrlTSGSetInterleaveLevel: 4, CtrlChannelRestartRunlist: 2, CtrlSubdevFIFODisableChans: 536,
-	CtrlSubdevGetPIDInfo: 14408,
-	CtrlSimSchedCosts:    24}
+	CtrlSubdevGetPIDInfo: 14408, CtrlSubdevFBGetInfoV2: 4 + maxFBInfo*8,
+	CtrlSimSchedCosts: 24}
 
 // privileged controls need an administrator (RS_ACCESS_NICE or
 // CAP_SYS_ADMIN in the driver; root here).
@@ -126,6 +127,8 @@ func (s *Server) control(client, object, cmd uint32, params []byte, admin bool) 
 		return s.disableChannels(client, object, params), params
 	case CtrlSubdevGetPIDInfo:
 		return s.pidInfo(client, object, params), params
+	case CtrlSubdevFBGetInfoV2:
+		return s.fbInfo(client, object, params), params
 	}
 	x, _, status := s.find(client, func(x *gpuContext) int {
 		if x.tsg == object {
@@ -265,16 +268,10 @@ func (s *Server) pidInfo(client, subdevice uint32, p []byte) uint32 {
 	if n == 0 || n > maxPIDInfo {
 		return nvErrInvalidArgument
 	}
-	x, _, status := s.find(client, func(x *gpuContext) int {
-		if x.subdevice == subdevice && subdevice != 0 {
-			return 0
-		}
-		return -1
-	})
+	g, status := s.gpuOfSubdevice(client, subdevice)
 	if status != nvOK {
 		return status
 	}
-	g := x.gpu
 	var on []*gpuContext
 	s.reg.mu.RLock()
 	for _, c := range s.reg.ctxs {
@@ -303,12 +300,67 @@ func (s *Server) pidInfo(client, subdevice uint32, p []byte) uint32 {
 	return nvOK
 }
 
+// gpuOfSubdevice is the GPU of the client's subdevice.
+func (s *Server) gpuOfSubdevice(client, subdevice uint32) (*gpu, uint32) {
+	x, _, status := s.find(client, func(x *gpuContext) int {
+		if x.subdevice == subdevice && subdevice != 0 {
+			return 0
+		}
+		return -1
+	})
+	if status != nvOK {
+		return nil, status
+	}
+	return x.gpu, nvOK
+}
+
 // maxPIDInfo is GET_PID_INFO's list length; partitionInvalid the
-// instance ids of a GPU without MIG.
+// instance ids of a GPU without MIG; maxFBInfo FB_GET_INFO_V2's list length
+// (R580's).
 const (
 	maxPIDInfo       = 200
 	partitionInvalid = 0xffffffff
+	maxFBInfo        = 128
 )
+
+// FB_GET_INFO_V2 indices the simulated GPU answers, in KiB.
+const (
+	fbInfoTotalRAMSize = 0x08
+	fbInfoHeapSize     = 0x09
+	fbInfoHeapFree     = 0x16
+)
+
+// fbInfo is FB_GET_INFO_V2: {u32 fbInfoListSize; {u32 index; u32
+// data}@4 …}. The simulated GPU's memory is all heap: TOTAL_RAM_SIZE and
+// HEAP_SIZE are its size, HEAP_FREE what its contexts do not hold. An
+// index it does not know is refused, as the driver refuses one past its
+// range.
+func (s *Server) fbInfo(client, subdevice uint32, p []byte) uint32 {
+	le := binary.LittleEndian
+	n := le.Uint32(p)
+	if n == 0 || n > maxFBInfo {
+		return nvErrInvalidArgument
+	}
+	g, status := s.gpuOfSubdevice(client, subdevice)
+	if status != nvOK {
+		return status
+	}
+	g.mu.Lock()
+	size, free := g.cfg.Memory, g.cfg.Memory-min(g.memUsed, g.cfg.Memory)
+	g.mu.Unlock()
+	for i := range n {
+		e := p[4+8*i : 4+8*(i+1)]
+		switch le.Uint32(e) {
+		case fbInfoTotalRAMSize, fbInfoHeapSize:
+			le.PutUint32(e[4:], uint32(size>>10))
+		case fbInfoHeapFree:
+			le.PutUint32(e[4:], uint32(free>>10))
+		default:
+			return nvErrInvalidArgument
+		}
+	}
+	return nvOK
+}
 
 // restartRunlist commits the scheduling changes of every group on the GPU
 // (timeslices, disabled channels), as RESTART_RUNLIST does: a running group

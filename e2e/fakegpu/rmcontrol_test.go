@@ -179,6 +179,43 @@ func TestPIDInfoCountsEachProcessOnTheGPU(t *testing.T) {
 	}
 }
 
+// FB_GET_INFO_V2 answers the GPU's size and what its contexts leave free,
+// in KiB, through a subdevice, and refuses an index it does not know.
+func TestFBInfoAnswersTheGPUsMemory(t *testing.T) {
+	s, g := newTestGPU(t)
+	const client, subdev = 0xc1e00001, 0x5c000003
+	s.cfg.Memory, s.cfg.ContextMemory = 16<<30, 8<<20
+	x, err := g.addContext(1, 42, "/", client, 0x5c000010, subdev, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.removeContext(x)
+	if r := g.alloc(x, 100<<20); r.status != 0 {
+		t.Fatalf("alloc: status %d", r.status)
+	}
+	le := binary.LittleEndian
+	p := make([]byte, controlSize[CtrlSubdevFBGetInfoV2])
+	le.PutUint32(p, 3)
+	for i, idx := range []uint32{fbInfoHeapSize, fbInfoTotalRAMSize, fbInfoHeapFree} {
+		le.PutUint32(p[4+8*i:], idx)
+	}
+	if status, _ := s.control(client, subdev, CtrlSubdevFBGetInfoV2, p, false); status != nvOK {
+		t.Fatalf("status 0x%x", status)
+	}
+	for i, want := range []uint32{16 << 20, 16 << 20, (16<<30 - 108<<20) >> 10} {
+		if got := le.Uint32(p[8+8*i:]); got != want {
+			t.Errorf("entry %d (index 0x%x): %d KiB, want %d", i, le.Uint32(p[4+8*i:]), got, want)
+		}
+	}
+	le.PutUint32(p[4:], 0x7f)
+	if status, _ := s.control(client, subdev, CtrlSubdevFBGetInfoV2, p, false); status != nvErrInvalidArgument {
+		t.Errorf("an unknown index: status 0x%x, want NV_ERR_INVALID_ARGUMENT", status)
+	}
+	if status, _ := s.control(client, subdev, CtrlSubdevFBGetInfoV2, p[:nvrm.FBInfoSize(55)], false); status != nvErrInvalidParamSize {
+		t.Errorf("an earlier driver's list length: status 0x%x, want NV_ERR_INVALID_PARAM_STRUCT", status)
+	}
+}
+
 // The simulated driver's controls and statuses are the real driver's
 // that gpuarb speaks (package nvrm).
 func TestSimulatedDriverSpeaksGpuarbsVocabulary(t *testing.T) {
@@ -197,6 +234,11 @@ func TestSimulatedDriverSpeaksGpuarbsVocabulary(t *testing.T) {
 		{"subdevice GET_PID_INFO", CtrlSubdevGetPIDInfo, nvrm.CtrlGPUGetPIDInfo},
 		{"GET_PID_INFO size", uint32(controlSize[CtrlSubdevGetPIDInfo]), nvrm.PIDInfoSize},
 		{"GET_PID_INFO length", maxPIDInfo, nvrm.PIDInfoMax},
+		{"subdevice FB_GET_INFO_V2", CtrlSubdevFBGetInfoV2, nvrm.CtrlFBGetInfoV2},
+		{"FB_GET_INFO_V2 size", uint32(controlSize[CtrlSubdevFBGetInfoV2]), uint32(nvrm.FBInfoSize(nvrm.FBInfoMaxLists[0]))},
+		{"FB_GET_INFO_V2 HEAP_SIZE", fbInfoHeapSize, nvrm.FBInfoHeapSize},
+		{"FB_GET_INFO_V2 TOTAL_RAM_SIZE", fbInfoTotalRAMSize, nvrm.FBInfoTotalRAMSize},
+		{"FB_GET_INFO_V2 HEAP_FREE", fbInfoHeapFree, nvrm.FBInfoHeapFree},
 		{"NV_OK", nvOK, nvrm.StatusOK},
 		{"NV_ERR_INSUFFICIENT_PERMISSIONS", nvErrInsufficientPerms, nvrm.StatusInsufficientPerms},
 		{"NV_ERR_INVALID_ARGUMENT", nvErrInvalidArgument, nvrm.StatusInvalidArgument},

@@ -2,10 +2,12 @@ package testutil
 
 import (
 	"bufio"
+	"errors"
 	"io"
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -65,5 +67,23 @@ func (a *Allocator) Until(t testing.TB, want string) bool {
 		case <-timeout:
 			t.Fatalf("allocator: no %q in 20 s (held %d bytes)", want, a.Held)
 		}
+	}
+}
+
+// KilledHolding fails t unless the allocator, which is to be killed at an
+// allocation past a limit, gets no further than it was allowed ("done"
+// never said), ends by SIGKILL within 10 s and had said it held want
+// bytes; what names it in the messages.
+func (a *Allocator) KilledHolding(t testing.TB, want uint64, what string) {
+	t.Helper()
+	if a.Until(t, "done") {
+		t.Fatalf("%s allocated all it asked for past its limit", what)
+	}
+	var ee *exec.ExitError
+	if err := a.Wait(t, 10*time.Second); !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("%s ended with %v, want SIGKILL", what, err)
+	}
+	if a.Held != want {
+		t.Errorf("%s held %d MiB when killed, want %d", what, a.Held>>20, want>>20)
 	}
 }

@@ -313,7 +313,9 @@ func (c *check) ownership(ctx context.Context, s *Step) error {
 // driverMemory reads, through the first burner's group, the driver's
 // figure of each burner's video memory (GET_PID_INFO) beside what the
 // probes charged it: the difference is a context's own buffers and
-// whatever no decoded escape carried.
+// whatever no decoded escape carried. It also reads the GPU's memory as
+// share limits take it (FB_GET_INFO_V2 HEAP_SIZE), to set beside
+// nvidia-smi's total.
 func (c *check) driverMemory(_ context.Context, s *Step) error {
 	if c.act == nil || len(c.burners) == 0 {
 		return fmt.Errorf("no burner to read through (the ownership step did not run)")
@@ -340,9 +342,15 @@ func (c *check) driverMemory(_ context.Context, s *Step) error {
 		parts = append(parts, fmt.Sprintf("pid %d: driver %.1f MiB, charged %.1f MiB (difference %.1f MiB)", pid,
 			float64(d)/(1<<20), float64(charged[int(g.GPU)])/(1<<20), (float64(d)-float64(charged[int(g.GPU)]))/(1<<20)))
 	}
+	size, sizeErr := c.act.MemorySize(g)
+	s.Values["gpu_heap_bytes"] = size
+	parts = append(parts, fmt.Sprintf("GPU heap (FB_GET_INFO_V2 HEAP_SIZE) %.0f MiB (%v)", float64(size)/(1<<20), sizeErr))
 	s.Summary = strings.Join(parts, "; ")
-	if len(driver) == 0 {
+	switch {
+	case len(driver) == 0:
 		return fmt.Errorf("the driver answered for none of pids %v", pids)
+	case sizeErr != nil:
+		return fmt.Errorf("FB_GET_INFO_V2 through pid %d: %w", g.PID, sizeErr)
 	}
 	return nil
 }
