@@ -52,6 +52,11 @@ type Tenant struct {
 	// through the driver on the GPU (cuMemHostAlloc): reported apart, never
 	// charged to a limit.
 	HostMemBytes uint64 `json:"host_mem_bytes,omitempty"`
+	// ManagedBytes is the address space its processes reserved as managed
+	// memory (cudaMallocManaged: their mappings of nvidia-uvm), an upper
+	// bound of what they can hold on any GPU: on no GPU in particular, so
+	// the same on each of the tenant's rows, and charged to no limit.
+	ManagedBytes uint64 `json:"managed_bytes,omitempty"`
 	// DriverMemBytes is the video memory the driver itself counts for its
 	// processes on the GPU (GET_PID_INFO, read once a window): MemBytes
 	// plus each context's own buffers, which no allocation carries. Absent

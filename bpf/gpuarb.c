@@ -195,6 +195,32 @@ struct {
 	__type(value, struct ioctl_stash);
 } gpuarb_pend_io SEC(".maps");
 
+/* An mmap of a nvidia-uvm file, or an munmap of a process with a managed
+ * range, from its entry to its exit, by thread. */
+struct map_stash {
+	__u64 addr; /* an munmap's */
+	__u64 len;
+	__u32 fd;
+	__u32 unmap;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 8192);
+	__type(key, __u64);
+	__type(value, struct map_stash);
+} gpuarb_pend_map SEC(".maps");
+
+/* Processes that mapped a nvidia-uvm file (key: tgid): their munmaps are
+ * recorded, everyone else's pay one lookup. Full: a process's munmaps go
+ * unrecorded and its managed ranges read high until it exits. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, __u8);
+} gpuarb_uvm_procs SEC(".maps");
+
 /* In-flight libcuda calls measured to their return: removed by the
  * uretprobe, which a thread killed inside the call never reaches, so an
  * LRU: what such threads leave is evicted, never fills the table (once
@@ -435,6 +461,7 @@ const struct record_header *unused_record_header __attribute__((unused));
 const struct ioctl_record *unused_ioctl_record __attribute__((unused));
 const struct call_record *unused_call_record __attribute__((unused));
 const struct launch_record *unused_launch_record __attribute__((unused));
+const struct map_record *unused_map_record __attribute__((unused));
 const enum cuda_func *unused_cuda_func __attribute__((unused));
 const enum dev_kind *unused_dev_kind __attribute__((unused));
 const enum nv_rm *unused_nv_rm __attribute__((unused));
@@ -988,31 +1015,40 @@ static __always_inline void note_memory(struct ioctl_record *e, struct ioctl_sta
 		charge_memory(e, m.handle, bytes, gpu, device);
 }
 
+/* The GPU device entry of file f's device node, its numbers in *key; NULL
+ * for a file that is no GPU node. */
+static __always_inline struct dev_entry *gpu_device(struct file *f, struct dev_key *key)
+{
+	struct dev_entry *dev;
+	__u32 rdev;
+
+	if (!f)
+		return NULL;
+	rdev = BPF_CORE_READ(f, f_inode, i_rdev);
+	if (!rdev)
+		return NULL;
+	key->major = rdev >> 20;
+	key->minor = rdev & 0xfffff;
+	dev = bpf_map_lookup_elem(&gpuarb_devices, key);
+	if (!dev) {
+		key->minor = DEV_ANY_MINOR;
+		dev = bpf_map_lookup_elem(&gpuarb_devices, key);
+		key->minor = rdev & 0xfffff;
+	}
+	return dev;
+}
+
 SEC("tracepoint/syscalls/sys_enter_ioctl")
 int gpuarb_ioctl_enter(struct sys_enter_ctx *ctx)
 {
 	struct file *f = fd_file((unsigned int)ctx->args[0]);
 	struct dev_key key;
-	struct dev_entry *dev;
+	struct dev_entry *dev = gpu_device(f, &key);
 	struct ioctl_stash st;
-	__u32 rdev;
 	__u64 id;
 
-	if (!f)
+	if (!dev)
 		return 0;
-	rdev = BPF_CORE_READ(f, f_inode, i_rdev);
-	if (!rdev)
-		return 0;
-	key.major = rdev >> 20;
-	key.minor = rdev & 0xfffff;
-	dev = bpf_map_lookup_elem(&gpuarb_devices, &key);
-	if (!dev) {
-		key.minor = DEV_ANY_MINOR;
-		dev = bpf_map_lookup_elem(&gpuarb_devices, &key);
-		if (!dev)
-			return 0;
-		key.minor = rdev & 0xfffff;
-	}
 	st.ts = bpf_ktime_get_ns();
 	st.arg = ctx->args[2];
 	st.cmd = (__u32)ctx->args[1];
@@ -1712,6 +1748,89 @@ int gpuarb_cu_mem_free(struct pt_regs *ctx)
 
 /* ---- process lifecycle and libcuda discovery ---- */
 
+/* ---- managed memory: mmaps of nvidia-uvm ---- */
+
+/* An mmap of a nvidia-uvm file is stashed until its exit. */
+SEC("tracepoint/syscalls/sys_enter_mmap")
+int gpuarb_mmap_enter(struct sys_enter_ctx *ctx)
+{
+	__s32 fd = (__s32)ctx->args[4];
+	struct dev_key key;
+	struct dev_entry *dev;
+	struct map_stash st = {};
+	__u64 id;
+
+	if (fd < 0) /* anonymous */
+		return 0;
+	dev = gpu_device(fd_file((unsigned int)fd), &key);
+	if (!dev || dev->kind != DEV_NVIDIA_UVM)
+		return 0;
+	st.len = ctx->args[1];
+	st.fd = fd;
+	id = bpf_get_current_pid_tgid();
+	bpf_map_update_elem(&gpuarb_pend_map, &id, &st, BPF_ANY);
+	return 0;
+}
+
+/* An munmap of a process with a managed range is stashed until its exit. */
+SEC("tracepoint/syscalls/sys_enter_munmap")
+int gpuarb_munmap_enter(struct sys_enter_ctx *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+	struct map_stash st = {};
+
+	if (!bpf_map_lookup_elem(&gpuarb_uvm_procs, &tgid))
+		return 0;
+	st.addr = ctx->args[0];
+	st.len = ctx->args[1];
+	st.unmap = 1;
+	bpf_map_update_elem(&gpuarb_pend_map, &id, &st, BPF_ANY);
+	return 0;
+}
+
+/* Records a stashed mmap or munmap the kernel made. */
+static __always_inline int map_exit(struct sys_exit_ctx *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	struct map_stash *pending = bpf_map_lookup_elem(&gpuarb_pend_map, &id);
+	struct map_record *e;
+	struct map_stash st;
+	__u32 tgid = id >> 32;
+	__u8 one = 1;
+
+	if (!pending)
+		return 0;
+	st = *pending;
+	bpf_map_delete_elem(&gpuarb_pend_map, &id);
+	if (st.unmap ? ctx->ret != 0 : (ctx->ret < 0 && ctx->ret > -4096))
+		return 0; /* refused: nothing changed */
+	if (!st.unmap)
+		bpf_map_update_elem(&gpuarb_uvm_procs, &tgid, &one, BPF_ANY);
+	e = RECORD_RESERVE(struct map_record, EV_MAP, id, bpf_get_current_cgroup_id());
+	if (!e)
+		return 0;
+	e->h.ts_enter = e->h.ts_exit = bpf_ktime_get_ns();
+	e->addr = st.unmap ? st.addr : (__u64)ctx->ret;
+	e->len = st.len;
+	e->unmap = st.unmap;
+	e->fd = st.fd;
+	bpf_ringbuf_submit(e, wakeup_flag(&e->h));
+	return 0;
+}
+
+SEC("tracepoint/syscalls/sys_exit_mmap")
+int gpuarb_mmap_exit(struct sys_exit_ctx *ctx)
+{
+	return map_exit(ctx);
+}
+
+SEC("tracepoint/syscalls/sys_exit_munmap")
+int gpuarb_munmap_exit(struct sys_exit_ctx *ctx)
+{
+	return map_exit(ctx);
+}
+
 SEC("tracepoint/sched/sched_process_exit")
 int gpuarb_process_exit(void *ctx)
 {
@@ -1725,6 +1844,7 @@ int gpuarb_process_exit(void *ctx)
 	bpf_map_delete_elem(&gpuarb_held, &tgid); /* a held process that dies is released */
 	bpf_map_delete_elem(&gpuarb_releasing, &tgid);
 	bpf_map_delete_elem(&gpuarb_trees, &tgid); /* its pid may name another process next */
+	bpf_map_delete_elem(&gpuarb_uvm_procs, &tgid);
 	exit_memory(tgid); /* one lookup: its charges may outlive the limits */
 	p = bpf_map_lookup_elem(&gpuarb_procs, &tgid);
 	if (!p)

@@ -76,6 +76,7 @@ enum event_type {
 	EV_CUDA = 2,
 	EV_EXIT = 3,
 	EV_LAUNCH = 4,
+	EV_MAP = 5,
 };
 
 /* libcuda entry points gpuarb probes, one number per exported variant. The
@@ -419,5 +420,16 @@ struct launch_record {
 };
 
 /* EV_EXIT: a process that used a GPU exited; the header alone. */
+
+/* EV_MAP: an mmap of a nvidia-uvm file (a managed range: the address space
+ * cudaMallocManaged reserves), or an munmap of a process that made one,
+ * each as the kernel did it. */
+struct map_record {
+	struct record_header h;
+	__u64 addr;
+	__u64 len;
+	__u32 unmap; /* 1: an munmap */
+	__u32 fd;    /* an mmap's descriptor */
+};
 
 #endif

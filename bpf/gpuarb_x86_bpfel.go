@@ -191,6 +191,7 @@ const (
 	gpuarbEventTypeEV_CUDA   gpuarbEventType = 2
 	gpuarbEventTypeEV_EXIT   gpuarbEventType = 3
 	gpuarbEventTypeEV_LAUNCH gpuarbEventType = 4
+	gpuarbEventTypeEV_MAP    gpuarbEventType = 5
 )
 
 type gpuarbGate struct {
@@ -287,6 +288,23 @@ type gpuarbLaunchRecord struct {
 type gpuarbLostCounter struct {
 	_      structs.HostLayout
 	Events uint64
+}
+
+type gpuarbMapRecord struct {
+	_     structs.HostLayout
+	H     gpuarbRecordHeader
+	Addr  uint64
+	Len   uint64
+	Unmap uint32
+	Fd    uint32
+}
+
+type gpuarbMapStash struct {
+	_     structs.HostLayout
+	Addr  uint64
+	Len   uint64
+	Fd    uint32
+	Unmap uint32
 }
 
 type gpuarbMemDev struct {
@@ -439,6 +457,7 @@ const (
 	gpuarbMapGpuarbMemUsage        = "gpuarb_mem_usage"
 	gpuarbMapGpuarbPendCu          = "gpuarb_pend_cu"
 	gpuarbMapGpuarbPendIo          = "gpuarb_pend_io"
+	gpuarbMapGpuarbPendMap         = "gpuarb_pend_map"
 	gpuarbMapGpuarbPolls           = "gpuarb_polls"
 	gpuarbMapGpuarbProcs           = "gpuarb_procs"
 	gpuarbMapGpuarbReleasing       = "gpuarb_releasing"
@@ -447,6 +466,7 @@ const (
 	gpuarbMapGpuarbUnfollowed      = "gpuarb_unfollowed"
 	gpuarbMapGpuarbUrgent          = "gpuarb_urgent"
 	gpuarbMapGpuarbUrgentCgroups   = "gpuarb_urgent_cgroups"
+	gpuarbMapGpuarbUvmProcs        = "gpuarb_uvm_procs"
 	gpuarbProgGpuarbCuCopy         = "gpuarb_cu_copy"
 	gpuarbProgGpuarbCuCtxCreate    = "gpuarb_cu_ctx_create"
 	gpuarbProgGpuarbCuCtxCreateRet = "gpuarb_cu_ctx_create_ret"
@@ -463,6 +483,10 @@ const (
 	gpuarbProgGpuarbCuTwoArgs      = "gpuarb_cu_two_args"
 	gpuarbProgGpuarbIoctlEnter     = "gpuarb_ioctl_enter"
 	gpuarbProgGpuarbIoctlExit      = "gpuarb_ioctl_exit"
+	gpuarbProgGpuarbMmapEnter      = "gpuarb_mmap_enter"
+	gpuarbProgGpuarbMmapExit       = "gpuarb_mmap_exit"
+	gpuarbProgGpuarbMunmapEnter    = "gpuarb_munmap_enter"
+	gpuarbProgGpuarbMunmapExit     = "gpuarb_munmap_exit"
 	gpuarbProgGpuarbProcessExit    = "gpuarb_process_exit"
 	gpuarbProgGpuarbProcessFork    = "gpuarb_process_fork"
 	gpuarbProgGpuarbSchedWaking    = "gpuarb_sched_waking"
@@ -485,6 +509,7 @@ const (
 	gpuarbVarUnusedGpuarbSizes     = "unused_gpuarb_sizes"
 	gpuarbVarUnusedIoctlRecord     = "unused_ioctl_record"
 	gpuarbVarUnusedLaunchRecord    = "unused_launch_record"
+	gpuarbVarUnusedMapRecord       = "unused_map_record"
 	gpuarbVarUnusedMemDev          = "unused_mem_dev"
 	gpuarbVarUnusedMemObj          = "unused_mem_obj"
 	gpuarbVarUnusedMemObjKey       = "unused_mem_obj_key"
@@ -556,6 +581,10 @@ type gpuarbProgramSpecs struct {
 	GpuarbCuTwoArgs      *ebpf.ProgramSpec `ebpf:"gpuarb_cu_two_args"`
 	GpuarbIoctlEnter     *ebpf.ProgramSpec `ebpf:"gpuarb_ioctl_enter"`
 	GpuarbIoctlExit      *ebpf.ProgramSpec `ebpf:"gpuarb_ioctl_exit"`
+	GpuarbMmapEnter      *ebpf.ProgramSpec `ebpf:"gpuarb_mmap_enter"`
+	GpuarbMmapExit       *ebpf.ProgramSpec `ebpf:"gpuarb_mmap_exit"`
+	GpuarbMunmapEnter    *ebpf.ProgramSpec `ebpf:"gpuarb_munmap_enter"`
+	GpuarbMunmapExit     *ebpf.ProgramSpec `ebpf:"gpuarb_munmap_exit"`
 	GpuarbProcessExit    *ebpf.ProgramSpec `ebpf:"gpuarb_process_exit"`
 	GpuarbProcessFork    *ebpf.ProgramSpec `ebpf:"gpuarb_process_fork"`
 	GpuarbSchedWaking    *ebpf.ProgramSpec `ebpf:"gpuarb_sched_waking"`
@@ -587,6 +616,7 @@ type gpuarbMapSpecs struct {
 	GpuarbMemUsage      *ebpf.MapSpec `ebpf:"gpuarb_mem_usage"`
 	GpuarbPendCu        *ebpf.MapSpec `ebpf:"gpuarb_pend_cu"`
 	GpuarbPendIo        *ebpf.MapSpec `ebpf:"gpuarb_pend_io"`
+	GpuarbPendMap       *ebpf.MapSpec `ebpf:"gpuarb_pend_map"`
 	GpuarbPolls         *ebpf.MapSpec `ebpf:"gpuarb_polls"`
 	GpuarbProcs         *ebpf.MapSpec `ebpf:"gpuarb_procs"`
 	GpuarbReleasing     *ebpf.MapSpec `ebpf:"gpuarb_releasing"`
@@ -595,6 +625,7 @@ type gpuarbMapSpecs struct {
 	GpuarbUnfollowed    *ebpf.MapSpec `ebpf:"gpuarb_unfollowed"`
 	GpuarbUrgent        *ebpf.MapSpec `ebpf:"gpuarb_urgent"`
 	GpuarbUrgentCgroups *ebpf.MapSpec `ebpf:"gpuarb_urgent_cgroups"`
+	GpuarbUvmProcs      *ebpf.MapSpec `ebpf:"gpuarb_uvm_procs"`
 }
 
 // gpuarbVariableSpecs contains global variables before they are loaded into the kernel.
@@ -619,6 +650,7 @@ type gpuarbVariableSpecs struct {
 	UnusedGpuarbSizes   *ebpf.VariableSpec `ebpf:"unused_gpuarb_sizes"`
 	UnusedIoctlRecord   *ebpf.VariableSpec `ebpf:"unused_ioctl_record"`
 	UnusedLaunchRecord  *ebpf.VariableSpec `ebpf:"unused_launch_record"`
+	UnusedMapRecord     *ebpf.VariableSpec `ebpf:"unused_map_record"`
 	UnusedMemDev        *ebpf.VariableSpec `ebpf:"unused_mem_dev"`
 	UnusedMemObj        *ebpf.VariableSpec `ebpf:"unused_mem_obj"`
 	UnusedMemObjKey     *ebpf.VariableSpec `ebpf:"unused_mem_obj_key"`
@@ -673,6 +705,7 @@ type gpuarbMaps struct {
 	GpuarbMemUsage      *ebpf.Map `ebpf:"gpuarb_mem_usage"`
 	GpuarbPendCu        *ebpf.Map `ebpf:"gpuarb_pend_cu"`
 	GpuarbPendIo        *ebpf.Map `ebpf:"gpuarb_pend_io"`
+	GpuarbPendMap       *ebpf.Map `ebpf:"gpuarb_pend_map"`
 	GpuarbPolls         *ebpf.Map `ebpf:"gpuarb_polls"`
 	GpuarbProcs         *ebpf.Map `ebpf:"gpuarb_procs"`
 	GpuarbReleasing     *ebpf.Map `ebpf:"gpuarb_releasing"`
@@ -681,6 +714,7 @@ type gpuarbMaps struct {
 	GpuarbUnfollowed    *ebpf.Map `ebpf:"gpuarb_unfollowed"`
 	GpuarbUrgent        *ebpf.Map `ebpf:"gpuarb_urgent"`
 	GpuarbUrgentCgroups *ebpf.Map `ebpf:"gpuarb_urgent_cgroups"`
+	GpuarbUvmProcs      *ebpf.Map `ebpf:"gpuarb_uvm_procs"`
 }
 
 func (m *gpuarbMaps) Close() error {
@@ -706,6 +740,7 @@ func (m *gpuarbMaps) Close() error {
 		m.GpuarbMemUsage,
 		m.GpuarbPendCu,
 		m.GpuarbPendIo,
+		m.GpuarbPendMap,
 		m.GpuarbPolls,
 		m.GpuarbProcs,
 		m.GpuarbReleasing,
@@ -714,6 +749,7 @@ func (m *gpuarbMaps) Close() error {
 		m.GpuarbUnfollowed,
 		m.GpuarbUrgent,
 		m.GpuarbUrgentCgroups,
+		m.GpuarbUvmProcs,
 	)
 }
 
@@ -739,6 +775,7 @@ type gpuarbVariables struct {
 	UnusedGpuarbSizes   *ebpf.Variable `ebpf:"unused_gpuarb_sizes"`
 	UnusedIoctlRecord   *ebpf.Variable `ebpf:"unused_ioctl_record"`
 	UnusedLaunchRecord  *ebpf.Variable `ebpf:"unused_launch_record"`
+	UnusedMapRecord     *ebpf.Variable `ebpf:"unused_map_record"`
 	UnusedMemDev        *ebpf.Variable `ebpf:"unused_mem_dev"`
 	UnusedMemObj        *ebpf.Variable `ebpf:"unused_mem_obj"`
 	UnusedMemObjKey     *ebpf.Variable `ebpf:"unused_mem_obj_key"`
@@ -772,6 +809,10 @@ type gpuarbPrograms struct {
 	GpuarbCuTwoArgs      *ebpf.Program `ebpf:"gpuarb_cu_two_args"`
 	GpuarbIoctlEnter     *ebpf.Program `ebpf:"gpuarb_ioctl_enter"`
 	GpuarbIoctlExit      *ebpf.Program `ebpf:"gpuarb_ioctl_exit"`
+	GpuarbMmapEnter      *ebpf.Program `ebpf:"gpuarb_mmap_enter"`
+	GpuarbMmapExit       *ebpf.Program `ebpf:"gpuarb_mmap_exit"`
+	GpuarbMunmapEnter    *ebpf.Program `ebpf:"gpuarb_munmap_enter"`
+	GpuarbMunmapExit     *ebpf.Program `ebpf:"gpuarb_munmap_exit"`
 	GpuarbProcessExit    *ebpf.Program `ebpf:"gpuarb_process_exit"`
 	GpuarbProcessFork    *ebpf.Program `ebpf:"gpuarb_process_fork"`
 	GpuarbSchedWaking    *ebpf.Program `ebpf:"gpuarb_sched_waking"`
@@ -796,6 +837,10 @@ func (p *gpuarbPrograms) Close() error {
 		p.GpuarbCuTwoArgs,
 		p.GpuarbIoctlEnter,
 		p.GpuarbIoctlExit,
+		p.GpuarbMmapEnter,
+		p.GpuarbMmapExit,
+		p.GpuarbMunmapEnter,
+		p.GpuarbMunmapExit,
 		p.GpuarbProcessExit,
 		p.GpuarbProcessFork,
 		p.GpuarbSchedWaking,

@@ -231,6 +231,10 @@ func Load(opts Options) (_ *Probes, err error) {
 	}{
 		{"syscalls", "sys_enter_ioctl", p.objs.GpuarbIoctlEnter},
 		{"syscalls", "sys_exit_ioctl", p.objs.GpuarbIoctlExit},
+		{"syscalls", "sys_enter_mmap", p.objs.GpuarbMmapEnter},
+		{"syscalls", "sys_exit_mmap", p.objs.GpuarbMmapExit},
+		{"syscalls", "sys_enter_munmap", p.objs.GpuarbMunmapEnter},
+		{"syscalls", "sys_exit_munmap", p.objs.GpuarbMunmapExit},
 		{"sched", "sched_process_exit", p.objs.GpuarbProcessExit},
 	}
 	for _, tp := range tps {

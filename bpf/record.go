@@ -12,6 +12,9 @@ type (
 	CallRecord = gpuarbCallRecord
 	// LaunchRecord is a kernel or graph launch (RecordLaunch).
 	LaunchRecord = gpuarbLaunchRecord
+	// MapRecord is an mmap of a nvidia-uvm file or an munmap of a process
+	// that made one (RecordMap).
+	MapRecord = gpuarbMapRecord
 )
 
 // Record types: enum event_type in gpuarb.h. A RecordExit is the header
@@ -21,6 +24,7 @@ const (
 	RecordCuda   = uint32(gpuarbEventTypeEV_CUDA)
 	RecordExit   = uint32(gpuarbEventTypeEV_EXIT)
 	RecordLaunch = uint32(gpuarbEventTypeEV_LAUNCH)
+	RecordMap    = uint32(gpuarbEventTypeEV_MAP)
 )
 
 // Record flags: enum event_flags in gpuarb.h. FlagHeld: the launch gate

@@ -123,19 +123,3 @@ func (d *Daemon) noteOOMKill(e *ioctlspy.MemoryAllocated) {
 	d.log.Warn("GPU memory limit: process killed at an allocation past it", "tenant", tenant,
 		"pid", h.PID, "comm", h.Comm, "gpu", e.GPU, "bytes", e.Bytes, "charged", e.Charged, "limit", e.Limit)
 }
-
-// memoryOf sums the device memory and, apart, the pinned host memory a
-// tenant's processes hold on gpu, as the probes saw the driver make and
-// free it.
-func (d *Daemon) memoryOf(ct *control.Tenant, gpu int) (device, host uint64) {
-	if d.spy == nil {
-		return 0, 0
-	}
-	for _, m := range ct.Members {
-		if !m.Exited {
-			dev, h := d.spy.Table().MemoryOf(m.PID)
-			device, host = device+dev[gpu], host+h[gpu]
-		}
-	}
-	return device, host
-}

@@ -53,7 +53,9 @@ func (d *Daemon) publish(res control.Result, snap meter.Snapshot, actuation map[
 				}
 			}
 			row.BurstNS = in.BurstNS
-			row.MemBytes, row.HostMemBytes = d.memoryOf(ct, gpu)
+			if d.spy != nil {
+				row.MemBytes, row.HostMemBytes, row.ManagedBytes = d.spy.Table().Held(ct.LivePIDs(), gpu)
+			}
 			if b, ok := d.driverMem.Of(gpu, ct.LivePIDs()); ok {
 				row.DriverMemBytes = &b
 			}

@@ -134,6 +134,58 @@ func BenchmarkIoctl(b *testing.B) {
 	}
 }
 
+// BenchmarkMmap measures an mmap of one page and its munmap: with no
+// probes (baseline), with probes loaded (anon: what every mapping on the
+// host pays), from a process that has a managed range (anon-of-managed:
+// its munmaps are recorded) and of a nvidia-uvm node (managed: both
+// recorded). The uvm node is the zero device's number, as the simulator's.
+func BenchmarkMmap(b *testing.B) {
+	uvm := []bpf.Device{{Major: 1, Minor: 5, Kind: bpf.KindNvidiaUVM}}
+	for _, tc := range []struct {
+		name            string
+		probes, managed bool
+		ofNode          bool
+	}{
+		{"baseline", false, false, false},
+		{"anon", true, false, false},
+		{"anon-of-managed", true, true, false},
+		{"managed", true, true, true},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			testutil.Privileged(b)
+			if tc.probes {
+				loadDraining(b, uvm)
+			}
+			node := filepath.Join(b.TempDir(), "uvm")
+			if err := unix.Mknod(node, unix.S_IFCHR|0o600, int(unix.Mkdev(1, 5))); err != nil {
+				b.Fatal(err)
+			}
+			fd, err := unix.Open(node, unix.O_RDWR, 0)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer unix.Close(fd)
+			if tc.managed { // the process has a managed range from now on
+				if _, err := unix.Mmap(fd, 0, 1<<20, unix.PROT_READ, unix.MAP_SHARED); err != nil {
+					b.Fatal(err)
+				}
+			}
+			mapFD, flags := -1, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS
+			if tc.ofNode {
+				mapFD, flags = fd, unix.MAP_SHARED
+			}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				addr, _, errno := unix.Syscall6(unix.SYS_MMAP, 0, 4096, unix.PROT_READ, uintptr(flags), uintptr(mapFD), 0)
+				if errno != 0 {
+					b.Fatal(errno)
+				}
+				unix.Syscall(unix.SYS_MUNMAP, addr, 4096, 0)
+			}
+		})
+	}
+}
+
 // BenchmarkUprobeHit measures a call of cuLaunchKernel in the simulator's
 // libcuda with and without the uprobe (a C loop; ns per call reported).
 func BenchmarkUprobeHit(b *testing.B) {

@@ -34,6 +34,8 @@ func DecodeRecord(r Record) (Event, error) {
 		}
 	case recExit:
 		ev = &ProcessExit{Header: h}
+	case recMap:
+		ev = &ManagedMapped{Header: h, Addr: r.Args[0], Len: r.Args[1], Unmap: r.Args[2] != 0, FD: int32(r.Args[3])}
 	default:
 		ev = &Unknown{Header: h, RecordType: r.Type}
 	}
@@ -100,6 +102,8 @@ func TypeOf(ev Event) string {
 		return "ctx_destroy"
 	case *ProcessExit:
 		return "process_exit"
+	case *ManagedMapped:
+		return "managed_map"
 	}
 	return "unknown"
 }

@@ -46,6 +46,11 @@ func encodeRecord(r Record) []byte {
 		for i, a := range r.Args[:callArgs] {
 			le.PutUint64(b[offCallArgs+8*i:], a)
 		}
+	case recMap:
+		le.PutUint64(b[offMapAddr:], r.Args[0])
+		le.PutUint64(b[offMapLen:], r.Args[1])
+		le.PutUint32(b[offMapUnmap:], uint32(r.Args[2]))
+		le.PutUint32(b[offMapFD:], uint32(r.Args[3]))
 	case recLaunch:
 		le.PutUint32(b[offLaunchFunc:], r.Func)
 		le.PutUint64(b[offFunction:], r.Function)
@@ -328,6 +333,16 @@ func TestDecode(t *testing.T) {
 			}
 		}},
 		{"process exit", Record{Type: recExit}, func(t *testing.T, ev Event) { _ = ev.(*ProcessExit) }},
+		{"managed mmap", Record{Type: recMap, Args: [numArgs]uint64{0x7f0000000000, 2 << 20, 0, 9}}, func(t *testing.T, ev Event) {
+			if e := ev.(*ManagedMapped); e.Addr != 0x7f0000000000 || e.Len != 2<<20 || e.Unmap || e.FD != 9 {
+				t.Errorf("%+v", e)
+			}
+		}},
+		{"munmap", Record{Type: recMap, Args: [numArgs]uint64{0x7f0000001000, 4096, 1}}, func(t *testing.T, ev Event) {
+			if e := ev.(*ManagedMapped); e.Addr != 0x7f0000001000 || e.Len != 4096 || !e.Unmap {
+				t.Errorf("%+v", e)
+			}
+		}},
 		{"unknown type", Record{Type: 99}, func(t *testing.T, ev Event) { _ = ev.(*Unknown) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

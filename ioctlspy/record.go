@@ -25,6 +25,7 @@ var (
 	ioctlR bpf.IoctlRecord
 	callR  bpf.CallRecord
 	launch bpf.LaunchRecord
+	mapR   bpf.MapRecord
 )
 
 // Header layout, at the start of every record.
@@ -73,6 +74,12 @@ const (
 	offBlock      = int(unsafe.Offsetof(launch.Block))
 	launchSize    = int(unsafe.Sizeof(launch))
 
+	offMapAddr  = int(unsafe.Offsetof(mapR.Addr))
+	offMapLen   = int(unsafe.Offsetof(mapR.Len))
+	offMapUnmap = int(unsafe.Offsetof(mapR.Unmap))
+	offMapFD    = int(unsafe.Offsetof(mapR.Fd))
+	mapSize     = int(unsafe.Sizeof(mapR))
+
 	// RingBytesPerLaunch is what one launch takes of the ring buffer: its
 	// record and the ring's 8-byte header, rounded up to 8 bytes.
 	RingBytesPerLaunch = (launchSize + 8 + 7) &^ 7
@@ -86,6 +93,7 @@ const (
 	recIoctl    = bpf.RecordIoctl
 	recCuda     = bpf.RecordCuda
 	recLaunch   = bpf.RecordLaunch
+	recMap      = bpf.RecordMap
 	recExit     = bpf.RecordExit
 	flagHeld    = bpf.FlagHeld
 	flagBegin   = bpf.FlagBegin
@@ -143,6 +151,8 @@ func recordSize(t uint32) int {
 		return callSize
 	case recLaunch:
 		return launchSize
+	case recMap:
+		return mapSize
 	}
 	return headerSize
 }
@@ -190,6 +200,13 @@ func ParseRecord(b []byte) (Record, error) {
 		for i := range callArgs {
 			r.Args[i] = le.Uint64(b[offCallArgs+8*i:])
 		}
+	case recMap:
+		// An mmap's or munmap's address, length, whether it unmaps, and an
+		// mmap's descriptor.
+		r.Args[0] = le.Uint64(b[offMapAddr:])
+		r.Args[1] = le.Uint64(b[offMapLen:])
+		r.Args[2] = uint64(le.Uint32(b[offMapUnmap:]))
+		r.Args[3] = uint64(le.Uint32(b[offMapFD:]))
 	case recLaunch:
 		r.Func = le.Uint32(b[offLaunchFunc:])
 		r.Function = le.Uint64(b[offFunction:])

@@ -54,6 +54,8 @@ type savedProcess struct {
 	Devices        []savedObject         `json:"devices,omitempty"`
 	Memory         []savedObject         `json:"memory,omitempty"`
 	Nouveau        []int32               `json:"nouveau,omitempty"`
+	// Managed are its managed ranges, address to length.
+	Managed map[uint64]uint64 `json:"managed,omitempty"`
 }
 
 // Version counts the table's changes to what Save writes: a saver writes
@@ -85,7 +87,7 @@ func (t *Table) Save(w io.Writer, start func(pid uint32) (uint64, error)) error 
 func saveProcess(p Process, start uint64) savedProcess {
 	s := savedProcess{PID: p.PID, Start: start, Comm: p.Comm, CgroupID: p.CgroupID, Contexts: p.Contexts, Threads: p.Threads,
 		Made: p.Made, Primary: p.Primary, PrimaryThreads: p.PrimaryThreads, Clients: p.Clients,
-		Nouveau: slices.Sorted(maps.Keys(p.Nouveau))}
+		Nouveau: slices.Sorted(maps.Keys(p.Nouveau)), Managed: p.Managed}
 	for k, g := range p.TSGs {
 		s.TSGs = append(s.TSGs, savedObject{Client: k.Client, Handle: k.Handle, Parent: g.Device, Engine: g.Engine})
 	}
@@ -162,6 +164,9 @@ func restoreProcess(s savedProcess) *Process {
 	}
 	for _, ch := range s.Nouveau {
 		p.Nouveau[ch] = true
+	}
+	for addr, n := range s.Managed {
+		p.mapManaged(addr, n)
 	}
 	return p
 }

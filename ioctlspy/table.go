@@ -57,9 +57,11 @@ type Process struct {
 	Devices    map[ObjectKey]uint32  `json:"-"` // device object -> the GPU it opens (deviceId)
 	Nouveau    map[int32]bool        `json:"-"` // nouveau channel ids
 	// Memory are its device memory allocations the driver made.
-	Memory   map[ObjectKey]MemoryObject `json:"-"`
-	Launches uint64                     `json:"launches"`
-	LastSeen uint64                     `json:"last_seen_ns"`
+	Memory map[ObjectKey]MemoryObject `json:"-"`
+	// Managed are its managed ranges, address to length (nil: none).
+	Managed  map[uint64]uint64 `json:"-"`
+	Launches uint64            `json:"launches"`
+	LastSeen uint64            `json:"last_seen_ns"`
 	// groupGPU is the GPU of the channel group each thread allocated
 	// last, until the context the group belongs to is made (at most
 	// maxThreads threads; made lazily, never copied).
@@ -218,7 +220,7 @@ func (t *Table) Apply(ev Event) {
 	h := ev.Hdr()
 	switch ev.(type) {
 	case *ProcessExit, *TSGAllocated, *ChannelAllocated, *ObjectAllocated, *MemoryAllocated, *WorkSubmitToken,
-		*ObjectFreed, *NouveauChannel, *ContextCreated, *ContextDestroyed:
+		*ObjectFreed, *NouveauChannel, *ContextCreated, *ContextDestroyed, *ManagedMapped:
 		t.version++ // what Save writes may have changed
 	}
 	switch e := ev.(type) {
@@ -312,6 +314,12 @@ func (t *Table) Apply(ev Event) {
 		}
 	case *ContextDestroyed:
 		delete(t.proc(h).Contexts, e.Ctx)
+	case *ManagedMapped:
+		if e.Unmap {
+			t.proc(h).unmapManaged(e.Addr, e.Len)
+		} else {
+			t.proc(h).mapManaged(e.Addr, e.Len)
+		}
 	case *Launch, *GraphLaunch:
 		t.proc(h).Launches++
 	default:
@@ -450,6 +458,9 @@ func (p *Process) copy() Process {
 	c.Devices = copyMap(p.Devices)
 	c.Nouveau = copyMap(p.Nouveau)
 	c.Memory = copyMap(p.Memory)
+	if p.Managed != nil {
+		c.Managed = copyMap(p.Managed)
+	}
 	c.groupGPU = nil
 	return c
 }

@@ -69,6 +69,7 @@ type Daemon struct {
 
 // StartDaemon starts gpuarb daemon (from gpu's bins) for the simulated
 // GPU gpu — its control node as an nvidia one (--device 1:7=nvidia), its
+// managed memory node as nvidia-uvm (--device 1:5=nvidia-uvm), its
 // socket as the transport of its scheduling controls (--fakegpu-socket) —
 // with its socket, policy file and state in dir and its pins in a
 // directory of bpffs named after dir, and waits for its API. Its thaw
@@ -87,7 +88,7 @@ func StartDaemonInCgroup(gpu *FakeGPU, dir, cg string, extra ...string) (*Daemon
 	// element, 001, repeats across tests). bpffs refuses dots in names.
 	pins := "/sys/fs/bpf/gpuarb-" + strings.NewReplacer("/", "-", ".", "-").Replace(strings.Trim(dir, "/"))
 	args := append([]string{"daemon", "--socket", sock, "--pin-path", pins, "--policy", filepath.Join(dir, "policy.yaml"),
-		"--no-host-devices", "--device", "1:7=nvidia", "--fakegpu-socket", gpu.Socket, "--libcuda", filepath.Join(bins, "libcuda.so.1"),
+		"--no-host-devices", "--device", "1:7=nvidia", "--device", "1:5=nvidia-uvm", "--fakegpu-socket", gpu.Socket, "--libcuda", filepath.Join(bins, "libcuda.so.1"),
 		"--guardian-cgroup=", "--nri-socket="}, extra...)
 	p, err := Start(exec.Command(filepath.Join(bins, "gpuarb"), args...), cg)
 	if err != nil {

@@ -34,6 +34,7 @@ var (
 	syncs       = desc("tenant_syncs_total", "Synchronizations of the tenant that returned.", tenantLabels)
 	memory      = desc("tenant_memory_bytes", "Device memory the tenant's processes hold on the GPU, as the driver made and freed it.", tenantLabels)
 	driverMem   = desc("tenant_driver_memory_bytes", "Video memory the driver itself counts for the tenant's processes on the GPU, the contexts' own buffers included (only where the driver could be asked).", tenantLabels)
+	managedMem  = desc("managed_memory_bytes", "Address space the tenant's processes reserved as managed memory (cudaMallocManaged), on no GPU in particular (only tenants with some).", []string{"tenant"})
 	memLimit    = desc("gpu_memory_limit_bytes", "The tenant's GPU memory limit on each GPU (only tenants with one).", tenantLabels)
 	oomKills    = desc("gpu_memory_oom_kills_total", "Processes of the tenant killed at a device memory allocation past its GPU memory limit.", tenantLabels)
 	syncP99     = desc("tenant_sync_p99_seconds", "99th percentile of the tenant's sync waits in the last window.", tenantLabels)
@@ -74,7 +75,7 @@ func NewCollector(status func() api.Status) *Collector {
 
 // Describe sends every metric's description.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{gpuSeconds, share, target, duty, throttled, launches, syncs, memory, driverMem, memLimit, oomKills,
+	for _, d := range []*prometheus.Desc{gpuSeconds, share, target, duty, throttled, launches, syncs, memory, driverMem, managedMem, memLimit, oomKills,
 		syncP99, processes, gateErrors, unprobed, gpuBusy, baseSlice, minSlice, holds, holdsCut, held, probeEvents, probeLost, exitsRecon, unfollowed, libsRefused, objsDropped, folded, untracked, enforcing, build} {
 		ch <- d
 	}
@@ -83,6 +84,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 // Collect reads the status once and sends its figures.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	st := c.status()
+	managed := map[string]bool{} // tenants whose managed memory is sent: once, not per GPU
 	for _, t := range st.Tenants {
 		gpu := strconv.Itoa(t.GPU)
 		name := labelValue(t.Name)
@@ -99,6 +101,10 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		m(memory, prometheus.GaugeValue, float64(t.MemBytes))
 		if t.DriverMemBytes != nil {
 			m(driverMem, prometheus.GaugeValue, float64(*t.DriverMemBytes))
+		}
+		if t.ManagedBytes != 0 && !managed[name] {
+			managed[name] = true
+			ch <- prometheus.MustNewConstMetric(managedMem, prometheus.GaugeValue, float64(t.ManagedBytes), name)
 		}
 		if t.MemoryLimit != 0 {
 			m(memLimit, prometheus.GaugeValue, float64(t.MemoryLimit))

@@ -18,7 +18,8 @@ func TestScrapeStatus(t *testing.T) {
 		Tenants: []api.Tenant{
 			{Name: "train", GPU: 0, Share: 0.7, TargetShare: 0.5, Duty: 0.6, GPUNSTotal: 12_500_000_000,
 				ThrottledNS: 3_000_000_000, LaunchesTotal: 4000, SyncsTotal: 40, MemBytes: 1 << 30, DriverMemBytes: &driver, MemoryLimit: 2 << 30, OOMKills: 3, SyncP99MS: 25, Processes: 4, GateErrors: 2,
-				UnprobedPIDs: []int{77, 78}},
+				UnprobedPIDs: []int{77, 78}, ManagedBytes: 512 << 20},
+			{Name: "train", GPU: 1, Duty: 1, ManagedBytes: 512 << 20},
 			{Name: "infer", GPU: 1, Share: 0.2, Duty: 1, GPUNSTotal: 1_000_000, LaunchesTotal: 7, SyncsTotal: 7},
 		},
 		GPUs: []api.GPU{{Index: 0, BusyShare: 0.95, BaseSliceUS: 2048, MinSliceUS: 1024,
@@ -46,6 +47,7 @@ func TestScrapeStatus(t *testing.T) {
 		{"gpuarb_tenant_memory_bytes", train, 1 << 30, dto.MetricType_GAUGE},
 		{"gpuarb_tenant_driver_memory_bytes", train, 1<<30 + 32<<20, dto.MetricType_GAUGE},
 		{"gpuarb_gpu_memory_limit_bytes", train, 2 << 30, dto.MetricType_GAUGE},
+		{"gpuarb_managed_memory_bytes", map[string]string{"tenant": "train"}, 512 << 20, dto.MetricType_GAUGE},
 		{"gpuarb_gpu_memory_oom_kills_total", train, 3, dto.MetricType_COUNTER},
 		{"gpuarb_tenant_sync_p99_seconds", train, 0.025, dto.MetricType_GAUGE},
 		{"gpuarb_tenant_processes", train, 4, dto.MetricType_GAUGE},
@@ -75,6 +77,9 @@ func TestScrapeStatus(t *testing.T) {
 		if k := fams[c.name].GetType(); k != c.kind {
 			t.Errorf("%s is a %v, want %v", c.name, k, c.kind)
 		}
+	}
+	if n := len(fams["gpuarb_managed_memory_bytes"].GetMetric()); n != 1 {
+		t.Errorf("%d managed memory series, want 1: a tenant's, not one per GPU row", n)
 	}
 	if _, ok := testutil.MetricValue(fams, "gpuarb_tenant_driver_memory_bytes", map[string]string{"tenant": "infer", "gpu": "1"}); ok {
 		t.Error("a driver memory figure for a tenant whose driver was not asked")

@@ -229,14 +229,14 @@ func TestDoctorLibcuda(t *testing.T) {
 	if err != nil {
 		t.Fatalf("doctor --libcuda: %v\n%s", err, out)
 	}
-	for _, want := range []string{"cuLaunchKernel_ptsz", "cuCtxSynchronize_v2", "cuEventQuery", "126 cu* entry points exported, 73 probed"} {
+	for _, want := range []string{"cuLaunchKernel_ptsz", "cuCtxSynchronize_v2", "cuEventQuery", "127 cu* entry points exported, 73 probed"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("doctor --libcuda lacks %q:\n%s", want, out)
 		}
 	}
 	out, err = runApp(t, "doctor", "--libcuda", testutil.Bin(t, "libcuda.so.1"), "--json")
 	var exports []bpf.LibcudaExport
-	if err != nil || json.Unmarshal([]byte(out), &exports) != nil || len(exports) != 126 {
+	if err != nil || json.Unmarshal([]byte(out), &exports) != nil || len(exports) != 127 {
 		t.Errorf("doctor --libcuda --json: %v, %d exports\n%s", err, len(exports), out)
 	}
 	if _, err := runApp(t, "doctor", "--libcuda", "/bin/sh"); err == nil || !strings.Contains(err.Error(), "not a libcuda") {

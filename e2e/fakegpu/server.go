@@ -22,16 +22,20 @@ import (
 const DefaultSocket = "/run/fakegpu/fakegpu.sock"
 
 // Control nodes created beside the socket. libcuda issues its nvidia ioctls
-// on NvidiaCtlNode (char 1:7) and, in nouveau mode, DRM ioctls on DRMNode
-// (char 1:3); gpuarb is told to treat them as GPUs with
-// --device 1:7=nvidia --device 1:3=drm.
+// on NvidiaCtlNode (char 1:7), in nouveau mode DRM ioctls on DRMNode (char
+// 1:3), and maps managed memory from UVMNode (char 1:5, the zero device,
+// whose mappings are host pages); gpuarb is told to treat them as GPUs
+// with --device 1:7=nvidia --device 1:3=drm --device 1:5=nvidia-uvm.
 const (
 	NvidiaCtlNode = "nvidiactl"
 	DRMNode       = "renderD128"
+	UVMNode       = "nvidia-uvm"
 	NvidiaMajor   = 1
 	NvidiaMinor   = 7
 	DRMMajor      = 1
 	DRMMinor      = 3
+	UVMMajor      = 1
+	UVMMinor      = 5
 )
 
 // ErrRunning is returned when another fakegpud serves the socket.
@@ -87,7 +91,7 @@ func NewServer(cfg Config, socket string) (_ *Server, err error) {
 	for _, n := range []struct {
 		name         string
 		major, minor uint32
-	}{{NvidiaCtlNode, NvidiaMajor, NvidiaMinor}, {DRMNode, DRMMajor, DRMMinor}} {
+	}{{NvidiaCtlNode, NvidiaMajor, NvidiaMinor}, {DRMNode, DRMMajor, DRMMinor}, {UVMNode, UVMMajor, UVMMinor}} {
 		p := filepath.Join(filepath.Dir(socket), n.name)
 		_ = os.Remove(p)
 		if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(n.major, n.minor))); err != nil {

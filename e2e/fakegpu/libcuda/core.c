@@ -46,6 +46,7 @@ static int g_atfork;
 static int g_sock = -1;
 static int g_nvfd = -1;
 static int g_drmfd = -1;
+static int g_uvmfd = -1;
 static int g_spin;
 static uint32_t g_next_handle = 0x5c000000;
 
@@ -528,11 +529,18 @@ static void atfork_child(void)
 		close(g_nvfd);
 	if (g_drmfd >= 0)
 		close(g_drmfd);
-	g_sock = g_nvfd = g_drmfd = -1;
+	if (g_uvmfd >= 0)
+		close(g_uvmfd);
+	g_sock = g_nvfd = g_drmfd = g_uvmfd = -1;
 	memset(g_objs, 0, sizeof(g_objs));
 	g_init = 0;
 	forget_thread_state();
 	pthread_mutex_init(&g_lock, NULL);
+}
+
+int nv_uvm_fd(void)
+{
+	return g_uvmfd;
 }
 
 static void open_node(const char *name, int *fd)
@@ -630,6 +638,8 @@ CUAPI CUresult cuInit(unsigned int flags)
 		 * on; the simulated driver gets that file with the hello, to tell
 		 * later controls on the client from strangers'. */
 		open_node("nvidiactl", &g_nvfd);
+		if (g_uvmfd < 0)
+			open_node("nvidia-uvm", &g_uvmfd);
 		g_hclient = new_client_handle();
 		nv_alloc21(0, g_hclient, NV01_ROOT_CLIENT, NULL);
 		req.arg0 = g_hclient;

@@ -236,6 +236,9 @@ void nv_alloc21(uint32_t parent, uint32_t handle, uint32_t cls, void *params);
 void nv_alloc64_xfer(uint32_t parent, uint32_t handle, uint32_t cls, void *params);
 void nv_control(uint32_t object, uint32_t cmd, void *params, uint32_t size);
 void nv_free(uint32_t parent, uint32_t handle);
+/* The nvidia-uvm node, opened at cuInit as the real libcuda opens
+ * /dev/nvidia-uvm (-1: none). */
+int nv_uvm_fd(void);
 uint32_t nv_alloc_memory(uint32_t device, uint64_t bytes, uint32_t status, int host);
 void channel_setup_ioctls(struct ctx *c, int ch);
 void channel_teardown_ioctls(struct ctx *c, int ch);

@@ -9,6 +9,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 /* An IPC handle as this driver fills CUipcMemHandle's 64 bytes. */
 #define IPC_MAGIC 0x46474950u /* "FGIP" */
@@ -36,6 +37,36 @@ struct host_alloc {
 };
 static struct host_alloc g_host[MAX_ALLOCS];
 static int g_nhost;
+
+/* Managed memory: as the real libcuda, an mmap of the nvidia-uvm node
+ * reserves the range (the simulator's node is the zero device: its pages
+ * are host memory, made on touch); the simulated GPU holds none of it. */
+struct managed_alloc {
+	void *p;
+	size_t len;
+	struct ctx *c;
+};
+static struct managed_alloc g_managed[MAX_ALLOCS];
+static int g_nmanaged;
+
+/* managed_unmap unmaps the i-th managed range. */
+static void managed_unmap(int i)
+{
+	munmap(g_managed[i].p, g_managed[i].len);
+	g_managed[i] = g_managed[--g_nmanaged];
+}
+
+/* managed_free unmaps the managed range at p: 0 when there is none. */
+static int managed_free(CUdeviceptr p)
+{
+	for (int i = 0; i < g_nmanaged; i++) {
+		if ((CUdeviceptr)(uintptr_t)g_managed[i].p == p) {
+			managed_unmap(i);
+			return 1;
+		}
+	}
+	return 0;
+}
 
 int in_alloc(struct ctx *c, CUdeviceptr p, size_t n)
 {
@@ -220,6 +251,9 @@ void mem_release_all(struct ctx *c)
 		free(g_host[i].p);
 		g_host[i--] = g_host[--g_nhost];
 	}
+	for (int i = 0; i < g_nmanaged; i++)
+		if (g_managed[i].c == c)
+			managed_unmap(i--);
 }
 
 CUAPI CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes)
@@ -245,7 +279,37 @@ CUAPI CUresult cuMemFree_v2(CUdeviceptr dptr)
 	REQUIRE_INIT();
 	pthread_mutex_lock(&g_lock);
 	c = current_ctx();
-	r = c ? mem_free(c, dptr, 0) : CUDA_ERROR_INVALID_CONTEXT;
+	if (managed_free(dptr))
+		r = CUDA_SUCCESS;
+	else
+		r = c ? mem_free(c, dptr, 0) : CUDA_ERROR_INVALID_CONTEXT;
+	pthread_mutex_unlock(&g_lock);
+	return r;
+}
+
+/* cuMemAllocManaged: a range of the nvidia-uvm node, in 2 MiB granules. */
+CUAPI CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned int flags)
+{
+	size_t len = round_up(bytes, (size_t)2 << 20);
+	CUresult r = CUDA_SUCCESS;
+	void *p;
+
+	(void)flags;
+	REQUIRE_INIT();
+	if (!dptr || !bytes)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&g_lock);
+	if (!current_ctx())
+		r = CUDA_ERROR_INVALID_CONTEXT;
+	else if (nv_uvm_fd() < 0)
+		r = CUDA_ERROR_NOT_SUPPORTED;
+	else if (g_nmanaged >= MAX_ALLOCS ||
+		 (p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, nv_uvm_fd(), 0)) == MAP_FAILED)
+		r = CUDA_ERROR_OUT_OF_MEMORY;
+	else {
+		g_managed[g_nmanaged++] = (struct managed_alloc){ p, len, current_ctx() };
+		*dptr = (CUdeviceptr)(uintptr_t)p;
+	}
 	pthread_mutex_unlock(&g_lock);
 	return r;
 }

@@ -109,6 +109,7 @@ enum { FLAG_LEGACY_STREAM = 1, FLAG_PER_THREAD_STREAM = 2 };
 	X(cuMemFreeAsync, cuMemFreeAsync_ptsz, 11020, 1)                      \
 	X(cuMemGetInfo, cuMemGetInfo_v2, 3020, 0)                             \
 	X(cuMemHostAlloc, cuMemHostAlloc, 2020, 0)                            \
+	X(cuMemAllocManaged, cuMemAllocManaged, 6000, 0)                      \
 	X(cuMemAllocHost, cuMemAllocHost_v2, 3020, 0)                         \
 	X(cuMemFreeHost, cuMemFreeHost, 2000, 0)                              \
 	X(cuMemcpy, cuMemcpy, 4000, 0)                                        \

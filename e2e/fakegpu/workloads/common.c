@@ -185,6 +185,7 @@ static void load_libcuda(int runtime)
 	SYM(MemFree, "cuMemFree_v2", "cuMemFree", 1);
 	SYM(MemGetInfo, "cuMemGetInfo_v2", "cuMemGetInfo", 1);
 	SYM(MemHostAlloc, "cuMemHostAlloc", "cuMemHostAlloc", 0);
+	SYM(MemAllocManaged, "cuMemAllocManaged", "cuMemAllocManaged", 0);
 	SYM(MemFreeHost, "cuMemFreeHost", "cuMemFreeHost", 0);
 	SYM(MemAllocAsync, "cuMemAllocAsync", "cuMemAllocAsync", 0);
 	SYM(MemFreeAsync, "cuMemFreeAsync", "cuMemFreeAsync", 0);

@@ -70,6 +70,7 @@ struct cuda {
 	CUresult (*MemFree)(CUdeviceptr);
 	CUresult (*MemGetInfo)(size_t *, size_t *);
 	CUresult (*MemHostAlloc)(void **, size_t, unsigned);
+	CUresult (*MemAllocManaged)(CUdeviceptr *, size_t, unsigned);
 	CUresult (*MemFreeHost)(void *);
 	CUresult (*MemAllocAsync)(CUdeviceptr *, size_t, CUstream);
 	CUresult (*MemFreeAsync)(CUdeviceptr, CUstream);

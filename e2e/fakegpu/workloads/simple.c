@@ -298,7 +298,7 @@ int run_fork(const struct opts *o)
 	return failed ? 1 : 0;
 }
 
-/* alloc: device memory in one of four patterns, held, then freed. A GPU
+/* alloc: device memory in one of its patterns, held, then freed. A GPU
  * memory limit may end it at an allocation (SIGKILL): what it printed
  * last is what it held. */
 
@@ -447,6 +447,15 @@ int run_alloc(const struct opts *o)
 		alloc_vllm(o, &live, step);
 	} else if (!strcmp(o->pattern, "pool")) {
 		alloc_pool(o, &live);
+	} else if (!strcmp(o->pattern, "managed")) {
+		for (int i = 0; i < o->count; i++) {
+			CUdeviceptr p;
+
+			CHECK(cu.MemAllocManaged(&p, step, 1 /* CU_MEM_ATTACH_GLOBAL */));
+			held_add(&live, p, step);
+		}
+		if (live.n > 1)
+			held_free(&live, 0, NULL); /* the first range unmapped again */
 	} else if (!strcmp(o->pattern, "host")) {
 		for (int i = 0; i < o->count; i++) {
 			void *p;
@@ -455,7 +464,7 @@ int run_alloc(const struct opts *o)
 			printf("held %llu\n", (unsigned long long)step * (unsigned long long)(i + 1));
 		}
 	} else {
-		fprintf(stderr, "gpuwork alloc: --pattern %s: want steps, torch, vllm, pool or host\n", o->pattern);
+		fprintf(stderr, "gpuwork alloc: --pattern %s: want steps, torch, vllm, pool, managed or host\n", o->pattern);
 		return 2;
 	}
 	printf("done\n");

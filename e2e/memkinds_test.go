@@ -78,3 +78,60 @@ func TestGPUMemoryLimitAsAShareOfTheGPU(t *testing.T) {
 		})
 	}
 }
+
+// Issue 59's managed memory, reported as its reserved address space: a
+// process that maps three 100 MiB managed ranges (cuMemAllocManaged, an
+// mmap of the nvidia-uvm node) and unmaps the first holds 200 MiB of it in
+// status and metrics, beside no device memory; a GPU memory limit below
+// that does not charge it; once the process is gone nothing is reported.
+func TestManagedMemoryReportedAsItsAddressSpace(t *testing.T) {
+	gpu := testutil.StartFakeGPU(t)
+	metricsAddr := testutil.FreeTCPAddr(t)
+	d := startDaemon(t, gpu, "--metrics-addr", metricsAddr)
+	cg := testutil.NewCgroup(t, "mem-managed")
+	out, err := exec.Command(testutil.Bin(t, "gpuarb"), "attach", "--socket", d.Socket, "--cgroup", cg.Rel,
+		"--name", "managed", "--memory-limit", "64MiB").CombinedOutput()
+	if err != nil {
+		t.Fatalf("attach: %v\n%s", err, out)
+	}
+	cmd := gpu.Workload(t, "alloc", "--pattern", "managed", "--step-mib", "100", "--count", "3", "--duration", "3")
+	a := testutil.StartAllocator(t, cg, cmd)
+	if !a.Until(t, "done") || a.Held != 200*mib {
+		t.Fatalf("the managed allocator said it held %d MiB, want 200 (it was killed: %v)", a.Held/mib, a.Done())
+	}
+	row := func() (api.Tenant, bool) {
+		st, err := d.Client.Status(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range st.Tenants {
+			if r.Cgroup == cg.Rel {
+				return r, true
+			}
+		}
+		return api.Tenant{}, false
+	}
+	var r api.Tenant
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if r, _ = row(); r.ManagedBytes == 200*mib {
+			break
+		}
+	}
+	if r.ManagedBytes != 200*mib || r.MemBytes != 0 || r.OOMKills != 0 {
+		t.Errorf("status: %d MiB managed, %d MiB device, %d OOM kills; want 200, 0, 0", r.ManagedBytes/mib, r.MemBytes/mib, r.OOMKills)
+	}
+	fams := testutil.ScrapeMetrics(t, "http://"+metricsAddr+"/metrics")
+	if v, ok := testutil.MetricValue(fams, "gpuarb_managed_memory_bytes", map[string]string{"tenant": "managed"}); !ok || v != 200*mib {
+		t.Errorf("gpuarb_managed_memory_bytes{tenant=managed} = %v (%v), want 200 MiB", v, ok)
+	}
+	if err := a.Wait(t, 10*time.Second); err != nil {
+		t.Fatalf("the managed allocator ended with %v", err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if r, found := row(); !found || r.ManagedBytes == 0 {
+			return
+		}
+	}
+	r, _ = row()
+	t.Errorf("after the process's exit status still reports %d MiB managed", r.ManagedBytes/mib)
+}
