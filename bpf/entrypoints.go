@@ -183,7 +183,9 @@ var EntryPoints = func() []EntryPoint {
 		"cuEventElapsedTime", "cuGraphCreate", "cuGraphInstantiateWithFlags", "cuGraphGetNodes", "cuGraphExecUpdate_v2", "cuGraphExecDestroy",
 		"cuGraphDestroy", "cuMemGetInfo_v2", "cuIpcGetMemHandle", "cuIpcOpenMemHandle_v2", "cuIpcCloseMemHandle",
 		// Pinned host memory: seen at the driver boundary (RM_ALLOC of NV01_MEMORY_SYSTEM).
-		"cuMemHostAlloc", "cuMemAllocHost_v2", "cuMemFreeHost"} {
+		"cuMemHostAlloc", "cuMemAllocHost_v2", "cuMemFreeHost",
+		// Managed memory: seen as the mmap of a nvidia-uvm file it makes.
+		"cuMemAllocManaged"} {
 		add(EntryPoint{Symbol: s, Class: ClassSetup})
 	}
 	return es
