@@ -145,6 +145,10 @@ type GPU struct {
 	Index     int     `json:"index"`
 	BusyShare float64 `json:"busy_share"`
 	Tenants   int     `json:"tenants"`
+	// MemoryBytes is its memory as the driver reports it to allocators,
+	// which limits given as a share are shares of; absent until the
+	// daemon has read it.
+	MemoryBytes uint64 `json:"memory_bytes,omitempty"`
 	// Actuator is how its tenants are held to their shares; where it is not
 	// the GPU's own scheduler, SchedulerUnavailable says why.
 	Actuator             string `json:"actuator,omitempty"`

@@ -78,7 +78,8 @@ func (d *Daemon) publish(res control.Result, snap meter.Snapshot, actuation map[
 	}
 	holds := d.hold.Stats()
 	for _, g := range snap.GPUs {
-		gv := api.GPU{Index: g.Index, BusyShare: g.BusyShare, Tenants: g.Tenants, Actuator: actuatorName(actuation[g.Index], nil)}
+		gv := api.GPU{Index: g.Index, BusyShare: g.BusyShare, Tenants: g.Tenants, Actuator: actuatorName(actuation[g.Index], nil),
+			MemoryBytes: d.driverMem.GPUBytes(g.Index)}
 		if why, ok := d.steerWhy[g.Index]; ok && actuation[g.Index] != arbiter.Scheduler {
 			gv.SchedulerUnavailable = why
 		}

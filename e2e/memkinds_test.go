@@ -57,6 +57,9 @@ func TestGPUMemoryLimitAsAShareOfTheGPU(t *testing.T) {
 			if l.MemoryLimit != 1<<30 || l.MemoryLimitShare != 0.25 {
 				t.Fatalf("the limited tenant's limit in status: %d MiB as a share of %g; want 1024 MiB, 0.25", l.MemoryLimit/mib, l.MemoryLimitShare)
 			}
+			if st, err := d.Client.Status(context.Background()); err != nil || len(st.GPUs) == 0 || st.GPUs[0].MemoryBytes != 4<<30 {
+				t.Errorf("status's GPU 0 (%v): want its memory, 4 GiB, in memory_bytes: %+v", err, st.GPUs)
+			}
 			grower := startAllocator(t, gpu, limited, 128, 16)
 			grower.KilledHolding(t, 768*mib, "the growing process under 25% of a 4 GiB GPU beside 256 MiB")
 			for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {

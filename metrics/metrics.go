@@ -41,6 +41,7 @@ var (
 	processes   = desc("tenant_processes", "Processes of the tenant using the GPU.", tenantLabels)
 	gateErrors  = desc("tenant_gate_errors_total", "Failed freezes, thaws and pauses of the tenant (each undone; it may get more than its share meanwhile).", tenantLabels)
 	unprobed    = desc("tenant_unprobed_processes", "Processes of the tenant using the GPU through a driver gpuarb does not probe (metered as busy whenever they may run).", tenantLabels)
+	gpuMemory   = desc("gpu_memory_bytes", "The GPU's memory as the driver reports it to allocators (limits given as a share are of it; only once read).", []string{"gpu"})
 	gpuBusy     = desc("gpu_busy_ratio", "Fraction of the GPU's time some tenant held it in the last window (0..1).", []string{"gpu"})
 	baseSlice   = desc("gpu_base_timeslice_seconds", "Timeslice the steered GPU's busy channel groups average when they weigh the same (set by what a switch costs there).", []string{"gpu"})
 	minSlice    = desc("gpu_min_timeslice_seconds", "Shortest timeslice gpuarb gives a channel group on the steered GPU.", []string{"gpu"})
@@ -76,7 +77,7 @@ func NewCollector(status func() api.Status) *Collector {
 // Describe sends every metric's description.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{gpuSeconds, share, target, duty, throttled, launches, syncs, memory, driverMem, managedMem, memLimit, oomKills,
-		syncP99, processes, gateErrors, unprobed, gpuBusy, baseSlice, minSlice, holds, holdsCut, held, probeEvents, probeLost, exitsRecon, unfollowed, libsRefused, objsDropped, folded, untracked, enforcing, build} {
+		syncP99, processes, gateErrors, unprobed, gpuMemory, gpuBusy, baseSlice, minSlice, holds, holdsCut, held, probeEvents, probeLost, exitsRecon, unfollowed, libsRefused, objsDropped, folded, untracked, enforcing, build} {
 		ch <- d
 	}
 }
@@ -119,6 +120,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, g := range st.GPUs {
 		ch <- prometheus.MustNewConstMetric(gpuBusy, prometheus.GaugeValue, g.BusyShare, strconv.Itoa(g.Index))
+		if g.MemoryBytes != 0 {
+			ch <- prometheus.MustNewConstMetric(gpuMemory, prometheus.GaugeValue, float64(g.MemoryBytes), strconv.Itoa(g.Index))
+		}
 		if g.BaseSliceUS > 0 {
 			ch <- prometheus.MustNewConstMetric(baseSlice, prometheus.GaugeValue, float64(g.BaseSliceUS)/1e6, strconv.Itoa(g.Index))
 			ch <- prometheus.MustNewConstMetric(minSlice, prometheus.GaugeValue, float64(g.MinSliceUS)/1e6, strconv.Itoa(g.Index))

@@ -22,7 +22,7 @@ func TestScrapeStatus(t *testing.T) {
 			{Name: "train", GPU: 1, Duty: 1, ManagedBytes: 512 << 20},
 			{Name: "infer", GPU: 1, Share: 0.2, Duty: 1, GPUNSTotal: 1_000_000, LaunchesTotal: 7, SyncsTotal: 7},
 		},
-		GPUs: []api.GPU{{Index: 0, BusyShare: 0.95, BaseSliceUS: 2048, MinSliceUS: 1024,
+		GPUs: []api.GPU{{Index: 0, BusyShare: 0.95, MemoryBytes: 80 << 30, BaseSliceUS: 2048, MinSliceUS: 1024,
 			LatencyHolds: 400, LatencyHoldsCut: 3, LatencyHeldNS: 520_000_000}, {Index: 1, BusyShare: 0.2}},
 		Probes: api.Probes{Events: 123456, LostEvents: 3, ExitsReconciled: 2, UnfollowedForks: 5,
 			LibcudasRefused: 7, ObjectsDropped: 6, FoldedLaunches: 8, UntrackedAllocs: 9},
@@ -55,6 +55,7 @@ func TestScrapeStatus(t *testing.T) {
 		{"gpuarb_tenant_unprobed_processes", train, 2, dto.MetricType_GAUGE},
 		{"gpuarb_tenant_launches_total", map[string]string{"tenant": "infer", "gpu": "1"}, 7, dto.MetricType_COUNTER},
 		{"gpuarb_gpu_busy_ratio", map[string]string{"gpu": "0"}, 0.95, dto.MetricType_GAUGE},
+		{"gpuarb_gpu_memory_bytes", map[string]string{"gpu": "0"}, 80 << 30, dto.MetricType_GAUGE},
 		{"gpuarb_gpu_base_timeslice_seconds", map[string]string{"gpu": "0"}, 0.002048, dto.MetricType_GAUGE},
 		{"gpuarb_gpu_min_timeslice_seconds", map[string]string{"gpu": "0"}, 0.001024, dto.MetricType_GAUGE},
 		{"gpuarb_gpu_latency_holds_total", map[string]string{"gpu": "0"}, 400, dto.MetricType_COUNTER},
@@ -77,6 +78,9 @@ func TestScrapeStatus(t *testing.T) {
 		if k := fams[c.name].GetType(); k != c.kind {
 			t.Errorf("%s is a %v, want %v", c.name, k, c.kind)
 		}
+	}
+	if _, ok := testutil.MetricValue(fams, "gpuarb_gpu_memory_bytes", map[string]string{"gpu": "1"}); ok {
+		t.Error("a memory size for a GPU whose size was not read")
 	}
 	if n := len(fams["gpuarb_managed_memory_bytes"].GetMetric()); n != 1 {
 		t.Errorf("%d managed memory series, want 1: a tenant's, not one per GPU row", n)

@@ -19,9 +19,11 @@ type Admission struct {
 	CgroupPrefix string `yaml:"cgroup_prefix" json:"cgroup_prefix"`
 	// MaxWeight caps a requested weight (0: 10000, no cap).
 	MaxWeight Weight `yaml:"max_weight,omitempty" json:"max_weight,omitempty"`
-	// MaxMemoryLimit bounds a workload's GPU memory limit: a request above
-	// it, or none, is admitted with this limit (0: no bound).
-	MaxMemoryLimit Bytes `yaml:"max_memory_limit,omitempty" json:"max_memory_limit,omitempty"`
+	// MaxMemoryLimit bounds a workload's GPU memory limit: an amount, a
+	// share of each GPU's memory, or both. A request above it, or none, is
+	// admitted with each part of the bound the request lacks or exceeds
+	// (zero: no bound).
+	MaxMemoryLimit MemoryLimit `yaml:"max_memory_limit,omitempty" json:"max_memory_limit,omitzero"`
 	// AllowLatency admits requests for latency priority and SLOs; without
 	// it such a request is admitted as priority normal with no SLO.
 	AllowLatency bool `yaml:"allow_latency,omitempty" json:"allow_latency,omitempty"`
@@ -35,8 +37,8 @@ func (a *Admission) validate(field string) error {
 	if a.MaxWeight != 0 && (a.MaxWeight < MinWeight || a.MaxWeight > MaxWeight) {
 		return &FieldError{field + ".max_weight", fmt.Sprintf("%d out of range %d–%d", a.MaxWeight, MinWeight, MaxWeight)}
 	}
-	if a.MaxMemoryLimit != 0 && a.MaxMemoryLimit < MinMemoryLimit {
-		return &FieldError{field + ".max_memory_limit", fmt.Sprintf("%s is below the smallest limit, %s", a.MaxMemoryLimit, MinMemoryLimit)}
+	if err := a.MaxMemoryLimit.validate(); err != nil {
+		return &FieldError{field + ".max_memory_limit", err.Error()}
 	}
 	return nil
 }
@@ -91,15 +93,13 @@ func (c *Config) Admit(cg string, r *Rules) (changed []string) {
 		changed = append(changed, fmt.Sprintf("weight %d lowered to %d by %s", r.Weight, a.MaxWeight, by))
 		r.Weight = a.MaxWeight
 	}
-	if m := r.MemoryLimit; a.MaxMemoryLimit != 0 && (m.Bytes == 0 || m.Bytes > a.MaxMemoryLimit) {
-		// A share is held to the bound as well: the lower of the two holds
-		// on each GPU.
+	if m, bounded := r.MemoryLimit, r.MemoryLimit.within(a.MaxMemoryLimit); bounded != m {
 		was := "no GPU memory limit"
 		if !m.IsZero() {
 			was = "GPU memory limit " + m.String()
 		}
-		r.MemoryLimit.Bytes = a.MaxMemoryLimit
-		changed = append(changed, fmt.Sprintf("%s lowered to %s by %s", was, r.MemoryLimit, by))
+		r.MemoryLimit = bounded
+		changed = append(changed, fmt.Sprintf("%s lowered to %s by %s", was, bounded, by))
 	}
 	if !a.AllowLatency && (r.Priority == Latency || r.SLO != (SLO{})) {
 		// The defaults' priority, unless that is latency too.

@@ -85,6 +85,30 @@ admission:
 	if _, err := Parse([]byte("admission:\n  - {cgroup_prefix: /, max_memory_limit: 1KiB}\n")); err == nil {
 		t.Error("max_memory_limit 1KiB accepted")
 	}
+	// A bound given as a share of each GPU's memory.
+	c, err = Parse([]byte("admission:\n  - {cgroup_prefix: /, max_weight: 1000, max_memory_limit: 50%}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		in, want MemoryLimit
+		changed  bool
+	}{
+		{MemoryLimit{}, MemoryLimit{Share: 0.5}, true},
+		{MemoryLimit{Share: 0.75}, MemoryLimit{Share: 0.5}, true},
+		{MemoryLimit{Share: 0.25}, MemoryLimit{Share: 0.25}, false},
+		// An amount keeps its amount under a share: the lower holds per GPU.
+		{MemoryLimit{Bytes: 16 << 30}, MemoryLimit{Bytes: 16 << 30, Share: 0.5}, true},
+	} {
+		r := Rules{Weight: 100, MemoryLimit: tc.in}
+		ch := c.Admit("/k/pod", &r)
+		if r.MemoryLimit != tc.want || (len(ch) == 1) != tc.changed {
+			t.Errorf("requested %s under 50%%: admitted %s (%q), want %s", tc.in, r.MemoryLimit, ch, tc.want)
+		}
+	}
+	if _, err := Parse([]byte("admission:\n  - {cgroup_prefix: /, max_memory_limit: 150%}\n")); err == nil {
+		t.Error("max_memory_limit 150% accepted")
+	}
 }
 
 func TestMemoryLimitAsAShareOfEachGPU(t *testing.T) {

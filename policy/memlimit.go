@@ -80,6 +80,19 @@ func (m MemoryLimit) String() string {
 	return pct + memShareBoth + m.Bytes.String()
 }
 
+// within is m held to bound: each part bound sets (an amount, a share)
+// that m lacks or exceeds is bound's. Since the lower of a limit's parts
+// holds on each GPU, the result is never above bound on any GPU.
+func (m MemoryLimit) within(bound MemoryLimit) MemoryLimit {
+	if bound.Bytes != 0 && (m.Bytes == 0 || m.Bytes > bound.Bytes) {
+		m.Bytes = bound.Bytes
+	}
+	if bound.Share != 0 && (m.Share == 0 || m.Share > bound.Share) {
+		m.Share = bound.Share
+	}
+	return m
+}
+
 // validate checks m's amount and share.
 func (m MemoryLimit) validate() error {
 	if m.Bytes != 0 && m.Bytes < MinMemoryLimit {
