@@ -31,6 +31,9 @@ type DriverMemory struct {
 	// sizes is each GPU's memory in bytes, once read (a GPU's size does
 	// not change while its driver is loaded).
 	sizes atomic.Pointer[map[int]uint64]
+	// kicked are the GPUs Ask has woken Run for (under mu): a GPU whose
+	// size cannot be read is tried again once a period, not every step.
+	kicked map[int]bool
 	// unsized wakes Run for a GPU asked about whose size is not read: a
 	// share limit holds there from that read, not from the next window.
 	unsized chan struct{}
@@ -50,7 +53,7 @@ const maxDriverMemoryVia = 3
 // NewDriverMemory returns a reader through s that tells p (nil: none)
 // each GPU's size.
 func NewDriverMemory(s *Steering, p *bpf.Probes, log *slog.Logger) *DriverMemory {
-	return &DriverMemory{steer: s, probes: p, log: log, unsized: make(chan struct{}, 1)}
+	return &DriverMemory{steer: s, probes: p, log: log, kicked: map[int]bool{}, unsized: make(chan struct{}, 1)}
 }
 
 // Ask sets what the next read asks: per tenant, the channel groups of its
@@ -78,14 +81,17 @@ func (r *DriverMemory) Ask(groups map[string]map[int][]gpusched.Group, pidsOf fu
 	}
 	r.mu.Lock()
 	r.ask = ask
-	r.mu.Unlock()
+	kick := false
 	for gpu := range ask {
-		if r.GPUBytes(gpu) == 0 {
-			select {
-			case r.unsized <- struct{}{}:
-			default:
-			}
-			break
+		if !r.kicked[gpu] && r.GPUBytes(gpu) == 0 {
+			r.kicked[gpu], kick = true, true
+		}
+	}
+	r.mu.Unlock()
+	if kick {
+		select {
+		case r.unsized <- struct{}{}:
+		default:
 		}
 	}
 }
