@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/gpuarb/gpuarb/internal/atomicfile"
+
 	"golang.org/x/sys/unix"
 )
 
@@ -74,13 +76,7 @@ func Spool(dir string, s Spooled) error {
 	if st.Mode&unix.S_IFMT != unix.S_IFDIR || int(st.Uid) != os.Geteuid() {
 		return fmt.Errorf("spool: %s is not a directory of this user's", dir)
 	}
-	path := spoolFile(dir, s.Owner)
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return fmt.Errorf("spool: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		_ = os.Remove(tmp)
+	if err := atomicfile.Write(spoolFile(dir, s.Owner), data, 0o600); err != nil {
 		return fmt.Errorf("spool: %w", err)
 	}
 	return nil

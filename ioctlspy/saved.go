@@ -10,6 +10,8 @@ import (
 	"maps"
 	"os"
 	"slices"
+
+	"github.com/gpuarb/gpuarb/internal/atomicfile"
 )
 
 // A restarted daemon must know the RM objects of the processes that ran
@@ -174,22 +176,7 @@ func restoreProcess(s savedProcess) *Process {
 // SaveFile saves the table (Save) to path, atomically: a file beside it,
 // renamed over it.
 func (t *Table) SaveFile(path string, start func(pid uint32) (uint64, error)) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	err = t.Save(f, start)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		_ = os.Remove(tmp)
-	}
-	return err
+	return atomicfile.WriteFrom(path, 0o600, func(w io.Writer) error { return t.Save(w, start) })
 }
 
 // RestoreFile restores the table saved at path (Restore); a missing file

@@ -3,7 +3,6 @@ package ioctlspy
 import (
 	"bytes"
 	"errors"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -86,8 +85,8 @@ func TestTableSavedToAFile(t *testing.T) {
 	if err := tbl.SaveFile(path, start); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(path + ".tmp"); !errors.Is(err, fs.ErrNotExist) {
-		t.Errorf("temporary file left: %v", err)
+	if entries, err := os.ReadDir(filepath.Dir(path)); err != nil || len(entries) != 1 {
+		t.Errorf("%s holds %v (%v), want the table's file alone", filepath.Dir(path), entries, err)
 	}
 	pids, err := NewTable().RestoreFile(path, start)
 	if err != nil || len(pids) != 1 || pids[0] != 42 {

@@ -17,6 +17,8 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+
+	"github.com/gpuarb/gpuarb/internal/atomicfile"
 )
 
 // ErrUnreadable marks a ledger file that could not be read and was set
@@ -112,12 +114,7 @@ func (f Format[T]) write(path string, sorted []T) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("write ledger: %w", err)
 	}
-	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".tmp")
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return fmt.Errorf("write ledger: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		_ = os.Remove(tmp)
+	if err := atomicfile.Write(path, data, 0o600); err != nil {
 		return fmt.Errorf("write ledger: %w", err)
 	}
 	return nil

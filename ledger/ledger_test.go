@@ -75,17 +75,17 @@ func TestUnreadableFileIsSetAside(t *testing.T) {
 func TestFailedWriteRecordsNothing(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "l.json")
-	if err := os.Mkdir(filepath.Join(dir, ".l.json.tmp"), 0o700); err != nil { // where the write goes first
-		t.Fatal(err)
-	}
 	s, err := Open(path, bare)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Add(rec{"a", 1}); err == nil || len(s.Records()) != 0 {
-		t.Errorf("add with its temporary file blocked: %v, records %v", err, s.Records())
+	if err := os.MkdirAll(filepath.Join(path, "inside"), 0o700); err != nil { // the file cannot be replaced
+		t.Fatal(err)
 	}
-	if err := os.Remove(filepath.Join(dir, ".l.json.tmp")); err != nil {
+	if err := s.Add(rec{"a", 1}); err == nil || len(s.Records()) != 0 {
+		t.Errorf("add with its file blocked: %v, records %v", err, s.Records())
+	}
+	if err := os.RemoveAll(path); err != nil {
 		t.Fatal(err)
 	}
 	if err := bare.Write(path, []rec{{"a", 1}}); err != nil {

@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/gpuarb/gpuarb/internal/atomicfile"
 )
 
 // DefaultHooksDir is where libvirt (6.5 and later) runs every executable
@@ -41,13 +43,8 @@ func InstallScript(dir, binary, socket string) (string, error) {
 		return "", fmt.Errorf("create %s: %w", dir, err)
 	}
 	path := filepath.Join(dir, scriptName)
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, Script(binary, socket), 0o755); err != nil {
-		return "", fmt.Errorf("write %s: %w", tmp, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		_ = os.Remove(tmp)
-		return "", fmt.Errorf("install %s: %w", path, err)
+	if err := atomicfile.Write(path, Script(binary, socket), 0o755); err != nil {
+		return "", fmt.Errorf("install the hook script: %w", err)
 	}
 	return path, nil
 }

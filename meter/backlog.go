@@ -5,6 +5,8 @@ import (
 	"errors"
 	"io/fs"
 	"os"
+
+	"github.com/gpuarb/gpuarb/internal/atomicfile"
 )
 
 // A daemon started beside running processes sees none of the work they
@@ -64,15 +66,7 @@ func (m *Meter) SaveBacklogs(path string, start func(pid uint32) (uint64, error)
 	if err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		_ = os.Remove(tmp)
-		return err
-	}
-	return nil
+	return atomicfile.Write(path, b, 0o600)
 }
 
 // RestoreBacklogs gives each context in the file at path whose process

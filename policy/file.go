@@ -5,6 +5,8 @@ import (
 	"errors"
 	"io/fs"
 	"os"
+
+	"github.com/gpuarb/gpuarb/internal/atomicfile"
 )
 
 // KeepCopy copies the policy file at path to dst, atomically (a file
@@ -18,11 +20,7 @@ func KeepCopy(path, dst string) error {
 	if err != nil {
 		return err
 	}
-	tmp := dst + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, dst)
+	return atomicfile.Write(dst, data, 0o600)
 }
 
 // FileSum is a policy file's content as a watcher compares it: its

@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/gpuarb/gpuarb/internal/atomicfile"
+
 	"github.com/gpuarb/gpuarb/policy"
 )
 
@@ -160,12 +162,7 @@ func (a *Registry) encode() ([]byte, error) {
 
 // Write replaces the file with data, atomically.
 func (a *Registry) Write(data []byte) error {
-	tmp := a.path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return fmt.Errorf("save attached tenants: %w", err)
-	}
-	if err := os.Rename(tmp, a.path); err != nil {
-		_ = os.Remove(tmp)
+	if err := atomicfile.Write(a.path, data, 0o600); err != nil {
 		return fmt.Errorf("save attached tenants: %w", err)
 	}
 	return nil
