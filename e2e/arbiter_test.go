@@ -789,7 +789,8 @@ func logStatus(t *testing.T, d runningDaemon) {
 		t.Fatal(err)
 	}
 	for _, g := range st.GPUs {
-		t.Logf("gpuarb: GPU %d busy %.1f%% actuator %s %s", g.Index, 100*g.BusyShare, g.Actuator, g.SchedulerUnavailable)
+		t.Logf("gpuarb: GPU %d busy %.1f%% actuator %s %s; probe events lost %d", g.Index, 100*g.BusyShare, g.Actuator,
+			g.SchedulerUnavailable, st.Probes.LostEvents)
 	}
 	for _, tn := range st.Tenants {
 		t.Logf("gpuarb: %s share %.1f%% target %.1f%% duty %.2f state %s timeslice %dµs throttled %v launch %v (%s)", tn.Name,
