@@ -58,56 +58,51 @@ tenants:
 }
 
 func TestAdmitBoundsMemoryLimits(t *testing.T) {
-	c, err := Parse([]byte(`
-admission:
-  - {cgroup_prefix: /, max_weight: 1000, max_memory_limit: 8GiB}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, tc := range []struct {
-		in, want MemoryLimit
-		changed  bool
-	}{
+	requireAdmittedUnder(t, "8GiB", []admitted{
 		{MemoryLimit{}, MemoryLimit{Bytes: 8 << 30}, true},
 		{MemoryLimit{Bytes: 16 << 30}, MemoryLimit{Bytes: 8 << 30}, true},
 		{MemoryLimit{Bytes: 4 << 30}, MemoryLimit{Bytes: 4 << 30}, false},
 		// A share keeps its share under the bound: the lower holds per GPU.
 		{MemoryLimit{Share: 0.5}, MemoryLimit{Share: 0.5, Bytes: 8 << 30}, true},
 		{MemoryLimit{Share: 0.5, Bytes: 2 << 30}, MemoryLimit{Share: 0.5, Bytes: 2 << 30}, false},
-	} {
-		r := Rules{Weight: 100, MemoryLimit: tc.in}
-		ch := c.Admit("/k/pod", &r)
-		if r.MemoryLimit != tc.want || (len(ch) == 1) != tc.changed {
-			t.Errorf("requested %s: admitted %s (%q), want %s", tc.in, r.MemoryLimit, ch, tc.want)
-		}
-	}
+	})
 	if _, err := Parse([]byte("admission:\n  - {cgroup_prefix: /, max_memory_limit: 1KiB}\n")); err == nil {
 		t.Error("max_memory_limit 1KiB accepted")
 	}
 	// A bound given as a share of each GPU's memory.
-	c, err = Parse([]byte("admission:\n  - {cgroup_prefix: /, max_weight: 1000, max_memory_limit: 50%}\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, tc := range []struct {
-		in, want MemoryLimit
-		changed  bool
-	}{
+	requireAdmittedUnder(t, "50%", []admitted{
 		{MemoryLimit{}, MemoryLimit{Share: 0.5}, true},
 		{MemoryLimit{Share: 0.75}, MemoryLimit{Share: 0.5}, true},
 		{MemoryLimit{Share: 0.25}, MemoryLimit{Share: 0.25}, false},
 		// An amount keeps its amount under a share: the lower holds per GPU.
 		{MemoryLimit{Bytes: 16 << 30}, MemoryLimit{Bytes: 16 << 30, Share: 0.5}, true},
-	} {
+	})
+	if _, err := Parse([]byte("admission:\n  - {cgroup_prefix: /, max_memory_limit: 150%}\n")); err == nil {
+		t.Error("max_memory_limit 150% accepted")
+	}
+}
+
+// admitted is a requested memory limit, what admission makes of it, and
+// whether it says it changed it.
+type admitted struct {
+	in, want MemoryLimit
+	changed  bool
+}
+
+// requireAdmittedUnder admits each case's request under an admission rule
+// of max_memory_limit bound.
+func requireAdmittedUnder(t *testing.T, bound string, cases []admitted) {
+	t.Helper()
+	c, err := Parse([]byte("admission:\n  - {cgroup_prefix: /, max_weight: 1000, max_memory_limit: " + bound + "}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range cases {
 		r := Rules{Weight: 100, MemoryLimit: tc.in}
 		ch := c.Admit("/k/pod", &r)
 		if r.MemoryLimit != tc.want || (len(ch) == 1) != tc.changed {
-			t.Errorf("requested %s under 50%%: admitted %s (%q), want %s", tc.in, r.MemoryLimit, ch, tc.want)
+			t.Errorf("requested %s under %s: admitted %s (%q), want %s", tc.in, bound, r.MemoryLimit, ch, tc.want)
 		}
-	}
-	if _, err := Parse([]byte("admission:\n  - {cgroup_prefix: /, max_memory_limit: 150%}\n")); err == nil {
-		t.Error("max_memory_limit 150% accepted")
 	}
 }
 
