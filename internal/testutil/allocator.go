@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"io"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -30,13 +31,19 @@ func StartAllocator(t testing.TB, cg *Cgroup, cmd *exec.Cmd) *Allocator {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := cmd.StdoutPipe()
+	// A pipe of its own, not cmd.StdoutPipe: Start reaps the process as it
+	// exits, and Wait closes a StdoutPipe then, losing the lines a killed
+	// process wrote last. This one is read to its end, then closed.
+	out, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
 	}
+	cmd.Stdout = w
 	a := &Allocator{In: in, lines: make(chan string, 64)}
 	a.Proc = Start(t, cg, cmd)
+	w.Close()
 	go func() {
+		defer out.Close()
 		s := bufio.NewScanner(out)
 		for s.Scan() {
 			a.lines <- s.Text()
